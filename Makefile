@@ -1,0 +1,29 @@
+# The two set-up commands of the README: `make demo` (train and evaluate an LMN-B on JSB Chorales)
+# and `make test` (lint and tests). Each creates its own virtual environment on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DATA ?= $(abspath ../shared/data/polyphonic)
+
+.PHONY: install demo test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned to the version whose CPU wheel is on the machine: no CUDA download
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --out runs/demo-jsb-lmn-b --resume
+
+lint: install
+	$(PY) -m ruff check src tests benchmarks
+
+test: lint
+	LINMEM_TEST_DATA=$(DATA) $(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

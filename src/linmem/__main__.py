@@ -1,0 +1,5 @@
+"""``python -m linmem`` runs the command line."""
+
+from .cli import main
+
+main()

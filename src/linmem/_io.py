@@ -1,0 +1,74 @@
+"""Atomic file writes and provenance (commit, command) shared by the data, training and reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+class atomic_write:
+    """``with atomic_write(path) as f``: write to a temporary file beside ``path``, then rename.
+
+    On an exception the temporary file is removed and ``path`` is left as it was.
+    """
+
+    def __init__(self, path: str | os.PathLike, mode: str = "wb"):
+        self.path = Path(path)
+        self.mode = mode
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
+                                        suffix=".part")
+        self.file = os.fdopen(fd, self.mode)
+        return self.file
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+        self.file.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            os.unlink(self.tmp)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+    with atomic_write(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=False)
+        f.write("\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def git_commit() -> str:
+    """The commit of the linmem source tree (``-dirty`` if it has uncommitted changes)."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=here, capture_output=True, text=True, timeout=10,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        from . import __version__
+
+        return f"unknown (linmem {__version__}, not a git checkout)"
+    return commit + ("-dirty" if dirty else "")
+
+
+def command_line() -> str:
+    """The command that started this process, quoted so that it can be pasted into a shell."""
+    prog = Path(sys.argv[0]).name if sys.argv else "python"
+    return shlex.join([prog, *sys.argv[1:]])

@@ -1,0 +1,176 @@
+"""The ``linmem`` command: thin wrappers over the library.
+
+Usage errors (unknown data set or model, bad sizes, missing data) print one line
+``linmem: error: ...`` and exit with code 2; a diverged run exits with 1, an interrupted one 130.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from .data import DATASETS, DataError, content_digest, data_checksum, load_polyphonic
+from .models import MODELS
+from .train import TrainConfig, TrainingDiverged, evaluate, load_run_model, train
+
+_DEFAULT = TrainConfig()
+
+
+class UsageFailure(click.ClickException):
+    exit_code = 2
+
+
+def _positive(ctx, param, value):
+    if value is not None and value < 1:
+        raise click.BadParameter(f"must be a positive integer, got {value}")
+    return value
+
+
+def _clip(ctx, param, value):
+    if value is None or str(value).lower() in ("none", "0", "off"):
+        return None
+    try:
+        clip = float(value)
+    except ValueError:
+        raise click.BadParameter(f"must be a positive number or 'none', got {value!r}") from None
+    if not clip > 0:
+        raise click.BadParameter(f"must be a positive number or 'none', got {value!r}")
+    return clip
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="linear-memory-networks")
+def cli() -> None:
+    """Linear Memory Networks: train and evaluate models on the polyphonic music data sets."""
+
+
+@cli.command("train")
+@click.option("--data", default=_DEFAULT.data, show_default=True,
+              help=f"Data set: {', '.join(DATASETS)} (common spellings accepted).")
+@click.option("--model", type=click.Choice(MODELS), default=_DEFAULT.model, show_default=True)
+@click.option("--hidden", type=int, default=_DEFAULT.hidden, show_default=True,
+              callback=_positive, help="Hidden units (LMN: functional units).")
+@click.option("--memory", type=int, default=_DEFAULT.memory, show_default=True,
+              callback=_positive, help="LMN memory units (ignored by rnn, lstm, gru).")
+@click.option("--num-layers", type=int, default=_DEFAULT.num_layers, show_default=True,
+              callback=_positive)
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=_DEFAULT.weight_decay,
+              show_default=True, help="L2 weight decay (Adam's weight_decay).")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULT.lr,
+              show_default=True)
+@click.option("--epochs", type=int, default=_DEFAULT.epochs, show_default=True,
+              callback=_positive, help="Upper bound on epochs.")
+@click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
+              callback=_positive, help="Epochs without a better validation accuracy.")
+@click.option("--batch-size", type=int, default=_DEFAULT.batch_size, show_default=True,
+              callback=_positive)
+@click.option("--clip", default=str(_DEFAULT.clip), show_default=True, callback=_clip,
+              help="Gradient-norm clipping, or 'none'.")
+@click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True)
+@click.option("--device", default=_DEFAULT.device, show_default=True, help="cpu, cuda, cuda:1")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder with the data files (default: $LINMEM_DATA, else the user cache).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Run directory (default: runs/DATA-MODEL-SIZES-wdWD-sSEED).")
+@click.option("--resume", is_flag=True, help="Continue the run in --out from its last epoch.")
+@click.option("--quiet", is_flag=True, help="No progress bar or per-epoch lines.")
+@click.pass_context
+def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **options) -> None:
+    """Train a next-step model, select the epoch on validation, score it once on test."""
+    if out is None:
+        if resume:
+            raise click.UsageError("--resume needs --out RUN_DIR")
+        sizes = f"h{options['hidden']}" + (
+            f"-m{options['memory']}" if options["model"].startswith("lmn") else "")
+        out = (f"runs/{options['data']}-{options['model']}-{sizes}-wd{options['weight_decay']:g}"
+               f"-s{options['seed']}")
+    if resume and (Path(out) / "config.json").is_file():
+        saved = json.loads((Path(out) / "config.json").read_text())
+        given = {k: v for k, v in options.items()
+                 if ctx.get_parameter_source(k) != ParameterSource.DEFAULT}
+        options = {**saved, **given}
+    try:
+        config = TrainConfig.from_dict(options)
+    except ValueError as err:
+        raise UsageFailure(str(err)) from None
+    if config.data_dir is not None and not Path(config.data_dir).is_dir():
+        raise UsageFailure(f"--data-dir {config.data_dir}: no such directory")
+    try:
+        metrics = train(config, out, resume=resume, progress=not quiet)
+    except TrainingDiverged as err:
+        click.echo(f"linmem: training diverged: {err}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo(f"\nlinmem: interrupted; continue with: linmem train --resume --out {out}",
+                   err=True)
+        sys.exit(130)
+    except (DataError, ValueError, FileExistsError, FileNotFoundError) as err:
+        raise UsageFailure(str(err)) from None
+    click.echo(
+        f"{config.model} on {config.data}: valid acc {metrics['valid_acc']:.2f}%  "
+        f"test acc {metrics['test_acc']:.2f}%  test nll {metrics['test_nll']:.3f}  "
+        f"({metrics['n_params']} params, {metrics['epochs']} epochs, best {metrics['best_epoch']},"
+        f" {metrics['wall_time_s']:.0f}s) -> {Path(out) / 'metrics.json'}")
+
+
+@cli.command("evaluate")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--split", type=click.Choice(["train", "valid", "test", "all"]), default="all",
+              show_default=True)
+@click.option("--which", type=click.Choice(["best", "last"]), default="best", show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--device", default="cpu", show_default=True)
+def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, device: str) -> None:
+    """Re-score the checkpoint of RUN_DIR; prints JSON (accuracies in percent)."""
+    try:
+        model, config = load_run_model(run_dir, which, device)
+        data = load_polyphonic(config.data, root=data_dir or config.data_dir)
+    except (DataError, ValueError, FileNotFoundError) as err:
+        raise UsageFailure(str(err)) from None
+    splits = ["train", "valid", "test"] if split == "all" else [split]
+    result = {"run_dir": str(run_dir), "checkpoint": which, "dataset": config.data,
+              "model": config.model}
+    for name in splits:
+        scores = evaluate(model, data[name], config.eval_batch_size, device)
+        result[name] = {"acc": 100 * scores["acc"], "acc_frame": 100 * scores["acc_frame"],
+                        "nll": scores["nll"], "frames": scores["frames"]}
+    click.echo(json.dumps(result, indent=2))
+
+
+@cli.command("data")
+@click.argument("name")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--no-download", is_flag=True, help="Fail instead of downloading.")
+def data_cmd(name: str, data_dir: str | None, no_download: bool) -> None:
+    """Load, verify and describe data set NAME (downloading it if needed)."""
+    try:
+        data = load_polyphonic(name, root=data_dir, download=not no_download)
+        checksum = data_checksum(name, data_dir)
+    except (DataError, ValueError) as err:
+        raise UsageFailure(str(err)) from None
+    info = {split: {"sequences": len(seqs), "frames": int(sum(len(s) for s in seqs)),
+                    "max_length": int(max(len(s) for s in seqs)),
+                    "notes_per_frame": float(sum(int(s.sum()) for s in seqs)
+                                             / max(1, sum(len(s) for s in seqs)))}
+            for split, seqs in data.items()}
+    click.echo(json.dumps({"name": name, "file_sha256": checksum,
+                           "content_digest": content_digest(data), **info}, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: runs the command group, turning every usage error into one line, exit 2."""
+    try:
+        cli.main(args=argv, prog_name="linmem", standalone_mode=False)
+    except click.exceptions.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except click.Abort:
+        click.echo("linmem: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        click.echo(f"linmem: error: {err.format_message()}", err=True)
+        sys.exit(2 if isinstance(err, click.UsageError | UsageFailure) else err.exit_code)
+

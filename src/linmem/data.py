@@ -1,0 +1,455 @@
+"""The four polyphonic music data sets (Boulanger-Lewandowski et al., ICML 2012) and their batching.
+
+A data set is a dict ``{"train": [...], "valid": [...], "test": [...]}`` of ``uint8`` piano rolls of
+shape ``(T_i, 88)``: column ``j`` is MIDI note ``21 + j`` (A0 .. C8), 1 where the key sounds.
+
+Where the files come from, in order (like torchvision's data sets):
+
+1. ``root`` if given, else the environment variable ``LINMEM_DATA``, else the user cache
+   (``$XDG_CACHE_HOME/linmem`` or ``~/.cache/linmem``);
+2. in that folder, the MATLAB ``.mat`` re-packaging (``JSB_Chorales.mat``, ...) or the original
+   pickle (``JSB Chorales.pickle``, ...);
+3. with ``download=True`` and neither file present, the original pickle is downloaded from its
+   public address, verified, and written atomically into the folder.
+
+Every file is verified before use: the ``.mat`` files and the pickles with a published SHA-256 by
+that checksum, every file by its split sizes and frame counts. Pickles are read with a restricted
+unpickler (plain containers and numpy scalars only), never with a bare ``pickle.load``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import io
+import os
+import pickle
+import tempfile
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from ._io import atomic_write
+
+N_KEYS = 88
+LOWEST_NOTE = 21  # MIDI number of A0, column 0
+HIGHEST_NOTE = LOWEST_NOTE + N_KEYS - 1  # C8
+SPLITS = ("train", "valid", "test")
+_ORIGINAL = "http://www-etud.iro.umontreal.ca/~boulanni/"
+_WAYBACK = "https://web.archive.org/web/{stamp}id_/http://www-etud.iro.umontreal.ca:80/~boulanni/"
+
+
+class DataError(RuntimeError):
+    """A data set cannot be found, downloaded, read or verified."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What is known of one data set: file names, addresses, checksums and sizes."""
+
+    name: str
+    title: str
+    mat_file: str
+    pickle_file: str
+    urls: tuple[str, ...]
+    mat_sha256: str
+    pickle_sha256: str | None  # None where no verified copy of the original pickle is known
+    n_sequences: tuple[int, int, int]  # train, valid, test
+    n_frames: tuple[int, int, int]
+
+
+def _urls(pickle_file: str, wayback_stamp: str | None) -> tuple[str, ...]:
+    quoted = urllib.request.pathname2url(pickle_file)
+    urls = [_ORIGINAL + quoted]
+    if wayback_stamp:
+        urls.append(_WAYBACK.format(stamp=wayback_stamp) + quoted)
+    return tuple(urls)
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo(
+            "jsb", "JSB Chorales", "JSB_Chorales.mat", "JSB Chorales.pickle",
+            _urls("JSB Chorales.pickle", "20141211164413"),
+            "ac0e608527cc411c7e21ef7d38be47f0de7fb6b13b3ae168b8eccf1c2a9b18d4",
+            "69dc4c3e52800959ac0ab3b82aa3e5f55285ce64f1705acb3e3a8ef77a5c051c",
+            (229, 76, 77), (13807, 4602, 4725),
+        ),
+        DatasetInfo(
+            "musedata", "MuseData", "MuseData.mat", "MuseData.pickle",
+            _urls("MuseData.pickle", None),
+            "e8d9eb422ec3833c25f43a9f854d4ee0b9118a20b45f2c183395cdc30ffa14ff",
+            None,
+            (524, 135, 124), (245202, 82755, 64339),
+        ),
+        DatasetInfo(
+            "nottingham", "Nottingham", "Nottingham.mat", "Nottingham.pickle",
+            _urls("Nottingham.pickle", None),
+            "d154f7ca2e90799dc1dc011d8fc048f2fc6ef3f7c69d974b9cf27a471634fbea",
+            None,
+            (694, 173, 170), (176561, 45513, 44463),
+        ),
+        DatasetInfo(
+            "piano", "Piano-midi.de", "Piano_midi.mat", "Piano-midi.de.pickle",
+            _urls("Piano-midi.de.pickle", "20141211164423"),
+            "990a8a71d5764a7eaa3e78d9e5023d1470380fe2db3a1448265a97a24c8b1c34",
+            "273d593b13d9a348410d261c0223d47523e2a9b41702137aaab5922242518296",
+            (87, 12, 25), (75911, 8540, 19036),
+        ),
+    )
+}
+
+
+def _normalise(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+_ALIASES = {
+    _normalise(alias): key
+    for key, aliases in {
+        "jsb": ("jsb", "JSB Chorales", "JSB_Chorales", "jsb-chorales", "chorales"),
+        "musedata": ("musedata", "MuseData", "muse"),
+        "nottingham": ("nottingham", "Nottingham", "nott"),
+        "piano": ("piano", "Piano-midi.de", "Piano_midi", "piano-midi", "pianomidi"),
+    }.items()
+    for alias in aliases
+}
+
+
+def resolve_name(name: str) -> str:
+    """Canonical key (``jsb``, ``musedata``, ``nottingham``, ``piano``) of a data set name."""
+    key = _ALIASES.get(_normalise(str(name)))
+    if key is None:
+        raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(DATASETS)}")
+    return key
+
+
+def default_root() -> Path:
+    """``LINMEM_DATA`` if set, else the user cache directory for linmem."""
+    env = os.environ.get("LINMEM_DATA")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "linmem"
+
+
+# ----------------------------------------------------------------------------- reading files
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_mat(path: Path) -> dict[str, list[np.ndarray]]:
+    import scipy.io  # only needed for this format
+
+    try:
+        raw = scipy.io.loadmat(path)
+    except Exception as err:  # scipy raises several types for broken files
+        raise DataError(f"{path}: not a readable .mat file ({err})") from err
+    data = {}
+    for split in SPLITS:
+        key = f"{split}data"
+        if key not in raw:
+            raise DataError(f"{path}: no '{key}' array in the .mat file")
+        data[split] = [np.asarray(seq) for seq in raw[key].ravel()]
+    return data
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Allows plain containers and the numpy scalars/arrays the original (Python 2) pickles use."""
+
+    _ALLOWED: ClassVar[set[tuple[str, str]]] = {
+        ("numpy", "dtype"),
+        ("numpy", "ndarray"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a data pickle")
+        if module == "numpy.core.multiarray":  # numpy >= 2 moved it; the old path warns
+            module = "numpy._core.multiarray" if hasattr(np, "_core") else module
+        return super().find_class(module, name)
+
+
+def _roll_from_notes(steps: Sequence, where: str) -> np.ndarray:
+    roll = np.zeros((len(steps), N_KEYS), dtype=np.uint8)
+    for t, notes in enumerate(steps):
+        for note in notes:
+            value = float(note)
+            if value != int(value) or not LOWEST_NOTE <= value <= HIGHEST_NOTE:
+                raise DataError(
+                    f"{where}, step {t}: note {note!r} is outside the piano range "
+                    f"{LOWEST_NOTE}..{HIGHEST_NOTE} (MIDI numbers)"
+                )
+            roll[t, int(value) - LOWEST_NOTE] = 1
+    return roll
+
+
+def read_pickle(path: str | os.PathLike) -> dict[str, list[np.ndarray]]:
+    """Read an original-format pickle: ``{split: [sequence]}``, a sequence a list of time steps,
+    a time step a list of the MIDI note numbers (21..108) that sound."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = _RestrictedUnpickler(io.BufferedReader(f), encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
+        raise DataError(f"{path}: not a readable data pickle ({err})") from err
+    if not isinstance(raw, dict) or any(split not in raw for split in SPLITS):
+        raise DataError(f"{path}: expected a dict with keys {SPLITS}")
+    return {
+        split: [
+            _roll_from_notes(seq, f"{path.name}: {split} sequence {i}")
+            for i, seq in enumerate(raw[split])
+        ]
+        for split in SPLITS
+    }
+
+
+def write_pickle(data: dict[str, list[np.ndarray]], path: str | os.PathLike) -> None:
+    """Write piano rolls in the original pickle format (lists of MIDI note numbers)."""
+    notes = {
+        split: [[[int(j) + LOWEST_NOTE for j in np.flatnonzero(frame)] for frame in seq]
+                for seq in data[split]]
+        for split in SPLITS
+    }
+    with atomic_write(path) as f:
+        pickle.dump(notes, f, protocol=2)
+
+
+def content_digest(data: dict[str, list[np.ndarray]]) -> str:
+    """SHA-256 of the piano rolls themselves, the same whichever file format they came from."""
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        digest.update(split.encode())
+        for seq in data[split]:
+            digest.update(np.asarray(seq.shape, dtype="<i8").tobytes())
+            digest.update(np.packbits(np.asarray(seq, dtype=bool)).tobytes())
+    return digest.hexdigest()
+
+
+def _check(data: dict[str, list[np.ndarray]], info: DatasetInfo, path: Path) -> None:
+    for split, n_seq, n_frames in zip(SPLITS, info.n_sequences, info.n_frames, strict=True):
+        seqs = data[split]
+        frames = sum(len(s) for s in seqs)
+        if len(seqs) != n_seq or frames != n_frames:
+            raise DataError(
+                f"{path}: the {split} split has {len(seqs)} sequences and {frames} frames, "
+                f"the published {info.title} has {n_seq} and {n_frames}; the file is corrupt "
+                "or another data set"
+            )
+        for i, seq in enumerate(seqs):
+            if seq.ndim != 2 or seq.shape[1] != N_KEYS or not np.isin(seq, (0, 1)).all():
+                raise DataError(f"{path}: {split} sequence {i} is not a 0/1 roll of 88 keys")
+
+
+# ----------------------------------------------------------------------------- writing files
+
+
+def _download(url: str, dest: Path, info: DatasetInfo, progress: bool) -> None:
+    """Download ``url`` to ``dest``, verify it, and only then move it into place."""
+    from tqdm.auto import tqdm
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}",
+                      disable=not progress, leave=False) as bar:
+                for block in iter(lambda: response.read(1 << 16), b""):
+                    out.write(block)
+                    bar.update(len(block))
+            if total is not None and out.tell() != total:
+                raise DataError(f"{url}: download truncated ({out.tell()} of {total} bytes)")
+        if info.pickle_sha256 is not None and sha256_file(tmp) != info.pickle_sha256:
+            raise DataError(
+                f"{url}: SHA-256 mismatch (expected {info.pickle_sha256}); corrupt download"
+            )
+        _check(read_pickle(tmp), info, tmp)  # parses and verifies sizes before the rename
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_polyphonic(
+    name: str,
+    root: str | os.PathLike | None = None,
+    download: bool = True,
+    progress: bool = True,
+) -> dict[str, list[np.ndarray]]:
+    """Load a data set as ``{"train", "valid", "test"}`` lists of ``(T_i, 88)`` uint8 piano rolls.
+
+    Args:
+        name: ``jsb``, ``musedata``, ``nottingham`` or ``piano`` (common spellings such as
+            ``"JSB Chorales"`` or ``"Piano-midi.de"`` are accepted).
+        root: folder holding the ``.mat`` or pickle file; default ``$LINMEM_DATA``, else the cache.
+        download: fetch the original pickle when neither file is in ``root``.
+        progress: show a progress bar while downloading.
+
+    Raises:
+        ValueError: unknown name.  DataError: missing, unreadable or unverifiable file.
+    """
+    info = DATASETS[resolve_name(name)]
+    folder = Path(root).expanduser() if root is not None else default_root()
+    mat, pkl = folder / info.mat_file, folder / info.pickle_file
+    if mat.is_file():
+        if sha256_file(mat) != info.mat_sha256:
+            raise DataError(f"{mat}: SHA-256 mismatch (expected {info.mat_sha256}); corrupt file")
+        data, path = _read_mat(mat), mat
+    else:
+        if not pkl.is_file():
+            if not download:
+                raise DataError(
+                    f"{info.title} not found in {folder} (looked for {info.mat_file!r} and "
+                    f"{info.pickle_file!r}); pass root=, set LINMEM_DATA, or allow download"
+                )
+            _download_any(info, pkl, progress)
+        elif info.pickle_sha256 is not None and sha256_file(pkl) != info.pickle_sha256:
+            raise DataError(f"{pkl}: SHA-256 mismatch (expected {info.pickle_sha256})")
+        data, path = read_pickle(pkl), pkl
+    _check(data, info, path)
+    return {split: [np.ascontiguousarray(s, dtype=np.uint8) for s in data[split]]
+            for split in SPLITS}
+
+
+def _download_any(info: DatasetInfo, dest: Path, progress: bool) -> None:
+    errors = []
+    for url in info.urls:
+        try:
+            _download(url, dest, info, progress)
+            return
+        except (OSError, http.client.HTTPException, DataError) as err:
+            errors.append(f"{url}: {err}")
+    raise DataError(f"could not download {info.title}:\n  " + "\n  ".join(errors))
+
+
+def data_checksum(name: str, root: str | os.PathLike | None = None) -> str:
+    """SHA-256 of the file ``load_polyphonic`` reads for ``name`` (for provenance records)."""
+    info = DATASETS[resolve_name(name)]
+    folder = Path(root).expanduser() if root is not None else default_root()
+    for path in (folder / info.mat_file, folder / info.pickle_file):
+        if path.is_file():
+            return sha256_file(path)
+    raise DataError(f"{info.title} not found in {folder}")
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+@dataclass
+class Batch:
+    """A padded batch of next-step prediction pairs, time-major-free (batch first).
+
+    ``inputs[b, t]`` is frame ``t`` and ``targets[b, t]`` frame ``t + 1`` of sequence ``b``;
+    ``mask[b, t]`` is True for the ``lengths[b]`` valid steps.
+    """
+
+    inputs: torch.Tensor  # (B, T, 88) float
+    targets: torch.Tensor  # (B, T, 88) float
+    mask: torch.Tensor  # (B, T) bool
+    lengths: torch.Tensor  # (B,) int64, on the CPU (as pack_padded_sequence wants)
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.inputs.to(device), self.targets.to(device), self.mask.to(device),
+                     self.lengths)
+
+
+def transpose(batch: Batch, shifts: Sequence[int]) -> Batch:
+    """Shift each sequence of ``batch`` by ``shifts[b]`` semitones (positive = up). Notes pushed
+    off the keyboard are dropped; inputs and targets move together (data augmentation)."""
+    def shift(rolls: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(rolls)
+        for b, k in enumerate(shifts):
+            k = int(k)
+            if k > 0:
+                out[b, :, k:] = rolls[b, :, :-k]
+            elif k < 0:
+                out[b, :, :k] = rolls[b, :, -k:]
+            else:
+                out[b] = rolls[b]
+        return out
+
+    if len(shifts) != batch.inputs.shape[0]:
+        raise ValueError(f"{len(shifts)} shifts for a batch of {batch.inputs.shape[0]}")
+    return Batch(shift(batch.inputs), shift(batch.targets), batch.mask, batch.lengths)
+
+
+def next_step_pairs(sequences: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(frames 0..T-2, frames 1..T-1)`` per sequence; sequences shorter than 2 are dropped."""
+    return [(s[:-1], s[1:]) for s in sequences if len(s) >= 2]
+
+
+def collate(sequences: Sequence[np.ndarray], dtype: torch.dtype = torch.float32) -> Batch:
+    """Pad next-step pairs of ``sequences`` into one :class:`Batch`."""
+    pairs = next_step_pairs(sequences)
+    if not pairs:
+        raise ValueError("no sequence of length >= 2 to make next-step pairs from")
+    lengths = torch.tensor([len(x) for x, _ in pairs], dtype=torch.int64)
+    steps = int(lengths.max())
+    inputs = torch.zeros(len(pairs), steps, N_KEYS, dtype=dtype)
+    targets = torch.zeros_like(inputs)
+    for b, (x, y) in enumerate(pairs):
+        inputs[b, : len(x)] = torch.from_numpy(np.asarray(x, dtype=np.float32))
+        targets[b, : len(y)] = torch.from_numpy(np.asarray(y, dtype=np.float32))
+    mask = torch.arange(steps)[None, :] < lengths[:, None]
+    return Batch(inputs, targets, mask, lengths)
+
+
+def bucket_batches(
+    lengths: Sequence[int], batch_size: int, shuffle: bool = True, seed: int = 0
+) -> list[list[int]]:
+    """Group sequence indices into batches of similar length.
+
+    Without shuffling: sorted by length, chunked. With shuffling, the sort key is the length plus
+    a uniform jitter of one batch's worth of length range, so batches differ from epoch to epoch
+    while padding stays small; the batch order is shuffled too. Deterministic for a given ``seed``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if shuffle:
+        rng = np.random.default_rng(seed)
+        spread = (lengths.max() - lengths.min()) * batch_size / max(len(lengths), 1)
+        order = np.argsort(lengths + rng.uniform(0, spread + 1e-9, len(lengths)), kind="stable")
+        batches = [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+        return [batches[i] for i in rng.permutation(len(batches))]
+    order = np.argsort(lengths, kind="stable")
+    return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+
+
+def padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Share of padded steps among all steps computed for ``batches``."""
+    lengths = np.asarray(lengths)
+    padded = sum(len(b) * int(lengths[b].max()) for b in batches)
+    return 1.0 - float(lengths.sum()) / padded if padded else 0.0
+
+
+def iterate_batches(
+    sequences: Sequence[np.ndarray],
+    batch_size: int,
+    shuffle: bool = False,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Iterator[Batch]:
+    """Yield padded next-step :class:`Batch` es of similar-length sequences (see bucket_batches)."""
+    usable = [s for s in sequences if len(s) >= 2]
+    for idx in bucket_batches([len(s) for s in usable], batch_size, shuffle, seed):
+        yield collate([usable[i] for i in idx], dtype)

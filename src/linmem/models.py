@@ -1,0 +1,108 @@
+"""Next-step predictors over piano rolls: a recurrent core and a sigmoid readout over the keys.
+
+=========  ==========================================  =====================
+name       core                                        readout reads
+=========  ==========================================  =====================
+``lmn-a``  :class:`linmem.LMN`, ``output="hidden"``     ``h_t`` (eq. 9)
+``lmn-b``  :class:`linmem.LMN`, ``output="memory"``     ``m_t`` (eq. 8)
+``rnn``    ``torch.nn.RNN`` (Elman, tanh)               ``h_t``
+``lstm``   ``torch.nn.LSTM``                            ``h_t``
+``gru``    ``torch.nn.GRU``                             ``h_t``
+=========  ==========================================  =====================
+
+Every model maps inputs ``(B, T, K)`` to logits ``(B, T, K)``; ``sigmoid(logits[:, t])`` is the
+predicted probability of each key at step ``t + 1``. The readout is ``Linear(out, K)`` with a bias
+(the paper writes ``sigma(W^mo m_t)``; the bias is the usual per-key base rate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .data import N_KEYS
+from .nn import LMN
+
+MODELS = ("lmn-a", "lmn-b", "rnn", "lstm", "gru")
+_TORCH_RNNS: dict[str, Callable[..., nn.Module]] = {"rnn": nn.RNN, "lstm": nn.LSTM,
+                                                    "gru": nn.GRU}
+
+
+class NextStepPredictor(nn.Module):
+    """``core`` (batch first) followed by a linear readout to ``n_keys`` logits."""
+
+    def __init__(self, name: str, input_size: int = N_KEYS, hidden: int = 100,
+                 memory: int | None = None, num_layers: int = 1, dropout: float = 0.0):
+        super().__init__()
+        if name not in MODELS:
+            raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+        for label, value in (("hidden", hidden), ("num_layers", num_layers),
+                             ("input_size", input_size)):
+            if int(value) != value or value < 1:
+                raise ValueError(f"{label} must be a positive integer, got {value!r}")
+        self.name, self.input_size, self.hidden, self.num_layers = name, input_size, hidden, \
+            num_layers
+        if name.startswith("lmn"):
+            memory = hidden if memory is None else memory
+            if int(memory) != memory or memory < 1:
+                raise ValueError(f"memory must be a positive integer, got {memory!r}")
+            output = "hidden" if name == "lmn-a" else "memory"
+            self.core = LMN(input_size, hidden, memory, num_layers, output=output,
+                            batch_first=True, dropout=dropout if num_layers > 1 else 0.0)
+            out_size = hidden if name == "lmn-a" else memory
+        else:
+            memory = None
+            self.core = _TORCH_RNNS[name](input_size, hidden, num_layers, batch_first=True,
+                                          dropout=dropout if num_layers > 1 else 0.0)
+            out_size = hidden
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.memory, self.dropout = memory, dropout
+        self.drop = nn.Dropout(dropout)
+        self.readout = nn.Linear(out_size, input_size)
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """``inputs (B, T, K)`` -> logits ``(B, T, K)``. Padding at the end of a sequence does not
+        change the logits of its valid steps (the recurrence is causal)."""
+        out, _ = self.core(inputs)
+        return self.readout(self.drop(out))
+
+    @torch.no_grad()
+    def init_output_bias(self, key_rates: Tensor, eps: float = 1e-3) -> None:
+        """Set the readout bias to the log-odds of each key's rate (from the training split), so
+        that training starts from the per-key base rates instead of p = 0.5 everywhere."""
+        p = torch.as_tensor(key_rates, dtype=self.readout.bias.dtype).clamp(eps, 1 - eps)
+        self.readout.bias.copy_(torch.log(p) - torch.log1p(-p))
+
+    def config(self) -> dict:
+        return {"model": self.name, "hidden": self.hidden, "memory": self.memory,
+                "num_layers": self.num_layers, "input_size": self.input_size,
+                "dropout": self.dropout}
+
+
+def build_model(name: str, hidden: int, memory: int | None = None, num_layers: int = 1,
+                input_size: int = N_KEYS, dropout: float = 0.0) -> NextStepPredictor:
+    """A next-step predictor by registry name (see :data:`MODELS`); ``dropout`` is applied to
+    the recurrent output before the readout (and between layers)."""
+    return NextStepPredictor(name, input_size, hidden, memory, num_layers, dropout)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable scalars."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def recurrent_weight_count(name: str, x: int, h: int, m: int | None = None) -> int:
+    """The paper's count of a single layer's recurrent weights (biases and readout excluded).
+
+    Section "A comparison with gated recurrent architectures": LSTM ``4(x + h)h``, GRU
+    ``3(x + h)h``, LMN ``(x + m)f + (f + m)m`` with ``f = h`` functional units; an Elman RNN has
+    ``(x + h)h``.
+    """
+    if name.startswith("lmn"):
+        if m is None:
+            raise ValueError("the LMN count needs the memory size m")
+        return (x + m) * h + (h + m) * m
+    return {"rnn": 1, "gru": 3, "lstm": 4}[name] * (x + h) * h

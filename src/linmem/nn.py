@@ -1,0 +1,304 @@
+"""The Linear Memory Network layer: a non-linear functional part and a linear memory.
+
+Paper, eqs. (6)-(7), with biases::
+
+    h_t = sigma(W^xh x_t + W^mh m_{t-1} + b^h)      functional activation   (6)
+    m_t = W^hm h_t + W^mm m_{t-1} + b^m              linear memory           (7)
+
+The output of a layer is the memory sequence ``m_t`` (``output="memory"``, the LMN-B wiring of
+eq. 8) or the functional sequence ``h_t`` (``output="hidden"``, LMN-A, eq. 9). ``h_t`` depends on
+``m_{t-1}`` only, never on ``h_{t-1}``: the whole state of a layer is its memory.
+
+Fast path: ``W^xh x_t + b^h`` for all steps is one matrix product before the loop, and
+``[W^mh; W^mm] m_{t-1}`` is one product per step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+_ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
+_PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
+
+State = Tensor | tuple[Tensor | None, Tensor] | None
+
+
+def _activation(name: str):
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"nonlinearity must be one of {sorted(_ACTIVATIONS)}, got {name!r}")
+    return _ACTIVATIONS[name]
+
+
+def _memory_of(state: State) -> Tensor | None:
+    """``state`` may be the memory alone or a ``(h, m)`` pair; only ``m`` carries information."""
+    if isinstance(state, tuple | list):
+        if len(state) != 2:
+            raise ValueError("state must be m_0 or a pair (h_0, m_0)")
+        return state[1]
+    return state
+
+
+def _init_uniform(weight: Tensor, fan_in: int) -> None:
+    bound = 1.0 / math.sqrt(fan_in)
+    nn.init.uniform_(weight, -bound, bound)
+
+
+def _reset_layer(weights: dict[str, Tensor | None], input_size: int, hidden_size: int,
+                 memory_size: int) -> None:
+    """Weights ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, biases zero (see :class:`LMNCell`)."""
+    with torch.no_grad():
+        _init_uniform(weights["weight_xh"], input_size)
+        _init_uniform(weights["weight_mh"], memory_size)
+        _init_uniform(weights["weight_hm"], hidden_size)
+        _init_uniform(weights["weight_mm"], memory_size)
+        for name in ("bias_h", "bias_m"):
+            if weights[name] is not None:
+                nn.init.zeros_(weights[name])
+
+
+def lmn_recurrence(
+    x_proj: Tensor,
+    m0: Tensor,
+    weight_mh: Tensor,
+    weight_hm: Tensor,
+    weight_mm: Tensor,
+    bias_m: Tensor | None,
+    activation=torch.tanh,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Run eqs. (6)-(7) over time.
+
+    Args:
+        x_proj: ``(T, B, H)``, the input term ``W^xh x_t + b^h`` for every step.
+        m0: ``(B, M)`` initial memory.
+        mask: optional ``(T, B)`` bool; where False the state is carried over unchanged
+            (padded steps of shorter sequences).
+
+    Returns:
+        ``(hs, ms, h_n, m_n)``: ``(T, B, H)``, ``(T, B, M)``, and the states at each sequence's
+        last valid step, ``(B, H)`` and ``(B, M)``.
+    """
+    steps, batch, hidden = x_proj.shape
+    weight_m = torch.cat([weight_mh, weight_mm], 0).t()  # (M, H + M)
+    bias = bias_m if bias_m is not None else x_proj.new_zeros(weight_hm.shape[0])
+    m = m0
+    h = x_proj.new_zeros(batch, hidden)
+    hs, ms = [], []
+    for t in range(steps):
+        z = m @ weight_m
+        h_new = activation(x_proj[t] + z[:, :hidden])
+        m_new = torch.addmm(z[:, hidden:] + bias, h_new, weight_hm.t())
+        if mask is not None:
+            keep = mask[t, :, None]
+            h = torch.where(keep, h_new, h)
+            m = torch.where(keep, m_new, m)
+        else:
+            h, m = h_new, m_new
+        hs.append(h_new)
+        ms.append(m_new)
+    if steps == 0:
+        return (x_proj.new_zeros(0, batch, hidden), x_proj.new_zeros(0, batch, m0.shape[1]), h, m)
+    return torch.stack(hs), torch.stack(ms), h, m
+
+
+class LMNCell(nn.Module):
+    r"""One step of a Linear Memory Network, eqs. (6)-(7).
+
+    Args:
+        input_size: features of ``x_t``.  hidden_size: functional units ``H``.
+        memory_size: memory units ``M``.  bias: use ``b^h`` and ``b^m``.
+        nonlinearity: ``"tanh"`` (the paper) or ``"relu"``.
+
+    Inputs: ``input`` ``(B, input_size)`` or ``(input_size,)``; ``state``: ``m_{t-1}``
+    ``(B, M)`` or a pair ``(h_{t-1}, m_{t-1})`` (``h_{t-1}`` is not used by the equations), default
+    zeros.
+
+    Outputs: ``(h_t, m_t)``, ``(B, H)`` and ``(B, M)``.
+
+    Parameters: ``weight_xh`` (H, input_size), ``weight_mh`` (H, M), ``weight_hm`` (M, H),
+    ``weight_mm`` (M, M), ``bias_h`` (H), ``bias_m`` (M). Weights are drawn from
+    ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; biases start at zero. The spectral radius of
+    ``W^mm`` is then about ``1/sqrt(3)`` (circular law), so the linear memory is a contraction
+    at initialisation and cannot accumulate without bound.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, memory_size: int, bias: bool = True,
+                 nonlinearity: str = "tanh", device=None, dtype=None):
+        super().__init__()
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
+                            ("memory_size", memory_size)):
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
+        self.nonlinearity = nonlinearity
+        self._act = _activation(nonlinearity)
+        self.weight_xh = nn.Parameter(torch.empty(hidden_size, input_size, **factory))
+        self.weight_mh = nn.Parameter(torch.empty(hidden_size, memory_size, **factory))
+        self.weight_hm = nn.Parameter(torch.empty(memory_size, hidden_size, **factory))
+        self.weight_mm = nn.Parameter(torch.empty(memory_size, memory_size, **factory))
+        if bias:
+            self.bias_h = nn.Parameter(torch.empty(hidden_size, **factory))
+            self.bias_m = nn.Parameter(torch.empty(memory_size, **factory))
+        else:
+            self.register_parameter("bias_h", None)
+            self.register_parameter("bias_m", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        weights = {name: getattr(self, name) for name in _PARAM_NAMES}
+        _reset_layer(weights, self.input_size, self.hidden_size, self.memory_size)
+
+    def forward(self, input: Tensor, state: State = None) -> tuple[Tensor, Tensor]:
+        batched = input.dim() == 2
+        if input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
+            raise ValueError(f"LMNCell expects input of shape (B, {self.input_size}) or "
+                             f"({self.input_size},), got {tuple(input.shape)}")
+        x = input if batched else input.unsqueeze(0)
+        m = _memory_of(state)
+        if m is None:
+            m = x.new_zeros(x.shape[0], self.memory_size)
+        elif not batched:
+            m = m.unsqueeze(0)
+        if m.shape != (x.shape[0], self.memory_size):
+            raise ValueError(f"memory state must have shape ({x.shape[0]}, {self.memory_size}), "
+                             f"got {tuple(m.shape)}")
+        pre = x @ self.weight_xh.t() + m @ self.weight_mh.t()
+        if self.bias_h is not None:
+            pre = pre + self.bias_h
+        h = self._act(pre)  # eq. (6)
+        m_new = h @ self.weight_hm.t() + m @ self.weight_mm.t()  # eq. (7)
+        if self.bias_m is not None:
+            m_new = m_new + self.bias_m
+        return (h, m_new) if batched else (h.squeeze(0), m_new.squeeze(0))
+
+    def extra_repr(self) -> str:
+        return (f"{self.input_size}, hidden_size={self.hidden_size}, "
+                f"memory_size={self.memory_size}, nonlinearity={self.nonlinearity!r}")
+
+
+class LMN(nn.Module):
+    r"""A multi-layer Linear Memory Network over sequences, used like ``torch.nn.RNN``.
+
+    Args:
+        input_size: features of ``x_t``.  hidden_size: functional units ``H`` per layer.
+        memory_size: memory units ``M`` per layer.  num_layers: stacked layers; layer ``k > 0``
+            reads the output sequence of layer ``k - 1``.
+        output: ``"memory"`` (LMN-B: the layer outputs ``m_t``) or ``"hidden"`` (LMN-A: ``h_t``).
+        bias: use ``b^h`` and ``b^m``.  batch_first: ``(B, T, F)`` instead of ``(T, B, F)``.
+        nonlinearity: ``"tanh"`` or ``"relu"``.  dropout: dropout on the outputs of every layer
+            but the last, as in ``torch.nn.RNN``.
+
+    Inputs: ``input``, ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``),
+    ``(T, input_size)`` unbatched, or a ``PackedSequence``; ``state``: ``m_0`` of shape
+    ``(num_layers, B, M)`` or a pair ``(h_0, m_0)`` as returned by a previous call (``h_0`` is not
+    used by the equations); default zeros.
+
+    Outputs: ``(output, (h_n, m_n))``: ``output`` is ``(T, B, M)`` (or ``(T, B, H)`` for
+    ``output="hidden"``) for the last layer, a ``PackedSequence`` for packed input (padded steps
+    are zero); ``h_n`` ``(num_layers, B, H)`` and ``m_n`` ``(num_layers, B, M)`` are the states
+    after each sequence's last step.
+
+    Parameters, per layer ``k``: ``weight_xh_l{k}``, ``weight_mh_l{k}``, ``weight_hm_l{k}``,
+    ``weight_mm_l{k}``, ``bias_h_l{k}``, ``bias_m_l{k}``, initialised as in :class:`LMNCell`.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, memory_size: int, num_layers: int = 1,
+                 output: str = "memory", bias: bool = True, batch_first: bool = False,
+                 nonlinearity: str = "tanh", dropout: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        if output not in ("memory", "hidden"):
+            raise ValueError(f"output must be 'memory' (LMN-B) or 'hidden' (LMN-A), got {output!r}")
+        if int(num_layers) != num_layers or num_layers < 1:
+            raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
+        self.num_layers, self.output, self.bias = num_layers, output, bias
+        self.batch_first, self.nonlinearity, self.dropout = batch_first, nonlinearity, dropout
+        self._act = _activation(nonlinearity)
+        out_size = memory_size if output == "memory" else hidden_size
+        for k in range(num_layers):
+            cell = LMNCell(input_size if k == 0 else out_size, hidden_size, memory_size, bias,
+                           nonlinearity, device=device, dtype=dtype)
+            for name, param in cell.named_parameters():
+                self.register_parameter(f"{name}_l{k}", param)
+
+    def reset_parameters(self) -> None:
+        out_size = self.memory_size if self.output == "memory" else self.hidden_size
+        for k in range(self.num_layers):
+            _reset_layer(self.layer_weights(k), self.input_size if k == 0 else out_size,
+                         self.hidden_size, self.memory_size)
+
+    def layer_weights(self, k: int) -> dict[str, Tensor | None]:
+        """The parameters of layer ``k`` under their cell names (``weight_xh``, ...)."""
+        return {name: getattr(self, f"{name}_l{k}", None) for name in _PARAM_NAMES}
+
+    def forward(self, input: Tensor | PackedSequence, state: State = None):
+        packed = isinstance(input, PackedSequence)
+        if packed:
+            x, lengths = pad_packed_sequence(input)  # (T, B, F), original batch order
+            unbatched = False
+        else:
+            if input.dim() not in (2, 3):
+                raise ValueError("LMN expects input of shape (T, B, F), (B, T, F) with "
+                                 f"batch_first, or (T, F); got {tuple(input.shape)}")
+            unbatched = input.dim() == 2
+            x = input.unsqueeze(1) if unbatched else (
+                input.transpose(0, 1) if self.batch_first else input)
+            lengths = None
+        if x.shape[-1] != self.input_size:
+            raise ValueError(f"input has {x.shape[-1]} features, the LMN expects "
+                             f"{self.input_size}")
+        steps, batch = x.shape[0], x.shape[1]
+        m0 = _memory_of(state)
+        if m0 is None:
+            m0 = x.new_zeros(self.num_layers, batch, self.memory_size)
+        elif unbatched and m0.dim() == 2:
+            m0 = m0.unsqueeze(1)
+        if m0.shape != (self.num_layers, batch, self.memory_size):
+            raise ValueError(f"memory state must have shape ({self.num_layers}, {batch}, "
+                             f"{self.memory_size}), got {tuple(m0.shape)}")
+        mask = None
+        if lengths is not None and bool((lengths != steps).any()):
+            mask = (torch.arange(steps)[:, None] < lengths[None, :]).to(x.device)
+        h_n, m_n = [], []
+        layer_in = x
+        for k in range(self.num_layers):
+            w = self.layer_weights(k)
+            x_proj = layer_in @ w["weight_xh"].t()
+            if w["bias_h"] is not None:
+                x_proj = x_proj + w["bias_h"]
+            hs, ms, h_last, m_last = lmn_recurrence(
+                x_proj, m0[k], w["weight_mh"], w["weight_hm"], w["weight_mm"], w["bias_m"],
+                self._act, mask)
+            h_n.append(h_last)
+            m_n.append(m_last)
+            layer_in = ms if self.output == "memory" else hs
+            if self.dropout and self.training and k < self.num_layers - 1:
+                layer_in = nn.functional.dropout(layer_in, self.dropout, training=True)
+        h_n, m_n = torch.stack(h_n), torch.stack(m_n)
+        out = layer_in
+        if packed:
+            if mask is not None:
+                out = out * mask[:, :, None].to(out.dtype)
+            out = pack_padded_sequence(out, lengths, enforce_sorted=False)
+            return out, (h_n, m_n)
+        if unbatched:
+            return out.squeeze(1), (h_n.squeeze(1), m_n.squeeze(1))
+        if self.batch_first:
+            out = out.transpose(0, 1)
+        return out, (h_n, m_n)
+
+    def extra_repr(self) -> str:
+        s = (f"{self.input_size}, hidden_size={self.hidden_size}, memory_size="
+             f"{self.memory_size}, num_layers={self.num_layers}, output={self.output!r}")
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        return s

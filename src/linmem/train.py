@@ -1,0 +1,312 @@
+"""Training with the paper's protocol: Adam, L2 weight decay, early stopping on validation accuracy.
+
+A run lives in one directory::
+
+    config.json     the TrainConfig of the run
+    log.jsonl       one line per epoch: train loss, validation accuracy and NLL, epoch time
+    last.pt         model, optimizer and loop state after the last finished epoch (for --resume)
+    best.pt         model weights of the best validation accuracy so far
+    metrics.json    final validation and test scores of best.pt, with provenance
+
+Every file is written atomically, so a run killed at any moment resumes from its last finished
+epoch. The batch order of epoch ``e`` depends only on ``(seed, e)`` and the model and optimizer
+states are restored exactly, so a resumed run ends with the same numbers as an uninterrupted one.
+The test split is scored once, at the end, on the checkpoint chosen on the validation split.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from . import __version__
+from ._io import atomic_write, command_line, git_commit, read_json, write_json
+from .data import (
+    bucket_batches,
+    collate,
+    content_digest,
+    data_checksum,
+    load_polyphonic,
+    resolve_name,
+    transpose,
+)
+from .metrics import FrameScores
+from .models import MODELS, NextStepPredictor, build_model, count_parameters
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (saved as ``config.json``)."""
+
+    data: str = "jsb"
+    model: str = "lmn-b"
+    hidden: int = 100
+    memory: int | None = 100  # LMN memory units; ignored by rnn/lstm/gru
+    num_layers: int = 1
+    dropout: float = 0.0  # on the recurrent output before the readout
+    weight_decay: float = 1e-5
+    lr: float = 1e-3
+    batch_size: int = 8
+    epochs: int = 200  # upper bound; early stopping usually ends the run first
+    patience: int = 20  # epochs without a better validation accuracy before stopping
+    clip: float | None = 5.0  # gradient-norm clipping; None disables it
+    init_bias: bool = True  # readout bias from the training split's key rates
+    transpose: int = 0  # augmentation: shift each training sequence by up to +-N semitones
+    seed: int = 0
+    device: str = "cpu"
+    data_dir: str | None = None
+    eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        self.data = resolve_name(self.data)
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
+        if not self.model.startswith("lmn"):
+            self.memory = None
+        for name in ("hidden", "num_layers", "batch_size", "epochs", "patience",
+                     "eval_batch_size"):
+            value = getattr(self, name)
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.memory is not None and (int(self.memory) != self.memory or self.memory < 1):
+            raise ValueError(f"memory must be a positive integer, got {self.memory!r}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if int(self.transpose) != self.transpose or not 0 <= self.transpose < 88:
+            raise ValueError(f"transpose must be an integer in [0, 88), got {self.transpose!r}")
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"clip must be > 0 or None, got {self.clip!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def masked_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Training loss: Bernoulli NLL summed over keys, averaged over valid frames (= frame_nll)."""
+    per_frame = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1)
+    return (per_frame * mask).sum() / mask.sum()
+
+
+@torch.no_grad()
+def evaluate(model: NextStepPredictor, sequences: Sequence[np.ndarray], batch_size: int = 64,
+             device: str | torch.device = "cpu") -> dict[str, float]:
+    """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
+    ``sequences``, accumulated over every valid frame (not averaged per batch)."""
+    model.eval()
+    dtype = next(model.parameters()).dtype
+    scores = FrameScores()
+    usable = [s for s in sequences if len(s) >= 2]
+    for idx in bucket_batches([len(s) for s in usable], batch_size, shuffle=False):
+        batch = collate([usable[i] for i in idx], dtype).to(device)
+        scores.update(model(batch.inputs), batch.targets, batch.mask)
+    return scores.compute()
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def _save_torch(obj: Any, path: Path) -> None:
+    with atomic_write(path) as f:
+        torch.save(obj, f)
+
+
+def _write_log(run_dir: Path, history: list[dict]) -> None:
+    import json
+
+    with atomic_write(run_dir / "log.jsonl", "w") as f:
+        for row in history:
+            f.write(json.dumps(row) + "\n")
+
+
+def load_run_model(run_dir: str | Path, which: str = "best",
+                   device: str | torch.device = "cpu") -> tuple[NextStepPredictor, TrainConfig]:
+    """The model saved in ``run_dir`` (``which`` is ``"best"`` or ``"last"``) and its config."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
+    config = TrainConfig.from_dict(read_json(run_dir / "config.json"))
+    path = run_dir / f"{which}.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    state = torch.load(path, map_location=device, weights_only=True)
+    model = build_model(config.model, config.hidden, config.memory, config.num_layers,
+                        dropout=config.dropout)
+    model.load_state_dict(state["model"] if "model" in state else state)
+    return model.to(device), config
+
+
+def train(
+    config: TrainConfig,
+    run_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    data: dict[str, list[np.ndarray]] | None = None,
+    on_epoch_end: Callable[[int, dict], None] | None = None,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Train ``config`` in ``run_dir`` and return the final metrics (also in ``metrics.json``).
+
+    Args:
+        resume: continue the run in ``run_dir`` from ``last.pt`` (its saved config must equal
+            ``config``), or start it if ``run_dir`` holds no run yet. Without it, ``run_dir``
+            must not hold a run already.
+        data: the data set as returned by :func:`linmem.data.load_polyphonic` (loaded from
+            ``config.data_dir`` when None).
+        on_epoch_end: called as ``f(epoch, log_row)`` after each epoch's checkpoint is written.
+        command: the command to record (default: this process's command line).
+
+    Raises:
+        TrainingDiverged: the loss became NaN/inf; ``last.pt`` keeps the last good epoch.
+    """
+    run_dir = Path(run_dir)
+    started = time.perf_counter()
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but CUDA is not available")
+    if resume and (run_dir / "config.json").is_file():
+        saved = TrainConfig.from_dict(read_json(run_dir / "config.json"))
+        diff = {k: (v, getattr(config, k)) for k, v in asdict(saved).items()
+                if k != "device" and getattr(config, k) != v}
+        if diff:
+            raise ValueError(f"--resume with a different config than {run_dir}/config.json: "
+                             + ", ".join(f"{k}: saved {a!r}, given {b!r}"
+                                         for k, (a, b) in diff.items()))
+    elif (run_dir / "config.json").exists():
+        raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, "
+                              "or choose another output directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "config.json", asdict(config))
+
+    if data is None:
+        data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
+    train_seqs = [s for s in data["train"] if len(s) >= 2]
+    if not train_seqs:
+        raise ValueError("the training split has no sequence of length >= 2")
+
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, config.hidden, config.memory, config.num_layers,
+                        dropout=config.dropout)
+    if config.init_bias:
+        model.init_output_bias(torch.from_numpy(np.concatenate(train_seqs).mean(0)))
+    model = model.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
+                                 weight_decay=config.weight_decay)
+    state = {"epoch": 0, "best_acc": -1.0, "best_epoch": 0, "bad_epochs": 0, "history": [],
+             "elapsed": 0.0, "stop_reason": None}
+    if resume and (run_dir / "last.pt").is_file():
+        ckpt = torch.load(run_dir / "last.pt", map_location=device, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = ckpt["state"]
+    elapsed_before = state["elapsed"]
+
+    lengths = [len(s) for s in train_seqs]
+    while state["stop_reason"] is None:
+        epoch = state["epoch"] + 1
+        t0 = time.perf_counter()
+        model.train()
+        epoch_seed = _epoch_seed(config.seed, epoch)
+        batches = bucket_batches(lengths, config.batch_size, shuffle=True, seed=epoch_seed)
+        shifts = np.random.default_rng(epoch_seed).integers(
+            -config.transpose, config.transpose + 1, size=len(train_seqs))
+        loss_sum = frames = 0.0
+        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=not progress,
+                   file=sys.stderr, dynamic_ncols=True)
+        for idx in bar:
+            batch = collate([train_seqs[i] for i in idx])
+            if config.transpose:
+                batch = transpose(batch, shifts[idx])
+            batch = batch.to(device)
+            logits = model(batch.inputs)
+            loss = masked_nll(logits, batch.targets, batch.mask)
+            if not torch.isfinite(loss):
+                bar.close()
+                raise TrainingDiverged(
+                    f"the training loss became {loss.item()} in epoch {epoch}; "
+                    f"{run_dir / 'last.pt'} keeps epoch {state['epoch']}. Lower --lr or set "
+                    "--clip.")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+            optimizer.step()
+            n = float(batch.mask.sum())
+            loss_sum += loss.item() * n
+            frames += n
+            bar.set_postfix(loss=f"{loss_sum / frames:.3f}")
+        valid = evaluate(model, data["valid"], config.eval_batch_size, device)
+        improved = valid["acc"] > state["best_acc"]
+        if improved:
+            state.update(best_acc=valid["acc"], best_epoch=epoch, bad_epochs=0)
+            _save_torch({"model": model.state_dict(), "epoch": epoch}, run_dir / "best.pt")
+        else:
+            state["bad_epochs"] += 1
+        row = {"epoch": epoch, "train_nll": loss_sum / frames, "valid_acc": 100 * valid["acc"],
+               "valid_nll": valid["nll"], "epoch_time_s": time.perf_counter() - t0,
+               "best": improved}
+        state["history"].append(row)
+        state["epoch"] = epoch
+        if state["bad_epochs"] >= config.patience:
+            state["stop_reason"] = f"early stopping (patience {config.patience})"
+        elif epoch >= config.epochs:
+            state["stop_reason"] = f"reached the epoch limit ({config.epochs})"
+        state["elapsed"] = elapsed_before + time.perf_counter() - started
+        _save_torch({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "state": state}, run_dir / "last.pt")
+        _write_log(run_dir, state["history"])
+        if progress:
+            tqdm.write(f"epoch {epoch:4d}  train nll {row['train_nll']:.3f}  valid acc "
+                       f"{row['valid_acc']:.2f}%  nll {row['valid_nll']:.3f}  "
+                       f"({row['epoch_time_s']:.1f}s){'  *' if improved else ''}",
+                       file=sys.stderr)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, row)
+
+    best, _ = load_run_model(run_dir, "best", device)
+    valid = evaluate(best, data["valid"], config.eval_batch_size, device)
+    test = evaluate(best, data["test"], config.eval_batch_size, device)
+    metrics = {
+        "dataset": config.data, "model": config.model, "hidden": config.hidden,
+        "memory": config.memory, "num_layers": config.num_layers,
+        "weight_decay": config.weight_decay,
+        "valid_acc": 100 * valid["acc"], "valid_nll": valid["nll"],
+        "test_acc": 100 * test["acc"], "test_nll": test["nll"],
+        "valid_acc_frame": 100 * valid["acc_frame"], "test_acc_frame": 100 * test["acc_frame"],
+        "n_params": count_parameters(best), "epochs": state["epoch"],
+        "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
+        "wall_time_s": elapsed_before + time.perf_counter() - started,
+        "seed": config.seed, "commit": git_commit(), "command": command or command_line(),
+        "data_sha256": _checksum_or_none(config), "data_digest": content_digest(data),
+        "linmem": __version__, "torch": torch.__version__, "device": str(device),
+        "units": "accuracies in percent (Bay et al. 2009, global), NLL in nats per time step",
+    }
+    write_json(run_dir / "metrics.json", metrics)
+    return metrics
+
+
+def _checksum_or_none(config: TrainConfig) -> str | None:
+    try:
+        return data_checksum(config.data, config.data_dir)
+    except Exception:  # data given in memory, not from a file
+        return None

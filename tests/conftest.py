@@ -1,0 +1,22 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from linmem.data import load_polyphonic
+
+# CI and the tests read the real data from the shared folder beside the checkout.
+DATA_DIR = Path(os.environ.get(
+    "LINMEM_TEST_DATA", Path(__file__).resolve().parents[1].parent / "shared/data/polyphonic"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not (DATA_DIR / "JSB_Chorales.mat").is_file():
+        pytest.fail(f"the polyphonic data is not in {DATA_DIR}; set LINMEM_TEST_DATA")
+    return DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def jsb(data_dir):
+    return load_polyphonic("jsb", root=data_dir)

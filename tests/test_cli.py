@@ -1,0 +1,83 @@
+"""The command line: one-line errors with exit code 2, a tiny training run, evaluate, resume."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from linmem.cli import main
+
+
+def run_cli(*args, capsys):
+    """(exit code, stdout, stderr) of ``linmem ARGS`` run in this process."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("args", [
+    ["train", "--data", "mnist"],
+    ["train", "--model", "transformer"],
+    ["train", "--hidden", "-5"],
+    ["train", "--weight-decay", "-1"],
+    ["train", "--clip", "abc"],
+    ["train", "--data-dir", "/no/such/dir"],
+    ["train", "--resume"],
+    ["evaluate", "/no/such/run"],
+    ["data", "mnist"],
+    ["frobnicate"],
+])
+def test_bad_arguments_give_one_line_and_exit_2(args, capsys):
+    code, _, err = run_cli(*args, capsys=capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("linmem: error:"), err
+    assert "Traceback" not in err
+
+
+def test_missing_data_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    code, _, err = run_cli("data", "jsb", "--data-dir", str(tmp_path), "--no-download",
+                           capsys=capsys)
+    assert code == 2 and "not found" in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
+    out = tmp_path / "run"
+    common = ["--data", "jsb", "--data-dir", str(data_dir), "--model", "lmn-a", "--hidden", "8",
+              "--memory", "6", "--batch-size", "32", "--out", str(out), "--quiet"]
+    code, stdout, _ = run_cli("train", *common, "--epochs", "2", capsys=capsys)
+    assert code == 0
+    assert "lmn-a on jsb: valid acc" in stdout and "metrics.json" in stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["epochs"] == 2 and metrics["model"] == "lmn-a"
+    assert metrics["data_sha256"] == (
+        "ac0e608527cc411c7e21ef7d38be47f0de7fb6b13b3ae168b8eccf1c2a9b18d4")
+    code, stdout, _ = run_cli("evaluate", str(out), "--data-dir", str(data_dir),
+                              "--split", "test", capsys=capsys)
+    assert code == 0
+    scored = json.loads(stdout)
+    assert scored["test"]["acc"] == pytest.approx(metrics["test_acc"], rel=1e-9)
+    assert scored["test"]["nll"] == pytest.approx(metrics["test_nll"], rel=1e-9)
+    # a second run into the same directory is refused; --resume with a larger budget goes on
+    code, _, err = run_cli("train", *common, "--epochs", "2", capsys=capsys)
+    assert code == 2 and "--resume" in err
+    code, _, err = run_cli("train", "--resume", "--out", str(out), "--hidden", "9",
+                           "--quiet", capsys=capsys)
+    assert code == 2 and "different config" in err
+
+
+def test_console_script_runs(data_dir):
+    result = subprocess.run([sys.executable, "-m", "linmem", "--help"], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0 and "train" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "linmem", "data", "jsb", "--data-dir",
+                             str(data_dir)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["train"]["sequences"] == 229 and info["valid"]["frames"] == 4602

@@ -1,0 +1,111 @@
+"""Frame accuracy and NLL against brute-force loops over frames and keys."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from linmem.metrics import FrameScores, frame_accuracy, frame_nll
+
+
+def brute_counts(probs, targets, threshold=0.5):
+    rows = []
+    for p_frame, y_frame in zip(probs, targets, strict=True):
+        tp = fp = fn = 0
+        for p, y in zip(p_frame, y_frame, strict=True):
+            on = p >= threshold
+            tp += on and y == 1
+            fp += on and y == 0
+            fn += (not on) and y == 1
+        rows.append((tp, fp, fn))
+    return rows
+
+
+@pytest.fixture
+def sample():
+    rng = np.random.default_rng(0)
+    targets = (rng.random((40, 12)) < 0.25).astype(np.uint8)
+    targets[:5] = 0  # silent frames
+    probs = np.clip(targets * 0.5 + rng.random((40, 12)) * 0.6, 0, 1)
+    probs[:3] = 0.1  # silent and correctly predicted silent
+    return probs, targets
+
+
+def test_global_and_frame_average_match_brute_force(sample):
+    probs, targets = sample
+    rows = brute_counts(probs, targets)
+    tp = sum(r[0] for r in rows)
+    denom = sum(sum(r) for r in rows)
+    assert frame_accuracy(probs, targets) == pytest.approx(tp / denom, abs=1e-15)
+    ratios = [r[0] / sum(r) for r in rows if sum(r) > 0]
+    assert frame_accuracy(probs, targets, average="frame") == pytest.approx(np.mean(ratios))
+    assert frame_accuracy(torch.tensor(probs), torch.tensor(targets)) == pytest.approx(
+        tp / denom)
+
+
+def test_silent_and_correct_frames_add_nothing(sample):
+    probs, targets = sample
+    silent = np.zeros((30, 12))
+    both = (np.concatenate([probs, silent]), np.concatenate([targets, silent]))
+    assert frame_accuracy(*both) == pytest.approx(frame_accuracy(probs, targets))
+    assert frame_accuracy(*both, average="frame") == pytest.approx(
+        frame_accuracy(probs, targets, average="frame"))
+    assert frame_accuracy(silent, silent) == 1.0
+
+
+def test_mask_threshold_and_shapes(sample):
+    probs, targets = sample
+    p3, y3 = probs.reshape(4, 10, 12), targets.reshape(4, 10, 12)
+    mask = np.zeros((4, 10), dtype=bool)
+    mask[:, :6] = True
+    expected = frame_accuracy(p3[:, :6].reshape(-1, 12), y3[:, :6].reshape(-1, 12))
+    assert frame_accuracy(p3, y3, mask) == pytest.approx(expected)
+    rows = brute_counts(probs, targets, threshold=0.3)
+    assert frame_accuracy(probs, targets, threshold=0.3) == pytest.approx(
+        sum(r[0] for r in rows) / sum(sum(r) for r in rows))
+    assert frame_accuracy(targets.astype(float), targets) == 1.0
+
+
+def test_logits_and_bad_input_are_rejected(sample):
+    probs, targets = sample
+    with pytest.raises(ValueError, match="probabilities"):
+        frame_accuracy(probs * 4 - 2, targets)
+    with pytest.raises(ValueError, match="NaN"):
+        frame_accuracy(np.full_like(probs, np.nan), targets)
+    with pytest.raises(ValueError, match="must match"):
+        frame_accuracy(probs[:, :5], targets)
+    with pytest.raises(ValueError, match="mask"):
+        frame_accuracy(probs, targets, mask=np.ones(3, dtype=bool))
+    with pytest.raises(ValueError, match="average"):
+        frame_accuracy(probs, targets, average="micro")
+
+
+def test_frame_nll_matches_formula(sample):
+    _, targets = sample
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=targets.shape) * 3
+    total = 0.0
+    for z_frame, y_frame in zip(logits, targets, strict=True):
+        for z, y in zip(z_frame, y_frame, strict=True):
+            p = 1 / (1 + math.exp(-z))
+            total -= math.log(p) if y else math.log(1 - p)
+    assert frame_nll(logits, targets) == pytest.approx(total / len(targets), rel=1e-12)
+    mask = np.arange(len(targets)) % 2 == 0
+    assert frame_nll(logits, targets, mask) == pytest.approx(
+        frame_nll(logits[mask], targets[mask]), rel=1e-12)
+
+
+def test_accumulator_equals_one_shot(sample):
+    probs, targets = sample
+    logits = torch.logit(torch.tensor(probs).clamp(1e-6, 1 - 1e-6))
+    y = torch.tensor(targets, dtype=torch.float64)
+    scores = FrameScores()
+    for chunk in range(0, 40, 7):  # uneven batches: sums over frames, not means of means
+        scores.update(logits[chunk: chunk + 7], y[chunk: chunk + 7])
+    result = scores.compute()
+    assert result["acc"] == pytest.approx(frame_accuracy(torch.sigmoid(logits), y))
+    assert result["acc_frame"] == pytest.approx(
+        frame_accuracy(torch.sigmoid(logits), y, average="frame"))
+    assert result["nll"] == pytest.approx(frame_nll(logits, y))
+    assert result["frames"] == 40

@@ -1,0 +1,193 @@
+"""The LMN layer against independent references: an explicit loop, torch.nn.RNN, gradcheck."""
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
+
+from linmem import LMN, LMNCell
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    """These tests compare to 1e-12: run them in float64, then restore the default."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def reference_lmn(x, weights, m0=None):
+    """Eqs. (6)-(7) written out step by step, one sequence and one layer: x (T, F)."""
+    w_xh, w_mh, w_hm, w_mm, b_h, b_m = (weights[k] for k in (
+        "weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m"))
+    m = torch.zeros(w_mm.shape[0]) if m0 is None else m0
+    hs, ms = [], []
+    for x_t in x:
+        h = torch.tanh(w_xh @ x_t + w_mh @ m + b_h)
+        m = w_hm @ h + w_mm @ m + b_m
+        hs.append(h)
+        ms.append(m)
+    return torch.stack(hs), torch.stack(ms)
+
+
+def randomise(module, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.4)
+    return module
+
+
+@pytest.mark.parametrize("output", ["memory", "hidden"])
+def test_layer_matches_explicit_loop(output):
+    torch.manual_seed(0)
+    lmn = randomise(LMN(5, 7, 4, output=output))
+    x = torch.randn(9, 3, 5)
+    out, (h_n, m_n) = lmn(x)
+    for b in range(3):
+        hs, ms = reference_lmn(x[:, b], lmn.layer_weights(0))
+        expected = ms if output == "memory" else hs
+        torch.testing.assert_close(out[:, b], expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(h_n[0, b], hs[-1])
+        torch.testing.assert_close(m_n[0, b], ms[-1])
+
+
+def test_batch_first_unbatched_and_initial_state():
+    torch.manual_seed(1)
+    lmn = randomise(LMN(4, 6, 5), 1)
+    x = torch.randn(8, 2, 4)
+    m0 = torch.randn(1, 2, 5)
+    out, (_h_n, _m_n) = lmn(x, m0)
+    lmn_bf = randomise(LMN(4, 6, 5, batch_first=True), 1)
+    out_bf, _ = lmn_bf(x.transpose(0, 1), (torch.zeros(1, 2, 6), m0))  # h_0 is accepted, unused
+    torch.testing.assert_close(out_bf.transpose(0, 1), out)
+    _, ms = reference_lmn(x[:, 1], lmn.layer_weights(0), m0[0, 1])
+    torch.testing.assert_close(out[:, 1], ms)
+    out_u, (h_u, m_u) = lmn(x[:, 1], m0[:, 1])
+    torch.testing.assert_close(out_u, ms)
+    assert h_u.shape == (1, 6) and m_u.shape == (1, 5)
+    # feeding the returned state back continues the sequence
+    first, state = lmn(x[:4])
+    second, _ = lmn(x[4:], state)
+    torch.testing.assert_close(torch.cat([first, second]), lmn(x)[0])
+
+
+def test_multilayer_reads_previous_output():
+    torch.manual_seed(2)
+    lmn = randomise(LMN(3, 5, 4, num_layers=2, output="hidden"), 2)
+    x = torch.randn(6, 2, 3)
+    out, (h_n, m_n) = lmn(x)
+    assert h_n.shape == (2, 2, 5) and m_n.shape == (2, 2, 4)
+    for b in range(2):
+        w0 = lmn.layer_weights(0)
+        w1 = lmn.layer_weights(1)
+        hs0, _ = reference_lmn(x[:, b], w0)
+        hs1, ms1 = reference_lmn(hs0, w1)
+        torch.testing.assert_close(out[:, b], hs1)
+        torch.testing.assert_close(m_n[1, b], ms1[-1])
+
+
+def test_memory_equals_torch_rnn_when_memory_copies_hidden():
+    """With W^hm = I, W^mm = 0, b^m = 0 the memory is h_t and the LMN is an Elman RNN."""
+    torch.manual_seed(3)
+    n = 6
+    lmn = randomise(LMN(4, n, n), 3)
+    rnn = torch.nn.RNN(4, n)
+    with torch.no_grad():
+        lmn.weight_hm_l0.copy_(torch.eye(n))
+        lmn.weight_mm_l0.zero_()
+        lmn.bias_m_l0.zero_()
+        rnn.weight_ih_l0.copy_(lmn.weight_xh_l0)
+        rnn.weight_hh_l0.copy_(lmn.weight_mh_l0)
+        rnn.bias_ih_l0.copy_(lmn.bias_h_l0)
+        rnn.bias_hh_l0.zero_()
+    x = torch.randn(11, 3, 4)
+    out, (_h_n, m_n) = lmn(x)
+    expected, h_rnn = rnn(x)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(m_n, h_rnn)
+
+
+def test_packed_sequence_matches_separate_calls():
+    torch.manual_seed(4)
+    lmn = randomise(LMN(3, 5, 4, num_layers=2), 4)
+    seqs = [torch.randn(n, 3) for n in (4, 7, 2)]
+    out, (h_n, m_n) = lmn(pack_sequence(seqs, enforce_sorted=False))
+    padded, lengths = pad_packed_sequence(out)
+    assert lengths.tolist() == [4, 7, 2]
+    for b, s in enumerate(seqs):
+        single, (h_b, m_b) = lmn(s.unsqueeze(1))
+        torch.testing.assert_close(padded[: len(s), b], single[:, 0])
+        assert torch.all(padded[len(s):, b] == 0)
+        torch.testing.assert_close(h_n[:, b], h_b[:, 0])
+        torch.testing.assert_close(m_n[:, b], m_b[:, 0])
+
+
+def test_cell_matches_layer():
+    torch.manual_seed(5)
+    lmn = randomise(LMN(3, 4, 5), 5)
+    cell = LMNCell(3, 4, 5)
+    cell.load_state_dict({k.removesuffix("_l0"): v for k, v in lmn.state_dict().items()})
+    x = torch.randn(5, 2, 3)
+    out, _ = lmn(x)
+    m = None
+    for t in range(5):
+        _h, m = cell(x[t], m)
+        torch.testing.assert_close(m, out[t])
+    h1, m1 = cell(x[0, 0])
+    assert h1.shape == (4,) and m1.shape == (5,)
+
+
+def test_gradcheck():
+    torch.manual_seed(6)
+    lmn = randomise(LMN(3, 4, 3, num_layers=2), 6)
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    m0 = torch.randn(2, 2, 3, requires_grad=True)
+    params = tuple(lmn.parameters())
+
+    def f(x, m0, *weights):
+        state = dict(zip([n for n, _ in lmn.named_parameters()], weights, strict=True))
+        out, (h_n, m_n) = torch.func.functional_call(lmn, state, (x, m0))
+        return out, h_n, m_n
+
+    assert torch.autograd.gradcheck(f, (x, m0, *params))
+
+
+def test_initial_memory_stays_bounded():
+    """At initialisation the memory is a contraction: no blow-up over thousands of steps."""
+    torch.manual_seed(7)
+    lmn = LMN(88, 250, 500).float()
+    x = (torch.rand(3000, 2, 88) < 0.05).float()
+    with torch.no_grad():
+        out, _ = lmn(x)
+    norms = out.norm(dim=-1)
+    assert torch.isfinite(norms).all()
+    assert norms[-500:].max() < 3 * norms[:500].max()
+    eig = torch.linalg.eigvals(lmn.weight_mm_l0.double()).abs().max()
+    assert eig < 0.75
+
+
+def test_bad_input_is_rejected():
+    lmn = LMN(3, 4, 5)
+    with pytest.raises(ValueError, match="features"):
+        lmn(torch.randn(5, 2, 4))
+    with pytest.raises(ValueError, match="shape"):
+        lmn(torch.randn(5, 2, 3, 1))
+    with pytest.raises(ValueError, match="memory state"):
+        lmn(torch.randn(5, 2, 3), torch.zeros(1, 2, 4))
+    with pytest.raises(ValueError, match="output"):
+        LMN(3, 4, 5, output="both")
+    with pytest.raises(ValueError, match="positive"):
+        LMNCell(3, 0, 5)
+    with pytest.raises(ValueError, match="nonlinearity"):
+        LMN(3, 4, 5, nonlinearity="sigmoid")
+
+
+def test_parameter_names_and_shapes():
+    lmn = LMN(88, 50, 70, num_layers=2, output="memory")
+    shapes = {n: tuple(p.shape) for n, p in lmn.named_parameters()}
+    assert shapes["weight_xh_l0"] == (50, 88) and shapes["weight_xh_l1"] == (50, 70)
+    assert shapes["weight_mh_l0"] == (50, 70) and shapes["weight_hm_l0"] == (70, 50)
+    assert shapes["weight_mm_l1"] == (70, 70)
+    assert shapes["bias_h_l1"] == (50,) and shapes["bias_m_l0"] == (70,)
+    assert all(torch.all(getattr(lmn, f"bias_{w}_l{k}") == 0) for w in "hm" for k in (0, 1))

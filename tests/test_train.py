@@ -1,0 +1,127 @@
+"""The trainer: metrics file, early stopping, resume after an interruption, divergence."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import linmem.train
+from linmem.metrics import frame_accuracy, frame_nll
+from linmem.models import build_model
+from linmem.train import TrainConfig, TrainingDiverged, evaluate, load_run_model, train
+
+
+@pytest.fixture(scope="module")
+def small(jsb):
+    """A small slice of JSB Chorales, so that a run takes a second."""
+    return {"train": jsb["train"][:24], "valid": jsb["valid"][:10], "test": jsb["test"][:10]}
+
+
+def config(**kw):
+    base = dict(model="lmn-b", hidden=12, memory=10, batch_size=6, epochs=4, patience=10,
+                seed=3)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_metrics_file_and_scores(tmp_path, small):
+    metrics = train(config(), tmp_path / "run", progress=False, data=small, command="test")
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved == metrics
+    for key in ("valid_acc", "test_acc", "test_nll", "valid_nll", "n_params", "epochs",
+                "wall_time_s", "seed", "commit", "command", "data_digest"):
+        assert key in saved
+    assert saved["command"] == "test" and saved["epochs"] == 4
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in log] == [1, 2, 3, 4]
+    best_epoch = max(log, key=lambda r: r["valid_acc"])["epoch"]
+    assert saved["best_epoch"] == best_epoch
+    assert saved["valid_acc"] == pytest.approx(max(r["valid_acc"] for r in log))
+    # an independent evaluation of the best checkpoint: one pass per sequence, no batching
+    model, _ = load_run_model(tmp_path / "run")
+    probs, logits, targets = [], [], []
+    with torch.no_grad():
+        for seq in small["test"]:
+            x = torch.tensor(seq[:-1], dtype=torch.float32)[None]
+            z = model(x)[0]
+            logits.append(z)
+            probs.append(torch.sigmoid(z))
+            targets.append(torch.tensor(seq[1:]))
+    assert saved["test_acc"] == pytest.approx(
+        100 * frame_accuracy(torch.cat(probs), torch.cat(targets)), rel=1e-6)
+    assert saved["test_nll"] == pytest.approx(frame_nll(torch.cat(logits), torch.cat(targets)),
+                                              rel=1e-5)
+
+
+def test_early_stopping_and_existing_run(tmp_path, small):
+    metrics = train(config(epochs=50, patience=2, lr=0.05), tmp_path / "run", progress=False,
+                    data=small)
+    assert metrics["epochs"] == metrics["best_epoch"] + 2
+    assert "early stopping" in metrics["stop_reason"]
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(config(), tmp_path / "run", progress=False, data=small)
+    with pytest.raises(ValueError, match="different config"):
+        train(config(hidden=13), tmp_path / "run", resume=True, progress=False, data=small)
+
+
+@pytest.mark.parametrize("model", ["lmn-b", "lstm"])
+def test_resume_after_interruption_gives_the_same_result(tmp_path, small, model):
+    cfg = config(model=model, epochs=5, transpose=2)
+    straight = train(cfg, tmp_path / "straight", progress=False, data=small)
+
+    def interrupt(epoch, row):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "resumed", progress=False, data=small, on_epoch_end=interrupt)
+    assert not (tmp_path / "resumed" / "metrics.json").exists()
+    resumed = train(cfg, tmp_path / "resumed", resume=True, progress=False, data=small)
+    for key in ("valid_acc", "test_acc", "test_nll", "best_epoch", "epochs"):
+        assert resumed[key] == straight[key], key
+    log = (tmp_path / "resumed" / "log.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in log] == [1, 2, 3, 4, 5]
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "resumed" / "last.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, small, monkeypatch):
+    built = {}
+
+    def capture(*args, **kwargs):
+        built["model"] = build_model(*args, **kwargs)
+        return built["model"]
+
+    def poison(epoch, row):  # after epoch 2's checkpoint, corrupt the live weights
+        if epoch == 2:
+            with torch.no_grad():
+                built["model"].readout.weight.fill_(float("nan"))
+
+    monkeypatch.setattr(linmem.train, "build_model", capture)
+    with pytest.raises(TrainingDiverged, match="keeps epoch 2"):
+        train(config(epochs=5), tmp_path / "run", progress=False, data=small,
+              on_epoch_end=poison)
+    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=False)
+    assert ckpt["state"]["epoch"] == 2
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_evaluate_counts_every_frame(small):
+    torch.manual_seed(0)
+    model = build_model("rnn", 5)
+    scores = evaluate(model, small["valid"], batch_size=3)
+    assert scores["frames"] == sum(len(s) - 1 for s in small["valid"])
+    assert 0 <= scores["acc"] <= 1 and np.isfinite(scores["nll"])
+
+
+def test_bad_configs():
+    with pytest.raises(ValueError, match="unknown model"):
+        TrainConfig(model="mlp")
+    with pytest.raises(ValueError, match="unknown data set"):
+        TrainConfig(data="mnist")
+    with pytest.raises(ValueError, match="batch_size"):
+        TrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match="weight_decay"):
+        TrainConfig(weight_decay=-1)
+    assert TrainConfig(model="lstm", memory=50).memory is None
