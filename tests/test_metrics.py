@@ -109,3 +109,15 @@ def test_accumulator_equals_one_shot(sample):
         frame_accuracy(torch.sigmoid(logits), y, average="frame"))
     assert result["nll"] == pytest.approx(frame_nll(logits, y))
     assert result["frames"] == 40
+
+
+def test_threshold_grid_counts(sample):
+    probs, targets = sample
+    logits = torch.logit(torch.tensor(probs).clamp(1e-6, 1 - 1e-6))
+    scores = FrameScores(grid=(0.2, 0.35, 0.5))
+    scores.update(logits[:17], torch.tensor(targets[:17]))
+    scores.update(logits[17:], torch.tensor(targets[17:]))
+    acc_at = scores.compute()["acc_at"]
+    for t in (0.2, 0.35, 0.5):
+        assert acc_at[t] == pytest.approx(frame_accuracy(torch.sigmoid(logits), targets,
+                                                         threshold=t))

@@ -70,6 +70,13 @@ def cli() -> None:
               callback=_positive)
 @click.option("--clip", default=str(_DEFAULT.clip), show_default=True, callback=_clip,
               help="Gradient-norm clipping, or 'none'.")
+@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULT.dropout,
+              show_default=True, help="Dropout on the recurrent output before the readout.")
+@click.option("--transpose", type=click.IntRange(0, 87), default=_DEFAULT.transpose,
+              show_default=True,
+              help="Augmentation: shift each training sequence by up to +-N semitones.")
+@click.option("--init-bias/--no-init-bias", default=_DEFAULT.init_bias, show_default=True,
+              help="Start the readout bias at the training split's key rates.")
 @click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True)
 @click.option("--device", default=_DEFAULT.device, show_default=True, help="cpu, cuda, cuda:1")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,

@@ -9,7 +9,7 @@ over a whole split is computed over all its frames, never averaged per batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -95,24 +95,36 @@ def frame_nll(logits: ArrayLike, targets: ArrayLike, mask: ArrayLike | None = No
                  / z.shape[0])
 
 
+THRESHOLD_GRID = tuple(round(0.05 * i, 2) for i in range(1, 11))  # 0.05, 0.10, ..., 0.50
+
+
 @dataclass
 class FrameScores:
-    """Accumulates accuracy and NLL over batches: ``update`` per batch, then ``compute``."""
+    """Accumulates accuracy and NLL over batches: ``update`` per batch, then ``compute``.
+
+    Besides the accuracy at ``threshold`` it counts the global accuracy at every threshold of
+    ``grid``, so that a decision threshold can be chosen on a validation split (a diagnostic;
+    the reported accuracy is the one at ``threshold``).
+    """
 
     threshold: float = 0.5
+    grid: tuple[float, ...] = THRESHOLD_GRID
     tp: int = 0
     denom: int = 0
     frame_ratio_sum: float = 0.0
     scored_frames: int = 0
     nll_sum: float = 0.0
     frames: int = 0
+    grid_tp: list[int] = field(default_factory=list)
+    grid_denom: list[int] = field(default_factory=list)
 
     @torch.no_grad()
     def update(self, logits: torch.Tensor, targets: torch.Tensor,
                mask: torch.Tensor | None = None) -> None:
         z, y = _flatten(logits, targets, mask, "logits")
         z = z.to(torch.float64)
-        tp, fp, fn = frame_counts(torch.sigmoid(z), y, None, self.threshold)
+        probs = torch.sigmoid(z)
+        tp, fp, fn = frame_counts(probs, y, None, self.threshold)
         denom = tp + fp + fn
         self.tp += int(tp.sum())
         self.denom += int(denom.sum())
@@ -122,9 +134,16 @@ class FrameScores:
         self.nll_sum += float(F.binary_cross_entropy_with_logits(z, y.to(z.dtype),
                                                                  reduction="sum"))
         self.frames += z.shape[0]
+        if not self.grid_tp:
+            self.grid_tp, self.grid_denom = [0] * len(self.grid), [0] * len(self.grid)
+        for i, t in enumerate(self.grid):
+            g_tp, g_fp, g_fn = frame_counts(probs, y, None, t)
+            self.grid_tp[i] += int(g_tp.sum())
+            self.grid_denom[i] += int((g_tp + g_fp + g_fn).sum())
 
-    def compute(self) -> dict[str, float]:
-        """``acc`` (global), ``acc_frame`` (per-frame mean), ``nll`` (nats/step), ``frames``."""
+    def compute(self) -> dict:
+        """``acc`` (global), ``acc_frame`` (per-frame mean), ``nll`` (nats/step), ``frames``, and
+        ``acc_at``: ``{threshold: global accuracy}`` over ``grid``."""
         if self.frames == 0:
             raise ValueError("no valid frame was scored")
         return {
@@ -133,4 +152,6 @@ class FrameScores:
                           if self.scored_frames else 1.0),
             "nll": self.nll_sum / self.frames,
             "frames": self.frames,
+            "acc_at": {t: (tp / d if d else 1.0)
+                       for t, tp, d in zip(self.grid, self.grid_tp, self.grid_denom, strict=True)},
         }

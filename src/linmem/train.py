@@ -293,13 +293,17 @@ def train(
         "valid_acc": 100 * valid["acc"], "valid_nll": valid["nll"],
         "test_acc": 100 * test["acc"], "test_nll": test["nll"],
         "valid_acc_frame": 100 * valid["acc_frame"], "test_acc_frame": 100 * test["acc_frame"],
+        # diagnostic, not the reported score: the decision threshold chosen on validation
+        "valid_threshold": (tuned := max(valid["acc_at"], key=valid["acc_at"].get)),
+        "test_acc_at_valid_threshold": 100 * test["acc_at"][tuned],
         "n_params": count_parameters(best), "epochs": state["epoch"],
         "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
         "wall_time_s": elapsed_before + time.perf_counter() - started,
         "seed": config.seed, "commit": git_commit(), "command": command or command_line(),
         "data_sha256": _checksum_or_none(config), "data_digest": content_digest(data),
         "linmem": __version__, "torch": torch.__version__, "device": str(device),
-        "units": "accuracies in percent (Bay et al. 2009, global), NLL in nats per time step",
+        "units": "accuracies in percent (Bay et al. 2009, global, threshold 0.5 unless named), "
+                 "NLL in nats per time step",
     }
     write_json(run_dir / "metrics.json", metrics)
     return metrics
