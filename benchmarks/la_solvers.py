@@ -1,0 +1,127 @@
+"""Linear autoencoder solvers side by side: fit time, peak memory and error against dense SVD.
+
+Each fit runs in a fresh subprocess, so that its peak resident memory (``ru_maxrss``) is its own;
+the memory of a process that only imports linmem is printed too and subtracted. The error is the
+optimal rank-p error of Xi reached by the solver, ``1 - sum(s_i^2) / ||Xi||_F^2`` (the tail energy;
+equal errors mean equally good subspaces), and for JSB Chorales also the autoencoder's recursive
+reconstruction error on its first training sequences.
+
+    python benchmarks/la_solvers.py [--data-dir DIR] [--part jsb|window|full|all] [--json OUT]
+
+Targets (issue 3): JSB full length, randomized at least 20x faster and 10x less peak memory than
+dense at equal error (1e-3 relative); every data set at full length, p = 500, under 5 minutes
+and 4 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "polyphonic"
+
+
+def one(spec: dict) -> dict:
+    """Run one fit in this process (the child) and return its measurements."""
+    from linmem.data import load_polyphonic
+    from linmem.la import LinearAutoencoder
+
+    train = load_polyphonic(spec["data"], root=spec["data_dir"], progress=False)["train"]
+    seqs = [s.astype("float64") for s in train]
+    start = time.perf_counter()
+    la = LinearAutoencoder(spec["p"], window=spec["window"], solver=spec["solver"],
+                           random_state=0, tol=spec.get("tol", 1e-10)).fit(seqs)
+    seconds = time.perf_counter() - start
+    result = {**spec, "seconds": seconds, "n_components": la.n_components_,
+              "relative_svd_error": la.relative_svd_error_,
+              "n_iter": getattr(la, "n_iter_", None),
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if spec.get("la_error_sequences"):
+        subset = seqs[: spec["la_error_sequences"]]
+        result["la_error_first_seqs"] = la.reconstruction_error(subset)
+    return result
+
+
+def spawn(spec: dict) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return {**spec, "error": out.stderr.strip().splitlines()[-1:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def baseline_rss() -> float:
+    code = ("import resource, linmem.la, linmem.data;"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout)
+
+
+def row(r: dict, base: float) -> str:
+    if "error" in r:
+        return (f"{r['data']:<11}{r['solver']:<11}{r['window']!s:>7}{r['p']:>6}   "
+                f"FAILED {r['error']}")
+    la = r.get("la_error_first_seqs")
+    la_txt = f"  la {la['la']:.3e} svd {la['svd']:.3e}" if la else ""
+    return (f"{r['data']:<11}{r['solver']:<11}{r['window']!s:>7}{r['p']:>6}{r['n_components']:>6}"
+            f"{r['seconds']:>10.2f}{r['peak_rss_mb'] - base:>10.0f}"
+            f"{r['relative_svd_error']:>14.6e}{r['n_iter'] if r['n_iter'] is not None else '':>6}"
+            + la_txt)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", default=os.environ.get("LINMEM_DATA", str(DEFAULT_DATA)))
+    parser.add_argument("--part", choices=["jsb", "window", "full", "all"], default="all")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--tol", type=float, default=1e-4,
+                        help="Ritz-value tolerance of the randomized solver")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(json.loads(args.one))))
+        return
+    base = baseline_rss()
+    print(f"peak RSS of a process that only imports linmem: {base:.0f} MB (subtracted below)")
+    print(f"{'data':<11}{'solver':<11}{'window':>7}{'p':>6}{'kept':>6}{'fit s':>10}"
+          f"{'peak MB':>10}{'rel. SVD err':>14}{'iters':>6}")
+    results = []
+
+    def run(**spec):
+        spec = {"data_dir": args.data_dir, "tol": args.tol, **spec}
+        r = spawn(spec)
+        results.append(r)
+        print(row(r, base), flush=True)
+        return r
+
+    if args.part in ("jsb", "all"):
+        for p in (100, 300, 1000):
+            dense = run(data="jsb", solver="dense", window=None, p=p, la_error_sequences=10)
+            fast = run(data="jsb", solver="randomized", window=None, p=p, la_error_sequences=10)
+            if "error" not in dense and "error" not in fast:
+                gap = abs(fast["relative_svd_error"] - dense["relative_svd_error"]) / max(
+                    dense["relative_svd_error"], 1e-300)
+                print(f"  -> p={p}: randomized {dense['seconds'] / fast['seconds']:.1f}x faster, "
+                      f"{(dense['peak_rss_mb'] - base) / max(fast['peak_rss_mb'] - base, 1):.1f}x "
+                      f"less peak memory, error gap {gap:.1e} (relative)", flush=True)
+    datasets = ("jsb", "piano", "nottingham", "musedata")
+    if args.part in ("window", "all"):
+        for name in datasets:
+            run(data=name, solver="qr", window=10, p=500)
+            run(data=name, solver="randomized", window=10, p=500)
+    if args.part in ("full", "all"):
+        for name in datasets:
+            run(data=name, solver="randomized", window=None, p=500)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"baseline_rss_mb": base, "results": results,
+                                               "command": " ".join(sys.argv)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

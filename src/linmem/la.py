@@ -1,0 +1,494 @@
+"""The linear autoencoder for sequences (paper, section 2; Sperduti 2013), trained in closed form.
+
+The model is ``y_t = A x_t + B y_{t-1}`` (eq. 1) with decoder ``[x_t; y_{t-1}] = C y_t`` (eq. 2).
+Its training matrix ``Xi`` stacks, for every sequence and step, the reversed prefix
+``[x_t, x_{t-1}, ..., x_1, 0, ...]`` (eq. 3), or its first ``k`` blocks with a window ``k``. From
+the SVD ``Xi = V S U^T`` truncated to ``p`` components: ``A = U^T P`` (the first block of ``U``,
+transposed) and ``B = U^T R U`` with ``R`` the down-shift by one block, and ``C = [A^T; B^T]``.
+Then ``y_t = U^T xi_t``: the state is the projection of the reversed prefix on the
+top-``p`` right singular vectors, and at ``p = rank(Xi)`` encoding and decoding are exact.
+
+Solvers (``solver=``):
+
+- ``"dense"``: materialise ``Xi`` and take its SVD. The reference; for small problems.
+- ``"qr"``: window ``k`` only. Streams over sequences, building each sequence's block-Toeplitz
+  rows from a strided view of the sequence, and folds them into a ``(k a) x (k a)`` triangular
+  factor (TSQR), whose SVD gives ``S`` and ``U`` exactly. Memory ``O((k a)^2)``; the condition
+  number is not squared.
+- ``"randomized"``: any window, ``p`` components. Subspace iteration (Halko, Martinsson & Tropp
+  2011) on ``Xi Xi^T`` in the row space, with ``Xi`` and ``Xi^T`` applied implicitly as per-sequence
+  causal convolutions and correlations by FFT, so ``Xi`` (600 GB for MuseData at full length) is
+  never formed. The right singular vectors come back through one more implicit product,
+  ``U = Xi^T V S^-1``, which holds for any window (the row-space shortcut
+  ``B = S^-1 V^T R_t V S`` is exact for the full-length ``Xi`` only).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.fft
+
+SOLVERS = ("auto", "dense", "qr", "randomized")
+_WORKERS = os.cpu_count() or 1  # threads for scipy.fft
+_DENSE_MAX_ENTRIES = 2e7  # Xi entries up to which "auto" takes the dense SVD (160 MB in float64)
+_QR_MAX_COLUMNS = 4000  # window * features up to which "auto" takes the exact streamed QR
+
+
+def _as_sequences(sequences, dtype=None) -> tuple[list[np.ndarray], np.dtype]:
+    """Validated float copies of the input: a list of ``(T_i, a)`` arrays or tensors, one
+    ``(T, a)`` array, or a ``(B, T, a)`` array of equal-length sequences."""
+    if hasattr(sequences, "detach"):  # a torch tensor
+        sequences = sequences.detach().cpu().numpy()
+    if isinstance(sequences, np.ndarray):
+        if sequences.ndim == 2:
+            sequences = [sequences]
+        elif sequences.ndim == 3:
+            sequences = list(sequences)
+        else:
+            raise ValueError(f"expected (T, a) or (B, T, a) input, got shape {sequences.shape}")
+    if not isinstance(sequences, Sequence) or len(sequences) == 0:
+        raise ValueError("expected a non-empty list of (T_i, a) sequences")
+    out = []
+    for i, s in enumerate(sequences):
+        if hasattr(s, "detach"):
+            s = s.detach().cpu().numpy()
+        s = np.asarray(s)
+        if s.ndim != 2 or s.shape[0] == 0:
+            raise ValueError(f"sequence {i} must have shape (T, a) with T >= 1, got {s.shape}")
+        if s.shape[1] != np.asarray(sequences[0]).shape[-1]:
+            raise ValueError(f"sequence {i} has {s.shape[1]} features, sequence 0 has "
+                             f"{np.asarray(sequences[0]).shape[-1]}")
+        out.append(s)
+    if dtype is None:
+        dtype = np.result_type(*[s.dtype for s in out], np.float32)
+        dtype = np.float32 if dtype == np.float32 else np.float64
+    out = [np.array(s, dtype=dtype, copy=True) for s in out]  # never touch the caller's data
+    for i, s in enumerate(out):
+        if not np.isfinite(s).all():
+            raise ValueError(f"sequence {i} contains NaN or inf")
+    return out, np.dtype(dtype)
+
+
+def xi_rows(x: np.ndarray, window: int) -> np.ndarray:
+    """The rows of ``Xi`` for one sequence ``x`` ``(T, a)``: row ``t`` is
+    ``[x_t, x_{t-1}, ..., x_{t-window+1}]`` with zeros before the start, shape ``(T, window*a)``."""
+    steps, a = x.shape
+    padded = np.concatenate([np.zeros((window - 1, a), x.dtype), x])
+    view = np.lib.stride_tricks.sliding_window_view(padded, window, axis=0)  # (T, a, window)
+    return view[:, :, ::-1].transpose(0, 2, 1).reshape(steps, window * a)
+
+
+def xi_squared_norm(sequences: Sequence[np.ndarray], window: int) -> float:
+    """``||Xi||_F^2`` without forming ``Xi``: input ``x_j`` of a length-``T`` sequence appears in
+    ``min(window, T - j)`` rows."""
+    total = 0.0
+    for x in sequences:
+        counts = np.minimum(window, len(x) - np.arange(len(x)))
+        total += float(counts @ (np.asarray(x, dtype=np.float64) ** 2).sum(1))
+    return total
+
+
+def build_xi(sequences: Sequence[np.ndarray], window: int) -> np.ndarray:
+    """The dense ``Xi`` (eq. 3) of ``sequences`` with ``window`` blocks (tests, small data)."""
+    return np.concatenate([xi_rows(np.asarray(s), window) for s in sequences])
+
+
+def _shift_gram(u: np.ndarray, a: int) -> np.ndarray:
+    """``B = U^T R U`` for ``U`` ``(L a, p)``: ``sum_i U_i^T U_{i-1}`` over blocks ``i >= 1``."""
+    blocks = u.reshape(-1, a, u.shape[1])
+    return np.einsum("iap,iaq->pq", blocks[1:], blocks[:-1], optimize=True)
+
+
+def _rank(s: np.ndarray, shape: tuple[int, int]) -> int:
+    if s.size == 0 or s[0] == 0:
+        return 0
+    tol = s[0] * max(shape) * np.finfo(s.dtype).eps
+    return int((s > tol).sum())
+
+
+def _sign_fix(u: np.ndarray) -> np.ndarray:
+    """Deterministic signs, in place: the largest-magnitude entry of each column is positive."""
+    cols = np.arange(u.shape[1])
+    hi, lo = u.argmax(axis=0), u.argmin(axis=0)  # no |u| temporary: U can be large
+    idx = np.where(np.abs(u[hi, cols]) >= np.abs(u[lo, cols]), hi, lo)
+    signs = np.sign(u[idx, cols])
+    signs[signs == 0] = 1
+    u *= signs
+    return u
+
+
+# ----------------------------------------------------------------------------- solvers
+
+
+def _svd_dense(seqs, window, p):
+    xi = build_xi(seqs, window)
+    _, s, ut = np.linalg.svd(xi, full_matrices=False)
+    return s, _sign_fix(ut[:p].T.copy()), xi.shape
+
+
+def _svd_qr(seqs, window, p):
+    """Exact streamed SVD of the windowed Xi: fold row blocks into one R factor (TSQR)."""
+    a = seqs[0].shape[1]
+    cols = window * a
+    r = np.zeros((0, cols), seqs[0].dtype)
+    pending, pending_rows, rows = [], 0, 0
+    for x in seqs:
+        block = xi_rows(x, window)
+        pending.append(block)
+        pending_rows += len(block)
+        rows += len(block)
+        if pending_rows >= 2 * cols:
+            r = np.linalg.qr(np.concatenate([r, *pending]), mode="r")
+            pending, pending_rows = [], 0
+    if pending:
+        r = np.linalg.qr(np.concatenate([r, *pending]), mode="r")
+    _, s, ut = np.linalg.svd(r, full_matrices=False)
+    return s, _sign_fix(ut[:p].T.copy()), (rows, cols)
+
+
+class _ImplicitXi:
+    """``Xi`` of a set of sequences as a linear operator, applied by FFT per length group."""
+
+    def __init__(self, seqs: list[np.ndarray], window: int):
+        self.seqs, self.window = seqs, window
+        self.a = seqs[0].shape[1]
+        self.lengths = np.array([len(s) for s in seqs])
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+        self.n_rows = int(self.offsets[-1])
+        self.n_cols = window * self.a
+        order = np.argsort(self.lengths, kind="stable")
+        self.groups = []  # (indices, lags used, FFT size, stacked spectra of the sequences)
+        start = 0
+        while start < len(order):  # lengths within a factor 1.5 share one FFT size
+            stop = start
+            limit = max(1.5 * self.lengths[order[start]], self.lengths[order[start]] + 8)
+            while stop < len(order) and self.lengths[order[stop]] <= limit:
+                stop += 1
+            idx = order[start:stop]
+            t_max = int(self.lengths[idx].max())
+            lags = min(t_max, window)
+            n = scipy.fft.next_fast_len(t_max + lags - 1, real=True)
+            spectra = np.stack([scipy.fft.rfft(seqs[i], n, axis=0, workers=_WORKERS)
+                                for i in idx], 1)  # (F, B, a)
+            self.groups.append((idx, lags, n, t_max, spectra))
+            start = stop
+
+    def chunk_size(self, budget: float = 2.56e8) -> int:
+        """Columns per chunk that keep one chunk's frequency-domain arrays near ``budget`` bytes."""
+        biggest = max(g[2] for g in self.groups)
+        return max(8, int(budget / (16 * (biggest // 2 + 1) * self.a)))
+
+    def rmatmul(self, z: np.ndarray, chunk: int | None = None) -> np.ndarray:
+        """``Xi^T z`` for ``z`` ``(N, r)``: block ``i`` is ``sum_q sum_t x_{t-i} z_t^T``,
+        computed ``chunk`` columns at a time (default :meth:`chunk_size`)."""
+        chunk = chunk or self.chunk_size()
+        out = np.empty((self.window, self.a, z.shape[1]), z.dtype)
+        for c in range(0, z.shape[1], chunk):
+            out[:, :, c: c + chunk] = self._rmatmul(z[:, c: c + chunk])
+        return out.reshape(self.n_cols, z.shape[1])
+
+    def _rmatmul(self, z: np.ndarray) -> np.ndarray:
+        r = z.shape[1]
+        out = np.zeros((self.window, self.a, r), z.dtype)
+        for idx, lags, n, t_max, spectra in self.groups:
+            zs = np.zeros((len(idx), t_max, r), z.dtype)
+            for j, i in enumerate(idx):
+                zs[j, : self.lengths[i]] = z[self.offsets[i]: self.offsets[i + 1]]
+            z_f = scipy.fft.rfft(zs, n, axis=1, workers=_WORKERS).transpose(1, 0, 2)  # (F, B, r)
+            corr_f = np.matmul(spectra.conj().transpose(0, 2, 1), z_f)  # (F, a, r)
+            out[:lags] += scipy.fft.irfft(corr_f, n, axis=0, workers=_WORKERS)[:lags]
+        return out
+
+    def matmul(self, w: np.ndarray) -> np.ndarray:
+        """``Xi w`` for ``w`` ``(window a, r)``: row ``t`` is ``sum_i x_{t-i}^T w_i``."""
+        r = w.shape[1]
+        blocks = w.reshape(self.window, self.a, r)
+        out = np.empty((self.n_rows, r), w.dtype)
+        for idx, lags, n, _, spectra in self.groups:
+            w_f = scipy.fft.rfft(blocks[:lags], n, axis=0, workers=_WORKERS)  # (F, a, r)
+            conv = scipy.fft.irfft(np.matmul(spectra, w_f), n, axis=0,
+                                   workers=_WORKERS)  # (n, B, r)
+            for j, i in enumerate(idx):
+                out[self.offsets[i]: self.offsets[i + 1]] = conv[: self.lengths[i], j]
+        return out
+
+    def gram_apply(self, q: np.ndarray, chunk: int) -> np.ndarray:
+        """``Xi Xi^T q`` in column chunks, so that no ``(window a, r)`` matrix is held whole."""
+        out = np.empty_like(q)
+        for c in range(0, q.shape[1], chunk):
+            w = self._rmatmul(q[:, c: c + chunk]).reshape(self.n_cols, -1)
+            out[:, c: c + chunk] = self.matmul(w)
+        return out
+
+
+def _svd_randomized(seqs, window, p, rng, n_oversamples, max_iter, tol):
+    """Top-``p`` singular values and left vectors of ``Xi`` by subspace iteration on ``Xi Xi^T``,
+    stopped when the top-``p`` Ritz values change by less than ``tol`` (relative)."""
+    op = _ImplicitXi(seqs, window)
+    r = min(p + n_oversamples, op.n_rows, op.n_cols)
+    chunk = min(r, op.chunk_size())
+    q, _ = np.linalg.qr(rng.standard_normal((op.n_rows, r)).astype(seqs[0].dtype))
+    previous = None
+    iterations = 0
+    while True:
+        y = op.gram_apply(q, chunk)  # Xi Xi^T Q
+        m = q.T @ y  # Rayleigh quotient: its eigenvalues are the Ritz values of span(Q)
+        evals, evecs = np.linalg.eigh((m + m.T) / 2)
+        order = np.argsort(evals)[::-1]
+        evals, evecs = evals[order], evecs[:, order]
+        top = np.clip(evals[:p], 0, None)
+        converged = previous is not None and np.all(
+            np.abs(top - previous) <= tol * max(top[0], np.finfo(top.dtype).tiny))
+        if converged or iterations >= max_iter:
+            break
+        previous = top
+        q, _ = np.linalg.qr(y)
+        iterations += 1
+    del y
+    return np.sqrt(np.clip(evals[:p], 0, None)), q @ evecs[:, :p], op, iterations
+
+
+# ----------------------------------------------------------------------------- the estimator
+
+
+class LinearAutoencoder:
+    """Linear autoencoder for sequences, fitted in closed form (scikit-learn conventions).
+
+    Args:
+        n_components: state size ``p``; more than ``rank(Xi)`` keeps the rank, with a warning.
+        window: number of past inputs (blocks of ``Xi``) to encode; ``None`` for the full
+            length of the longest training sequence.
+        center: subtract the mean input ``mean_`` before encoding (and add it back on decoding).
+        solver: ``"auto"``, ``"dense"``, ``"qr"`` (windowed only) or ``"randomized"``.
+        random_state: seed of the randomized solver.
+        n_oversamples: extra columns of the randomized solver's subspace.
+        max_iter, tol: the randomized solver iterates until the top ``n_components`` Ritz values
+            (squared singular values) change by less than ``tol`` times the largest, or
+            ``max_iter`` iterations; ``n_iter_`` says how many it took.
+
+    Fitted attributes: ``A_`` ``(p, a)``, ``B_`` ``(p, p)``, ``C_`` ``(a + p, p)`` (eq. 2),
+    ``singular_values_`` (descending, the ``p`` kept; all of them for the exact solvers in
+    ``all_singular_values_``), ``n_components_``, ``n_features_in_``, ``window_``, ``solver_``
+    (the one used), ``mean_`` (zeros without centering), ``rank_`` (exact solvers only).
+    """
+
+    def __init__(self, n_components: int, window: int | None = None, center: bool = False,
+                 solver: str = "auto", random_state: int | None = None,
+                 n_oversamples: int = 10, max_iter: int = 30, tol: float = 1e-10):
+        self.n_components = n_components
+        self.window = window
+        self.center = center
+        self.solver = solver
+        self.random_state = random_state
+        self.n_oversamples = n_oversamples
+        self.max_iter = max_iter
+        self.tol = tol
+
+    # -- fitting ---------------------------------------------------------------------------
+
+    def _choose_solver(self, n_rows: int, n_cols: int) -> str:
+        if self.solver != "auto":
+            return self.solver
+        if n_rows * n_cols <= _DENSE_MAX_ENTRIES:
+            return "dense"
+        if self.window is not None and n_cols <= _QR_MAX_COLUMNS:
+            return "qr"
+        return "randomized"
+
+    def fit(self, sequences) -> LinearAutoencoder:
+        """Fit on a list of ``(T_i, a)`` sequences (arrays or tensors); returns ``self``."""
+        if int(self.n_components) != self.n_components or self.n_components < 1:
+            raise ValueError(f"n_components must be a positive integer, got {self.n_components!r}")
+        if self.window is not None and (int(self.window) != self.window or self.window < 1):
+            raise ValueError(f"window must be a positive integer or None, got {self.window!r}")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
+        seqs, dtype = _as_sequences(sequences)
+        a = seqs[0].shape[1]
+        self.n_features_in_ = a
+        self.mean_ = (np.concatenate(seqs).mean(0) if self.center else np.zeros(a, dtype))
+        if self.center:
+            for s in seqs:
+                s -= self.mean_
+        window = int(self.window) if self.window is not None else max(len(s) for s in seqs)
+        self.window_ = window
+        n_rows, n_cols = sum(len(s) for s in seqs), window * a
+        solver = self._choose_solver(n_rows, n_cols)
+        if solver == "qr" and self.window is None:
+            raise ValueError("solver='qr' needs a window; use 'randomized' for full length")
+        self.solver_ = solver
+        p = int(self.n_components)
+        if solver in ("dense", "qr"):
+            fit = _svd_dense if solver == "dense" else _svd_qr
+            s, u, shape = fit(seqs, window, min(p, n_rows, n_cols))
+            rank = _rank(s, shape)
+            self.rank_ = rank
+            self.all_singular_values_ = s
+            if p > rank:
+                warnings.warn(f"n_components={p} exceeds rank(Xi)={rank}; keeping {rank}",
+                              stacklevel=2)
+                p = rank
+            u = u[:, :p]
+            self.A_ = u[:a].T.copy()
+            self.B_ = _shift_gram(u, a)
+            self.components_ = u.T  # rows: right singular vectors, (p, window * a)
+        else:
+            rng = np.random.default_rng(self.random_state)
+            s, v, op, self.n_iter_ = _svd_randomized(seqs, window, p, rng, self.n_oversamples,
+                                                     self.max_iter, self.tol)
+            tol = s[0] * max(n_rows, n_cols) * np.finfo(dtype).eps * 10 if s.size else 0
+            kept = int(min(p, (s > tol).sum()))
+            if kept < p:
+                warnings.warn(f"n_components={p} exceeds the numerical rank of Xi "
+                              f"({kept}); keeping {kept}", stacklevel=2)
+            s, v = s[:kept], v[:, :kept]
+            u = op.rmatmul(v)  # U = Xi^T V S^-1, exact for any window
+            del v
+            u /= s
+            _sign_fix(u)
+            self.A_ = u[:a].T.copy()
+            self.B_ = _shift_gram(u, a)
+            self.components_ = u.T  # a view: U can be large, keep one copy
+            p = kept
+        self.singular_values_ = np.asarray(s[:p])
+        self.n_components_ = p
+        self.xi_norm2_ = xi_squared_norm(seqs, window)
+        self.relative_svd_error_ = max(
+            0.0, 1.0 - float((self.singular_values_.astype(np.float64) ** 2).sum())
+            / self.xi_norm2_) if self.xi_norm2_ > 0 else 0.0
+        self.C_ = np.concatenate([self.A_.T, self.B_.T], 0)  # (a + p, p): [x_t; y_{t-1}] = C y_t
+        return self
+
+    # -- using -----------------------------------------------------------------------------
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "A_"):
+            raise RuntimeError("this LinearAutoencoder is not fitted yet; call fit first")
+
+    def encode(self, sequence, lengths=None) -> np.ndarray:
+        """States ``y_t = A x_t + B y_{t-1}`` (eq. 1, ``y_0 = 0``) for every step.
+
+        ``sequence`` is ``(T, a)`` -> ``(T, p)``, or a padded batch ``(N, T, a)`` -> ``(N, T, p)``
+        computed with batched matrix products (``lengths`` only zeroes the states after each
+        sequence's end).
+        """
+        self._check_fitted()
+        x = sequence.detach().cpu().numpy() if hasattr(sequence, "detach") else np.asarray(
+            sequence)
+        if x.ndim not in (2, 3) or x.shape[-1] != self.n_features_in_:
+            raise ValueError(f"expected (T, {self.n_features_in_}) or (N, T, "
+                             f"{self.n_features_in_}) input, got shape {x.shape}")
+        if not np.isfinite(x).all():
+            raise ValueError("input contains NaN or inf")
+        single = x.ndim == 2
+        x = (x[None] if single else x).astype(self.A_.dtype) - self.mean_
+        drive = x @ self.A_.T  # (N, T, p): every A x_t in one product
+        states = np.empty_like(drive)
+        y = np.zeros((x.shape[0], self.n_components_), self.A_.dtype)
+        bt = self.B_.T
+        for t in range(x.shape[1]):
+            y = drive[:, t] + y @ bt
+            states[:, t] = y
+        if lengths is not None:
+            mask = np.arange(x.shape[1])[None, :] < np.asarray(lengths)[:, None]
+            states *= mask[..., None]
+        return states[0] if single else states
+
+    transform = encode
+
+    def decode(self, state, n_steps: int) -> np.ndarray:
+        """The last ``n_steps`` inputs reconstructed from one state ``y_t`` ``(p,)``, in
+        chronological order (last row ``x_t``): ``x_{t-i} = A^T (B^T)^i y_t`` (eq. 2 iterated)."""
+        self._check_fitted()
+        y = np.asarray(state.detach().cpu().numpy() if hasattr(state, "detach") else state,
+                       dtype=self.A_.dtype)
+        if y.shape != (self.n_components_,):
+            raise ValueError(f"state must have shape ({self.n_components_},), got {y.shape}")
+        if int(n_steps) != n_steps or n_steps < 0:
+            raise ValueError(f"n_steps must be a non-negative integer, got {n_steps!r}")
+        out = np.empty((int(n_steps), self.n_features_in_), self.A_.dtype)
+        for i in range(int(n_steps)):
+            out[n_steps - 1 - i] = self.A_.T @ y + self.mean_
+            y = self.B_.T @ y
+        return out
+
+    def inverse_transform(self, states: np.ndarray) -> np.ndarray:
+        """``x_t = A^T y_t`` for every state, ``(T, p) -> (T, a)``."""
+        self._check_fitted()
+        return np.asarray(states) @ self.A_ + self.mean_
+
+    def reconstruction_error(self, sequences, n_steps: int | None = None) -> dict[str, float]:
+        """Mean squared error per reconstructed input value, two ways (paper, Figure 5a):
+
+        - ``"la"``: the autoencoder's recursion: from every state ``y_t`` decode the last
+          ``min(t, n_steps)`` inputs (``n_steps`` defaults to the window) as in :meth:`decode`;
+        - ``"svd"``: the optimal rank-``p`` reconstruction ``xi_t U U^T`` of the same entries of
+          ``Xi``.
+
+        Both average over the same entries, so ``svd <= la`` and they agree at full rank.
+        """
+        self._check_fitted()
+        seqs, _ = _as_sequences(sequences, self.A_.dtype)
+        n = self.window_ if n_steps is None else int(n_steps)
+        if n < 1:
+            raise ValueError(f"n_steps must be >= 1, got {n_steps!r}")
+        a = self.n_features_in_
+        u = self.components_.T  # (window a, p)
+        la = svd = 0.0
+        count = 0
+        for x in seqs:
+            xc = x - self.mean_
+            cur = self.encode(x)  # (T, p); lag i: x_{t-i} ~ A^T (B^T)^i y_t
+            for i in range(min(n, len(x))):
+                rec = cur[i:] @ self.A_  # rows t >= i
+                la += float(((rec - xc[: len(x) - i]) ** 2).sum())
+                count += (len(x) - i) * a
+                cur = cur @ self.B_
+            rows = xi_rows(xc, self.window_)
+            diff = (rows @ u) @ u.T - rows
+            blocks = np.minimum(np.arange(1, len(x) + 1), min(n, self.window_))  # per row
+            valid = np.arange(self.window_)[None, :] < blocks[:, None]  # (T, window)
+            svd += float(((diff.reshape(len(x), self.window_, a) ** 2).sum(-1) * valid).sum())
+        return {"la": la / count, "svd": svd / count}
+
+    # -- persistence -----------------------------------------------------------------------
+
+    _SAVED = ("A_", "B_", "C_", "singular_values_", "components_", "mean_")
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save parameters and fitted attributes to a plain ``.npz`` (no pickle)."""
+        self._check_fitted()
+        from ._io import atomic_write
+
+        meta = {"n_components": self.n_components, "window": -1 if self.window is None else
+                self.window, "center": int(self.center), "n_components_": self.n_components_,
+                "n_features_in_": self.n_features_in_, "window_": self.window_}
+        with atomic_write(path) as f:
+            np.savez(f, solver_=np.array(self.solver_), solver=np.array(self.solver),
+                     **{k: getattr(self, k) for k in self._SAVED},
+                     **{f"meta_{k}": np.array(v) for k, v in meta.items()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LinearAutoencoder:
+        with np.load(path, allow_pickle=False) as f:
+            meta = {k[5:]: f[k].item() for k in f.files if k.startswith("meta_")}
+            la = cls(int(meta["n_components"]), None if meta["window"] == -1 else
+                     int(meta["window"]), bool(meta["center"]), str(f["solver"]))
+            for k in cls._SAVED:
+                setattr(la, k, f[k])
+            la.solver_ = str(f["solver_"])
+        la.n_components_ = int(meta["n_components_"])
+        la.n_features_in_ = int(meta["n_features_in_"])
+        la.window_ = int(meta["window_"])
+        return la
+
+    def __repr__(self) -> str:
+        return (f"LinearAutoencoder(n_components={self.n_components}, window={self.window}, "
+                f"center={self.center}, solver={self.solver!r})")
+
+
+__all__ = ["SOLVERS", "LinearAutoencoder", "build_xi", "xi_rows", "xi_squared_norm"]

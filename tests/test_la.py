@@ -1,0 +1,210 @@
+"""The linear autoencoder against independent references: the dense Xi and numpy's SVD."""
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+from linmem.la import LinearAutoencoder, build_xi, xi_rows, xi_squared_norm
+
+
+def random_sequences(lengths, a, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((n, a)) for n in lengths]
+
+
+def smooth_sequences(lengths, a, seed=0):
+    """Outputs of a stable random linear system plus noise: a decaying spectrum of Xi."""
+    rng = np.random.default_rng(seed)
+    state_dim = 6
+    dyn = np.linalg.qr(rng.standard_normal((state_dim, state_dim)))[0] * 0.9
+    out = rng.standard_normal((a, state_dim))
+    seqs = []
+    for n in lengths:
+        z = rng.standard_normal(state_dim)
+        rows = []
+        for _ in range(n):
+            z = dyn @ z + 0.3 * rng.standard_normal(state_dim)
+            rows.append(out @ z + 0.05 * rng.standard_normal(a))
+        seqs.append(np.array(rows))
+    return seqs
+
+
+def test_xi_rows_is_the_reversed_prefix_matrix():
+    x = np.arange(12.0).reshape(4, 3)
+    rows = xi_rows(x, 3)
+    expected = np.array([
+        [*x[0], 0, 0, 0, 0, 0, 0],
+        [*x[1], *x[0], 0, 0, 0],
+        [*x[2], *x[1], *x[0]],
+        [*x[3], *x[2], *x[1]],
+    ])
+    np.testing.assert_array_equal(rows, expected)
+
+
+@pytest.mark.parametrize("solver", ["dense", "randomized"])
+def test_full_length_full_rank_is_exact(solver):
+    seqs = random_sequences([7, 5, 9, 4, 8], 3)
+    xi = build_xi(seqs, 9)
+    s_ref = np.linalg.svd(xi, compute_uv=False)
+    rank = np.linalg.matrix_rank(xi)
+    la = LinearAutoencoder(rank, solver=solver, random_state=0).fit(seqs)
+    assert la.n_components_ == rank and la.solver_ == solver
+    np.testing.assert_allclose(la.singular_values_, s_ref[:rank], rtol=1e-10)
+    for x in seqs:
+        states = la.encode(x)
+        rec = la.decode(states[-1], len(x))
+        assert np.abs(rec - x).max() <= 1e-8 * np.abs(x).max()
+        # eq. 2: [x_t; y_{t-1}] = C y_t for every step
+        for t in range(1, len(x)):
+            np.testing.assert_allclose(la.C_ @ states[t], np.concatenate([x[t], states[t - 1]]),
+                                       atol=1e-9)
+    if solver == "dense":
+        np.testing.assert_allclose(la.all_singular_values_, s_ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("solver", ["dense", "qr", "randomized"])
+def test_windowed_full_rank_is_exact(solver):
+    seqs = random_sequences([30, 12, 25], 4, seed=1)
+    window = 5
+    xi = build_xi(seqs, window)
+    assert xi_squared_norm(seqs, window) == pytest.approx(np.linalg.norm(xi) ** 2)
+    rank = np.linalg.matrix_rank(xi)
+    assert rank == window * 4
+    la = LinearAutoencoder(rank, window=window, solver=solver, random_state=0).fit(seqs)
+    np.testing.assert_allclose(la.singular_values_, np.linalg.svd(xi, compute_uv=False),
+                               rtol=1e-10)
+    for x in seqs:
+        states = la.encode(x)
+        for t in range(len(x)):
+            m = min(t + 1, window)
+            rec = la.decode(states[t], m)
+            assert np.abs(rec - x[t + 1 - m: t + 1]).max() <= 1e-8 * np.abs(x).max()
+
+
+@pytest.mark.parametrize(("window", "solvers"), [(None, ["randomized"]),
+                                                  (6, ["qr", "randomized"])])
+def test_solvers_agree_with_dense_below_rank(window, solvers):
+    seqs = smooth_sequences([40, 33, 50, 21], 5, seed=2)
+    p = 8
+    ref = LinearAutoencoder(p, window=window, solver="dense").fit(seqs)
+    for solver in solvers:
+        la = LinearAutoencoder(p, window=window, solver=solver, random_state=0).fit(seqs)
+        np.testing.assert_allclose(la.singular_values_, ref.singular_values_, rtol=1e-6)
+        angles = scipy.linalg.subspace_angles(la.components_.T, ref.components_.T)
+        assert angles.max() < 1e-4
+        # same subspace and the same deterministic signs: the same A and B
+        np.testing.assert_allclose(la.A_, ref.A_, atol=1e-5)
+        np.testing.assert_allclose(la.B_, ref.B_, atol=1e-5)
+
+
+def test_svd_error_is_the_tail_energy_and_la_error_is_consistent():
+    seqs = smooth_sequences([30, 24, 18], 4, seed=3)
+    xi = build_xi(seqs, 30)
+    s = np.linalg.svd(xi, compute_uv=False)
+    prev = None
+    for p in (2, 5, 10, 20):
+        la = LinearAutoencoder(p, solver="dense").fit(seqs)
+        u = la.components_.T
+        residual = np.linalg.norm(xi - xi @ u @ u.T) ** 2
+        assert residual == pytest.approx((s[p:] ** 2).sum(), rel=1e-9)
+        assert la.xi_norm2_ == pytest.approx(np.linalg.norm(xi) ** 2, rel=1e-12)
+        assert la.relative_svd_error_ == pytest.approx(residual / la.xi_norm2_, rel=1e-8)
+        err = la.reconstruction_error(seqs)
+        # brute force over the same entries: the inputs up to each step
+        la_sum = svd_sum = count = 0.0
+        for x in seqs:
+            states = la.encode(x)
+            rows = xi_rows(x, la.window_)
+            proj = rows @ u @ u.T
+            for t in range(len(x)):
+                rec = la.decode(states[t], t + 1)
+                la_sum += ((rec - x[: t + 1]) ** 2).sum()
+                svd_sum += ((proj[t, : (t + 1) * 4] - rows[t, : (t + 1) * 4]) ** 2).sum()
+                count += (t + 1) * 4
+        assert err["la"] == pytest.approx(la_sum / count, rel=1e-9)
+        assert err["svd"] == pytest.approx(svd_sum / count, rel=1e-9)
+        assert err["svd"] <= err["la"] + 1e-12
+        if prev is not None:
+            assert err["svd"] < prev
+        prev = err["svd"]
+
+
+def test_rank_warning_centering_and_input_untouched():
+    seqs = random_sequences([6, 4], 3, seed=4)
+    seqs = [s + 5.0 for s in seqs]
+    copies = [s.copy() for s in seqs]
+    xi = build_xi([s - np.concatenate(seqs).mean(0) for s in seqs], 6)
+    rank = np.linalg.matrix_rank(xi)
+    with pytest.warns(UserWarning, match="exceeds rank"):
+        la = LinearAutoencoder(100, center=True, solver="dense").fit(seqs)
+    assert la.n_components_ == rank
+    np.testing.assert_allclose(la.mean_, np.concatenate(seqs).mean(0))
+    for x, original in zip(seqs, copies, strict=True):
+        np.testing.assert_array_equal(x, original)
+        np.testing.assert_allclose(la.decode(la.encode(x)[-1], len(x)), x, atol=1e-9)
+
+
+def test_float32_torch_input_and_batched_encode():
+    seqs = random_sequences([9, 6, 3], 4, seed=5)
+    la = LinearAutoencoder(10, solver="dense").fit([torch.tensor(s, dtype=torch.float32)
+                                                   for s in seqs])
+    assert la.A_.dtype == np.float32
+    la64 = LinearAutoencoder(10, solver="dense").fit(seqs)
+    np.testing.assert_allclose(la.singular_values_, la64.singular_values_, rtol=1e-4)
+    padded = np.zeros((3, 9, 4))
+    for i, s in enumerate(seqs):
+        padded[i, : len(s)] = s
+    batch = la64.encode(padded, lengths=[9, 6, 3])
+    for i, s in enumerate(seqs):
+        np.testing.assert_allclose(batch[i, : len(s)], la64.encode(s), atol=1e-12)
+        assert np.all(batch[i, len(s):] == 0)
+
+
+def test_bad_input():
+    good = random_sequences([5, 4], 3)
+    with pytest.raises(ValueError, match="non-empty"):
+        LinearAutoencoder(2).fit([])
+    with pytest.raises(ValueError, match="features"):
+        LinearAutoencoder(2).fit([good[0], np.ones((4, 2))])
+    with pytest.raises(ValueError, match="NaN"):
+        LinearAutoencoder(2).fit([good[0], np.full((3, 3), np.nan)])
+    with pytest.raises(ValueError, match="NaN"):
+        LinearAutoencoder(2).fit([np.array([[1.0, np.inf, 0.0]])])
+    with pytest.raises(ValueError, match="T >= 1"):
+        LinearAutoencoder(2).fit([good[0], np.ones((0, 3))])
+    with pytest.raises(ValueError, match="window"):
+        LinearAutoencoder(2, solver="qr").fit(good)
+    with pytest.raises(ValueError, match="n_components"):
+        LinearAutoencoder(0).fit(good)
+    with pytest.raises(ValueError, match="solver"):
+        LinearAutoencoder(2, solver="magic").fit(good)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        LinearAutoencoder(2).encode(good[0])
+    la = LinearAutoencoder(2, solver="dense").fit(good)
+    with pytest.raises(ValueError, match="expected"):
+        la.encode(np.ones((4, 5)))
+    with pytest.raises(ValueError, match="state"):
+        la.decode(np.ones(3), 2)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    seqs = smooth_sequences([20, 15], 3, seed=6)
+    la = LinearAutoencoder(5, window=4, center=True, solver="qr").fit(seqs)
+    la.save(tmp_path / "la.npz")
+    again = LinearAutoencoder.load(tmp_path / "la.npz")
+    for name in ("A_", "B_", "C_", "singular_values_", "components_", "mean_"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(la, name))
+    assert (again.n_components_, again.window_, again.solver_) == (5, 4, "qr")
+    np.testing.assert_array_equal(again.encode(seqs[0]), la.encode(seqs[0]))
+    with np.load(tmp_path / "la.npz", allow_pickle=False) as f:
+        assert "A_" in f.files
+
+
+def test_auto_solver_choice():
+    la = LinearAutoencoder(3)
+    assert la._choose_solver(100, 100) == "dense"
+    assert la._choose_solver(10**6, 10**4) == "randomized"
+    assert LinearAutoencoder(3, window=10)._choose_solver(10**6, 880) == "qr"
+    seqs = random_sequences([5, 4], 3)
+    assert LinearAutoencoder(2).fit(seqs).solver_ == "dense"
