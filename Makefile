@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint clean results-foundation
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,12 @@ test: lint
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+
+# The foundation's committed results (results/foundation): LMN-B and LSTM on JSB Chorales with the
+# default settings, and the LSTM with transposition. Each run's metrics.json carries its command.
+results-foundation: install
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 100 --memory 100 --out runs/foundation/jsb-lmn-b-h100-m100 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 200 --out runs/foundation/jsb-lstm-h200 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 200 --transpose 6 --out runs/foundation/jsb-lstm-h200-transpose6 --resume --quiet
+	for run in runs/foundation/*/; do name=$$(basename $$run); mkdir -p results/foundation/$$name; \
+	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/foundation/$$name/; done

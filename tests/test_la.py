@@ -208,3 +208,17 @@ def test_auto_solver_choice():
     assert LinearAutoencoder(3, window=10)._choose_solver(10**6, 880) == "qr"
     seqs = random_sequences([5, 4], 3)
     assert LinearAutoencoder(2).fit(seqs).solver_ == "dense"
+
+
+def test_truncated_equals_a_smaller_fit():
+    seqs = smooth_sequences([25, 30], 4, seed=7)
+    big = LinearAutoencoder(12, window=6, solver="qr").fit(seqs)
+    small = LinearAutoencoder(5, window=6, solver="qr").fit(seqs)
+    cut = big.truncated(5)
+    for name in ("A_", "B_", "C_", "singular_values_", "components_"):
+        np.testing.assert_allclose(getattr(cut, name), getattr(small, name), atol=1e-12)
+    assert cut.relative_svd_error_ == pytest.approx(small.relative_svd_error_)
+    assert big.n_components_ == 12  # the original is unchanged
+    np.testing.assert_allclose(cut.encode(seqs[0]), small.encode(seqs[0]), atol=1e-10)
+    with pytest.raises(ValueError, match="n_components"):
+        big.truncated(13)

@@ -363,6 +363,31 @@ class LinearAutoencoder:
         self.C_ = np.concatenate([self.A_.T, self.B_.T], 0)  # (a + p, p): [x_t; y_{t-1}] = C y_t
         return self
 
+    def truncated(self, n_components: int) -> LinearAutoencoder:
+        """A copy keeping the first ``n_components`` components. The SVD's components are nested,
+        so this equals fitting with fewer components, without a second SVD (e.g. to sweep the
+        memory size, as in the paper's Figure 5)."""
+        self._check_fitted()
+        if int(n_components) != n_components or not 1 <= n_components <= self.n_components_:
+            raise ValueError(f"n_components must be in [1, {self.n_components_}], "
+                             f"got {n_components!r}")
+        p, a = int(n_components), self.n_features_in_
+        new = LinearAutoencoder(p, self.window, self.center, self.solver, self.random_state,
+                                self.n_oversamples, self.max_iter, self.tol)
+        for name, value in vars(self).items():
+            if name.endswith("_") and not name.startswith("_"):
+                setattr(new, name, value)
+        u = self.components_[:p].T
+        new.components_ = self.components_[:p]
+        new.A_ = u[:a].T.copy()
+        new.B_ = _shift_gram(u, a)
+        new.C_ = np.concatenate([new.A_.T, new.B_.T], 0)
+        new.singular_values_ = self.singular_values_[:p]
+        new.n_components_ = p
+        new.relative_svd_error_ = max(0.0, 1.0 - float(
+            (new.singular_values_.astype(np.float64) ** 2).sum()) / self.xi_norm2_)
+        return new
+
     # -- using -----------------------------------------------------------------------------
 
     def _check_fitted(self) -> None:
