@@ -65,7 +65,7 @@ def test_full_length_full_rank_is_exact(solver):
 
 @pytest.mark.parametrize("solver", ["dense", "qr", "randomized"])
 def test_windowed_full_rank_is_exact(solver):
-    seqs = random_sequences([30, 12, 25], 4, seed=1)
+    seqs = random_sequences([30, 12, 25, 61], 4, seed=1)  # 61 > window * a: sliced by "qr"
     window = 5
     xi = build_xi(seqs, window)
     assert xi_squared_norm(seqs, window) == pytest.approx(np.linalg.norm(xi) ** 2)
