@@ -36,3 +36,4 @@ results-foundation: install
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 200 --transpose 6 --out runs/foundation/jsb-lstm-h200-transpose6 --resume --quiet
 	for run in runs/foundation/*/; do name=$$(basename $$run); mkdir -p results/foundation/$$name; \
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/foundation/$$name/; done
+	$(VENV)/bin/linmem summarize results/foundation > results/foundation/table.md

@@ -7,6 +7,7 @@ equal errors mean equally good subspaces), and for JSB Chorales also the autoenc
 reconstruction error on its first training sequences.
 
     python benchmarks/la_solvers.py [--data-dir DIR] [--part jsb|window|full|all] [--json OUT]
+                                    [--tol T] [--n-oversamples K]
 
 Targets (issue 3): JSB full length, randomized at least 20x faster and 10x less peak memory than
 dense at equal error (1e-3 relative); every data set at full length, p = 500, under 5 minutes
@@ -37,7 +38,8 @@ def one(spec: dict) -> dict:
     ps = spec["p"] if isinstance(spec["p"], list) else [spec["p"]]
     start = time.perf_counter()
     fitted = LinearAutoencoder(max(ps), window=spec["window"], solver=spec["solver"],
-                               random_state=0, tol=spec.get("tol", 1e-10)).fit(seqs)
+                               random_state=0, tol=spec.get("tol", 1e-8),
+                               n_oversamples=spec.get("n_oversamples")).fit(seqs)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results = []
@@ -88,6 +90,8 @@ def main() -> None:
     parser.add_argument("--tol", type=float, default=1e-2,
                         help="the randomized solver's tolerance on each Ritz value's relative "
                              "change (1e-2 reaches the dense error to within 1e-3 on JSB)")
+    parser.add_argument("--n-oversamples", type=int, default=None,
+                        help="randomized solver's oversampling (default: the library's, p/2)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -102,7 +106,8 @@ def main() -> None:
     datasets = ("jsb", "piano", "nottingham", "musedata")
 
     def run(**spec):
-        spec = {"data_dir": args.data_dir, "tol": args.tol, **spec}
+        spec = {"data_dir": args.data_dir, "tol": args.tol,
+                "n_oversamples": args.n_oversamples, **spec}
         rows = spawn(spec)
         for r in rows:
             results.append(r)

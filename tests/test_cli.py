@@ -70,6 +70,9 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     code, _, err = run_cli("train", "--resume", "--out", str(out), "--hidden", "9",
                            "--quiet", capsys=capsys)
     assert code == 2 and "different config" in err
+    code, stdout, _ = run_cli("summarize", str(tmp_path), capsys=capsys)
+    assert code == 0 and stdout.startswith("| run | data |")
+    assert f"{metrics['test_acc']:.2f}" in stdout
 
 
 def test_console_script_runs(data_dir):

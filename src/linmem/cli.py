@@ -168,6 +168,18 @@ def data_cmd(name: str, data_dir: str | None, no_download: bool) -> None:
                            "content_digest": content_digest(data), **info}, indent=2))
 
 
+@cli.command("summarize")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+def summarize_cmd(paths: tuple[str, ...]) -> None:
+    """Markdown table of the runs (metrics.json files) under PATHS, with their commands."""
+    from .report import collect_metrics, markdown_table
+
+    try:
+        click.echo(markdown_table(collect_metrics(paths)), nl=False)
+    except FileNotFoundError as err:
+        raise UsageFailure(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the command group, turning every usage error into one line, exit 2."""
     try:
