@@ -356,7 +356,7 @@ def data_checksum(name: str, root: str | os.PathLike | None = None) -> str:
 
 @dataclass
 class Batch:
-    """A padded batch of next-step prediction pairs, time-major-free (batch first).
+    """A padded batch of next-step prediction pairs, batch first.
 
     ``inputs[b, t]`` is frame ``t`` and ``targets[b, t]`` frame ``t + 1`` of sequence ``b``;
     ``mask[b, t]`` is True for the ``lengths[b]`` valid steps.

@@ -158,14 +158,14 @@ class _ImplicitXi:
     """``Xi`` of a set of sequences as a linear operator, applied by FFT per length group."""
 
     def __init__(self, seqs: list[np.ndarray], window: int):
-        self.seqs, self.window = seqs, window
+        self.window = window
         self.a = seqs[0].shape[1]
         self.lengths = np.array([len(s) for s in seqs])
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
         self.n_rows = int(self.offsets[-1])
         self.n_cols = window * self.a
         order = np.argsort(self.lengths, kind="stable")
-        self.groups = []  # (indices, lags used, FFT size, stacked spectra of the sequences)
+        self.groups = []  # (indices, lags used, FFT size, longest length, stacked spectra)
         start = 0
         while start < len(order):  # lengths within a factor 1.5 share one FFT size
             stop = start
