@@ -272,7 +272,7 @@ def _download(url: str, dest: Path, info: DatasetInfo, progress: bool) -> None:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}",
-                      disable=not progress, leave=False) as bar:
+                      disable=None if progress else True, leave=False) as bar:
                 for block in iter(lambda: response.read(1 << 16), b""):
                     out.write(block)
                     bar.update(len(block))

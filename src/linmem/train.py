@@ -234,8 +234,9 @@ def train(
         shifts = np.random.default_rng(epoch_seed).integers(
             -config.transpose, config.transpose + 1, size=len(train_seqs))
         loss_sum = frames = 0.0
-        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=not progress,
-                   file=sys.stderr, dynamic_ncols=True)
+        # the bar only on a terminal (None); the per-epoch line below is printed everywhere
+        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
+                   disable=None if progress else True, file=sys.stderr, dynamic_ncols=True)
         for idx in bar:
             batch = collate([train_seqs[i] for i in idx])
             if config.transpose:
