@@ -167,13 +167,11 @@ class LMNCell(nn.Module):
         if m.shape != (x.shape[0], self.memory_size):
             raise ValueError(f"memory state must have shape ({x.shape[0]}, {self.memory_size}), "
                              f"got {tuple(m.shape)}")
-        pre = x @ self.weight_xh.t() + m @ self.weight_mh.t()
+        x_proj = x @ self.weight_xh.t()
         if self.bias_h is not None:
-            pre = pre + self.bias_h
-        h = self._act(pre)  # eq. (6)
-        m_new = h @ self.weight_hm.t() + m @ self.weight_mm.t()  # eq. (7)
-        if self.bias_m is not None:
-            m_new = m_new + self.bias_m
+            x_proj = x_proj + self.bias_h
+        _, _, h, m_new = lmn_recurrence(x_proj[None], m, self.weight_mh, self.weight_hm,
+                                        self.weight_mm, self.bias_m, self._act)  # one step
         return (h, m_new) if batched else (h.squeeze(0), m_new.squeeze(0))
 
     def extra_repr(self) -> str:

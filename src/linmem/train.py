@@ -36,6 +36,7 @@ from .data import (
     collate,
     content_digest,
     data_checksum,
+    iterate_batches,
     load_polyphonic,
     resolve_name,
     transpose,
@@ -116,11 +117,9 @@ def evaluate(model: NextStepPredictor, sequences: Sequence[np.ndarray], batch_si
     """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
     ``sequences``, accumulated over every valid frame (not averaged per batch)."""
     model.eval()
-    dtype = next(model.parameters()).dtype
     scores = FrameScores()
-    usable = [s for s in sequences if len(s) >= 2]
-    for idx in bucket_batches([len(s) for s in usable], batch_size, shuffle=False):
-        batch = collate([usable[i] for i in idx], dtype).to(device)
+    for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype):
+        batch = batch.to(device)
         scores.update(model(batch.inputs), batch.targets, batch.mask)
     return scores.compute()
 
