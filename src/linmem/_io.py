@@ -53,14 +53,19 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def git_commit() -> str:
-    """The commit of the linmem source tree (``-dirty`` if it has uncommitted changes)."""
+    """The commit of the linmem source tree (``-dirty`` if tracked files outside ``results/``
+    have uncommitted changes)."""
     here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=here, capture_output=True, text=True, timeout=10,
-                               check=True).stdout.strip()
+        commit = git("rev-parse", "HEAD")
+        # results/ holds outputs (a re-run overwrites its own committed record): not code
+        dirty = git("-C", git("rev-parse", "--show-toplevel"), "status", "--porcelain",
+                    "--untracked-files=no", "--", ".", ":(exclude)results")
     except (OSError, subprocess.SubprocessError):
         from . import __version__
 
