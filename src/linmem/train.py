@@ -61,9 +61,9 @@ class TrainConfig:
     dropout: float = 0.0  # on the recurrent output before the readout
     weight_decay: float = 1e-5
     lr: float = 1e-3
-    # Defaults measured on JSB Chorales' validation split (results/foundation/README.md): batch 4
-    # reaches a given accuracy in ~4x fewer epochs than 8; validation accuracy keeps rising long
-    # after the validation NLL bottoms out, hence the long patience.
+    # Defaults measured on JSB Chorales' validation split (figures in issue 2's closing note):
+    # batch 4 reaches a given accuracy in ~4x fewer epochs than 8; validation accuracy keeps
+    # rising long after the validation NLL bottoms out, hence the long patience.
     batch_size: int = 4
     epochs: int = 1000  # upper bound; early stopping ends the run first
     patience: int = 50  # epochs without a better validation accuracy before stopping
