@@ -138,6 +138,72 @@ def test_cell_matches_layer():
     assert h1.shape == (4,) and m1.shape == (5,)
 
 
+def autograd_loop(x, weights, m0, nonlinearity="tanh"):
+    """The straightforward layer: batched eqs. (6)-(7), one autograd op per term and step."""
+    act = torch.tanh if nonlinearity == "tanh" else torch.relu
+    m, hs, ms = m0, [], []
+    for x_t in x:
+        h = act(x_t @ weights["weight_xh"].t() + m @ weights["weight_mh"].t() + weights["bias_h"])
+        m = h @ weights["weight_hm"].t() + m @ weights["weight_mm"].t() + weights["bias_m"]
+        hs.append(h)
+        ms.append(m)
+    return torch.stack(hs), torch.stack(ms)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_fast_path_equals_straightforward_loop(device, nonlinearity, batch_first):
+    """Forward to 1e-6 in float32; every gradient (inputs, m0, weights) to 1e-10 in float64.
+    Batch-first input runs the recurrence in batch-major buffers: both layouts are checked."""
+    for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-10)):
+        g = torch.Generator().manual_seed(8)
+        lmn = LMN(6, 9, 7, nonlinearity=nonlinearity, batch_first=batch_first).to(device, dtype)
+        with torch.no_grad():
+            for p in lmn.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=dtype) * 0.3)
+        x = torch.randn(40, 5, 6, generator=g, dtype=dtype).to(device).requires_grad_()
+        m0 = torch.randn(1, 5, 7, generator=g, dtype=dtype).to(device).requires_grad_()
+        if batch_first:
+            out, (h_n, m_n) = lmn(x.transpose(0, 1).contiguous(), m0)
+            out = out.transpose(0, 1)
+        else:
+            out, (h_n, m_n) = lmn(x, m0)
+        hs, ms = autograd_loop(x, lmn.layer_weights(0), m0[0], nonlinearity)
+        torch.testing.assert_close(out, ms, rtol=0, atol=tol)
+        torch.testing.assert_close(h_n[0], hs[-1], rtol=0, atol=tol)
+        torch.testing.assert_close(m_n[0], ms[-1], rtol=0, atol=tol)
+        if dtype is torch.float64:
+            w_out = torch.randn(7, generator=g, dtype=dtype).to(device)
+            w_h = torch.randn(9, generator=g, dtype=dtype).to(device)
+            inputs = (x, m0, *lmn.parameters())
+            fast = torch.autograd.grad((out @ w_out).pow(2).sum() + (h_n @ w_h).sum(), inputs)
+            ref = torch.autograd.grad((ms @ w_out).pow(2).sum() + (hs[-1] @ w_h).sum(), inputs)
+            for a, b in zip(fast, ref, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_fast_path_hidden_output_gradients(batch_first):
+    """LMN-A (output = h_t): the gradient enters through h_t at every step."""
+    torch.manual_seed(9)
+    lmn = randomise(LMN(4, 6, 5, output="hidden", batch_first=batch_first), 9)
+    x = torch.randn(12, 3, 4, requires_grad=True)
+    if batch_first:
+        out = lmn(x.transpose(0, 1).contiguous())[0].transpose(0, 1)
+    else:
+        out, _ = lmn(x)
+    hs, _ = autograd_loop(x, lmn.layer_weights(0), torch.zeros(3, 5))
+    inputs = (x, *lmn.parameters())
+    fast = torch.autograd.grad(out.sin().sum(), inputs)
+    ref = torch.autograd.grad(hs.sin().sum(), inputs)
+    for a, b in zip(fast, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_gradcheck():
     torch.manual_seed(6)
     lmn = randomise(LMN(3, 4, 3, num_layers=2), 6)

@@ -9,8 +9,11 @@ The output of a layer is the memory sequence ``m_t`` (``output="memory"``, the L
 eq. 8) or the functional sequence ``h_t`` (``output="hidden"``, LMN-A, eq. 9). ``h_t`` depends on
 ``m_{t-1}`` only, never on ``h_{t-1}``: the whole state of a layer is its memory.
 
-Fast path: ``W^xh x_t + b^h`` for all steps is one matrix product before the loop, and
-``[W^mh; W^mm] m_{t-1}`` is one product per step.
+Fast path (measured in ``benchmarks/throughput.py``): ``W^xh x_t + b^h`` for all steps is one
+matrix product before the loop; the loop runs in a custom autograd function with an explicit
+backward through time (only the products that must be sequential stay in the loop, in place, in
+buffers laid out like the input so that batch-first data is never transposed in memory); the
+weight gradients are a few large products over all steps after it.
 """
 
 from __future__ import annotations
@@ -19,18 +22,18 @@ import math
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-_ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
+_NONLINEARITIES = ("tanh", "relu")
 _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
 
 State = Tensor | tuple[Tensor | None, Tensor] | None
 
 
-def _activation(name: str):
-    if name not in _ACTIVATIONS:
-        raise ValueError(f"nonlinearity must be one of {sorted(_ACTIVATIONS)}, got {name!r}")
-    return _ACTIVATIONS[name]
+def _check_nonlinearity(name: str) -> None:
+    if name not in _NONLINEARITIES:
+        raise ValueError(f"nonlinearity must be one of {list(_NONLINEARITIES)}, got {name!r}")
 
 
 def _memory_of(state: State) -> Tensor | None:
@@ -60,6 +63,132 @@ def _reset_layer(weights: dict[str, Tensor | None], input_size: int, hidden_size
                 nn.init.zeros_(weights[name])
 
 
+def _batch_major(steps: Tensor) -> bool:
+    """Whether a ``(T, B, n)`` tensor is a view of ``(B, T, n)`` memory (``batch_first``)."""
+    return steps.shape[1] > 1 and steps.transpose(0, 1).is_contiguous()
+
+
+def _new_steps(like: Tensor, width: int, batch_major: bool) -> Tensor:
+    """An uninitialised ``(T, B, width)`` buffer, stored ``(B, T, width)`` when ``batch_major``."""
+    steps, batch = like.shape[:2]
+    if batch_major:
+        return like.new_empty(batch, steps, width).transpose(0, 1)
+    return like.new_empty(steps, batch, width)
+
+
+def _flat(steps: Tensor, batch_major: bool) -> Tensor:
+    """``(T, B, n)`` -> ``(T * B, n)`` in memory order, a view for buffers of :func:`_new_steps`."""
+    return (steps.transpose(0, 1) if batch_major else steps).reshape(-1, steps.shape[2])
+
+
+def _lagged_product(g: Tensor, ms: Tensor, m0: Tensor, batch_major: bool) -> Tensor:
+    """``sum_t g_t^T m_{t-1}`` with ``m_{-1} = m0``: large products over all steps at once.
+
+    In memory order the row before ``(t, b)`` is ``(t - 1, b)`` for time-major buffers (shift by
+    ``B`` rows); for batch-major ones it is ``(t - 1, b)`` except at ``t = 0``, where it is the
+    last step of sequence ``b - 1``: those ``B - 1`` pairs are subtracted again.
+    """
+    steps, batch = g.shape[:2]
+    out = g[0].t() @ m0
+    if steps == 1:
+        return out
+    gf, mf = _flat(g, batch_major), _flat(ms, batch_major)
+    if batch_major:
+        out += gf[1:].t() @ mf[:-1]
+        out -= g[0, 1:].t() @ ms[-1, :-1]
+    else:
+        out += gf[batch:].t() @ mf[:-batch]
+    return out
+
+
+class _Recurrence(torch.autograd.Function):
+    """Eqs. (6)-(7) over all steps, with an explicit backward through time.
+
+    Forward, per step: ``a_t = x_proj_t + m_{t-1} W^mh^T``, ``h_t = sigma(a_t)``, ``m_t = b^m +
+    m_{t-1} W^mm^T + h_t W^hm^T``, as in-place products into buffers laid out like ``x_proj``
+    (time- or batch-major), so that nothing is copied before the readout. Backward, per step:
+    ``dm_t`` (from the output and from step ``t + 1``), ``da_t = (dm_t W^hm + dh_t) * sigma'``,
+    ``dm_{t-1} = [da_t, dm_t] [W^mh; W^mm]``; the weight gradients are then large products over
+    all steps at once.
+    """
+
+    @staticmethod
+    def forward(ctx, x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity):
+        hidden = x_proj.shape[2]
+        memory = m0.shape[1]
+        batch_major = _batch_major(x_proj)
+        hs = _new_steps(x_proj, hidden, batch_major)
+        ms = _new_steps(x_proj, memory, batch_major)  # m_1 .. m_T
+        w_mh_t, w_mm_t, w_hm_t = (w.t().contiguous() for w in (weight_mh, weight_mm, weight_hm))
+        m = m0
+        for x_t, h_t, m_t in zip(x_proj.unbind(0), hs.unbind(0), ms.unbind(0), strict=True):
+            torch.addmm(x_t, m, w_mh_t, out=h_t)
+            if nonlinearity == "tanh":
+                h_t.tanh_()                                                   # (6)
+            else:
+                h_t.clamp_min_(0.0)
+            torch.addmm(bias_m, m, w_mm_t, out=m_t).addmm_(h_t, w_hm_t)       # (7)
+            m = m_t
+        ctx.nonlinearity, ctx.batch_major = nonlinearity, batch_major
+        ctx.save_for_backward(m0, hs, ms, weight_mh, weight_hm, weight_mm)
+        ctx.set_materialize_grads(False)
+        return hs, ms
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_hs, grad_ms):
+        m0, hs, ms, weight_mh, weight_hm, weight_mm = ctx.saved_tensors
+        steps, batch, hidden = hs.shape
+        memory = ms.shape[2]
+        batch_major = ctx.batch_major
+        w_bwd = torch.cat([weight_mh, weight_mm], 0)  # (H + M, M)
+        # grads[t] = [dL/da_t, dL/dm_t]: a_t the pre-activation of h_t, m_t = ms[t]
+        grads = _new_steps(hs, hidden + memory, batch_major)
+        grad_m0 = hs.new_empty(batch, memory)
+        if grad_ms is None:
+            grads[-1, :, hidden:] = 0
+        else:
+            grads[-1, :, hidden:] = grad_ms[-1]
+        g_t, h_t = grads.unbind(0), hs.unbind(0)
+        for t in range(steps - 1, -1, -1):
+            da, dm = g_t[t][:, :hidden], g_t[t][:, hidden:]
+            if grad_hs is None:
+                torch.mm(dm, weight_hm, out=da)
+            else:
+                torch.addmm(grad_hs[t], dm, weight_hm, out=da)
+            if ctx.nonlinearity == "tanh":  # da *= 1 - h_t^2, in one kernel
+                torch.ops.aten.tanh_backward.grad_input(da, h_t[t], grad_input=da)
+            else:
+                da.masked_fill_(h_t[t] <= 0, 0.0)
+            if t == 0:
+                torch.mm(g_t[0], w_bwd, out=grad_m0)
+            elif grad_ms is None:
+                torch.mm(g_t[t], w_bwd, out=g_t[t - 1][:, hidden:])
+            else:
+                torch.addmm(grad_ms[t - 1], g_t[t], w_bwd, out=g_t[t - 1][:, hidden:])
+        need = ctx.needs_input_grad
+        flat = _flat(grads, batch_major)
+        d_m = flat[:, hidden:]
+        d_cat = _lagged_product(grads, ms, m0, batch_major) if need[2] or need[4] else None
+        return (
+            grads[..., :hidden] if need[0] else None,
+            grad_m0 if need[1] else None,
+            d_cat[:hidden] if need[2] else None,
+            d_m.t() @ _flat(hs, batch_major) if need[3] else None,
+            d_cat[hidden:] if need[4] else None,
+            d_m.sum(0) if need[5] else None,
+            None,
+        )
+
+
+def _time_major_linear(seq: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``seq W^T + b`` for a ``(T, B, F)`` sequence, computed in ``seq``'s memory order so that
+    a batch-first input is neither copied nor transposed in memory."""
+    if _batch_major(seq):
+        return nn.functional.linear(seq.transpose(0, 1), weight, bias).transpose(0, 1)
+    return nn.functional.linear(seq, weight, bias)
+
+
 def lmn_recurrence(
     x_proj: Tensor,
     m0: Tensor,
@@ -67,42 +196,37 @@ def lmn_recurrence(
     weight_hm: Tensor,
     weight_mm: Tensor,
     bias_m: Tensor | None,
-    activation=torch.tanh,
-    mask: Tensor | None = None,
+    nonlinearity: str = "tanh",
+    lengths: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Run eqs. (6)-(7) over time.
+    """Run eqs. (6)-(7) over time (the fast path: see :class:`_Recurrence`).
 
     Args:
         x_proj: ``(T, B, H)``, the input term ``W^xh x_t + b^h`` for every step.
         m0: ``(B, M)`` initial memory.
-        mask: optional ``(T, B)`` bool; where False the state is carried over unchanged
-            (padded steps of shorter sequences).
+        nonlinearity: ``"tanh"`` or ``"relu"``.
+        lengths: optional ``(B,)`` valid steps per sequence (padding at the end); the final
+            states are taken at each sequence's last valid step. Steps past a sequence's end are
+            computed but never feed its valid steps.
 
     Returns:
         ``(hs, ms, h_n, m_n)``: ``(T, B, H)``, ``(T, B, M)``, and the states at each sequence's
         last valid step, ``(B, H)`` and ``(B, M)``.
     """
+    _check_nonlinearity(nonlinearity)
     steps, batch, hidden = x_proj.shape
-    weight_m = torch.cat([weight_mh, weight_mm], 0).t()  # (M, H + M)
-    bias = bias_m if bias_m is not None else x_proj.new_zeros(weight_hm.shape[0])
-    m = m0
-    h = x_proj.new_zeros(batch, hidden)
-    hs, ms = [], []
-    for t in range(steps):
-        z = m @ weight_m
-        h_new = activation(x_proj[t] + z[:, :hidden])
-        m_new = torch.addmm(z[:, hidden:] + bias, h_new, weight_hm.t())
-        if mask is not None:
-            keep = mask[t, :, None]
-            h = torch.where(keep, h_new, h)
-            m = torch.where(keep, m_new, m)
-        else:
-            h, m = h_new, m_new
-        hs.append(h_new)
-        ms.append(m_new)
     if steps == 0:
-        return (x_proj.new_zeros(0, batch, hidden), x_proj.new_zeros(0, batch, m0.shape[1]), h, m)
-    return torch.stack(hs), torch.stack(ms), h, m
+        return (x_proj.new_zeros(0, batch, hidden), x_proj.new_zeros(0, batch, m0.shape[1]),
+                x_proj.new_zeros(batch, hidden), m0)
+    if bias_m is None:
+        bias_m = x_proj.new_zeros(weight_hm.shape[0])
+    hs, ms = _Recurrence.apply(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m,
+                               nonlinearity)
+    if lengths is None:
+        return hs, ms, hs[-1], ms[-1]
+    index = torch.arange(batch, device=x_proj.device)
+    last = (lengths.to(x_proj.device) - 1).clamp(min=0)
+    return hs, ms, hs[last, index], ms[last, index]
 
 
 class LMNCell(nn.Module):
@@ -136,7 +260,7 @@ class LMNCell(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
         self.nonlinearity = nonlinearity
-        self._act = _activation(nonlinearity)
+        _check_nonlinearity(nonlinearity)
         self.weight_xh = nn.Parameter(torch.empty(hidden_size, input_size, **factory))
         self.weight_mh = nn.Parameter(torch.empty(hidden_size, memory_size, **factory))
         self.weight_hm = nn.Parameter(torch.empty(memory_size, hidden_size, **factory))
@@ -167,11 +291,9 @@ class LMNCell(nn.Module):
         if m.shape != (x.shape[0], self.memory_size):
             raise ValueError(f"memory state must have shape ({x.shape[0]}, {self.memory_size}), "
                              f"got {tuple(m.shape)}")
-        x_proj = x @ self.weight_xh.t()
-        if self.bias_h is not None:
-            x_proj = x_proj + self.bias_h
+        x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
         _, _, h, m_new = lmn_recurrence(x_proj[None], m, self.weight_mh, self.weight_hm,
-                                        self.weight_mm, self.bias_m, self._act)  # one step
+                                        self.weight_mm, self.bias_m, self.nonlinearity)  # 1 step
         return (h, m_new) if batched else (h.squeeze(0), m_new.squeeze(0))
 
     def extra_repr(self) -> str:
@@ -218,7 +340,7 @@ class LMN(nn.Module):
         self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
         self.num_layers, self.output, self.bias = num_layers, output, bias
         self.batch_first, self.nonlinearity, self.dropout = batch_first, nonlinearity, dropout
-        self._act = _activation(nonlinearity)
+        _check_nonlinearity(nonlinearity)
         out_size = memory_size if output == "memory" else hidden_size
         for k in range(num_layers):
             cell = LMNCell(input_size if k == 0 else out_size, hidden_size, memory_size, bias,
@@ -264,16 +386,16 @@ class LMN(nn.Module):
         mask = None
         if lengths is not None and bool((lengths != steps).any()):
             mask = (torch.arange(steps)[:, None] < lengths[None, :]).to(x.device)
+        else:
+            lengths = None
         h_n, m_n = [], []
         layer_in = x
         for k in range(self.num_layers):
             w = self.layer_weights(k)
-            x_proj = layer_in @ w["weight_xh"].t()
-            if w["bias_h"] is not None:
-                x_proj = x_proj + w["bias_h"]
+            x_proj = _time_major_linear(layer_in, w["weight_xh"], w["bias_h"])
             hs, ms, h_last, m_last = lmn_recurrence(
                 x_proj, m0[k], w["weight_mh"], w["weight_hm"], w["weight_mm"], w["bias_m"],
-                self._act, mask)
+                self.nonlinearity, lengths)
             h_n.append(h_last)
             m_n.append(m_last)
             layer_in = ms if self.output == "memory" else hs

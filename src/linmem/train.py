@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from . import __version__
 from ._io import atomic_write, command_line, git_commit, read_json, write_json
 from .data import (
+    Batch,
     bucket_batches,
     collate,
     content_digest,
@@ -109,6 +110,22 @@ def masked_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) 
     """Training loss: Bernoulli NLL summed over keys, averaged over valid frames (= frame_nll)."""
     per_frame = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1)
     return (per_frame * mask).sum() / mask.sum()
+
+
+def train_step(model: NextStepPredictor, optimizer: torch.optim.Optimizer, batch: Batch,
+               clip: float | None = None) -> float | None:
+    """One update on ``batch`` (already on the model's device): forward, masked NLL, backward,
+    optional gradient-norm clipping, optimizer step. Returns the loss, or None (and no update)
+    when the loss is not finite."""
+    loss = masked_nll(model(batch.inputs), batch.targets, batch.mask)
+    if not torch.isfinite(loss):
+        return None
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return loss.item()
 
 
 @torch.no_grad()
@@ -241,21 +258,15 @@ def train(
             if config.transpose:
                 batch = transpose(batch, shifts[idx])
             batch = batch.to(device)
-            logits = model(batch.inputs)
-            loss = masked_nll(logits, batch.targets, batch.mask)
-            if not torch.isfinite(loss):
+            loss = train_step(model, optimizer, batch, config.clip)
+            if loss is None:
                 bar.close()
                 raise TrainingDiverged(
-                    f"the training loss became {loss.item()} in epoch {epoch}; "
+                    f"the training loss became NaN or inf in epoch {epoch}; "
                     f"{run_dir / 'last.pt'} keeps epoch {state['epoch']}. Lower --lr or set "
                     "--clip.")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
-            optimizer.step()
             n = float(batch.mask.sum())
-            loss_sum += loss.item() * n
+            loss_sum += loss * n
             frames += n
             bar.set_postfix(loss=f"{loss_sum / frames:.3f}")
         valid = evaluate(model, data["valid"], config.eval_batch_size, device)

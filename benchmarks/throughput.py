@@ -1,0 +1,270 @@
+"""Throughput of the LMN against torch's fused RNNs, side by side in one run (issue 6).
+
+For every LMN size (functional, memory) and batch size, on random piano-roll-like sequences of
+``--steps`` steps, this measures frames per second of
+
+- training: forward, masked next-step NLL, backward, Adam step (``linmem.train.train_step``);
+- inference: forward under ``torch.inference_mode``;
+
+for the LMN-B predictor (the library's default fast path), the same LMN written as the
+straightforward per-step autograd loop (the reference it must equal), and ``torch.nn.RNN``,
+``LSTM`` and ``GRU`` with ``hidden = functional + memory``, all with the same 88-key readout.
+
+The GEMM bound of an LMN-B is the measured rate of a large float32 matrix product divided by its
+floating-point work per frame: forward ``2 (x f + m f + f m + m m + m K)`` (input, memory-to-
+functional, functional-to-memory, memory-to-memory and readout products, K = 88 keys), training
+three times that (forward, gradients of activations, gradients of weights). A second, tighter
+bound uses the rate measured for the recurrent product's own shape ``(B, m) @ (m, f + m)``,
+which small batches cannot push to the large-product rate.
+
+``--epochs`` then times whole training epochs on real data sets with the trainer's batching
+(length buckets, padding) and prints the padding fraction. ``--profile`` prints where a training
+step's time goes, for the straightforward loop and for the fast path.
+
+    python benchmarks/throughput.py --json results/speed/throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from linmem._io import command_line, git_commit, write_json
+from linmem.data import (
+    N_KEYS,
+    Batch,
+    bucket_batches,
+    collate,
+    data_checksum,
+    load_polyphonic,
+    padding_fraction,
+)
+from linmem.models import build_model
+from linmem.train import train_step
+
+
+class NaiveLMN(nn.Module):
+    """The LMN-B predictor as a straightforward autograd loop: every term of eqs. (6)-(7) is its
+    own operation at every step. Shares the parameters of ``model``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        w = self.model.core.layer_weights(0)
+        m = inputs.new_zeros(inputs.shape[0], w["weight_mm"].shape[0])
+        ms = []
+        for t in range(inputs.shape[1]):
+            h = torch.tanh(inputs[:, t] @ w["weight_xh"].t() + m @ w["weight_mh"].t()
+                           + w["bias_h"])
+            m = h @ w["weight_hm"].t() + m @ w["weight_mm"].t() + w["bias_m"]
+            ms.append(m)
+        return self.model.readout(torch.stack(ms, 1))
+
+
+def lmn_flops_per_frame(f: int, m: int, x: int = N_KEYS, keys: int = N_KEYS) -> int:
+    """Forward floating-point operations per frame of an LMN-B predictor (multiply-adds x 2)."""
+    return 2 * (x * f + m * f + f * m + m * m + m * keys)
+
+
+def gemm_rate(rows: int, inner: int, cols: int, min_time: float = 0.5) -> float:
+    """FLOP/s of ``(rows, inner) @ (inner, cols)`` in float32, best of repeated timings."""
+    a, b = torch.rand(rows, inner), torch.rand(inner, cols)
+    out = torch.empty(rows, cols)
+    torch.mm(a, b, out=out)
+    best = 0.0
+    for _ in range(3):
+        n, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < min_time / 3:
+            torch.mm(a, b, out=out)
+            n += 1
+        best = max(best, 2 * rows * inner * cols * n / elapsed)
+    return best
+
+
+def random_batch(batch: int, steps: int, seed: int = 0) -> Batch:
+    rng = np.random.default_rng(seed)
+    rolls = [(rng.random((steps + 1, N_KEYS)) < 0.05).astype(np.float32) for _ in range(batch)]
+    return collate(rolls)
+
+
+def frames_per_second(step, frames: int, min_time: float) -> float:
+    """Run ``step`` twice to warm up, then for at least ``min_time`` seconds."""
+    step()
+    step()
+    n, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < min_time or n < 2:
+        step()
+        n += 1
+    return frames * n / elapsed
+
+
+def measure(model: nn.Module, batch: Batch, min_time: float) -> tuple[float, float]:
+    """(training, inference) frames per second of ``model`` on ``batch``."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    frames = int(batch.mask.sum())
+    train = frames_per_second(lambda: train_step(model, optimizer, batch), frames, min_time)
+
+    def infer():
+        with torch.inference_mode():
+            model(batch.inputs)
+
+    return train, frames_per_second(infer, frames, min_time)
+
+
+def bench_sizes(args) -> list[dict]:
+    rows = []
+    for size in args.sizes:
+        f, m = (int(v) for v in size.split("x"))
+        for batch_size in args.batches:
+            batch = random_batch(batch_size, args.steps)
+            torch.manual_seed(0)
+            lmn = build_model("lmn-b", f, m)
+            models = {"lmn": lmn, "naive-loop": NaiveLMN(lmn)}
+            for name in ("rnn", "lstm", "gru"):
+                models[name] = build_model(name, f + m)
+            runs = {name: [] for name in models}
+            for _ in range(args.rounds):  # interleaved rounds: drift hits every model alike
+                for name, model in models.items():
+                    runs[name].append(measure(model, batch, args.min_time))
+            flops = lmn_flops_per_frame(f, m)
+            small = gemm_rate(batch_size, m, f + m, args.min_time)
+            row = {"functional": f, "memory": m, "batch": batch_size, "steps": args.steps,
+                   "flops_per_frame_forward": flops, "small_gemm_gflops": small / 1e9}
+            for name, values in runs.items():
+                row[f"{name}_train_fps"] = statistics.median(v[0] for v in values)
+                row[f"{name}_infer_fps"] = statistics.median(v[1] for v in values)
+            row["train_bound_fps"] = args.gemm_rate / (3 * flops)
+            row["infer_bound_fps"] = args.gemm_rate / flops
+            row["train_small_bound_fps"] = small / (3 * flops)
+            row["infer_small_bound_fps"] = small / flops
+            for mode in ("train", "infer"):
+                fps = row[f"lmn_{mode}_fps"]
+                row[f"{mode}_vs_lstm"] = fps / row[f"lstm_{mode}_fps"]
+                row[f"{mode}_vs_naive"] = fps / row[f"naive-loop_{mode}_fps"]
+                row[f"{mode}_of_bound"] = fps / row[f"{mode}_bound_fps"]
+                row[f"{mode}_of_small_bound"] = fps / row[f"{mode}_small_bound_fps"]
+            rows.append(row)
+            print_row(row)
+    return rows
+
+
+def print_row(r: dict) -> None:
+    k = 1e3
+    print(f"LMN ({r['functional']},{r['memory']}) batch {r['batch']}: small-GEMM rate "
+          f"{r['small_gemm_gflops']:.0f} GFLOP/s")
+    for mode, label in (("train", "train"), ("infer", "infer")):
+        print(f"  {label}: lmn {r[f'lmn_{mode}_fps'] / k:7.1f}k  naive loop "
+              f"{r[f'naive-loop_{mode}_fps'] / k:6.1f}k  rnn {r[f'rnn_{mode}_fps'] / k:6.1f}k  "
+              f"lstm {r[f'lstm_{mode}_fps'] / k:6.1f}k  gru {r[f'gru_{mode}_fps'] / k:6.1f}k "
+              f"frames/s | lmn/lstm {r[f'{mode}_vs_lstm']:.2f}x  lmn/naive "
+              f"{r[f'{mode}_vs_naive']:.2f}x  of GEMM bound {100 * r[f'{mode}_of_bound']:.0f}% "
+              f"({r[f'{mode}_bound_fps'] / k:.0f}k)  of small-GEMM bound "
+              f"{100 * r[f'{mode}_of_small_bound']:.0f}% ({r[f'{mode}_small_bound_fps'] / k:.0f}k)",
+              flush=True)
+
+
+def bench_epochs(args) -> list[dict]:
+    """One training epoch with the trainer's batching, LMN-B against LSTM(f + m)."""
+    f, m = (int(v) for v in args.epoch_size.split("x"))
+    rows = []
+    for name in args.epochs:
+        data = load_polyphonic(name, root=args.data_dir, progress=False)
+        seqs = [s for s in data["train"] if len(s) >= 2]
+        lengths = [len(s) - 1 for s in seqs]
+        for batch_size in args.batches:
+            batches = bucket_batches(lengths, batch_size, shuffle=True, seed=1)
+            padded = [collate([seqs[i] for i in idx]) for idx in batches]
+            row = {"dataset": name, "batch": batch_size, "functional": f, "memory": m,
+                   "frames": int(sum(lengths)), "batches": len(batches),
+                   "padding_fraction": padding_fraction(lengths, batches),
+                   "data_sha256": data_checksum(name, args.data_dir)}
+            for model_name, size in (("lmn-b", (f, m)), ("lstm", (f + m, None))):
+                torch.manual_seed(0)
+                model = build_model(model_name, *size)
+                optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+                t0 = time.perf_counter()
+                for b in padded:
+                    train_step(model, optimizer, b, clip=5.0)
+                seconds = time.perf_counter() - t0
+                row[f"{model_name}_epoch_s"] = seconds
+                row[f"{model_name}_train_fps"] = row["frames"] / seconds
+            row["lmn_vs_lstm"] = row["lmn-b_train_fps"] / row["lstm_train_fps"]
+            rows.append(row)
+            print(f"epoch on {name} (train split, {row['frames']} frames, batch {batch_size}, "
+                  f"{len(batches)} batches, padding {100 * row['padding_fraction']:.1f}%): "
+                  f"LMN-B({f},{m}) {row['lmn-b_epoch_s']:.1f}s = "
+                  f"{row['lmn-b_train_fps'] / 1e3:.1f}k frames/s, LSTM({f + m}) "
+                  f"{row['lstm_epoch_s']:.1f}s = {row['lstm_train_fps'] / 1e3:.1f}k frames/s, "
+                  f"ratio {row['lmn_vs_lstm']:.2f}x", flush=True)
+    return rows
+
+
+def profile(args) -> str:
+    """Where the time of LMN-B(250,250) training steps at batch 32 goes, loop against fast."""
+    from torch.profiler import profile as torch_profile
+
+    batch = random_batch(32, args.steps)
+    torch.manual_seed(0)
+    lmn = build_model("lmn-b", 250, 250)
+    out = []
+    for label, model in (("straightforward per-step loop", NaiveLMN(lmn)), ("fast path", lmn)):
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        train_step(model, optimizer, batch)
+        with torch_profile() as prof:
+            for _ in range(3):
+                train_step(model, optimizer, batch)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+        out.append(f"== {label}: 3 training steps, LMN-B(250,250), batch 32, {args.steps} "
+                   f"steps ==\n{table}")
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", nargs="+", default=["50x50", "100x100", "250x250", "250x500"])
+    p.add_argument("--batches", nargs="+", type=int, default=[8, 32])
+    p.add_argument("--steps", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; median reported")
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds per measurement")
+    p.add_argument("--epochs", nargs="*", default=["nottingham", "musedata"],
+                   help="data sets to time a training epoch on (none to skip)")
+    p.add_argument("--epoch-size", default="250x250")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--profile", default=None, help="write a torch.profiler table to this file")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    started = time.perf_counter()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    args.gemm_rate = gemm_rate(2048, 2048, 2048, 2 * args.min_time)
+    print(f"large GEMM (2048^3, float32): {args.gemm_rate / 1e9:.0f} GFLOP/s", flush=True)
+    sizes = bench_sizes(args)
+    gemm_after = gemm_rate(2048, 2048, 2048, 2 * args.min_time)
+    print(f"large GEMM again at the end: {gemm_after / 1e9:.0f} GFLOP/s", flush=True)
+    epochs = bench_epochs(args) if args.epochs else []
+    if args.profile:
+        text = profile(args)
+        Path(args.profile).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.profile).write_text(text + "\n")
+        print(text)
+    if args.json:
+        write_json(args.json, {
+            "command": command_line(), "commit": git_commit(), "seed": 0,
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "gemm_gflops": args.gemm_rate / 1e9, "gemm_gflops_end": gemm_after / 1e9,
+            "sizes": sizes, "epochs": epochs, "wall_time_s": time.perf_counter() - started,
+            "units": "frames per second; a frame is one time step of one sequence",
+        })
+    print(json.dumps({"wall_time_s": round(time.perf_counter() - started, 1)}))
+
+
+if __name__ == "__main__":
+    main()
