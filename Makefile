@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test lint clean results-foundation
+.PHONY: install demo test lint clean results-foundation results-pretraining pretraining-compare-%
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,17 @@ results-foundation: install
 	for run in runs/foundation/*/; do name=$$(basename $$run); mkdir -p results/foundation/$$name; \
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/foundation/$$name/; done
 	$(VENV)/bin/linmem summarize results/foundation > results/foundation/table.md
+
+# Issue 4: pret-LMN-B against a randomly initialised LMN-B, same sizes and fine-tuning budget,
+# three seeds (two processes, one thread each), then the Figure 5 analysis on seed 0's ULM.
+PRET = --data jsb --hidden 50 --memory 100 --epochs 60 --patience 60 --resume --quiet
+pretraining-compare-pret: install
+	for s in 0 1 2; do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem pretrain $(PRET) --pretrain-epochs 30 --seed $$s --out runs/pret-compare/pret-lmn-b-s$$s; done
+pretraining-compare-random: install
+	for s in 0 1 2; do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --model lmn-b $(PRET) --seed $$s --out runs/pret-compare/lmn-b-s$$s; done
+results-pretraining: install
+	$(MAKE) -j2 pretraining-compare-pret pretraining-compare-random
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem analyze-pretraining --data jsb --hidden 50 --k 10 --ulm-run runs/pret-compare/pret-lmn-b-s0/ulm --out results/pretraining --quiet
+	for run in runs/pret-compare/*/; do name=$$(basename $$run); mkdir -p results/pretraining/$$name; \
+	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/pretraining/$$name/; done
+	$(VENV)/bin/linmem summarize results/pretraining > results/pretraining/table.md

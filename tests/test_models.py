@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from linmem.models import MODELS, build_model, count_parameters, recurrent_weight_count
+from linmem.models import (
+    MODELS,
+    architecture,
+    build_model,
+    count_parameters,
+    recurrent_weight_count,
+)
 
 
 def recurrent_weights(model):
@@ -16,8 +22,9 @@ def recurrent_weights(model):
 def test_parameter_formulas(name, x, h, m):
     model = build_model(name, h, m, input_size=x)
     assert recurrent_weights(model) == recurrent_weight_count(name, x, h, m)
-    out = m if name == "lmn-b" else h
-    biases = {"lstm": 8 * h, "gru": 6 * h, "rnn": 2 * h}.get(name, h + m)
+    arch = architecture(name)
+    out = {"lmn-b": m, "ulm": 11 * h}.get(arch, h)  # the ULM reads h_t .. h_{t-10}
+    biases = {"lstm": 8 * h, "gru": 6 * h, "rnn": 2 * h, "ulm": h}.get(arch, h + m)
     assert count_parameters(model) == recurrent_weight_count(name, x, h, m) + biases + \
         out * x + x
 

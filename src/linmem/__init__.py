@@ -11,7 +11,7 @@ from .data import DataError, load_polyphonic
 from .la import LinearAutoencoder
 from .metrics import frame_accuracy, frame_nll
 from .models import MODELS, build_model
-from .nn import LMN, LMNCell
+from .nn import LMN, LMNCell, UnrolledNet
 
 __all__ = [
     "LMN",
@@ -19,6 +19,7 @@ __all__ = [
     "DataError",
     "LMNCell",
     "LinearAutoencoder",
+    "UnrolledNet",
     "__version__",
     "build_model",
     "frame_accuracy",

@@ -77,6 +77,15 @@ def cli() -> None:
               help="Augmentation: shift each training sequence by up to +-N semitones.")
 @click.option("--init-bias/--no-init-bias", default=_DEFAULT.init_bias, show_default=True,
               help="Start the readout bias at the training split's key rates.")
+@click.option("--nonlinearity", type=click.Choice(["tanh", "relu", "selu"]), default=None,
+              help="Recurrent activation [default: selu for ulm and pret-lmn-*, else tanh].")
+@click.option("--k", type=int, default=_DEFAULT.k, show_default=True, callback=_positive,
+              help="Pretraining: past blocks of the unrolled network (ulm, pret-lmn-*).")
+@click.option("--la-window", type=click.IntRange(min=0), default=None,
+              help="Pretraining: the linear autoencoder's window [default: k + 1 for pret-lmn-*, "
+                   "full length for pret-rnn; 0: full length].")
+@click.option("--pretrain-epochs", type=int, default=None, callback=_positive,
+              help="Pretraining: epoch bound of the unrolled network [default: --epochs].")
 @click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True)
 @click.option("--device", default=_DEFAULT.device, show_default=True, help="cpu, cuda, cuda:1")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -92,7 +101,7 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
         if resume:
             raise click.UsageError("--resume needs --out RUN_DIR")
         sizes = f"h{options['hidden']}" + (
-            f"-m{options['memory']}" if options["model"].startswith("lmn") else "")
+            f"-m{options['memory']}" if "lmn" in options["model"] else "")
         out = (f"runs/{options['data']}-{options['model']}-{sizes}-wd{options['weight_decay']:g}"
                f"-s{options['seed']}")
     if resume and (Path(out) / "config.json").is_file():
@@ -122,6 +131,84 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
         f"test acc {metrics['test_acc']:.2f}%  test nll {metrics['test_nll']:.3f}  "
         f"({metrics['n_params']} params, {metrics['epochs']} epochs, best {metrics['best_epoch']},"
         f" {metrics['wall_time_s']:.0f}s) -> {Path(out) / 'metrics.json'}")
+
+
+@cli.command("pretrain", context_settings={"ignore_unknown_options": True,
+                                           "allow_extra_args": True})
+@click.option("--model", type=click.Choice(["pret-lmn-b", "pret-lmn-a", "pret-rnn"]),
+              default="pret-lmn-b", show_default=True)
+@click.pass_context
+def pretrain_cmd(ctx: click.Context, model: str) -> None:
+    """Pretrain and fine-tune: `linmem train --model pret-lmn-b`, same options.
+
+    pret-lmn-*: trains the unrolled network (RUN_DIR/ulm), fits the memory on its states
+    (RUN_DIR/memory.npz), initialises the LMN (RUN_DIR/init.pt, eqs. 12-15), fine-tunes it.
+    Each step is kept: --resume continues from the step that was interrupted.
+    """
+    train_cmd.main(args=["--model", model, *ctx.args], prog_name="linmem pretrain",
+                   standalone_mode=False)
+
+
+@cli.command("analyze-pretraining")
+@click.option("--data", default="jsb", show_default=True)
+@click.option("--hidden", type=int, default=50, show_default=True, callback=_positive)
+@click.option("--k", type=int, default=10, show_default=True, callback=_positive)
+@click.option("--memories", default="10,25,50,100,200,300,400,550", show_default=True,
+              help="Memory sizes for panels (a) and (b), comma-separated.")
+@click.option("--first-memory", type=int, default=1000, show_default=True, callback=_positive,
+              help="Memory of panel (c)'s full-length autoencoder (kept below the rank).")
+@click.option("--ulm-run", type=click.Path(file_okay=False), default=None,
+              help="A trained ulm run directory to analyse [default: train one into "
+                   "runs/DATA-ulm-hHIDDEN-kK-sSEED, resumable].")
+@click.option("--epochs", type=int, default=_DEFAULT.epochs, show_default=True,
+              callback=_positive, help="Epoch bound when training the ULM.")
+@click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
+              callback=_positive)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--out", type=click.Path(file_okay=False), default="results/pretraining",
+              show_default=True)
+@click.option("--quiet", is_flag=True)
+def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first_memory: int,
+                            ulm_run: str | None, epochs: int, patience: int, seed: int,
+                            data_dir: str | None, out: str, quiet: bool) -> None:
+    """The paper's pretraining analysis (Figure 5): OUT/analysis.json and OUT/figure5.png."""
+    import time
+
+    from ._io import command_line, git_commit, write_json
+    from .pretrain import analyze
+    from .report import plot_pretraining
+
+    started = time.perf_counter()
+    try:
+        sizes = sorted({int(v) for v in memories.split(",")})
+        if sizes[0] < 1:
+            raise ValueError("memory sizes must be positive")
+        config = TrainConfig(data=data, model="ulm", hidden=hidden, k=k, epochs=epochs,
+                             patience=patience, seed=seed, data_dir=data_dir)
+        dataset = load_polyphonic(config.data, root=data_dir, progress=not quiet)
+        if ulm_run is None:
+            ulm_run = f"runs/{config.data}-ulm-h{hidden}-k{k}-s{seed}"
+            train(config, ulm_run, resume=True, progress=not quiet, data=dataset)
+        ulm, ulm_config = load_run_model(ulm_run)
+        if ulm_config.model != "ulm":
+            raise ValueError(f"{ulm_run} is a {ulm_config.model} run, not a ulm run")
+        result = analyze(dataset, ulm, sizes, window=ulm_config.k + 1,
+                         first_memory=first_memory, seed=seed, progress=not quiet)
+    except (DataError, ValueError, FileNotFoundError) as err:
+        raise UsageFailure(str(err)) from None
+    result = {**result, "dataset": config.data, "ulm_run": str(ulm_run),
+              "command": command_line(), "commit": git_commit(), "seed": seed,
+              "data_sha256": data_checksum(config.data, data_dir),
+              "wall_time_s": time.perf_counter() - started,
+              "units": "accuracy in percent; errors: mean squared error per value (a), "
+                       "relative squared error (c)"}
+    write_json(Path(out) / "analysis.json", result)
+    plot_pretraining(result, Path(out) / "figure5.png")
+    click.echo(f"ULM valid acc {result['ulm_valid_acc']:.2f}%; pretrained LMN valid acc "
+               + ", ".join(f"{r['components']}: {r['lmn_valid_acc']:.2f}%"
+                           for r in result["memories"])
+               + f" -> {Path(out) / 'analysis.json'}, {Path(out) / 'figure5.png'}")
 
 
 @cli.command("evaluate")

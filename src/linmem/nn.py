@@ -25,7 +25,9 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-_NONLINEARITIES = ("tanh", "relu")
+_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}
+_NONLINEARITIES = tuple(_FUNCTIONS)
+_SELU_SCALE, _SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
 _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
 
 State = Tensor | tuple[Tensor | None, Tensor] | None
@@ -125,8 +127,10 @@ class _Recurrence(torch.autograd.Function):
             torch.addmm(x_t, m, w_mh_t, out=h_t)
             if nonlinearity == "tanh":
                 h_t.tanh_()                                                   # (6)
-            else:
+            elif nonlinearity == "relu":
                 h_t.clamp_min_(0.0)
+            else:
+                torch.selu_(h_t)
             torch.addmm(bias_m, m, w_mm_t, out=m_t).addmm_(h_t, w_hm_t)       # (7)
             m = m_t
         ctx.nonlinearity, ctx.batch_major = nonlinearity, batch_major
@@ -158,8 +162,10 @@ class _Recurrence(torch.autograd.Function):
                 torch.addmm(grad_hs[t], dm, weight_hm, out=da)
             if ctx.nonlinearity == "tanh":  # da *= 1 - h_t^2, in one kernel
                 torch.ops.aten.tanh_backward.grad_input(da, h_t[t], grad_input=da)
-            else:
+            elif ctx.nonlinearity == "relu":
                 da.masked_fill_(h_t[t] <= 0, 0.0)
+            else:  # selu' = scale for h > 0, h + scale * alpha below
+                da.mul_(torch.where(h_t[t] > 0, _SELU_SCALE, h_t[t] + _SELU_SCALE * _SELU_ALPHA))
             if t == 0:
                 torch.mm(g_t[0], w_bwd, out=grad_m0)
             elif grad_ms is None:
@@ -204,7 +210,7 @@ def lmn_recurrence(
     Args:
         x_proj: ``(T, B, H)``, the input term ``W^xh x_t + b^h`` for every step.
         m0: ``(B, M)`` initial memory.
-        nonlinearity: ``"tanh"`` or ``"relu"``.
+        nonlinearity: ``"tanh"`` (the paper), ``"relu"`` or ``"selu"``.
         lengths: optional ``(B,)`` valid steps per sequence (padding at the end); the final
             states are taken at each sequence's last valid step. Steps past a sequence's end are
             computed but never feed its valid steps.
@@ -235,7 +241,7 @@ class LMNCell(nn.Module):
     Args:
         input_size: features of ``x_t``.  hidden_size: functional units ``H``.
         memory_size: memory units ``M``.  bias: use ``b^h`` and ``b^m``.
-        nonlinearity: ``"tanh"`` (the paper) or ``"relu"``.
+        nonlinearity: ``"tanh"`` (the paper), ``"relu"`` or ``"selu"``.
 
     Inputs: ``input`` ``(B, input_size)`` or ``(input_size,)``; ``state``: ``m_{t-1}``
     ``(B, M)`` or a pair ``(h_{t-1}, m_{t-1})`` (``h_{t-1}`` is not used by the equations), default
@@ -310,8 +316,8 @@ class LMN(nn.Module):
             reads the output sequence of layer ``k - 1``.
         output: ``"memory"`` (LMN-B: the layer outputs ``m_t``) or ``"hidden"`` (LMN-A: ``h_t``).
         bias: use ``b^h`` and ``b^m``.  batch_first: ``(B, T, F)`` instead of ``(T, B, F)``.
-        nonlinearity: ``"tanh"`` or ``"relu"``.  dropout: dropout on the outputs of every layer
-            but the last, as in ``torch.nn.RNN``.
+        nonlinearity: ``"tanh"`` (the paper), ``"relu"`` or ``"selu"``.  dropout: dropout on
+            the outputs of every layer but the last, as in ``torch.nn.RNN``.
 
     Inputs: ``input``, ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``),
     ``(T, input_size)`` unbatched, or a ``PackedSequence``; ``state``: ``m_0`` of shape
@@ -422,3 +428,80 @@ class LMN(nn.Module):
         if self.dropout:
             s += f", dropout={self.dropout}"
         return s
+
+
+class UnrolledNet(nn.Module):
+    r"""The LMN unrolled for ``k`` steps (ULM, paper eqs. 10-11): the memory is replaced by the
+    last ``k`` functional states, each with its own weight block.
+
+    ::
+
+        h_t = sigma(W^xh x_t + b^h + sum_{i=1..k} W^hh_i h_{t-i})      (10)
+        y_t = sigmoid(sum_{i=0..k} W^o_i h_{t-i} + b^o)                 (11)
+
+    with ``h_{t-i} = 0`` before the start. Convention: ``k`` past blocks feed the functional
+    state, ``k + 1`` blocks (lag 0 included) the output, so the memory that replaces them must
+    reconstruct ``k + 1`` blocks (:mod:`linmem.pretrain` fits it with window ``k + 1``).
+    Training back-propagates through the whole sequence (nothing is detached).
+
+    Args: ``input_size``, ``hidden_size`` (``H``), ``k``, ``nonlinearity`` (``"selu"``, the
+    paper's choice for this model, ``"tanh"`` or ``"relu"``), ``batch_first``.
+
+    Inputs: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``).
+    Outputs: ``(lagged, hs)``: ``lagged`` ``(T, B, (k + 1) H)`` holds ``[h_t, h_{t-1}, ...,
+    h_{t-k}]`` at every step (a linear readout of it is eq. 11), ``hs`` ``(T, B, H)``; batch
+    first when ``batch_first``.
+
+    Parameters: ``weight_xh`` ``(H, input_size)``, ``bias_h`` ``(H,)``, ``weight_hh``
+    ``(H, k H)`` ``= [W^hh_1 ... W^hh_k]``; initialised like :class:`LMNCell`.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, k: int = 10,
+                 nonlinearity: str = "selu", batch_first: bool = False, device=None,
+                 dtype=None):
+        super().__init__()
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
+                            ("k", k)):
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_nonlinearity(nonlinearity)
+        factory = {"device": device, "dtype": dtype}
+        self.input_size, self.hidden_size, self.k = input_size, hidden_size, k
+        self.nonlinearity, self.batch_first = nonlinearity, batch_first
+        self.weight_xh = nn.Parameter(torch.empty(hidden_size, input_size, **factory))
+        self.bias_h = nn.Parameter(torch.zeros(hidden_size, **factory))
+        self.weight_hh = nn.Parameter(torch.empty(hidden_size, k * hidden_size, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            _init_uniform(self.weight_xh, self.input_size)
+            _init_uniform(self.weight_hh, self.k * self.hidden_size)
+            nn.init.zeros_(self.bias_h)
+
+    def forward(self, input: Tensor) -> tuple[Tensor, Tensor]:
+        if input.dim() != 3 or input.shape[-1] != self.input_size:
+            raise ValueError(f"UnrolledNet expects input of shape (T, B, {self.input_size}) "
+                             f"(batch first: (B, T, ...)), got {tuple(input.shape)}")
+        x = input.transpose(0, 1) if self.batch_first else input
+        steps, batch = x.shape[:2]
+        act = _FUNCTIONS[self.nonlinearity]
+        x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
+        zeros = x_proj.new_zeros(batch, self.hidden_size)
+        past = [zeros] * self.k  # h_{t-1}, ..., h_{t-k}
+        hs = []
+        for t in range(steps):
+            h = act(torch.addmm(x_proj[t], torch.cat(past, 1), self.weight_hh.t()))  # (10)
+            hs.append(h)
+            past = [h, *past[:-1]]
+        hs = torch.stack(hs) if hs else x_proj.new_zeros(0, batch, self.hidden_size)
+        padded = torch.cat([x_proj.new_zeros(self.k, batch, self.hidden_size), hs])
+        lagged = torch.cat([padded[self.k - i: self.k - i + steps] for i in range(self.k + 1)],
+                           2)
+        if self.batch_first:
+            return lagged.transpose(0, 1), hs.transpose(0, 1)
+        return lagged, hs
+
+    def extra_repr(self) -> str:
+        return (f"{self.input_size}, hidden_size={self.hidden_size}, k={self.k}, "
+                f"nonlinearity={self.nonlinearity!r}")

@@ -55,3 +55,44 @@ def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:
         lines.append(f"- `{r['run']}`: `{r.get('command')}` (commit {r.get('commit')}, seed "
                      f"{r.get('seed')}, data sha256 {r.get('data_sha256')})")
     return "\n".join(lines) + "\n"
+
+
+def plot_pretraining(analysis: dict, path: str | os.PathLike) -> None:
+    """The paper's Figure 5 from :func:`linmem.pretrain.analyze`'s output, three panels, to a
+    PNG written atomically (matplotlib is imported here only: ``pip install
+    linear-memory-networks[plot]``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ._io import atomic_write
+
+    rows = analysis["memories"]
+    mem = [r["components"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    ax.plot(mem, [r["svd_error"] for r in rows], "o-", label="SVD (optimal)")
+    ax.plot(mem, [r["la_error"] for r in rows], "s--", label="linear autoencoder")
+    ax.set(xlabel="memory units", ylabel="MSE per value", yscale="log",
+           title="(a) reconstruction of training states")
+    ax.legend()
+    ax = axes[1]
+    for split, style in (("train", "-"), ("valid", "--")):
+        ax.plot(mem, [r[f"lmn_{split}_acc"] for r in rows], "o" + style,
+                label=f"pretrained LMN ({split})")
+        ax.axhline(analysis[f"ulm_{split}_acc"], color="gray", linestyle=style,
+                   label=f"ULM ({split})")
+    ax.set(xlabel="memory units", ylabel="frame accuracy %",
+           title="(b) before fine-tuning")
+    ax.legend()
+    ax = axes[2]
+    first = analysis["first_sequence"]
+    ax.plot(range(1, len(first["relative_error"]) + 1), first["relative_error"])
+    ax.set(xlabel="time step t", ylabel="relative error of h_1..h_t from m_t", yscale="log",
+           title=f"(c) first training sequence, {first['memory']} memory units")
+    fig.suptitle(f"Pretraining analysis: ULM hidden {analysis['hidden']}, k {analysis['k']}")
+    fig.tight_layout()
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)

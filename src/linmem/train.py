@@ -43,7 +43,7 @@ from .data import (
     transpose,
 )
 from .metrics import FrameScores
-from .models import MODELS, NextStepPredictor, build_model, count_parameters
+from .models import MODELS, NextStepPredictor, architecture, build_model, count_parameters
 
 
 class TrainingDiverged(RuntimeError):
@@ -75,15 +75,20 @@ class TrainConfig:
     device: str = "cpu"
     data_dir: str | None = None
     eval_batch_size: int = 64
+    nonlinearity: str | None = None  # None: models.default_nonlinearity (selu for ulm/pret-lmn)
+    # pretraining (linmem.pretrain): ulm and pret-* models only
+    k: int = 10  # past blocks of the unrolled network
+    la_window: int | None = None  # None: k + 1 for pret-lmn, full length for pret-rnn; 0: full
+    pretrain_epochs: int | None = None  # epoch bound of the unrolled network (default: epochs)
 
     def __post_init__(self) -> None:
         self.data = resolve_name(self.data)
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
-        if not self.model.startswith("lmn"):
+        if not architecture(self.model).startswith("lmn"):
             self.memory = None
         for name in ("hidden", "num_layers", "batch_size", "epochs", "patience",
-                     "eval_batch_size"):
+                     "eval_batch_size", "k"):
             value = getattr(self, name)
             if int(value) != value or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -99,6 +104,15 @@ class TrainConfig:
             raise ValueError(f"transpose must be an integer in [0, 88), got {self.transpose!r}")
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"clip must be > 0 or None, got {self.clip!r}")
+        if self.la_window is not None and (int(self.la_window) != self.la_window
+                                           or self.la_window < 0):
+            raise ValueError(f"la_window must be >= 0 (0: full length), got {self.la_window!r}")
+        if self.pretrain_epochs is not None and (int(self.pretrain_epochs) != self.pretrain_epochs
+                                                 or self.pretrain_epochs < 1):
+            raise ValueError(f"pretrain_epochs must be >= 1, got {self.pretrain_epochs!r}")
+        # fail now, not after hours of pretraining, on an impossible model/activation pair
+        build_model(self.model, 1, None if self.memory is None else 1, self.num_layers,
+                    nonlinearity=self.nonlinearity, k=self.k)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -169,10 +183,14 @@ def load_run_model(run_dir: str | Path, which: str = "best",
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     state = torch.load(path, map_location=device, weights_only=True)
-    model = build_model(config.model, config.hidden, config.memory, config.num_layers,
-                        dropout=config.dropout)
+    model = _build(config)
     model.load_state_dict(state["model"] if "model" in state else state)
     return model.to(device), config
+
+
+def _build(config: TrainConfig) -> NextStepPredictor:
+    return build_model(config.model, config.hidden, config.memory, config.num_layers,
+                       dropout=config.dropout, nonlinearity=config.nonlinearity, k=config.k)
 
 
 def train(
@@ -224,10 +242,13 @@ def train(
         raise ValueError("the training split has no sequence of length >= 2")
 
     torch.manual_seed(config.seed)
-    model = build_model(config.model, config.hidden, config.memory, config.num_layers,
-                        dropout=config.dropout)
+    model = _build(config)
     if config.init_bias:
         model.init_output_bias(torch.from_numpy(np.concatenate(train_seqs).mean(0)))
+    if config.model.startswith("pret-") and not (resume and (run_dir / "last.pt").is_file()):
+        from .pretrain import pretrain
+
+        pretrain(model, config, data, run_dir, progress)
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
@@ -316,6 +337,8 @@ def train(
         "seed": config.seed, "commit": git_commit(), "command": command or command_line(),
         "data_sha256": _checksum_or_none(config), "data_digest": content_digest(data),
         "linmem": __version__, "torch": torch.__version__, "device": str(device),
+        "pretraining": (read_json(run_dir / "pretraining.json")
+                        if (run_dir / "pretraining.json").is_file() else None),
         "units": "accuracies in percent (Bay et al. 2009, global, threshold 0.5 unless named), "
                  "NLL in nats per time step",
     }

@@ -1,0 +1,290 @@
+"""Pretraining (paper, section "Training and pretraining algorithm"), and pret-RNN.
+
+pret-LMN, three steps, each written to the run directory so that an interrupted run resumes:
+
+1. ``ulm/``: the unrolled network (:class:`linmem.nn.UnrolledNet`, eqs. 10-11) trained as a
+   next-step predictor by the normal trainer (Adam, early stopping on validation).
+2. ``memory.npz``: a :class:`~linmem.la.LinearAutoencoder` fitted, without centering, on the ULM's
+   functional-state sequences ``h_1 .. h_T`` of the training split, with window ``k + 1`` (the
+   blocks the transfer needs) and ``n_components`` = the LMN's memory size.
+3. ``init.pt``: the LMN initialised by eqs. (12)-(15). With the decoder blocks
+   ``U_i = A^T (B^T)^i`` (``m_t`` decodes to ``h_{t-i}`` ~ ``U_i m_t``)::
+
+       W^xh, b^h = the ULM's           W^hm = A      W^mm = B      b^m = 0
+       W^mh = [W^hh_1 ... W^hh_k] [U_0; ...; U_{k-1}]     (m_{t-1} -> h_{t-1} .. h_{t-k})
+       W^mo = [W^o_0 ... W^o_k] [U_0; ...; U_k]          (m_t -> h_t .. h_{t-k}),  b^o = ULM's
+
+   When the memory is exact (``n_components`` = the rank of the windowed state matrix) the LMN
+   computes exactly what the ULM computed; below that rank it is the best linear compression.
+   The LMN uses the ULM's activation (SELU by default) so that the two are the same function.
+   With the LMN-A readout (``pret-lmn-a``) only ``W^o_0`` can be transferred (its readout sees
+   ``h_t`` alone): an approximation.
+
+Then the trainer fine-tunes the initialised LMN (``linmem train --model pret-lmn-b``).
+
+pret-RNN (Pasa & Sperduti, 2014): a linear autoencoder with centering is fitted on the input
+sequences; an Elman RNN gets ``W^ih = s A``, ``W^hh = B``, ``b^h = -s A mu`` (its states, before
+the tanh, are the autoencoder's states times ``s``; ``s`` puts 99% of the training states in
+``[-0.5, 0.5]``, tanh's near-linear range, which the linear dynamics allow since they are
+scale-free) and a readout fitted by ridge least squares from those states to the next frame,
+mapped to logits by linearising the sigmoid at each key's base rate.
+
+If the autoencoder keeps fewer components than asked (the rank), the extra units start with zero
+incoming weights (so the initialised function is unchanged) and random outgoing ones (so that
+fine-tuning can use them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ._io import atomic_write, read_json, write_json
+from .data import bucket_batches
+from .la import LinearAutoencoder
+from .models import NextStepPredictor, architecture
+
+if TYPE_CHECKING:
+    from .train import TrainConfig
+
+
+def lag_decoder(la: LinearAutoencoder, n_blocks: int) -> np.ndarray:
+    """``[U_0; U_1; ...; U_{n-1}]``, ``(n_blocks a, p)`` with ``U_i = A^T (B^T)^i``: row block
+    ``i`` maps a state ``y_t`` to the reconstruction of ``x_{t-i}``."""
+    blocks, cur = [], la.A_.T
+    for _ in range(n_blocks):
+        blocks.append(cur)
+        cur = cur @ la.B_.T
+    return np.concatenate(blocks, 0)
+
+
+@torch.no_grad()
+def hidden_states(ulm: NextStepPredictor, sequences: Sequence[np.ndarray],
+                  batch_size: int = 64) -> list[np.ndarray]:
+    """The ULM's functional states ``h_1 .. h_{T-1}`` (float64) for every next-step input
+    sequence (frames ``0 .. T-2``), in the order of ``sequences`` (those of length >= 2)."""
+    ulm.eval()
+    param = next(ulm.parameters())
+    usable = [s for s in sequences if len(s) >= 2]
+    out: list[np.ndarray] = [np.empty(0)] * len(usable)
+    for idx in bucket_batches([len(s) for s in usable], batch_size, shuffle=False):
+        steps = max(len(usable[i]) for i in idx) - 1
+        inputs = torch.zeros(len(idx), steps, usable[idx[0]].shape[1], dtype=param.dtype)
+        for row, i in enumerate(idx):  # inputs: frames 0 .. T-2, zero-padded at the end
+            inputs[row, : len(usable[i]) - 1] = torch.from_numpy(np.asarray(usable[i][:-1]))
+        _, hs = ulm.core(inputs.to(param.device))
+        for row, i in enumerate(idx):
+            out[i] = hs[row, : len(usable[i]) - 1].double().cpu().numpy()
+    return out
+
+
+def fit_memory(states: Sequence[np.ndarray], memory: int, window: int | None,
+               random_state: int = 0) -> LinearAutoencoder:
+    """Step 2: the linear autoencoder of the functional states, no centering."""
+    return LinearAutoencoder(memory, window=window, center=False,
+                             random_state=random_state).fit(states)
+
+
+def _pad_units(weight_in: np.ndarray, n_units: int, axis: int) -> np.ndarray:
+    """Zero-pad ``weight_in`` along ``axis`` to ``n_units`` (extra units' incoming weights)."""
+    pad = [(0, 0)] * weight_in.ndim
+    pad[axis] = (0, n_units - weight_in.shape[axis])
+    return np.pad(weight_in, pad)
+
+
+def transfer(ulm: NextStepPredictor, la: LinearAutoencoder, lmn: NextStepPredictor) -> None:
+    """Step 3, eqs. (12)-(15): initialise ``lmn`` (``lmn-b`` or ``lmn-a`` architecture, the
+    ULM's functional size) in place from the ULM and the autoencoder of its states."""
+    core, ulm_core = lmn.core, ulm.core
+    k, h = ulm_core.k, ulm_core.hidden_size
+    if core.hidden_size != h or core.num_layers != 1:
+        raise ValueError(f"the LMN must have one layer of {h} functional units like the ULM")
+    if la.n_features_in_ != h or la.window_ < k + 1:
+        raise ValueError(f"the memory must encode {h}-dim states with window >= {k + 1}")
+    p, m = la.n_components_, core.memory_size
+    if p > m:
+        raise ValueError(f"the autoencoder has {p} components, the LMN only {m} memory units")
+    u = lag_decoder(la, k + 1)  # ((k + 1) h, p)
+    w_hh = ulm_core.weight_hh.detach().double().cpu().numpy()
+    w_o = ulm.readout.weight.detach().double().cpu().numpy()  # (K, (k + 1) h)
+    dtype = core.weight_mm_l0.dtype
+    new = {
+        "weight_hm_l0": _pad_units(la.A_, m, 0),
+        "weight_mm_l0": _pad_units(_pad_units(la.B_, m, 0), m, 1),
+        "weight_mh_l0": w_hh @ u[: k * h],
+    }
+    if lmn.name.endswith("lmn-b"):
+        readout = w_o @ u
+    else:  # LMN-A reads h_t: only the lag-0 block transfers
+        readout = w_o[:, :h]
+    with torch.no_grad():
+        core.weight_xh_l0.copy_(ulm_core.weight_xh)
+        core.bias_h_l0.copy_(ulm_core.bias_h)
+        core.bias_m_l0.zero_()
+        for name, value in new.items():
+            param = getattr(core, name)
+            if name == "weight_mh_l0":  # extra units: random outgoing weights
+                param[:, :p] = torch.from_numpy(value).to(dtype)
+            else:
+                param.copy_(torch.from_numpy(value).to(dtype))
+        if lmn.name.endswith("lmn-b"):
+            lmn.readout.weight[:, :p] = torch.from_numpy(readout).to(dtype)
+        else:
+            lmn.readout.weight.copy_(torch.from_numpy(readout).to(dtype))
+        lmn.readout.bias.copy_(ulm.readout.bias)
+
+
+def ulm_config(config: TrainConfig) -> TrainConfig:
+    """The trainer settings of step 1: the LMN's, for the model ``ulm`` of the same functional
+    size (``pretrain_epochs`` bounds its epochs when set)."""
+    return replace(config, model="ulm", memory=None,
+                   epochs=config.pretrain_epochs or config.epochs, pretrain_epochs=None)
+
+
+def pretrain(model: NextStepPredictor, config: TrainConfig, data: dict[str, Any],
+             run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Initialise ``model`` (a ``pret-*`` model) in place, resumably: the initial weights are
+    kept in ``run_dir/init.pt``, what was done in ``run_dir/pretraining.json``."""
+    run_dir = Path(run_dir)
+    init_path, info_path = run_dir / "init.pt", run_dir / "pretraining.json"
+    if init_path.is_file() and info_path.is_file():
+        model.load_state_dict(torch.load(init_path, weights_only=True))
+        return read_json(info_path)
+    started = time.perf_counter()
+    if architecture(config.model) == "rnn":
+        window = config.la_window or None
+        info = pretrain_rnn(model, data["train"], window=window, seed=config.seed)
+    else:
+        info = _pretrain_lmn(model, config, data, run_dir, progress)
+    info["wall_time_s"] = time.perf_counter() - started
+    with atomic_write(init_path) as f:
+        torch.save(model.state_dict(), f)
+    write_json(info_path, info)
+    return info
+
+
+def _pretrain_lmn(model: NextStepPredictor, config: TrainConfig, data: dict[str, Any],
+                  run_dir: Path, progress: bool) -> dict[str, Any]:
+    """Steps 1-3 (module docstring); the ULM run and the memory are kept for resuming."""
+    from .train import load_run_model, train
+
+    window = lmn_window(config)
+    ulm_dir = run_dir / "ulm"
+    if not (ulm_dir / "metrics.json").is_file():
+        train(ulm_config(config), ulm_dir, resume=True, progress=progress, data=data)
+    ulm, _ = load_run_model(ulm_dir, "best", "cpu")
+    ulm = ulm.double()
+    memory_path = run_dir / "memory.npz"
+    if memory_path.is_file():
+        la = LinearAutoencoder.load(memory_path)
+    else:
+        la = fit_memory(hidden_states(ulm, data["train"]), config.memory, window, config.seed)
+        la.save(memory_path)
+    transfer(ulm, la, model)
+    ulm_metrics = read_json(ulm_dir / "metrics.json")
+    return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
+            "la_window": window, "la_components": int(la.n_components_),
+            "la_solver": la.solver_, "ulm_valid_acc": ulm_metrics["valid_acc"],
+            "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
+            "ulm_wall_time_s": ulm_metrics["wall_time_s"]}
+
+
+def lmn_window(config: TrainConfig) -> int | None:
+    """The autoencoder's window for pret-lmn: ``k + 1`` unless ``la_window`` says otherwise
+    (0: full length)."""
+    if config.la_window is None:
+        return config.k + 1
+    if config.la_window == 0:
+        return None
+    if config.la_window < config.k + 1:
+        raise ValueError(f"--la-window must be at least k + 1 = {config.k + 1} (0: full length)")
+    return config.la_window
+
+
+def pretrain_rnn(model: NextStepPredictor, sequences: Sequence[np.ndarray],
+                 window: int | None = None, ridge: float = 1e-3, seed: int = 0) -> dict:
+    """pret-RNN (module docstring): initialise the Elman ``model`` in place from a centred
+    linear autoencoder of the next-step inputs. Returns the autoencoder's facts."""
+    inputs = [np.asarray(s[:-1], np.float64) for s in sequences if len(s) >= 2]
+    hidden = model.hidden
+    la = LinearAutoencoder(hidden, window=window, center=True, random_state=seed).fit(inputs)
+    p = la.n_components_
+    states = np.concatenate([la.encode(x) for x in inputs])  # (N, p), before scaling
+    scale = 0.5 / max(float(np.quantile(np.abs(states), 0.99)), 1e-12)
+    states *= scale
+    targets = np.concatenate([np.asarray(s[1:], np.float64) for s in sequences if len(s) >= 2])
+    design = np.concatenate([states, np.ones((len(states), 1))], 1)
+    gram = design.T @ design
+    gram += ridge * np.trace(gram) / len(gram) * np.eye(len(gram))
+    coef = np.linalg.solve(gram, design.T @ targets)  # (p + 1, K): least-squares probabilities
+    rate = targets.mean(0).clip(1e-3, 1 - 1e-3)
+    slope = rate * (1 - rate)  # sigmoid'(logit(rate))
+    w_out = (coef[:p] / slope).T
+    b_out = np.log(rate / (1 - rate)) + (coef[p] - rate) / slope
+    core = model.core
+    dtype = core.weight_hh_l0.dtype
+    with torch.no_grad():
+        core.weight_ih_l0.copy_(torch.from_numpy(_pad_units(scale * la.A_, hidden, 0)))
+        core.weight_hh_l0.copy_(torch.from_numpy(_pad_units(_pad_units(la.B_, hidden, 0),
+                                                            hidden, 1)))
+        core.bias_ih_l0.copy_(torch.from_numpy(_pad_units(-scale * la.A_ @ la.mean_, hidden,
+                                                          0)))
+        core.bias_hh_l0.zero_()
+        model.readout.weight[:, :p] = torch.from_numpy(w_out).to(dtype)
+        model.readout.bias.copy_(torch.from_numpy(b_out).to(dtype))
+    return {"la_components": int(p), "la_window": window, "state_scale": scale,
+            "la_solver": la.solver_}
+
+
+def analyze(data: dict[str, Any], ulm: NextStepPredictor, memories: Sequence[int],
+            window: int | None, first_memory: int = 1000, seed: int = 0,
+            progress: bool = True) -> dict[str, Any]:
+    """The paper's pretraining analysis (Figure 5) for a trained ULM:
+
+    (a) ``reconstruction``: per memory size, the mean squared error per value of the training
+        functional-state sequences, the optimal (truncated SVD) one and the autoencoder's
+        recursive one (:meth:`LinearAutoencoder.reconstruction_error`, the window's blocks);
+    (b) ``accuracy``: frame accuracy on train and validation of the ULM and of the LMN right
+        after the transfer, before any fine-tuning;
+    (c) ``first_sequence``: a full-length autoencoder with ``first_memory`` units (or the rank)
+        on the training states; for the first training sequence, the relative error at each step
+        ``t`` of decoding the whole prefix ``h_1 .. h_t`` from ``m_t``.
+    """
+    from tqdm.auto import tqdm
+
+    from .models import build_model
+    from .train import evaluate
+
+    ulm = ulm.double().eval()
+    states = hidden_states(ulm, data["train"])
+    ulm_acc = {split: 100 * evaluate(ulm.float(), data[split])["acc"]
+               for split in ("train", "valid")}
+    ulm = ulm.double()
+    rows = []
+    for p in tqdm(memories, desc="memory sizes", disable=None if progress else True):
+        la = fit_memory(states, p, window, seed)
+        errors = la.reconstruction_error(states)
+        lmn = build_model("pret-lmn-b", ulm.hidden, int(la.n_components_),
+                          input_size=ulm.input_size, nonlinearity=ulm.nonlinearity)
+        transfer(ulm, la, lmn)
+        rows.append({"memory": int(p), "components": int(la.n_components_),
+                     "svd_error": errors["svd"], "la_error": errors["la"],
+                     **{f"lmn_{split}_acc": 100 * evaluate(lmn, data[split])["acc"]
+                        for split in ("train", "valid")}})
+    la = LinearAutoencoder(first_memory, window=None, random_state=seed).fit(states)
+    first = states[0]
+    encoded = la.encode(first)
+    per_step = []
+    for t in range(len(first)):
+        rec = la.decode(encoded[t], t + 1)
+        per_step.append(float(((rec - first[: t + 1]) ** 2).sum() / (first[: t + 1] ** 2).sum()))
+    return {"ulm_train_acc": ulm_acc["train"], "ulm_valid_acc": ulm_acc["valid"],
+            "hidden": ulm.hidden, "k": ulm.k, "window": window, "memories": rows,
+            "first_sequence": {"memory": int(la.n_components_), "asked": first_memory,
+                               "solver": la.solver_, "relative_error": per_step}}

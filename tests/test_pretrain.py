@@ -1,0 +1,198 @@
+"""Pretraining: the unrolled network against a brute-force loop, the ULM -> LMN transfer
+(exact at full rank: the equivalence of the paper's section 3, executable), pret-RNN."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from linmem import LinearAutoencoder, UnrolledNet
+from linmem.models import build_model
+from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, transfer
+
+
+@pytest.fixture
+def float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def randomise(module, seed, scale=0.5):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return module
+
+
+def rolls(n, keys, seed, lengths=(5, 14)):
+    rng = np.random.default_rng(seed)
+    return [(rng.random((rng.integers(*lengths), keys)) < 0.3).astype(np.float64)
+            for _ in range(n)]
+
+
+@pytest.mark.usefixtures("float64")
+@pytest.mark.parametrize("nonlinearity", ["selu", "tanh"])
+def test_unrolled_net_matches_equations(nonlinearity):
+    """Eq. (10) with explicit per-lag blocks W^hh_i and zero states before the start."""
+    torch.manual_seed(0)
+    k, h = 3, 4
+    net = randomise(UnrolledNet(5, h, k, nonlinearity), 1)
+    x = torch.randn(9, 2, 5)
+    lagged, hs = net(x)
+    act = torch.selu if nonlinearity == "selu" else torch.tanh
+    for b in range(2):
+        past = [torch.zeros(h) for _ in range(9 + k)]  # index t + k holds h_t
+        for t in range(9):
+            pre = net.weight_xh @ x[t, b] + net.bias_h
+            for i in range(1, k + 1):
+                pre = pre + net.weight_hh[:, (i - 1) * h: i * h] @ past[t + k - i]
+            past[t + k] = act(pre)
+            torch.testing.assert_close(hs[t, b], past[t + k])
+            for i in range(k + 1):  # lag block i of the readout input is h_{t-i}
+                torch.testing.assert_close(lagged[t, b, i * h:(i + 1) * h], past[t + k - i])
+    bf, _ = UnrolledNet(5, h, k, nonlinearity, batch_first=True).requires_grad_(False), None
+    bf.load_state_dict(net.state_dict())
+    torch.testing.assert_close(bf(x.transpose(0, 1))[0], lagged.transpose(0, 1))
+
+
+def ulm_and_states(k=2, h=3, keys=6, seed=0):
+    ulm = randomise(build_model("ulm", h, input_size=keys, k=k), seed)
+    seqs = rolls(8, keys, seed)
+    return ulm, seqs, hidden_states(ulm, seqs)
+
+
+def transferred_gap(ulm, seqs, states, memory, k, n_components=None):
+    la = LinearAutoencoder(n_components or memory, window=k + 1).fit(states)
+    lmn = build_model("pret-lmn-b", ulm.hidden, memory, input_size=ulm.input_size)
+    torch.manual_seed(1)
+    transfer(ulm, la, lmn)
+    gap = 0.0
+    with torch.no_grad():
+        for s in seqs:
+            x = torch.from_numpy(s[None, :-1])
+            gap = max(gap, float((ulm(x) - lmn(x)).abs().max()))
+    return gap, la
+
+
+@pytest.mark.usefixtures("float64")
+def test_hidden_states_are_the_ulm_states():
+    ulm, seqs, states = ulm_and_states()
+    for s, hs in zip(seqs, states, strict=True):
+        _, expected = ulm.core(torch.from_numpy(s[None, :-1]))
+        np.testing.assert_allclose(hs, expected[0].detach().numpy(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.usefixtures("float64")
+def test_transfer_is_exact_at_full_rank_and_degrades_below():
+    k, h = 2, 3
+    ulm, seqs, states = ulm_and_states(k, h)
+    full = LinearAutoencoder((k + 1) * h, window=k + 1, solver="dense").fit(states)
+    rank = full.n_components_
+    assert rank == (k + 1) * h  # random states: the windowed state matrix has full column rank
+    gap, la = transferred_gap(ulm, seqs, states, rank, k)
+    assert gap < 1e-5, gap
+    # the memory decodes the k + 1 lag blocks the transfer uses: U_i m_t = h_{t-i}
+    u = lag_decoder(la, k + 1)
+    m = la.encode(states[0])
+    for t in range(len(states[0])):
+        for i in range(min(t + 1, k + 1)):
+            np.testing.assert_allclose(u[i * h:(i + 1) * h] @ m[t], states[0][t - i], atol=1e-9)
+    gaps = [transferred_gap(ulm, seqs, states, p, k)[0] for p in range(1, rank)]
+    assert min(gaps) > 1e-4  # below the rank the memory is lossy, and it shows
+    assert gaps[0] > gaps[-1]  # and the gap shrinks as the memory grows
+
+
+@pytest.mark.usefixtures("float64")
+def test_transfer_pads_a_memory_larger_than_the_rank():
+    """Extra memory units start with zero incoming weights: the function is unchanged."""
+    k, h = 2, 3
+    ulm, seqs, states = ulm_and_states(k, h, seed=3)
+    rank = (k + 1) * h
+    gap, _ = transferred_gap(ulm, seqs, states, rank + 4, k, n_components=rank)
+    assert gap < 1e-5
+    with pytest.raises(ValueError, match="components"):
+        transferred_gap(ulm, seqs, states, rank - 1, k, n_components=rank)
+
+
+@pytest.mark.usefixtures("float64")
+def test_pret_rnn_states_are_the_scaled_autoencoder_states():
+    """Before the tanh, the initialised Elman RNN runs s (A (x - mu) + B y_{t-1})."""
+    seqs = rolls(10, 6, 5, lengths=(6, 12))
+    rnn = build_model("pret-rnn", 4, input_size=6)
+    info = pretrain_rnn(rnn, seqs, window=None)
+    la = LinearAutoencoder(4, center=True, random_state=0).fit([s[:-1] for s in seqs])
+    core, s = rnn.core, info["state_scale"]
+    x = torch.from_numpy(seqs[0][:-1])
+    y = torch.zeros(4)
+    for t in range(len(x)):  # the linear part of the RNN, step by step
+        y = core.weight_ih_l0 @ x[t] + core.bias_ih_l0 + core.weight_hh_l0 @ y + core.bias_hh_l0
+        np.testing.assert_allclose(y.detach().numpy(), s * la.encode(seqs[0][:-1])[t],
+                                   atol=1e-8)
+    states = np.concatenate([la.encode(q[:-1]) for q in seqs]) * s
+    assert np.quantile(np.abs(states), 0.99) == pytest.approx(0.5)
+
+
+def run_cli(*args):
+    from linmem.cli import main
+
+    try:
+        main(list(args))
+    except SystemExit as exit_:
+        return exit_.code
+    return 0
+
+
+def test_pretrain_command_runs_every_step_and_resumes(tmp_path, data_dir):
+    """`linmem pretrain`: ULM run, memory, init, fine-tuning; after losing the later steps,
+    --resume redoes only those (the ULM is not retrained) and gets the same initial LMN."""
+    out = tmp_path / "pret"
+    common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "6", "--memory", "20",
+              "--k", "3", "--batch-size", "32", "--epochs", "1", "--out", str(out), "--quiet"]
+    assert run_cli("pretrain", *common) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["model"] == "pret-lmn-b" and metrics["pretraining"]["la_components"] == 20
+    assert metrics["pretraining"]["la_window"] == 4
+    ulm_log = (out / "ulm" / "log.jsonl").read_text()
+    init = torch.load(out / "init.pt", weights_only=True)
+    for name in ("init.pt", "pretraining.json", "last.pt", "best.pt", "metrics.json",
+                 "log.jsonl"):
+        (out / name).unlink()
+    assert run_cli("pretrain", *common, "--resume") == 0
+    assert (out / "ulm" / "log.jsonl").read_text() == ulm_log
+    again = torch.load(out / "init.pt", weights_only=True)
+    for key, value in init.items():
+        torch.testing.assert_close(again[key], value, rtol=0, atol=0)
+
+
+def test_pret_rnn_command(tmp_path, data_dir):
+    out = tmp_path / "prnn"
+    assert run_cli("pretrain", "--model", "pret-rnn", "--data", "jsb", "--data-dir",
+                   str(data_dir), "--hidden", "12", "--epochs", "1", "--batch-size", "32",
+                   "--out", str(out), "--quiet") == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["model"] == "pret-rnn" and metrics["pretraining"]["la_components"] == 12
+
+
+def test_analysis_command_writes_json_and_png(tmp_path, data_dir):
+    ulm_run = tmp_path / "ulm"
+    assert run_cli("train", "--model", "ulm", "--data", "jsb", "--data-dir", str(data_dir),
+                   "--hidden", "5", "--k", "2", "--epochs", "1", "--batch-size", "32",
+                   "--out", str(ulm_run), "--quiet") == 0
+    out = tmp_path / "analysis"
+    assert run_cli("analyze-pretraining", "--data", "jsb", "--data-dir", str(data_dir),
+                   "--ulm-run", str(ulm_run), "--memories", "2,15", "--first-memory", "40",
+                   "--out", str(out), "--quiet") == 0
+    result = json.loads((out / "analysis.json").read_text())
+    rows = result["memories"]
+    assert [r["components"] for r in rows] == [2, 15]
+    assert rows[1]["svd_error"] < rows[0]["svd_error"]  # errors fall with memory size
+    assert rows[1]["svd_error"] <= rows[1]["la_error"] + 1e-12
+    # at the full rank of the window (15 = 3 blocks x 5 units) the transfer is exact
+    assert rows[1]["la_error"] < 1e-12
+    assert abs(rows[1]["lmn_valid_acc"] - result["ulm_valid_acc"]) < 0.05
+    assert len(result["first_sequence"]["relative_error"]) > 10
+    assert (out / "figure5.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
