@@ -38,11 +38,12 @@ results-foundation: install
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/foundation/$$name/; done
 	$(VENV)/bin/linmem summarize results/foundation > results/foundation/table.md
 
-# Issue 4: pret-LMN-B against a randomly initialised LMN-B, same sizes and fine-tuning budget,
+# Issue 4: pret-LMN-B against a randomly initialised LMN-B, same sizes and training settings
+# (the defaults: early stopping, patience 50; the ULM is trained with the same settings),
 # three seeds (two processes, one thread each), then the Figure 5 analysis on seed 0's ULM.
-PRET = --data jsb --hidden 50 --memory 100 --epochs 60 --patience 60 --resume --quiet
+PRET = --data jsb --hidden 50 --memory 100 --resume --quiet
 pretraining-compare-pret: install
-	for s in 0 1 2; do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem pretrain $(PRET) --pretrain-epochs 30 --seed $$s --out runs/pret-compare/pret-lmn-b-s$$s; done
+	for s in 0 1 2; do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem pretrain $(PRET) --seed $$s --out runs/pret-compare/pret-lmn-b-s$$s; done
 pretraining-compare-random: install
 	for s in 0 1 2; do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --model lmn-b $(PRET) --seed $$s --out runs/pret-compare/lmn-b-s$$s; done
 results-pretraining: install
