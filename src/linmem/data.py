@@ -404,7 +404,7 @@ def collate(sequences: Sequence[np.ndarray], dtype: torch.dtype = torch.float32)
         raise ValueError("no sequence of length >= 2 to make next-step pairs from")
     lengths = torch.tensor([len(x) for x, _ in pairs], dtype=torch.int64)
     steps = int(lengths.max())
-    inputs = torch.zeros(len(pairs), steps, N_KEYS, dtype=dtype)
+    inputs = torch.zeros(len(pairs), steps, pairs[0][0].shape[1], dtype=dtype)
     targets = torch.zeros_like(inputs)
     for b, (x, y) in enumerate(pairs):
         inputs[b, : len(x)] = torch.from_numpy(np.asarray(x, dtype=np.float32))

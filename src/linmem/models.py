@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from .data import N_KEYS
-from .nn import LMN, UnrolledNet
+from .nn import _NONLINEARITIES, LMN, UnrolledNet
 
 MODELS = ("lmn-a", "lmn-b", "rnn", "lstm", "gru", "ulm", "pret-lmn-a", "pret-lmn-b", "pret-rnn")
 _TORCH_RNNS: dict[str, Callable[..., nn.Module]] = {"rnn": nn.RNN, "lstm": nn.LSTM,
@@ -43,12 +43,8 @@ class NextStepPredictor(nn.Module):
                  memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
                  nonlinearity: str | None = None, k: int = 10):
         super().__init__()
-        if name not in MODELS:
-            raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+        nonlinearity = check_options(name, nonlinearity, num_layers)
         arch = architecture(name)
-        nonlinearity = nonlinearity or default_nonlinearity(name)
-        if arch in ("lstm", "gru") and nonlinearity != "tanh":
-            raise ValueError(f"{name} has no nonlinearity option (got {nonlinearity!r})")
         for label, value in (("hidden", hidden), ("num_layers", num_layers),
                              ("input_size", input_size)):
             if int(value) != value or value < 1:
@@ -66,8 +62,6 @@ class NextStepPredictor(nn.Module):
                             dropout=dropout if num_layers > 1 else 0.0)
             out_size = hidden if arch == "lmn-a" else memory
         elif arch == "ulm":
-            if num_layers != 1:
-                raise ValueError("the unrolled network (ulm) has one layer")
             memory, self.k = None, k
             self.core = UnrolledNet(input_size, hidden, k, nonlinearity, batch_first=True)
             out_size = (k + 1) * hidden
@@ -112,6 +106,25 @@ def default_nonlinearity(name: str) -> str:
     the unrolled model converge; the transfer is exact only with the same activation), tanh for
     the rest."""
     return "selu" if name in ("ulm", "pret-lmn-a", "pret-lmn-b") else "tanh"
+
+
+def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 1) -> str:
+    """Validate a model name with its activation and depth, without building anything; returns
+    the activation (``nonlinearity`` or :func:`default_nonlinearity`)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+    arch = architecture(name)
+    nonlinearity = nonlinearity or default_nonlinearity(name)
+    allowed = {"lstm": ("tanh",), "gru": ("tanh",), "rnn": ("tanh", "relu")}.get(
+        arch, _NONLINEARITIES)
+    if nonlinearity not in allowed:
+        if len(allowed) == 1:
+            raise ValueError(f"{name} has no nonlinearity option (got {nonlinearity!r})")
+        raise ValueError(f"{name}: nonlinearity must be one of {list(allowed)}, "
+                         f"got {nonlinearity!r}")
+    if arch == "ulm" and num_layers != 1:
+        raise ValueError("the unrolled network (ulm) has one layer")
+    return nonlinearity
 
 
 def build_model(name: str, hidden: int, memory: int | None = None, num_layers: int = 1,

@@ -346,7 +346,6 @@ class LMN(nn.Module):
         self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
         self.num_layers, self.output, self.bias = num_layers, output, bias
         self.batch_first, self.nonlinearity, self.dropout = batch_first, nonlinearity, dropout
-        _check_nonlinearity(nonlinearity)
         out_size = memory_size if output == "memory" else hidden_size
         for k in range(num_layers):
             cell = LMNCell(input_size if k == 0 else out_size, hidden_size, memory_size, bias,

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from ._io import atomic_write, read_json, write_json
-from .data import bucket_batches
+from .data import bucket_batches, collate
 from .la import LinearAutoencoder
 from .models import NextStepPredictor, architecture
 
@@ -74,13 +74,10 @@ def hidden_states(ulm: NextStepPredictor, sequences: Sequence[np.ndarray],
     usable = [s for s in sequences if len(s) >= 2]
     out: list[np.ndarray] = [np.empty(0)] * len(usable)
     for idx in bucket_batches([len(s) for s in usable], batch_size, shuffle=False):
-        steps = max(len(usable[i]) for i in idx) - 1
-        inputs = torch.zeros(len(idx), steps, usable[idx[0]].shape[1], dtype=param.dtype)
-        for row, i in enumerate(idx):  # inputs: frames 0 .. T-2, zero-padded at the end
-            inputs[row, : len(usable[i]) - 1] = torch.from_numpy(np.asarray(usable[i][:-1]))
-        _, hs = ulm.core(inputs.to(param.device))
+        batch = collate([usable[i] for i in idx], param.dtype)
+        _, hs = ulm.core(batch.inputs.to(param.device))
         for row, i in enumerate(idx):
-            out[i] = hs[row, : len(usable[i]) - 1].double().cpu().numpy()
+            out[i] = hs[row, : batch.lengths[row]].double().cpu().numpy()
     return out
 
 
@@ -91,10 +88,11 @@ def fit_memory(states: Sequence[np.ndarray], memory: int, window: int | None,
                              random_state=random_state).fit(states)
 
 
-def _pad_units(weight_in: np.ndarray, n_units: int, axis: int) -> np.ndarray:
-    """Zero-pad ``weight_in`` along ``axis`` to ``n_units`` (extra units' incoming weights)."""
+def _pad_units(weight_in: np.ndarray, n_units: int, *axes: int) -> np.ndarray:
+    """Zero-pad ``weight_in`` along ``axes`` to ``n_units`` (extra units' incoming weights)."""
     pad = [(0, 0)] * weight_in.ndim
-    pad[axis] = (0, n_units - weight_in.shape[axis])
+    for axis in axes:
+        pad[axis] = (0, n_units - weight_in.shape[axis])
     return np.pad(weight_in, pad)
 
 
@@ -113,30 +111,18 @@ def transfer(ulm: NextStepPredictor, la: LinearAutoencoder, lmn: NextStepPredict
     u = lag_decoder(la, k + 1)  # ((k + 1) h, p)
     w_hh = ulm_core.weight_hh.detach().double().cpu().numpy()
     w_o = ulm.readout.weight.detach().double().cpu().numpy()  # (K, (k + 1) h)
-    dtype = core.weight_mm_l0.dtype
-    new = {
-        "weight_hm_l0": _pad_units(la.A_, m, 0),
-        "weight_mm_l0": _pad_units(_pad_units(la.B_, m, 0), m, 1),
-        "weight_mh_l0": w_hh @ u[: k * h],
-    }
-    if lmn.name.endswith("lmn-b"):
-        readout = w_o @ u
-    else:  # LMN-A reads h_t: only the lag-0 block transfers
-        readout = w_o[:, :h]
-    with torch.no_grad():
+    with torch.no_grad():  # copy_ and slice assignment convert to the LMN's dtype
         core.weight_xh_l0.copy_(ulm_core.weight_xh)
         core.bias_h_l0.copy_(ulm_core.bias_h)
         core.bias_m_l0.zero_()
-        for name, value in new.items():
-            param = getattr(core, name)
-            if name == "weight_mh_l0":  # extra units: random outgoing weights
-                param[:, :p] = torch.from_numpy(value).to(dtype)
-            else:
-                param.copy_(torch.from_numpy(value).to(dtype))
-        if lmn.name.endswith("lmn-b"):
-            lmn.readout.weight[:, :p] = torch.from_numpy(readout).to(dtype)
-        else:
-            lmn.readout.weight.copy_(torch.from_numpy(readout).to(dtype))
+        core.weight_hm_l0.copy_(torch.from_numpy(_pad_units(la.A_, m, 0)))
+        core.weight_mm_l0.copy_(torch.from_numpy(_pad_units(la.B_, m, 0, 1)))
+        # extra units (columns p..m) keep their random outgoing weights
+        core.weight_mh_l0[:, :p] = torch.from_numpy(w_hh @ u[: k * h])
+        if architecture(lmn.name) == "lmn-b":
+            lmn.readout.weight[:, :p] = torch.from_numpy(w_o @ u)
+        else:  # LMN-A reads h_t: only the lag-0 block transfers
+            lmn.readout.weight.copy_(torch.from_numpy(w_o[:, :h]))
         lmn.readout.bias.copy_(ulm.readout.bias)
 
 
@@ -211,14 +197,15 @@ def pretrain_rnn(model: NextStepPredictor, sequences: Sequence[np.ndarray],
                  window: int | None = None, ridge: float = 1e-3, seed: int = 0) -> dict:
     """pret-RNN (module docstring): initialise the Elman ``model`` in place from a centred
     linear autoencoder of the next-step inputs. Returns the autoencoder's facts."""
-    inputs = [np.asarray(s[:-1], np.float64) for s in sequences if len(s) >= 2]
+    usable = [np.asarray(s, np.float64) for s in sequences if len(s) >= 2]
+    inputs = [s[:-1] for s in usable]
     hidden = model.hidden
     la = LinearAutoencoder(hidden, window=window, center=True, random_state=seed).fit(inputs)
     p = la.n_components_
     states = np.concatenate([la.encode(x) for x in inputs])  # (N, p), before scaling
     scale = 0.5 / max(float(np.quantile(np.abs(states), 0.99)), 1e-12)
     states *= scale
-    targets = np.concatenate([np.asarray(s[1:], np.float64) for s in sequences if len(s) >= 2])
+    targets = np.concatenate([s[1:] for s in usable])
     design = np.concatenate([states, np.ones((len(states), 1))], 1)
     gram = design.T @ design
     gram += ridge * np.trace(gram) / len(gram) * np.eye(len(gram))
@@ -228,16 +215,14 @@ def pretrain_rnn(model: NextStepPredictor, sequences: Sequence[np.ndarray],
     w_out = (coef[:p] / slope).T
     b_out = np.log(rate / (1 - rate)) + (coef[p] - rate) / slope
     core = model.core
-    dtype = core.weight_hh_l0.dtype
     with torch.no_grad():
         core.weight_ih_l0.copy_(torch.from_numpy(_pad_units(scale * la.A_, hidden, 0)))
-        core.weight_hh_l0.copy_(torch.from_numpy(_pad_units(_pad_units(la.B_, hidden, 0),
-                                                            hidden, 1)))
+        core.weight_hh_l0.copy_(torch.from_numpy(_pad_units(la.B_, hidden, 0, 1)))
         core.bias_ih_l0.copy_(torch.from_numpy(_pad_units(-scale * la.A_ @ la.mean_, hidden,
                                                           0)))
         core.bias_hh_l0.zero_()
-        model.readout.weight[:, :p] = torch.from_numpy(w_out).to(dtype)
-        model.readout.bias.copy_(torch.from_numpy(b_out).to(dtype))
+        model.readout.weight[:, :p] = torch.from_numpy(w_out)
+        model.readout.bias.copy_(torch.from_numpy(b_out))
     return {"la_components": int(p), "la_window": window, "state_scale": scale,
             "la_solver": la.solver_}
 
@@ -261,11 +246,10 @@ def analyze(data: dict[str, Any], ulm: NextStepPredictor, memories: Sequence[int
     from .models import build_model
     from .train import evaluate
 
-    ulm = ulm.double().eval()
-    states = hidden_states(ulm, data["train"])
-    ulm_acc = {split: 100 * evaluate(ulm.float(), data[split])["acc"]
+    ulm_acc = {split: 100 * evaluate(ulm.float(), data[split])["acc"]  # as trained, float32
                for split in ("train", "valid")}
-    ulm = ulm.double()
+    ulm = ulm.double()  # float64 for the states, the memory and the transfer
+    states = hidden_states(ulm, data["train"])
     rows = []
     for p in tqdm(memories, desc="memory sizes", disable=None if progress else True):
         la = fit_memory(states, p, window, seed)

@@ -43,7 +43,13 @@ from .data import (
     transpose,
 )
 from .metrics import FrameScores
-from .models import MODELS, NextStepPredictor, architecture, build_model, count_parameters
+from .models import (
+    NextStepPredictor,
+    architecture,
+    build_model,
+    check_options,
+    count_parameters,
+)
 
 
 class TrainingDiverged(RuntimeError):
@@ -83,8 +89,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.data = resolve_name(self.data)
-        if self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
+        # the model with its activation and depth: fail now, not after hours of pretraining
+        check_options(self.model, self.nonlinearity, self.num_layers)
         if not architecture(self.model).startswith("lmn"):
             self.memory = None
         for name in ("hidden", "num_layers", "batch_size", "epochs", "patience",
@@ -110,9 +116,6 @@ class TrainConfig:
         if self.pretrain_epochs is not None and (int(self.pretrain_epochs) != self.pretrain_epochs
                                                  or self.pretrain_epochs < 1):
             raise ValueError(f"pretrain_epochs must be >= 1, got {self.pretrain_epochs!r}")
-        # fail now, not after hours of pretraining, on an impossible model/activation pair
-        build_model(self.model, 1, None if self.memory is None else 1, self.num_layers,
-                    nonlinearity=self.nonlinearity, k=self.k)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
