@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -209,6 +211,112 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
                + ", ".join(f"{r['components']}: {r['lmn_valid_acc']:.2f}%"
                            for r in result["memories"])
                + f" -> {Path(out) / 'analysis.json'}, {Path(out) / 'figure5.png'}")
+
+
+def _search_worker(config, command: str, threads: int) -> None:
+    """One worker process of ``linmem search --jobs N`` (module level: spawned processes)."""
+    import torch
+
+    from .search import run_worker
+
+    torch.set_num_threads(threads)
+    run_worker(config, command)
+
+
+@cli.command("search")
+@click.option("--data", "datasets", multiple=True, default=["jsb"], show_default=True,
+              help="Data set (repeat for several).")
+@click.option("--model", "models", multiple=True, type=click.Choice(MODELS), default=["lmn-b"],
+              show_default=True, help="Model (repeat for several).")
+@click.option("--grid", default="paper", show_default=True,
+              help="Named grid: paper, paper-small, quick, tiny (linmem.search.GRIDS).")
+@click.option("--storage", default=None,
+              help="Optuna storage URL, e.g. postgresql://user@host/db to share the studies "
+                   "between machines [default: sqlite:///OUT/search.db].")
+@click.option("--out", type=click.Path(file_okay=False), default="runs/search",
+              show_default=True, help="Folder of the trials' run directories.")
+@click.option("--jobs", "-j", type=int, default=1, show_default=True, callback=_positive,
+              help="Worker processes on this machine (the CPU threads are shared out).")
+@click.option("--pruner", type=click.Choice(["median", "none"]), default="median",
+              show_default=True, help="Stop a trial whose validation accuracy is below the "
+                                      "median of the others' at the same epoch.")
+@click.option("--prune-warmup", type=int, default=50, show_default=True,
+              help="Epochs before a trial may be pruned.")
+@click.option("--subset", type=int, default=None, callback=_positive,
+              help="Use the first N sequences of each split (quick runs, tests).")
+@click.option("--heartbeat", type=int, default=60, show_default=True, callback=_positive,
+              help="Seconds between a running trial's heartbeats; a trial silent for twice "
+                   "as long is failed and retried.")
+@click.option("--grace", type=int, default=None, callback=_positive,
+              help="Seconds of silence before a trial is failed [default: 2 x --heartbeat].")
+@click.option("--poll", type=float, default=10.0, show_default=True,
+              help="Seconds between checks while the remaining points run elsewhere.")
+@click.option("--epochs", type=int, default=_DEFAULT.epochs, show_default=True,
+              callback=_positive)
+@click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
+              callback=_positive)
+@click.option("--batch-size", type=int, default=_DEFAULT.batch_size, show_default=True,
+              callback=_positive)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULT.lr,
+              show_default=True)
+@click.option("--clip", default=str(_DEFAULT.clip), show_default=True, callback=_clip)
+@click.option("--k", type=int, default=_DEFAULT.k, show_default=True, callback=_positive,
+              help="Pretraining: past blocks of the unrolled network (pret-* models).")
+@click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True)
+@click.option("--device", default=_DEFAULT.device, show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder with the data files (default: $LINMEM_DATA, else the user cache).")
+@click.option("--quiet", is_flag=True)
+def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
+               storage: str | None, out: str, jobs: int, pruner: str, prune_warmup: int,
+               subset: int | None, heartbeat: int, grace: int | None, poll: float, quiet: bool,
+               **train_options) -> None:
+    """Grid search on validation accuracy, one Optuna study per (data set, model).
+
+    Resumable: run the same command again (on any machine, with --storage) and it goes on where
+    the studies stand; a trial whose worker died is retried from its run's last epoch.
+    `linmem report` then selects on validation and writes the tables.
+    """
+    import multiprocessing
+    import os
+
+    from ._io import command_line
+    from .search import SearchConfig, default_storage, run_worker
+
+    try:
+        config = SearchConfig(
+            data=datasets, models=models, grid=grid, out_dir=out, storage=storage,
+            base=TrainConfig.from_dict(train_options), pruner=pruner,
+            prune_warmup=prune_warmup, subset=subset, heartbeat_interval=heartbeat,
+            grace_period=grace, poll_s=poll, progress=not quiet)
+        if config.base.data_dir is not None and not Path(config.base.data_dir).is_dir():
+            raise ValueError(f"--data-dir {config.base.data_dir}: no such directory")
+        command = command_line()
+        click.echo(f"linmem search: storage {storage or default_storage(out)}, runs in {out}",
+                   err=True)
+        if jobs == 1:
+            counts = run_worker(config, command)
+        else:
+            threads = max(1, (os.cpu_count() or 1) // jobs)
+            ctx = multiprocessing.get_context("spawn")
+            procs = [ctx.Process(target=_search_worker, args=(config, command, threads))
+                     for _ in range(jobs)]
+            for p in procs:
+                p.start()
+                time.sleep(2)  # the first creates the studies
+            for p in procs:
+                p.join()
+            if any(p.exitcode for p in procs):
+                raise click.ClickException(
+                    "worker exit codes " + ", ".join(str(p.exitcode) for p in procs))
+            counts = run_worker(replace(config, poll_s=0.0), command)  # all done: the counts
+    except (DataError, ValueError, FileNotFoundError) as err:
+        raise UsageFailure(str(err)) from None
+    except KeyboardInterrupt:
+        click.echo("\nlinmem: interrupted; run the same command again to continue", err=True)
+        sys.exit(130)
+    for name, c in counts.items():
+        click.echo(f"{name}: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items())))
 
 
 @cli.command("evaluate")

@@ -1,0 +1,394 @@
+"""Model selection by grid search, as in the paper's "Experimental Results", on Optuna studies.
+
+One study per (data set, model, grid), named ``DATA-MODEL-GRID``, in any storage Optuna's
+``RDBStorage`` takes: a SQLite file by default (nothing to install), or a PostgreSQL URL that any
+number of workers on any number of machines share. A grid point is one trial whose parameters are
+fixed when it is enqueued (``hidden``, ``memory`` for LMNs, ``weight_decay``); its run directory
+``OUT/STUDY/POINT`` holds an ordinary training run (:func:`linmem.train.train`).
+
+How workers share a study without losing or repeating work:
+
+- A point is *claimed* by any trial of it that is waiting, running, complete or pruned. A worker
+  enqueues a point only when no trial claims it, and runs waiting trials first.
+- Two workers may still enqueue the same point at once; the trial with the lower number wins and
+  the other ends at once as a duplicate (pruned, user attribute ``duplicate_of``; never run).
+- Every running trial sends a heartbeat. A trial whose worker died is failed once its heartbeat is
+  older than the grace period (by any worker, which checks before each trial and while waiting);
+  Optuna's :class:`~optuna.storages.RetryFailedTrialCallback` enqueues it again, and the retry
+  resumes the dead worker's run directory from its last finished epoch.
+- A point whose training raised an error (a diverged run), or whose worker died more than
+  ``max_retry`` times, is *failed*: reported, not retried.
+- A worker leaves when every point of its studies is complete, pruned or failed; while points are
+  only running elsewhere it waits, so that it can take over the trials of a worker that dies.
+
+Selection is on validation accuracy only (:func:`select`); the test scores of the other trials are
+stored with them but never used to choose.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._io import command_line
+from .data import resolve_name
+from .models import architecture
+from .train import TrainConfig, TrainingDiverged, train
+
+PAPER_LMN_SIZES = ((50, 50), (50, 100), (100, 100), (100, 250), (250, 250), (250, 500))
+PAPER_WEIGHT_DECAYS = (1e-4, 1e-5, 1e-6, 1e-7, 0.0)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A named grid: hidden sizes of the RNN-like models, (functional, memory) pairs of the LMNs,
+    weight decays of every model."""
+
+    hidden: tuple[int, ...]
+    lmn_sizes: tuple[tuple[int, int], ...]
+    weight_decay: tuple[float, ...]
+
+
+GRIDS: dict[str, Grid] = {
+    # the paper's grids (RNN, LSTM and, here, GRU; the LMN pairs), 25 and 30 points per model
+    "paper": Grid((50, 100, 250, 500, 750), PAPER_LMN_SIZES, PAPER_WEIGHT_DECAYS),
+    # the paper's grid without the sizes above 250 units: a quicker first pass
+    "paper-small": Grid((50, 100, 250), PAPER_LMN_SIZES[:3], PAPER_WEIGHT_DECAYS),
+    "quick": Grid((50, 100), ((50, 50), (50, 100)), (1e-5, 0.0)),
+    "tiny": Grid((4, 8), ((4, 4), (4, 8)), (1e-5, 0.0)),  # for tests
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point."""
+
+    hidden: int
+    memory: int | None
+    weight_decay: float
+
+    @property
+    def params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"hidden": self.hidden, "weight_decay": self.weight_decay}
+        if self.memory is not None:
+            params["memory"] = self.memory
+        return params
+
+    @property
+    def name(self) -> str:
+        sizes = f"h{self.hidden}" + ("" if self.memory is None else f"-m{self.memory}")
+        return f"{sizes}-wd{self.weight_decay:g}"
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Point:
+        return cls(int(params["hidden"]),
+                   None if params.get("memory") is None else int(params["memory"]),
+                   float(params["weight_decay"]))
+
+
+def grid_points(model: str, grid: str | Grid) -> list[Point]:
+    """The points of ``grid`` for ``model`` (LMNs: the size pairs; others: the hidden sizes)."""
+    g = GRIDS[grid] if isinstance(grid, str) else grid
+    if architecture(model).startswith("lmn"):
+        sizes: Sequence[tuple[int, int | None]] = g.lmn_sizes
+    else:
+        sizes = [(h, None) for h in g.hidden]
+    return [Point(h, m, wd) for h, m in sizes for wd in g.weight_decay]
+
+
+def study_name(data: str, model: str, grid: str) -> str:
+    return f"{data}-{model}-{grid}"
+
+
+def default_storage(out_dir: str | os.PathLike) -> str:
+    """The SQLite file ``OUT/search.db``."""
+    return f"sqlite:///{Path(out_dir).resolve() / 'search.db'}"
+
+
+def make_storage(url: str, heartbeat_interval: int = 60, grace_period: int | None = None,
+                 max_retry: int = 3):
+    """An ``optuna.storages.RDBStorage`` with heartbeats and the retry of failed trials."""
+    import optuna
+
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs = {"connect_args": {"timeout": 120}}  # several local workers share it
+    else:
+        engine_kwargs = {"pool_pre_ping": True}
+    return optuna.storages.RDBStorage(
+        url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period or 2 * heartbeat_interval,
+        failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=max_retry))
+
+
+def trial_point(trial) -> Point | None:
+    """The grid point of a trial (its fixed parameters, set when it was enqueued), or None for a
+    trial that was not enqueued (it ends at once, see :func:`_objective`)."""
+    params = trial.system_attrs.get("fixed_params") or trial.params
+    return Point.from_params(params) if "hidden" in params else None
+
+
+def point_states(study, points: Sequence[Point], max_retry: int = 3) -> dict[Point, str]:
+    """``done`` (complete or pruned), ``failed``, ``waiting``, ``running`` or ``todo`` per point."""
+    from optuna.trial import TrialState
+
+    rank = {"todo": 0, "running": 1, "waiting": 2, "failed": 3, "done": 4}
+    states = dict.fromkeys(points, "todo")
+    deaths: dict[Point, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        p = trial_point(t)
+        if "duplicate_of" in t.user_attrs or p not in states:
+            continue
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            s = "done"
+        elif t.state == TrialState.FAIL:
+            deaths[p] = deaths.get(p, 0) + 1
+            s = "failed" if "error" in t.user_attrs or deaths[p] > max_retry else "todo"
+        elif t.state == TrialState.WAITING:
+            s = "waiting"
+        else:
+            s = "running"
+        if rank[s] > rank[states[p]]:
+            states[p] = s
+    return states
+
+
+def _claimed_before(study, trial) -> int | None:
+    """The number of another trial that owns ``trial``'s point, if any: a finished one, or a
+    waiting or running one with a lower number."""
+    from optuna.trial import TrialState
+
+    point = trial_point(trial)
+    for t in study.get_trials(deepcopy=False):
+        if t.number == trial.number or "duplicate_of" in t.user_attrs or trial_point(t) != point:
+            continue
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            return t.number
+        if t.state in (TrialState.WAITING, TrialState.RUNNING) and t.number < trial.number:
+            return t.number
+    return None
+
+
+@dataclass
+class SearchConfig:
+    """What a worker runs: the studies (data sets x models) of one grid, and how."""
+
+    data: Sequence[str] = ("jsb",)
+    models: Sequence[str] = ("lmn-b",)
+    grid: str = "paper"
+    out_dir: str = "runs/search"
+    storage: str | None = None  # None: default_storage(out_dir)
+    base: TrainConfig | None = None  # training settings other than the grid's (None: defaults)
+    pruner: str = "median"  # "median" or "none"
+    prune_warmup: int = 50  # epochs before a trial may be pruned
+    prune_startup: int = 5  # trials per study that finish before pruning starts
+    subset: int | None = None  # the first N sequences of each split (quick runs and tests)
+    heartbeat_interval: int = 60
+    grace_period: int | None = None  # default 2 x heartbeat_interval
+    max_retry: int = 3
+    poll_s: float = 10.0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.grid not in GRIDS:
+            raise ValueError(f"unknown grid {self.grid!r}; choose from {', '.join(GRIDS)}")
+        if self.pruner not in ("median", "none"):
+            raise ValueError(f"pruner must be 'median' or 'none', got {self.pruner!r}")
+        if self.subset is not None and self.subset < 1:
+            raise ValueError(f"subset must be a positive integer, got {self.subset!r}")
+        base = self.base or TrainConfig()
+        self.models = list(self.models)
+        self.data = [resolve_name(d) for d in self.data]
+        if not self.models or not self.data:
+            raise ValueError("a search needs at least one data set and one model")
+        for m in self.models:
+            replace(base, model=m)  # validates the model with the base settings
+
+
+def _study_attrs(config: SearchConfig, data: str, model: str) -> dict[str, Any]:
+    base = asdict(replace(config.base or TrainConfig(), data=data, model=model))
+    for key in ("hidden", "memory", "weight_decay", "device", "data_dir"):
+        base.pop(key)
+    return {"grid": config.grid, "data": data, "model": model, "subset": config.subset,
+            "train": base}
+
+
+def open_study(config: SearchConfig, data: str, model: str, storage=None):
+    """Create or load the study of (data, model); refuses one made with other settings."""
+    import optuna
+
+    storage = storage or make_storage(config.storage or default_storage(config.out_dir),
+                                      config.heartbeat_interval, config.grace_period,
+                                      config.max_retry)
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=config.prune_startup,
+                                          n_warmup_steps=config.prune_warmup)
+              if config.pruner == "median" else optuna.pruners.NopPruner())
+    study = optuna.create_study(storage=storage, study_name=study_name(data, model, config.grid),
+                                direction="maximize", pruner=pruner, load_if_exists=True,
+                                sampler=optuna.samplers.RandomSampler(0))  # params are enqueued
+    attrs = _study_attrs(config, data, model)
+    if not study.user_attrs:
+        for key, value in attrs.items():
+            study.set_user_attr(key, value)
+    else:
+        diff = [k for k, v in attrs.items() if study.user_attrs.get(k) != v]
+        if diff:
+            raise ValueError(
+                f"study {study.study_name!r} in this storage was made with other settings "
+                f"({', '.join(diff)}: {', '.join(repr(study.user_attrs.get(k)) for k in diff)}); "
+                "use the same options, or another --out/--storage")
+    return study
+
+
+def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.ndarray]],
+               command: str) -> Callable:
+    import optuna
+
+    g = GRIDS[config.grid]
+    lmn = architecture(model).startswith("lmn")
+    base = config.base or TrainConfig()
+
+    def objective(trial: optuna.Trial) -> float:
+        frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+        if "fixed_params" not in frozen.system_attrs:
+            # another worker took the trial this one enqueued, and Optuna opened a new one
+            trial.set_user_attr("duplicate_of", -1)
+            raise optuna.TrialPruned("not an enqueued grid point")
+        hidden = trial.suggest_categorical(
+            "hidden", sorted({h for h, _ in g.lmn_sizes}) if lmn else list(g.hidden))
+        memory = (trial.suggest_categorical("memory", sorted({m for _, m in g.lmn_sizes}))
+                  if lmn else None)
+        weight_decay = trial.suggest_categorical("weight_decay", list(g.weight_decay))
+        point = Point(hidden, memory, weight_decay)
+        owner = _claimed_before(study, frozen)
+        if owner is not None:
+            trial.set_user_attr("duplicate_of", owner)
+            raise optuna.TrialPruned(f"duplicate of trial {owner}")
+        run_dir = Path(config.out_dir) / study.study_name / point.name
+        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        train_config = replace(base, data=study.user_attrs["data"], model=model, hidden=hidden,
+                               memory=memory, weight_decay=weight_decay)
+
+        def report(epoch: int, row: dict) -> None:
+            trial.report(row["valid_acc"], epoch)
+            if trial.should_prune():
+                trial.set_user_attr("pruned_at_epoch", epoch)
+                raise optuna.TrialPruned(f"pruned at epoch {epoch} "
+                                         f"(valid acc {row['valid_acc']:.2f}%)")
+
+        try:
+            metrics = train(train_config, run_dir, resume=True, progress=False, data=data,
+                            on_epoch_end=report if config.pruner != "none" else None,
+                            command=command)
+        except TrainingDiverged as err:
+            trial.set_user_attr("error", str(err))
+            raise
+        for key in ("valid_acc", "valid_nll", "test_acc", "test_nll", "n_params", "epochs",
+                    "best_epoch", "wall_time_s", "commit", "data_sha256", "seed"):
+            trial.set_user_attr(key, metrics[key])
+        return metrics["valid_acc"]
+
+    return objective
+
+
+def _load_data(config: SearchConfig, name: str) -> dict[str, list[np.ndarray]]:
+    from .data import load_polyphonic
+
+    base = config.base or TrainConfig()
+    data = load_polyphonic(name, root=base.data_dir, progress=config.progress)
+    if config.subset is not None:
+        data = {split: seqs[:config.subset] for split, seqs in data.items()}
+    return data
+
+
+def run_worker(config: SearchConfig, command: str | None = None,
+               log: Callable[[str], None] | None = None) -> dict[str, dict[str, int]]:
+    """Work on the studies of ``config`` until every point is done or failed (see the module
+    docstring). Returns the count of points per state per study."""
+    import optuna
+    from optuna.trial import TrialState
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    command = command or command_line()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # heartbeats and fail_stale_trials are marked experimental since Optuna 2.9
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    storage = make_storage(config.storage or default_storage(config.out_dir),
+                           config.heartbeat_interval, config.grace_period, config.max_retry)
+    studies = [(d, m, open_study(config, d, m, storage)) for d in config.data
+               for m in config.models]
+    points = {id(s): grid_points(m, config.grid) for _, m, s in studies}
+    datasets: dict[str, dict[str, list[np.ndarray]]] = {}
+    rng = np.random.default_rng([os.getpid(), int(time.time())])  # workers spread over points
+    while True:
+        busy = False
+        for data, model, study in studies:
+            optuna.storages.fail_stale_trials(study)
+            states = point_states(study, points[id(study)], config.max_retry)
+            todo = [p for p, s in states.items() if s == "todo"]
+            waiting = any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
+            if not todo and not waiting:
+                busy = busy or any(s == "running" for s in states.values())
+                continue
+            if not waiting:
+                point = todo[int(rng.integers(len(todo)))]
+                study.enqueue_trial(point.params)
+            if data not in datasets:
+                datasets[data] = _load_data(config, data)
+            started = time.perf_counter()
+            ran: list = []
+            study.optimize(_objective(config, study, model, datasets[data], command),
+                           n_trials=1, catch=(TrainingDiverged,),
+                           callbacks=[lambda _, t, ran=ran: ran.append(t)])
+            if ran and "duplicate_of" not in ran[0].user_attrs:
+                t = ran[0]
+                done = sum(s == "done" for s in point_states(
+                    study, points[id(study)], config.max_retry).values())
+                log(f"[{study.study_name}] trial {t.number} {trial_point(t).name}: "
+                    f"{t.state.name.lower()}"
+                    + (f", valid acc {t.value:.2f}%" if t.value is not None else "")
+                    + f" ({time.perf_counter() - started:.0f}s; {done}/{len(points[id(study)])}"
+                    " points done)")
+            break
+        else:
+            if not busy:
+                break
+            time.sleep(config.poll_s)  # points running elsewhere: wait, to take over the dead
+    return {s.study_name: _count(point_states(s, points[id(s)], config.max_retry))
+            for _, _, s in studies}
+
+
+def _count(states: dict[Point, str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in states.values():
+        counts[s] = counts.get(s, 0) + 1
+    return counts
+
+
+def select(study) -> tuple[Any, dict[str, int]] | None:
+    """The complete trial with the best validation accuracy (ties: the lower trial number), and
+    the counts of trials that were run (``complete``, ``pruned``, ``failed``); None when no trial
+    is complete. Test scores play no part."""
+    from optuna.trial import TrialState
+
+    trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in t.user_attrs]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
+                and math.isfinite(t.value)]
+    counts = {"complete": len({trial_point(t) for t in complete}),
+              "pruned": len({trial_point(t) for t in trials if t.state == TrialState.PRUNED}),
+              "failed": len({trial_point(t) for t in trials if t.state == TrialState.FAIL
+                             and "error" in t.user_attrs})}
+    if not complete:
+        return None
+    return max(complete, key=lambda t: (t.value, -t.number)), counts
