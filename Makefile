@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test lint clean results-foundation results-pretraining pretraining-compare-%
+.PHONY: install demo test lint clean postgres-bin results-foundation results-pretraining pretraining-compare-% results-search
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,13 @@ demo: install
 lint: install
 	$(PY) -m ruff check src tests benchmarks
 
-test: lint
+# The search tests start a throwaway PostgreSQL server on loopback: install its binaries if missing.
+postgres-bin:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { echo "installing PostgreSQL (for the search tests)"; apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+test: lint postgres-bin
 	LINMEM_TEST_DATA=$(DATA) $(PY) -m pytest
 
 clean:
@@ -52,3 +58,12 @@ results-pretraining: install
 	for run in runs/pret-compare/*/; do name=$$(basename $$run); mkdir -p results/pretraining/$$name; \
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/pretraining/$$name/; done
 	$(VENV)/bin/linmem summarize results/pretraining > results/pretraining/table.md
+
+# Issue 5: the paper's grid searches (validation accuracy, median pruning) on JSB Chorales, two
+# worker processes of one thread each, in an Optuna study in runs/search/search.db; run it again
+# to resume. Then the report: results/summary.json, table2.md, figure4.png.
+SEARCH_DATA ?= jsb
+SEARCH_MODELS ?= lmn-b lstm rnn pret-lmn-b lmn-a gru
+results-search: install
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search $(foreach d,$(SEARCH_DATA),--data $(d)) $(foreach m,$(SEARCH_MODELS),--model $(m)) --grid paper --jobs 2 --out runs/search --quiet
+	$(VENV)/bin/linmem report --out results

@@ -24,3 +24,45 @@ def test_table_from_run_directories(tmp_path):
     assert "`linmem train --out a` (commit abc, seed 0, data sha256 ff)" in table
     with pytest.raises(FileNotFoundError):
         collect_metrics([tmp_path / "empty"])
+
+
+def _record(dataset, model, test_acc, complete=True, trials=()):
+    return {"study": f"{dataset}-{model}-paper", "dataset": dataset, "model": model,
+            "grid": "paper", "grid_points": 30, "points_done": 30 if complete else 7,
+            "points_failed": 0, "grid_complete": complete, "trials_pruned": 2,
+            "trials_run": list(trials), "hidden": 50, "memory": 100, "weight_decay": 0.0,
+            "valid_acc": test_acc + 1, "test_acc": test_acc, "test_nll": 8.0}
+
+
+def test_table2_puts_ours_beside_the_paper():
+    from linmem.report import table2_markdown
+
+    records = [_record("jsb", "lmn-b", 35.123), _record("jsb", "lstm", 30.0, complete=False),
+               {**_record("nottingham", "gru", 0.0), "test_acc": None}]
+    records[2].pop("test_acc")  # nothing complete yet in that study
+    table = table2_markdown(records, command="linmem report")
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
+    # LMN-B: paper 33.98 beside ours 35.12 (bold: the best of ours on JSB)
+    assert rows["LMN-B"].startswith("| LMN-B | 33.98 | **35.12** | 35.56 | – |")
+    assert rows["LSTM"].startswith("| LSTM | 32.64 | 30.00† |")  # incomplete grid marked
+    assert rows["pret-LMN-B"].startswith("| pret-LMN-B | **34.49** | – |")  # best published
+    assert "| RNN-RBM* | 33.12 | – | 34.02 | – | **75.40** |" in rows["RNN-RBM*"]
+    assert "- JSB Chorales: lmn-b (paper) 30/30 complete, 2 pruned; lstm (paper) 7/30" in table
+    assert "- MuseData: nothing run yet." in table and "`linmem report`" in table
+
+
+def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
+    from linmem.report import figure4_data
+
+    trials = [{"hidden": 50, "memory": 50, "weight_decay": wd, "state": state, "valid_acc": acc}
+              for wd, state, acc in ((0.0, "complete", 20.0), (1e-5, "complete", 22.0),
+                                     (1e-4, "pruned", 30.0))]
+    trials.append({"hidden": 100, "memory": 250, "weight_decay": 0.0, "state": "complete",
+                   "valid_acc": 25.0})
+    data = figure4_data([_record("jsb", "lmn-b", 30.0, trials=trials),
+                         _record("jsb", "lmn-a", 30.0, trials=trials),
+                         _record("piano", "rnn", 30.0, trials=trials)])
+    assert list(data["curves"]) == ["lmn-b"]  # lmn-a is not in the figure; piano is not jsb
+    points = data["curves"]["lmn-b"]["points"]
+    assert [(p["units"], p["valid_acc"], p["weight_decay"]) for p in points] == [
+        (100, 22.0, 1e-5), (350, 25.0, 0.0)]

@@ -319,6 +319,61 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
         click.echo(f"{name}: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items())))
 
 
+@cli.command("report")
+@click.option("--storage", default=None,
+              help="Optuna storage URL of the search [default: sqlite:///runs/search/search.db].")
+@click.option("--grid", default="paper", show_default=True,
+              help="Report the studies of this grid ('all': every grid).")
+@click.option("--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Folder the trials' run directories are relative to (where search ran).")
+@click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
+def report_cmd(storage: str | None, grid: str, runs_root: str, out: str) -> None:
+    """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
+    OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
+    import shutil
+
+    from ._io import atomic_write, command_line, write_json
+    from .report import figure4_data, plot_figure4, summary_records, table2_markdown
+    from .search import default_storage, search_records
+
+    storage = storage or default_storage("runs/search")
+    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
+        raise UsageFailure(f"no search database at {storage[len('sqlite:///'):]} (run "
+                           "`linmem search` first, or pass --storage)")
+    records = search_records(storage, None if grid == "all" else grid, runs_root)
+    if not records:
+        raise UsageFailure(f"no study of grid {grid!r} in {storage}")
+    out_dir = Path(out)
+    command = command_line()
+    summary = summary_records(records)
+    write_json(out_dir / "summary.json", summary)
+    with atomic_write(out_dir / "table2.md", "w") as f:
+        f.write(table2_markdown(records, command))
+    fig = {**figure4_data(records), "command": command}
+    write_json(out_dir / "figure4.json", fig)
+    if fig["curves"]:
+        plot_figure4(fig, out_dir / "figure4.png")
+    write_json(out_dir / "search_trials.json", [
+        {k: v for k, v in r.items() if k in ("study", "dataset", "model", "grid", "subset",
+                                              "grid_points", "points_done", "grid_complete",
+                                              "trials_run")} for r in records])
+    for r in summary:
+        run = Path(runs_root) / str(r["run_dir"])
+        if run.is_dir():
+            dest = out_dir / "selected" / f"{r['dataset']}-{r['model']}"
+            dest.mkdir(parents=True, exist_ok=True)
+            for name in ("config.json", "log.jsonl", "metrics.json", "pretraining.json"):
+                if (run / name).is_file():
+                    shutil.copyfile(run / name, dest / name)
+    for r in records:
+        sel = (f"selected {r['model']} h{r['hidden']}"
+               + (f" m{r['memory']}" if r.get("memory") else "")
+               + f" wd {r['weight_decay']:g}: valid {r['valid_acc']:.2f}% test {r['test_acc']:.2f}%"
+               if "test_acc" in r else "nothing complete yet")
+        click.echo(f"{r['study']}: {r['points_done']}/{r['grid_points']} points done; {sel}")
+    click.echo(f"-> {out_dir}/summary.json, table2.md, figure4.png")
+
+
 @cli.command("evaluate")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--split", type=click.Choice(["train", "valid", "test", "all"]), default="all",

@@ -96,3 +96,149 @@ def plot_pretraining(analysis: dict, path: str | os.PathLike) -> None:
     with atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
+
+
+# Table 2 of the paper: test frame accuracy (%); RNN-RBM quoted there from Boulanger-Lewandowski
+# et al. (2012). Columns: jsb, musedata, nottingham, piano.
+PAPER_TABLE2: dict[str, tuple[float, float, float, float]] = {
+    "rnn": (31.00, 35.02, 72.29, 26.52),
+    "pret-rnn": (30.55, 35.47, 71.70, 27.31),
+    "lstm": (32.64, 34.40, 72.45, 25.08),
+    "rnn-rbm": (33.12, 34.02, 75.40, 28.92),
+    "lmn-a": (30.61, 33.15, 71.16, 26.69),
+    "lmn-b": (33.98, 35.56, 72.71, 28.00),
+    "pret-lmn-b": (34.49, 35.66, 74.16, 28.79),
+}
+TABLE2_DATASETS = ("jsb", "musedata", "nottingham", "piano")
+TABLE2_TITLES = {"jsb": "JSB Chorales", "musedata": "MuseData", "nottingham": "Nottingham",
+                 "piano": "Piano-midi.de"}
+TABLE2_MODELS = ("rnn", "pret-rnn", "lstm", "gru", "rnn-rbm", "lmn-a", "lmn-b", "pret-lmn-b")
+DISPLAY_NAMES = {"rnn": "RNN", "pret-rnn": "pret-RNN", "lstm": "LSTM", "gru": "GRU",
+                 "rnn-rbm": "RNN-RBM*", "lmn-a": "LMN-A", "lmn-b": "LMN-B",
+                 "pret-lmn-b": "pret-LMN-B", "pret-lmn-a": "pret-LMN-A"}
+SUMMARY_FIELDS = ("dataset", "model", "hidden", "memory", "weight_decay", "valid_acc", "test_acc",
+                  "test_nll", "n_params", "epochs", "wall_time_s", "trials", "grid_points",
+                  "grid_complete", "trials_pruned", "trials_failed", "grid", "command", "commit",
+                  "seed", "data_sha256", "search_wall_time_s", "run_dir")
+
+
+def summary_records(records: Sequence[dict]) -> list[dict]:
+    """The records of :func:`linmem.search.search_records` that have a selected configuration,
+    reduced to the fields of ``results/summary.json``, sorted by data set and model."""
+    order = {m: i for i, m in enumerate(TABLE2_MODELS)}
+    rows = [{k: r.get(k) for k in SUMMARY_FIELDS} for r in records if "test_acc" in r]
+    return sorted(rows, key=lambda r: (TABLE2_DATASETS.index(r["dataset"])
+                                       if r["dataset"] in TABLE2_DATASETS else 99,
+                                       order.get(r["model"], 99), r["model"]))
+
+
+def table2_markdown(records: Sequence[dict], command: str | None = None) -> str:
+    """The paper's Table 2 with our test accuracy next to each published figure. Ours is the
+    configuration selected on validation accuracy; bold marks the best of each column pair's
+    kind (published, ours) per data set. Below: how much of each grid was run."""
+    ours = {(r["dataset"], r["model"]): r for r in records if "test_acc" in r}
+    models = [m for m in TABLE2_MODELS if m in PAPER_TABLE2 or any(k[1] == m for k in ours)]
+    models += sorted({m for _, m in ours} - set(models))
+
+    def best(values: dict[str, float | None]) -> float | None:
+        present = [v for v in values.values() if v is not None]
+        return max(present) if present else None
+
+    head = "| model | " + " | ".join(f"{TABLE2_TITLES[d]} (paper) | {TABLE2_TITLES[d]} (ours)"
+                                     for d in TABLE2_DATASETS) + " |"
+    lines = [head, "|---|" + "---:|" * (2 * len(TABLE2_DATASETS))]
+    published = {d: {m: PAPER_TABLE2[m][i] if m in PAPER_TABLE2 else None for m in models}
+                 for i, d in enumerate(TABLE2_DATASETS)}
+    measured = {d: {m: ours[(d, m)]["test_acc"] if (d, m) in ours else None for m in models}
+                for d in TABLE2_DATASETS}
+    top_pub = {d: best(published[d]) for d in TABLE2_DATASETS}
+    top_ours = {d: best(measured[d]) for d in TABLE2_DATASETS}
+
+    def cell(value: float | None, top: float | None, partial: bool = False) -> str:
+        if value is None:
+            return "–"
+        text = f"{value:.2f}" + ("†" if partial else "")
+        return f"**{text}**" if top is not None and round(value, 2) == round(top, 2) else text
+
+    for m in models:
+        cells = []
+        for d in TABLE2_DATASETS:
+            r = ours.get((d, m))
+            cells.append(cell(published[d][m], top_pub[d]))
+            cells.append(cell(measured[d][m], top_ours[d],
+                              partial=r is not None and not r["grid_complete"]))
+        lines.append(f"| {DISPLAY_NAMES.get(m, m)} | " + " | ".join(cells) + " |")
+    lines += ["", "Test frame accuracy in % (Bay et al. 2009, global, threshold 0.5) of the "
+              "configuration selected on validation accuracy. *RNN-RBM: quoted in the paper from "
+              "Boulanger-Lewandowski et al. (2012), not measured here. †: selected from a grid "
+              "that is not complete yet. –: not run. Bold: the best published and the best of "
+              "ours per data set.", "", "Grid coverage (points run of the grid; pruned points "
+              "were stopped early by the median pruner on validation accuracy):", ""]
+    by_data: dict[str, list[dict]] = {}
+    for r in records:
+        by_data.setdefault(r["dataset"], []).append(r)
+    for d in TABLE2_DATASETS:
+        rs = sorted(by_data.get(d, []), key=lambda r: r["model"])
+        if not rs:
+            lines.append(f"- {TABLE2_TITLES[d]}: nothing run yet.")
+            continue
+        parts = [f"{r['model']} ({r['grid']}) {r['points_done']}/{r['grid_points']}"
+                 + (" complete" if r["grid_complete"] else "")
+                 + (f", {r['trials_pruned']} pruned" if r.get("trials_pruned") else "")
+                 + (f", {r['points_failed']} failed" if r.get("points_failed") else "")
+                 for r in rs]
+        lines.append(f"- {TABLE2_TITLES[d]}: " + "; ".join(parts) + ".")
+    if command:
+        lines += ["", f"Generated by `{command}` from the search studies; each selected run's "
+                  "command, commit, seed and data checksum are in `summary.json`."]
+    return "\n".join(lines) + "\n"
+
+
+FIGURE4_MODELS = ("rnn", "lstm", "lmn-b", "pret-lmn-b")
+
+
+def figure4_data(records: Sequence[dict], dataset: str = "jsb",
+                 models: Sequence[str] = FIGURE4_MODELS) -> dict:
+    """Validation accuracy against total hidden units (LMN: functional + memory), the best over
+    weight decays of the complete trials at each size, per model (the paper's Figure 4)."""
+    curves = {}
+    for r in records:
+        if r["dataset"] != dataset or r["model"] not in models:
+            continue
+        best: dict[int, dict] = {}
+        for t in r["trials_run"]:
+            if t["state"] != "complete" or t["valid_acc"] is None:
+                continue
+            units = t["hidden"] + (t["memory"] or 0)
+            if units not in best or t["valid_acc"] > best[units]["valid_acc"]:
+                best[units] = {"units": units, "hidden": t["hidden"], "memory": t["memory"],
+                               "weight_decay": t["weight_decay"], "valid_acc": t["valid_acc"]}
+        curves[r["model"]] = {"grid": r["grid"], "grid_complete": r["grid_complete"],
+                              "points": [best[u] for u in sorted(best)]}
+    return {"dataset": dataset, "curves": {m: curves[m] for m in models if m in curves}}
+
+
+def plot_figure4(data: dict, path: str | os.PathLike) -> None:
+    """Figure 4 from :func:`figure4_data`, a PNG written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ._io import atomic_write
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for model, curve in data["curves"].items():
+        pts = curve["points"]
+        label = DISPLAY_NAMES.get(model, model)
+        if not curve["grid_complete"]:
+            label += " (grid incomplete)"
+        ax.plot([p["units"] for p in pts], [p["valid_acc"] for p in pts], "o-", label=label)
+    ax.set(xlabel="hidden units (LMN: functional + memory)", ylabel="validation frame accuracy %",
+           title=f"{TABLE2_TITLES.get(data['dataset'], data['dataset'])}: accuracy vs size")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)

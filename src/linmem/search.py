@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import command_line
+from ._io import command_line, read_json
 from .data import resolve_name
 from .models import architecture
 from .train import TrainConfig, TrainingDiverged, train
@@ -125,10 +125,18 @@ def make_storage(url: str, heartbeat_interval: int = 60, grace_period: int | Non
         engine_kwargs = {"connect_args": {"timeout": 120}}  # several local workers share it
     else:
         engine_kwargs = {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(
-        url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
-        grace_period=grace_period or 2 * heartbeat_interval,
-        failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=max_retry))
+    retry: dict[str, Any]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna >= 4.9
+            retry = {"heartbeat_stale_trial_callback":
+                     optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)}
+        else:
+            retry = {"failed_trial_callback":
+                     optuna.storages.RetryFailedTrialCallback(max_retry=max_retry)}
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period or 2 * heartbeat_interval, **retry)
 
 
 def trial_point(trial) -> Point | None:
@@ -280,7 +288,7 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         train_config = replace(base, data=study.user_attrs["data"], model=model, hidden=hidden,
                                memory=memory, weight_decay=weight_decay)
 
-        def report(epoch: int, row: dict) -> None:
+        def report(epoch: int, row: dict) -> None:  # the pruner's input, kept in any case
             trial.report(row["valid_acc"], epoch)
             if trial.should_prune():
                 trial.set_user_attr("pruned_at_epoch", epoch)
@@ -289,13 +297,13 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
 
         try:
             metrics = train(train_config, run_dir, resume=True, progress=False, data=data,
-                            on_epoch_end=report if config.pruner != "none" else None,
+                            on_epoch_end=report,
                             command=command)
         except TrainingDiverged as err:
             trial.set_user_attr("error", str(err))
             raise
         for key in ("valid_acc", "valid_nll", "test_acc", "test_nll", "n_params", "epochs",
-                    "best_epoch", "wall_time_s", "commit", "data_sha256", "seed"):
+                    "best_epoch", "wall_time_s", "commit", "data_sha256", "seed", "command"):
             trial.set_user_attr(key, metrics[key])
         return metrics["valid_acc"]
 
@@ -392,3 +400,67 @@ def select(study) -> tuple[Any, dict[str, int]] | None:
     if not complete:
         return None
     return max(complete, key=lambda t: (t.value, -t.number)), counts
+
+
+def search_records(storage: str, grid: str | None = None,
+                   runs_root: str | os.PathLike = ".") -> list[dict[str, Any]]:
+    """One record per study in ``storage`` (of ``grid``, or every grid): the configuration
+    selected on validation with its test scores, the coverage of the grid, and every trial that
+    was run (points, states and validation accuracies only: no test score but the selected one).
+    A field a trial did not store (``command``) is read from its run's ``metrics.json`` under
+    ``runs_root`` when that is there.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    records = []
+    for summary in optuna.get_all_study_summaries(storage):
+        attrs = summary.user_attrs
+        if "grid" not in attrs or (grid is not None and attrs["grid"] != grid):
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        points = grid_points(attrs["model"], attrs["grid"])
+        states = point_states(study, points)
+        trials = []
+        for t in study.get_trials(deepcopy=False):
+            p = trial_point(t)
+            if "duplicate_of" in t.user_attrs or p is None or t.state == TrialState.WAITING:
+                continue
+            trials.append({"number": t.number, "point": p.name, "hidden": p.hidden,
+                           "memory": p.memory, "weight_decay": p.weight_decay,
+                           "state": t.state.name.lower(), "valid_acc": t.value,
+                           "best_intermediate_valid_acc": max(t.intermediate_values.values(),
+                                                              default=None),
+                           "epochs": t.user_attrs.get("epochs",
+                                                      t.user_attrs.get("pruned_at_epoch")),
+                           "wall_time_s": (t.duration.total_seconds()
+                                           if t.duration is not None else None)})
+        record: dict[str, Any] = {
+            "study": summary.study_name, "dataset": attrs["data"], "model": attrs["model"],
+            "grid": attrs["grid"], "subset": attrs.get("subset"),
+            "grid_points": len(points), "points_done": sum(s == "done" for s in states.values()),
+            "points_failed": sum(s == "failed" for s in states.values()),
+            "grid_complete": all(s in ("done", "failed") for s in states.values()),
+            "trials_run": trials}
+        chosen = select(study)
+        if chosen is not None:
+            best, counts = chosen
+            p = trial_point(best)
+            u = dict(best.user_attrs)
+            metrics_file = Path(runs_root) / str(u.get("run_dir")) / "metrics.json"
+            if "command" not in u and metrics_file.is_file():
+                u["command"] = read_json(metrics_file)["command"]
+            record.update({
+                "hidden": p.hidden, "memory": p.memory, "weight_decay": p.weight_decay,
+                "valid_acc": u["valid_acc"], "test_acc": u["test_acc"],
+                "test_nll": u["test_nll"], "n_params": u["n_params"], "epochs": u["epochs"],
+                "best_epoch": u.get("best_epoch"), "wall_time_s": u["wall_time_s"],
+                "trials": counts["complete"] + counts["pruned"] + counts["failed"],
+                "trials_complete": counts["complete"], "trials_pruned": counts["pruned"],
+                "trials_failed": counts["failed"], "run_dir": u.get("run_dir"),
+                "command": u.get("command"), "commit": u.get("commit"),
+                "seed": u.get("seed"), "data_sha256": u.get("data_sha256"),
+                "search_wall_time_s": sum(t["wall_time_s"] or 0.0 for t in trials)})
+        records.append(record)
+    return records

@@ -1,0 +1,282 @@
+"""Grid search on Optuna: every grid point runs exactly once, with SQLite and with PostgreSQL, even
+when a worker is killed mid-trial; selection on validation only; the report's files."""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from linmem.search import (
+    GRIDS,
+    Point,
+    SearchConfig,
+    default_storage,
+    grid_points,
+    make_storage,
+    open_study,
+    point_states,
+    run_worker,
+    search_records,
+    select,
+    trial_point,
+)
+from linmem.train import TrainConfig
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_paper_grids():
+    rnn, lmn = grid_points("lstm", "paper"), grid_points("pret-lmn-b", "paper")
+    assert len(rnn) == 25 and len(lmn) == 30
+    assert {p.hidden for p in rnn} == {50, 100, 250, 500, 750} and {p.memory for p in rnn} == {None}
+    assert {(p.hidden, p.memory) for p in lmn} == {(50, 50), (50, 100), (100, 100), (100, 250),
+                                                   (250, 250), (250, 500)}
+    assert {p.weight_decay for p in lmn} == {1e-4, 1e-5, 1e-6, 1e-7, 0.0}
+    assert len(set(lmn)) == 30
+    assert Point(50, 100, 1e-5).name == "h50-m100-wd1e-05"
+    assert Point.from_params(Point(50, None, 0.0).params) == Point(50, None, 0.0)
+
+
+def test_bad_search_settings():
+    with pytest.raises(ValueError, match="unknown grid"):
+        SearchConfig(grid="huge")
+    with pytest.raises(ValueError, match="unknown model"):
+        SearchConfig(models=["transformer"])
+    with pytest.raises(ValueError, match="unknown data set"):
+        SearchConfig(data=["mnist"])
+
+
+def _config(tmp_path, data_dir, storage=None, **kw) -> SearchConfig:
+    base = TrainConfig(epochs=kw.pop("epochs", 2), patience=kw.pop("patience", 50),
+                       data_dir=str(data_dir))
+    return SearchConfig(data=["jsb"], models=kw.pop("models", ["lmn-b"]), grid="tiny",
+                        out_dir=str(tmp_path / "runs"), storage=storage, base=base, subset=6,
+                        heartbeat_interval=1, grace_period=3, poll_s=0.2, progress=False, **kw)
+
+
+def _complete_once(study, points):
+    complete = [trial_point(t) for t in study.get_trials(states=(TrialState.COMPLETE,))]
+    return sorted(complete, key=lambda p: p.name) == sorted(points, key=lambda p: p.name)
+
+
+def test_sqlite_search_runs_each_point_once_and_selects_on_validation(tmp_path, data_dir):
+    config = _config(tmp_path, data_dir, models=["lmn-b", "rnn"])
+    counts = run_worker(config, command="test", log=lambda _: None)
+    assert counts == {"jsb-lmn-b-tiny": {"done": 4}, "jsb-rnn-tiny": {"done": 4}}
+    storage = default_storage(config.out_dir)
+    assert storage.startswith("sqlite:///") and Path(storage[10:]).is_file()
+    study = optuna.load_study(study_name="jsb-lmn-b-tiny", storage=storage)
+    assert _complete_once(study, grid_points("lmn-b", "tiny"))
+    # a finished study: the same command again runs nothing
+    n_trials = len(study.get_trials())
+    run_worker(config, command="test", log=lambda _: None)
+    assert len(study.get_trials()) == n_trials
+    # each trial is an ordinary run; the objective is its validation accuracy
+    for t in study.get_trials():
+        metrics = json.loads((Path(t.user_attrs["run_dir"]) / "metrics.json").read_text())
+        assert t.value == pytest.approx(metrics["valid_acc"])
+        assert t.user_attrs["test_acc"] == pytest.approx(metrics["test_acc"])
+        assert metrics["command"] == "test" and metrics["epochs"] == 2
+    best, counts = select(study)
+    values = {t.number: t.value for t in study.get_trials()}
+    assert best.value == max(values.values()) and counts["complete"] == 4
+    # selection never looks at the test split: flip test scores, the choice stays
+    records = search_records(storage, "tiny")
+    assert {r["model"] for r in records} == {"lmn-b", "rnn"}
+    r = next(r for r in records if r["model"] == "lmn-b")
+    assert r["grid_complete"] and r["trials"] == 4 and r["valid_acc"] == best.value
+    assert r["test_acc"] == best.user_attrs["test_acc"] and r["command"] == "test"
+    assert all("test_acc" not in t for t in r["trials_run"])
+
+    # linmem report: summary.json, table2.md, figure4 from the same studies
+    from linmem.cli import main
+
+    results = tmp_path / "results"
+    main(["report", "--storage", storage, "--grid", "tiny", "--out", str(results)])
+    summary = json.loads((results / "summary.json").read_text())
+    assert [(s["dataset"], s["model"]) for s in summary] == [("jsb", "rnn"), ("jsb", "lmn-b")]
+    mine = summary[1]
+    assert mine["test_acc"] == r["test_acc"] and mine["valid_acc"] == best.value
+    assert (mine["hidden"], mine["memory"]) == (trial_point(best).hidden, trial_point(best).memory)
+    for key in ("test_nll", "n_params", "epochs", "wall_time_s", "trials", "command", "commit",
+                "seed", "weight_decay"):
+        assert mine[key] is not None, key
+    table = (results / "table2.md").read_text()
+    assert "| LMN-B | 33.98 |" in table and "JSB Chorales: lmn-b (tiny) 4/4 complete" in table
+    assert (results / "figure4.png").stat().st_size > 0
+    fig = json.loads((results / "figure4.json").read_text())
+    assert set(fig["curves"]) == {"rnn", "lmn-b"}
+    assert (results / "selected" / "jsb-lmn-b" / "metrics.json").is_file()
+    trials = json.loads((results / "search_trials.json").read_text())
+    assert "test_acc" not in json.dumps(trials)
+
+
+def test_other_settings_are_refused(tmp_path, data_dir):
+    config = _config(tmp_path, data_dir)
+    open_study(config, "jsb", "lmn-b")
+    other = _config(tmp_path, data_dir, epochs=5)
+    with pytest.raises(ValueError, match="other settings"):
+        open_study(other, "jsb", "lmn-b")
+
+
+def test_duplicates_are_not_run(tmp_path, data_dir):
+    """Two workers that enqueue the same point at once: the lower trial number runs it."""
+    config = _config(tmp_path, data_dir)
+    study = open_study(config, "jsb", "lmn-b")
+    point = grid_points("lmn-b", "tiny")[0]
+    study.enqueue_trial(point.params)
+    study.enqueue_trial(point.params)
+    states = point_states(study, grid_points("lmn-b", "tiny"))
+    assert states[point] == "waiting" and list(states.values()).count("todo") == 3
+    run_worker(config, command="test", log=lambda _: None)
+    trials = study.get_trials()
+    same = [t for t in trials if trial_point(t) == point]
+    assert [t.state for t in same] == [TrialState.COMPLETE, TrialState.PRUNED]
+    assert same[1].user_attrs["duplicate_of"] == same[0].number
+    assert "run_dir" not in same[1].user_attrs  # never trained
+    assert _complete_once(study, grid_points("lmn-b", "tiny"))
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
+    config = _config(tmp_path, data_dir)
+    study = open_study(config, "jsb", "lmn-b")
+    a, b, c = grid_points("lmn-b", "tiny")[:3]
+    for point, error in ((a, None), (b, "diverged")):
+        study.enqueue_trial(point.params)
+        trial = study.ask()
+        trial.suggest_categorical("hidden", [4, 8])
+        if error:
+            trial.set_user_attr("error", error)
+        study.tell(trial, state=TrialState.FAIL)
+    for _ in range(config.max_retry + 1):  # c's worker died more often than max_retry
+        study.enqueue_trial(c.params)
+        study.tell(study.ask(), state=TrialState.FAIL)
+    states = point_states(study, grid_points("lmn-b", "tiny"), config.max_retry)
+    assert states[a] == "todo" and states[b] == "failed" and states[c] == "failed"
+
+
+# ---------------------------------------------------------------- killed worker, both storages
+
+
+def _postgres_bin(name: str) -> str | None:
+    found = shutil.which(name) or sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return found if isinstance(found, str) else (found[-1] if found else None)
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    """A throwaway PostgreSQL server on loopback (or $LINMEM_TEST_POSTGRES, a server's URL)."""
+    if os.environ.get("LINMEM_TEST_POSTGRES"):
+        yield os.environ["LINMEM_TEST_POSTGRES"]
+        return
+    initdb, pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        pytest.fail("PostgreSQL's initdb/pg_ctl are not installed: `make test` installs them "
+                    "(apt-get install postgresql), or set LINMEM_TEST_POSTGRES to a server URL")
+    folder = tempfile.mkdtemp(prefix="linmem-pg-")
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        import pwd
+
+        pw = pwd.getpwnam("postgres")
+        os.chown(folder, pw.pw_uid, pw.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = f"{folder}/data"
+    subprocess.run([*as_user, initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, pg_ctl, "-D", data, "-l", f"{folder}/log", "-w", "-o",
+                    f"-h 127.0.0.1 -p {port} -k {folder}", "start"], check=True,
+                   capture_output=True)
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", data, "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _worker(storage: str, out: Path, data_dir: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "linmem", "search", "--data", "jsb", "--model", "lmn-b",
+           "--grid", "tiny", "--subset", "6", "--epochs", "120", "--patience", "120",
+           "--pruner", "none", "--storage", storage, "--out", str(out), "--heartbeat", "1",
+           "--grace", "3", "--poll", "0.3", "--data-dir", str(data_dir), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _running_trial_of(storage: str, pid: int, out: Path):
+    try:
+        study = optuna.load_study(study_name="jsb-lmn-b-tiny", storage=storage)
+    except KeyError:  # not created yet
+        return None
+    for t in study.get_trials(states=(TrialState.RUNNING,)):
+        if t.user_attrs.get("worker", "").endswith(f":{pid}"):
+            log = Path(t.user_attrs["run_dir"]) / "log.jsonl"
+            if log.is_file() and len(log.read_text().splitlines()) >= 3:
+                return t
+    return None
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_killed_worker_trial_is_retried_and_every_point_completes_once(
+        backend, tmp_path, data_dir, request):
+    storage = (default_storage(tmp_path / "runs") if backend == "sqlite"
+               else request.getfixturevalue("postgres_url"))
+    if backend == "postgresql":  # a reused server: start from no study
+        try:
+            optuna.delete_study(study_name="jsb-lmn-b-tiny", storage=storage)
+        except KeyError:
+            pass
+    out = tmp_path / "runs"
+    out.mkdir()
+    victim = _worker(storage, out, data_dir)
+    time.sleep(1.0)
+    survivor = _worker(storage, out, data_dir)
+    killed = None
+    deadline = time.monotonic() + 120
+    while killed is None and time.monotonic() < deadline and victim.poll() is None:
+        killed = _running_trial_of(storage, victim.pid, out)
+        time.sleep(0.05)
+    assert killed is not None, "the first worker never ran a trial past its third epoch"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    output = survivor.communicate(timeout=300)[0].decode()
+    assert survivor.returncode == 0, output
+
+    study = optuna.load_study(study_name="jsb-lmn-b-tiny", storage=storage)
+    points = grid_points("lmn-b", "tiny")
+    assert _complete_once(study, points), [(t.number, t.state, trial_point(t))
+                                           for t in study.get_trials()]
+    dead = study.get_trials()[killed.number]
+    assert dead.state == TrialState.FAIL  # failed by the survivor once its heartbeat stopped
+    retry = [t for t in study.get_trials() if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE
+    assert trial_point(retry[0]) == trial_point(dead)
+    # the retry resumed the dead worker's run: every epoch is in the log exactly once, and the
+    # retry reported only the epochs after the last one the dead worker finished
+    run = Path(retry[0].user_attrs["run_dir"])
+    epochs = [json.loads(line)["epoch"] for line in (run / "log.jsonl").read_text().splitlines()]
+    assert epochs == list(range(1, 121))
+    assert min(retry[0].intermediate_values) > 3
+    assert all(s == "done" for s in point_states(study, points).values())
+
+
+def test_storage_and_grids_are_usable_objects(tmp_path):
+    storage = make_storage(default_storage(tmp_path), heartbeat_interval=5)
+    assert storage.get_heartbeat_interval() == 5
+    assert set(GRIDS) >= {"paper", "quick", "tiny"}
