@@ -16,7 +16,7 @@ import click
 from click.core import ParameterSource
 
 from .data import DATASETS, DataError, content_digest, data_checksum, load_polyphonic
-from .models import MODELS
+from .models import ALL_MODELS
 from .train import TrainConfig, TrainingDiverged, evaluate, load_run_model, train
 
 _DEFAULT = TrainConfig()
@@ -53,7 +53,7 @@ def cli() -> None:
 @cli.command("train")
 @click.option("--data", default=_DEFAULT.data, show_default=True,
               help=f"Data set: {', '.join(DATASETS)} (common spellings accepted).")
-@click.option("--model", type=click.Choice(MODELS), default=_DEFAULT.model, show_default=True)
+@click.option("--model", type=click.Choice(ALL_MODELS), default=_DEFAULT.model, show_default=True)
 @click.option("--hidden", type=int, default=_DEFAULT.hidden, show_default=True,
               callback=_positive, help="Hidden units (LMN: functional units).")
 @click.option("--memory", type=int, default=_DEFAULT.memory, show_default=True,
@@ -88,6 +88,20 @@ def cli() -> None:
                    "full length for pret-rnn; 0: full length].")
 @click.option("--pretrain-epochs", type=int, default=None, callback=_positive,
               help="Pretraining: epoch bound of the unrolled network [default: --epochs].")
+@click.option("--rbm-hidden", type=int, default=_DEFAULT.rbm_hidden, show_default=True,
+              callback=_positive, help="rnn-rbm: hidden units of each step's RBM "
+                                       "(--hidden: the RNN's units).")
+@click.option("--cd-k", type=int, default=_DEFAULT.cd_k, show_default=True, callback=_positive,
+              help="rnn-rbm: Gibbs steps of contrastive divergence.")
+@click.option("--rbm-predict", type=click.Choice(["gibbs", "mean-field"]),
+              default=_DEFAULT.rbm_predict, show_default=True,
+              help="rnn-rbm: how the key marginals (accuracy) are estimated.")
+@click.option("--ais-chains", type=int, default=_DEFAULT.ais_chains, show_default=True,
+              callback=_positive, help="rnn-rbm: AIS chains per frame (test NLL).")
+@click.option("--ais-betas", type=int, default=_DEFAULT.ais_betas, show_default=True,
+              callback=_positive, help="rnn-rbm: AIS temperatures (test NLL).")
+@click.option("--ais-frames", type=int, default=_DEFAULT.ais_frames, show_default=True,
+              callback=_positive, help="rnn-rbm: test frames drawn for the AIS NLL.")
 @click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True)
 @click.option("--device", default=_DEFAULT.device, show_default=True, help="cpu, cuda, cuda:1")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -226,7 +240,7 @@ def _search_worker(config, command: str, threads: int) -> None:
 @cli.command("search")
 @click.option("--data", "datasets", multiple=True, default=["jsb"], show_default=True,
               help="Data set (repeat for several).")
-@click.option("--model", "models", multiple=True, type=click.Choice(MODELS), default=["lmn-b"],
+@click.option("--model", "models", multiple=True, type=click.Choice(ALL_MODELS), default=["lmn-b"],
               show_default=True, help="Model (repeat for several).")
 @click.option("--grid", default="paper", show_default=True,
               help="Named grid: paper, paper-small, quick, tiny (linmem.search.GRIDS).")

@@ -32,6 +32,9 @@ from .data import N_KEYS
 from .nn import _NONLINEARITIES, LMN, UnrolledNet
 
 MODELS = ("lmn-a", "lmn-b", "rnn", "lstm", "gru", "ulm", "pret-lmn-a", "pret-lmn-b", "pret-rnn")
+# every model the trainer takes: the NextStepPredictor networks above and the RNN-RBM
+# (linmem.rnnrbm), which is trained by contrastive divergence instead of the Bernoulli NLL
+ALL_MODELS = (*MODELS, "rnn-rbm")
 _TORCH_RNNS: dict[str, Callable[..., nn.Module]] = {"rnn": nn.RNN, "lstm": nn.LSTM,
                                                     "gru": nn.GRU}
 
@@ -111,28 +114,38 @@ def default_nonlinearity(name: str) -> str:
 def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 1) -> str:
     """Validate a model name with its activation and depth, without building anything; returns
     the activation (``nonlinearity`` or :func:`default_nonlinearity`)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+    if name not in ALL_MODELS:
+        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(ALL_MODELS)}")
     arch = architecture(name)
     nonlinearity = nonlinearity or default_nonlinearity(name)
-    allowed = {"lstm": ("tanh",), "gru": ("tanh",), "rnn": ("tanh", "relu")}.get(
+    allowed = {"lstm": ("tanh",), "gru": ("tanh",), "rnn-rbm": ("tanh",),
+               "rnn": ("tanh", "relu")}.get(
         arch, _NONLINEARITIES)
     if nonlinearity not in allowed:
         if len(allowed) == 1:
             raise ValueError(f"{name} has no nonlinearity option (got {nonlinearity!r})")
         raise ValueError(f"{name}: nonlinearity must be one of {list(allowed)}, "
                          f"got {nonlinearity!r}")
-    if arch == "ulm" and num_layers != 1:
-        raise ValueError("the unrolled network (ulm) has one layer")
+    if arch in ("ulm", "rnn-rbm") and num_layers != 1:
+        raise ValueError(f"{name} has one layer")
     return nonlinearity
 
 
 def build_model(name: str, hidden: int, memory: int | None = None, num_layers: int = 1,
                 input_size: int = N_KEYS, dropout: float = 0.0, nonlinearity: str | None = None,
-                k: int = 10) -> NextStepPredictor:
-    """A next-step predictor by registry name (see :data:`MODELS`); ``dropout`` is applied to
-    the recurrent output before the readout (and between layers); ``nonlinearity`` defaults to
-    :func:`default_nonlinearity`; ``k`` is the unrolled network's number of past blocks."""
+                k: int = 10, **rbm_options) -> nn.Module:
+    """A next-step predictor by registry name (see :data:`ALL_MODELS`); ``dropout`` is applied
+    to the recurrent output before the readout (and between layers); ``nonlinearity`` defaults
+    to :func:`default_nonlinearity`; ``k`` is the unrolled network's number of past blocks.
+    ``rnn-rbm``: ``hidden`` RNN units, ``rbm_options`` passed to :class:`linmem.rnnrbm.RNNRBM`
+    (``n_hidden``, ``cd_k``, ``predict``)."""
+    if name == "rnn-rbm":
+        from .rnnrbm import RNNRBM
+
+        check_options(name, nonlinearity, num_layers)
+        if dropout:
+            raise ValueError("rnn-rbm has no dropout option")
+        return RNNRBM(input_size, n_recurrent=hidden, **rbm_options)
     return NextStepPredictor(name, input_size, hidden, memory, num_layers, dropout,
                              nonlinearity, k)
 

@@ -50,6 +50,7 @@ from .models import (
     check_options,
     count_parameters,
 )
+from .rnnrbm import RNNRBM, estimate_nll
 
 
 class TrainingDiverged(RuntimeError):
@@ -86,6 +87,13 @@ class TrainConfig:
     k: int = 10  # past blocks of the unrolled network
     la_window: int | None = None  # None: k + 1 for pret-lmn, full length for pret-rnn; 0: full
     pretrain_epochs: int | None = None  # epoch bound of the unrolled network (default: epochs)
+    # rnn-rbm only (linmem.rnnrbm): hidden is the RNN's units
+    rbm_hidden: int = 150  # hidden units of each step's RBM
+    cd_k: int = 15  # Gibbs steps of contrastive divergence
+    rbm_predict: str = "gibbs"  # key marginals for accuracy: "gibbs" or "mean-field"
+    ais_chains: int = 100  # test NLL: AIS chains per frame
+    ais_betas: int = 1000  # test NLL: annealing steps
+    ais_frames: int | None = 500  # test NLL on this many random test frames (None: all)
 
     def __post_init__(self) -> None:
         self.data = resolve_name(self.data)
@@ -94,7 +102,7 @@ class TrainConfig:
         if not architecture(self.model).startswith("lmn"):
             self.memory = None
         for name in ("hidden", "num_layers", "batch_size", "epochs", "patience",
-                     "eval_batch_size", "k"):
+                     "eval_batch_size", "k", "rbm_hidden", "cd_k", "ais_chains", "ais_betas"):
             value = getattr(self, name)
             if int(value) != value or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -113,6 +121,15 @@ class TrainConfig:
         if self.la_window is not None and (int(self.la_window) != self.la_window
                                            or self.la_window < 0):
             raise ValueError(f"la_window must be >= 0 (0: full length), got {self.la_window!r}")
+        if self.rbm_predict not in ("gibbs", "mean-field"):
+            raise ValueError(f"rbm_predict must be 'gibbs' or 'mean-field', "
+                             f"got {self.rbm_predict!r}")
+        if self.ais_frames is not None and (int(self.ais_frames) != self.ais_frames
+                                            or self.ais_frames < 1):
+            raise ValueError(f"ais_frames must be a positive integer or None, "
+                             f"got {self.ais_frames!r}")
+        if self.model == "rnn-rbm" and self.dropout:
+            raise ValueError("rnn-rbm has no dropout option")
         if self.pretrain_epochs is not None and (int(self.pretrain_epochs) != self.pretrain_epochs
                                                  or self.pretrain_epochs < 1):
             raise ValueError(f"pretrain_epochs must be >= 1, got {self.pretrain_epochs!r}")
@@ -129,12 +146,15 @@ def masked_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) 
     return (per_frame * mask).sum() / mask.sum()
 
 
-def train_step(model: NextStepPredictor, optimizer: torch.optim.Optimizer, batch: Batch,
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
                clip: float | None = None) -> float | None:
-    """One update on ``batch`` (already on the model's device): forward, masked NLL, backward,
-    optional gradient-norm clipping, optimizer step. Returns the loss, or None (and no update)
-    when the loss is not finite."""
-    loss = masked_nll(model(batch.inputs), batch.targets, batch.mask)
+    """One update on ``batch`` (already on the model's device): forward, masked NLL (the RNN-RBM:
+    its contrastive-divergence cost), backward, optional gradient-norm clipping, optimizer step.
+    Returns the loss, or None (and no update) when the loss is not finite."""
+    if isinstance(model, RNNRBM):
+        loss = model.cd_cost(batch.inputs, batch.targets, batch.mask)
+    else:
+        loss = masked_nll(model(batch.inputs), batch.targets, batch.mask)
     if not torch.isfinite(loss):
         return None
     optimizer.zero_grad(set_to_none=True)
@@ -191,9 +211,12 @@ def load_run_model(run_dir: str | Path, which: str = "best",
     return model.to(device), config
 
 
-def _build(config: TrainConfig) -> NextStepPredictor:
+def _build(config: TrainConfig) -> torch.nn.Module:
+    rbm = ({"n_hidden": config.rbm_hidden, "cd_k": config.cd_k, "predict": config.rbm_predict,
+            "seed": config.seed} if config.model == "rnn-rbm" else {})
     return build_model(config.model, config.hidden, config.memory, config.num_layers,
-                       dropout=config.dropout, nonlinearity=config.nonlinearity, k=config.k)
+                       dropout=config.dropout, nonlinearity=config.nonlinearity, k=config.k,
+                       **rbm)
 
 
 def train(
@@ -262,9 +285,12 @@ def train(
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
+        if "rng" in ckpt:
+            torch.set_rng_state(ckpt["rng"])
     elapsed_before = state["elapsed"]
 
     lengths = [len(s) for s in train_seqs]
+    rbm = isinstance(model, RNNRBM)
     while state["stop_reason"] is None:
         epoch = state["epoch"] + 1
         t0 = time.perf_counter()
@@ -300,8 +326,12 @@ def train(
             _save_torch({"model": model.state_dict(), "epoch": epoch}, run_dir / "best.pt")
         else:
             state["bad_epochs"] += 1
-        row = {"epoch": epoch, "train_nll": loss_sum / frames, "valid_acc": 100 * valid["acc"],
-               "valid_nll": valid["nll"], "epoch_time_s": time.perf_counter() - t0,
+        # the RNN-RBM's training cost is the CD cost, and its Bernoulli NLL is that of the
+        # estimated key marginals, not its likelihood (estimated once, at the end, by AIS)
+        row = {"epoch": epoch, ("train_cd_cost" if rbm else "train_nll"): loss_sum / frames,
+               "valid_acc": 100 * valid["acc"],
+               ("valid_nll_marginals" if rbm else "valid_nll"): valid["nll"],
+               "epoch_time_s": time.perf_counter() - t0,
                "best": improved}
         state["history"].append(row)
         state["epoch"] = epoch
@@ -310,12 +340,14 @@ def train(
         elif epoch >= config.epochs:
             state["stop_reason"] = f"reached the epoch limit ({config.epochs})"
         state["elapsed"] = elapsed_before + time.perf_counter() - started
+        # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it
         _save_torch({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "state": state}, run_dir / "last.pt")
+                     "state": state, "rng": torch.get_rng_state()}, run_dir / "last.pt")
         _write_log(run_dir, state["history"])
         if progress:
-            tqdm.write(f"epoch {epoch:4d}  train nll {row['train_nll']:.3f}  valid acc "
-                       f"{row['valid_acc']:.2f}%  nll {row['valid_nll']:.3f}  "
+            tqdm.write(f"epoch {epoch:4d}  train {'cd cost' if rbm else 'nll'} "
+                       f"{loss_sum / frames:.3f}  valid acc {row['valid_acc']:.2f}%  nll "
+                       f"{valid['nll']:.3f}{' (marginals)' if rbm else ''}  "
                        f"({row['epoch_time_s']:.1f}s){'  *' if improved else ''}",
                        file=sys.stderr)
         if on_epoch_end is not None:
@@ -345,6 +377,21 @@ def train(
         "units": "accuracies in percent (Bay et al. 2009, global, threshold 0.5 unless named), "
                  "NLL in nats per time step",
     }
+    if rbm:
+        # accuracy from the estimated key marginals (best.predict); NLL by AIS, an estimate
+        ais = estimate_nll(best, data["test"], config.ais_chains, config.ais_betas,
+                           config.ais_frames, seed=config.seed)
+        metrics.update({
+            "valid_nll_marginals": metrics.pop("valid_nll"),
+            "test_nll_marginals": metrics["test_nll"], "test_nll": ais["nll"],
+            "test_nll_se": ais["se"], "test_nll_frame_sd": ais["frame_sd"],
+            "test_nll_method": f"AIS estimate of each step's log Z ({ais['chains']} chains, "
+                               f"{ais['betas']} temperatures) on {ais['frames']} of "
+                               f"{ais['total_frames']} test frames drawn at random (seed "
+                               f"{ais['seed']}); se: AIS error, frame_sd: frame sampling error; "
+                               "test_nll_marginals: Bernoulli NLL of the estimated marginals",
+            "key_marginals": f"{config.rbm_predict} ({best.predict_steps} steps)",
+            "wall_time_s": elapsed_before + time.perf_counter() - started})
     write_json(run_dir / "metrics.json", metrics)
     return metrics
 

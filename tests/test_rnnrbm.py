@@ -1,0 +1,197 @@
+"""RNN-RBM against enumeration on tiny RBMs: free energy, log Z (exact vs AIS), CD gradients."""
+
+import itertools
+
+import pytest
+import torch
+
+from linmem.rnnrbm import RNNRBM, ais_log_partition, free_energy, gibbs_chain
+
+
+def _all_states(n: int) -> torch.Tensor:
+    return torch.tensor(list(itertools.product([0.0, 1.0], repeat=n)), dtype=torch.float64)
+
+
+def _tiny_rbm(nv=6, nh=4, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    w = scale * torch.randn(nv, nh, generator=g, dtype=torch.float64)
+    b_v = 0.5 * torch.randn(nv, generator=g, dtype=torch.float64)
+    b_h = 0.5 * torch.randn(nh, generator=g, dtype=torch.float64)
+    return w, b_v, b_h
+
+
+def _exact_log_z(w, b_v, b_h):
+    vs = _all_states(w.shape[0])
+    return torch.logsumexp(-free_energy(vs, w, b_v, b_h), 0)
+
+
+def test_free_energy_is_minus_log_sum_over_hidden_states():
+    w, b_v, b_h = _tiny_rbm()
+    vs, hs = _all_states(6), _all_states(4)
+    energy = -(vs @ b_v)[:, None] - (hs @ b_h)[None, :] - vs @ w @ hs.T  # E(v, h)
+    assert torch.allclose(free_energy(vs, w, b_v, b_h), -torch.logsumexp(-energy, 1), atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ais_matches_the_exact_partition_function(seed):
+    w, b_v, b_h = _tiny_rbm(seed=seed, scale=1.5)
+    exact = _exact_log_z(w, b_v, b_h)
+    est, se = ais_log_partition(w, b_v[None], b_h[None], chains=400, betas=300,
+                                generator=torch.Generator().manual_seed(seed))
+    assert se.item() < 0.05
+    assert abs(est.item() - exact.item()) < 4 * se.item() + 1e-3, (est, exact, se)
+
+
+def test_ais_handles_a_batch_of_rbms_with_their_own_biases():
+    w, b_v, b_h = _tiny_rbm(seed=3)
+    b_vs = torch.stack([b_v, b_v + 1.0, b_v - 2.0])
+    b_hs = torch.stack([b_h, b_h - 1.0, b_h + 0.5])
+    est, se = ais_log_partition(w, b_vs, b_hs, chains=300, betas=200,
+                                generator=torch.Generator().manual_seed(0))
+    for i in range(3):
+        exact = _exact_log_z(w, b_vs[i], b_hs[i])
+        assert abs(est[i].item() - exact.item()) < 4 * se[i].item() + 1e-3
+
+
+def test_cd_gradient_matches_the_exact_log_likelihood_gradient_in_expectation():
+    """With long chains, E[grad of F(v) - F(v*)] = -grad of the mean log-likelihood."""
+    torch.manual_seed(0)
+    w, b_v, b_h = _tiny_rbm(nv=5, nh=3, seed=2, scale=0.8)
+    data = torch.bernoulli(torch.full((6, 5), 0.4, dtype=torch.float64))
+    # exact: d/dW mean log p(v) = E_data[v sigma(b_h + vW)^T] - E_model[v sigma(b_h + vW)^T]
+    vs = _all_states(5)
+    p_model = torch.softmax(-free_energy(vs, w, b_v, b_h), 0)
+    ph = torch.sigmoid(b_h + data @ w)
+    exact_w = data.T @ ph / len(data) - (vs * p_model[:, None]).T @ torch.sigmoid(b_h + vs @ w)
+    exact_bv = data.mean(0) - p_model @ vs
+    # CD-k estimate, averaged over many chains started at the data
+    reps = 4000
+    v0 = data.repeat(reps, 1)
+    w_ = w.clone().requires_grad_(True)
+    bv_ = b_v.clone().requires_grad_(True)
+    neg = gibbs_chain(v0, w, b_v, b_h, k=30)
+    cost = (free_energy(v0, w_, bv_, b_h) - free_energy(neg, w_, bv_, b_h)).mean()
+    cost.backward()
+    assert torch.allclose(-w_.grad, exact_w, atol=0.02), (-w_.grad - exact_w).abs().max()
+    assert torch.allclose(-bv_.grad, exact_bv, atol=0.02)
+    # and CD-1 is not the same thing here (the test can tell the two apart)
+    w1 = w.clone().requires_grad_(True)
+    neg1 = gibbs_chain(v0, w, b_v, b_h, k=1)
+    (free_energy(v0, w1, b_v, b_h) - free_energy(neg1, w1, b_v, b_h)).mean().backward()
+    assert (-w1.grad - exact_w).abs().max() > 0.02
+
+
+def test_rnn_part_is_torch_rnn_and_biases_are_causal():
+    torch.manual_seed(0)
+    model = RNNRBM(n_visible=10, n_recurrent=7, n_hidden=5).double()
+    x = torch.bernoulli(torch.full((2, 6, 10), 0.3, dtype=torch.float64))
+    b_v, b_h = model.step_biases(x)
+    assert b_v.shape == (2, 6, 10) and b_h.shape == (2, 6, 5)
+    # u_t by an explicit loop with the RNN's own weights
+    r = model.rnn
+    u = torch.tanh(model.u0).expand(2, -1)
+    for t in range(6):
+        u = torch.tanh(x[:, t] @ r.weight_ih_l0.T + r.bias_ih_l0 + u @ r.weight_hh_l0.T
+                       + r.bias_hh_l0)
+        assert torch.allclose(b_v[:, t], model.b_v + u @ model.W_uv.weight.T, atol=1e-12)
+        assert torch.allclose(b_h[:, t], model.b_h + u @ model.W_uh.weight.T, atol=1e-12)
+    # the biases of frame t + 1 depend on frames 0..t only
+    y = x.clone()
+    y[:, 4] = 1 - y[:, 4]
+    b_v2, _ = model.step_biases(y)
+    assert torch.equal(b_v2[:, :4], b_v[:, :4]) and not torch.allclose(b_v2[:, 4], b_v[:, 4])
+
+
+def test_marginals_match_enumeration():
+    torch.manual_seed(0)
+    model = RNNRBM(n_visible=6, n_recurrent=3, n_hidden=4, predict_steps=4000, burn_in=50).double()
+    with torch.no_grad():
+        model.W.mul_(100)  # a coupled RBM, so that the marginals are not the biases' sigmoids
+    x = torch.bernoulli(torch.full((1, 2, 6), 0.5, dtype=torch.float64))
+    b_v, b_h = model.step_biases(x)
+    vs = _all_states(6)
+    for t in range(2):
+        p = torch.softmax(-free_energy(vs, model.W, b_v[0, t], b_h[0, t]), 0)
+        exact = p @ vs
+        gibbs = model.marginals(x)[0, t]
+        assert torch.allclose(gibbs, exact, atol=0.03), (gibbs, exact)
+    model.predict = "mean-field"
+    mf = model.marginals(x)
+    assert mf.shape == (1, 2, 6) and torch.all((mf > 0) & (mf < 1))
+
+
+def test_log_likelihood_with_exact_log_z():
+    torch.manual_seed(0)
+    model = RNNRBM(n_visible=6, n_recurrent=3, n_hidden=4).double()
+    x = torch.bernoulli(torch.full((2, 3, 6), 0.5, dtype=torch.float64))
+    y = torch.bernoulli(torch.full((2, 3, 6), 0.5, dtype=torch.float64))
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    ll, se = model.log_likelihood(x, y, mask, chains=200, betas=200,
+                                  generator=torch.Generator().manual_seed(1))
+    assert ll.shape == (5,) and se.shape == (5,)
+    b_v, b_h = model.step_biases(x)
+    exact = [(-free_energy(y[b, t], model.W, b_v[b, t], b_h[b, t])
+              - _exact_log_z(model.W, b_v[b, t], b_h[b, t])).item()
+             for b in range(2) for t in range(3) if mask[b, t]]
+    assert torch.allclose(ll, torch.tensor(exact, dtype=torch.float64), atol=4 * se.max() + 1e-3)
+
+
+def test_training_cost_decreases_and_sampling():
+    torch.manual_seed(0)
+    model = RNNRBM(n_visible=12, n_recurrent=8, n_hidden=10, cd_k=5)
+    x = torch.zeros(4, 10, 12)
+    x[:, :, ::3] = 1.0  # a fixed chord
+    mask = torch.ones(4, 9)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(60):
+        opt.zero_grad()
+        model.cd_cost(x[:, :-1], x[:, 1:], mask).backward()
+        opt.step()
+    probs = model.marginals(x[:, :-1])
+    assert torch.all(probs[..., ::3] > 0.9) and torch.all(probs[..., 1::3] < 0.1)
+    roll = model.sample(x[0, :3], 5, gibbs_steps=20, generator=torch.Generator().manual_seed(0))
+    assert roll.shape == (8, 12) and torch.equal(roll[:3], x[0, :3])
+    assert set(roll.unique().tolist()) <= {0.0, 1.0}
+    assert torch.equal(roll[3:, ::3], torch.ones(5, 4))  # continues the chord
+    again = model.sample(x[0, :3], 5, gibbs_steps=20, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(roll, again)
+
+
+def test_bad_input():
+    model = RNNRBM(n_visible=6, n_recurrent=3, n_hidden=4)
+    with pytest.raises(ValueError, match="inputs must be"):
+        model.step_biases(torch.zeros(2, 3, 5))
+    with pytest.raises(ValueError, match="prefix"):
+        model.sample(torch.zeros(0, 6), 3)
+    with pytest.raises(ValueError, match="predict"):
+        RNNRBM(predict="exact")
+
+
+def test_trainer_runs_rnn_rbm_and_resumes_exactly(tmp_path, jsb):
+    """`linmem train --model rnn-rbm`: CD training, accuracy from the marginals, AIS test NLL;
+    a run resumed after epoch 1 ends like an uninterrupted one (the Gibbs RNG is restored)."""
+    import json
+
+    from linmem.train import TrainConfig, train
+
+    data = {split: seqs[:6] for split, seqs in jsb.items()}
+    config = TrainConfig(model="rnn-rbm", hidden=8, rbm_hidden=10, cd_k=2, epochs=2,
+                         ais_chains=20, ais_betas=30, ais_frames=40, eval_batch_size=8)
+    full = train(config, tmp_path / "full", progress=False, data=data)
+    first = TrainConfig(**{**config.__dict__, "epochs": 1})
+    train(first, tmp_path / "part", progress=False, data=data)
+    cfg = json.loads((tmp_path / "part" / "config.json").read_text())
+    (tmp_path / "part" / "config.json").write_text(json.dumps({**cfg, "epochs": 2}))
+    ckpt = torch.load(tmp_path / "part" / "last.pt", weights_only=False)
+    ckpt["state"]["stop_reason"] = None
+    torch.save(ckpt, tmp_path / "part" / "last.pt")
+    resumed = train(config, tmp_path / "part", resume=True, progress=False, data=data)
+    for key in ("valid_acc", "test_acc", "test_nll", "test_nll_marginals"):
+        assert resumed[key] == full[key], key
+    a = torch.load(tmp_path / "full" / "last.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "part" / "last.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)  # epoch 2's Gibbs chains drew the same
+    log = [json.loads(line) for line in (tmp_path / "full" / "log.jsonl").read_text().splitlines()]
+    assert "train_cd_cost" in log[0] and "valid_nll_marginals" in log[0]
+    assert "AIS" in full["test_nll_method"] and full["test_nll_se"] > 0
+    assert 0 < full["test_nll"] < 88 * 0.7 and full["n_params"] > 0
