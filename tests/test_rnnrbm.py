@@ -195,3 +195,76 @@ def test_trainer_runs_rnn_rbm_and_resumes_exactly(tmp_path, jsb):
     assert "train_cd_cost" in log[0] and "valid_nll_marginals" in log[0]
     assert "AIS" in full["test_nll_method"] and full["test_nll_se"] > 0
     assert 0 < full["test_nll"] < 88 * 0.7 and full["n_params"] > 0
+
+
+def test_init_from_rnn_reproduces_the_rnn_predictions():
+    """With W = 0 each step's RBM is independent Bernoullis with logits b_v^t: after the copy
+    they are the RNN predictor's logits exactly."""
+    from linmem.models import build_model
+    from linmem.rnnrbm import init_from_rnn
+
+    torch.manual_seed(0)
+    rnn = build_model("rnn", 7, input_size=10).double()
+    model = RNNRBM(n_visible=10, n_recurrent=7, n_hidden=4).double()
+    init_from_rnn(model, rnn, set_visible_bias=True)
+    x = torch.bernoulli(torch.full((3, 5, 10), 0.3, dtype=torch.float64))
+    b_v, _ = model.step_biases(x)
+    with torch.no_grad():
+        assert torch.allclose(b_v, rnn(x), atol=1e-12)
+        model.W.zero_()
+        model.predict = "mean-field"
+        assert torch.allclose(model.marginals(x), torch.sigmoid(rnn(x)), atol=1e-12)
+    with pytest.raises(ValueError, match="tanh rnn"):
+        init_from_rnn(model, build_model("lstm", 7, input_size=10), True)
+
+
+def test_rbm_pretraining_learns_the_frame_distribution():
+    """Three two-key chords: after CD pretraining they are the RBM's three most probable frames
+    (exact probabilities by enumeration) and hold most of its mass."""
+    import numpy as np
+
+    from linmem.rnnrbm import pretrain_rbm
+
+    torch.manual_seed(0)
+    model = RNNRBM(n_visible=6, n_recurrent=3, n_hidden=8, cd_k=15).double()
+    patterns = torch.tensor([[1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 1]],
+                            dtype=torch.float64)
+    seqs = [patterns[torch.randint(0, 3, (20,))].numpy() for _ in range(5)]
+    data = torch.from_numpy(np.concatenate(seqs))
+    states = _all_states(6)
+
+    def log_probs():
+        with torch.no_grad():
+            lp = -free_energy(states, model.W, model.b_v, model.b_h)
+            return lp - torch.logsumexp(lp, 0)
+
+    before = log_probs()
+    costs = pretrain_rbm(model, seqs, epochs=150, batch_size=20, lr=0.02)
+    after = log_probs()
+    assert len(costs) == 150
+    index = {tuple(s.int().tolist()): i for i, s in enumerate(states)}
+    chords = [index[tuple(p.int().tolist())] for p in patterns]
+    assert set(after.argsort(descending=True)[:3].tolist()) == set(chords)
+    assert after[chords].exp().sum() > 0.8 > before[chords].exp().sum()
+    ll = lambda lp: lp[[index[tuple(v.int().tolist())] for v in data]].mean()  # noqa: E731
+    assert ll(after) > ll(before) + 2.0
+
+
+def test_trainer_pretrains_rnn_rbm_resumably(tmp_path, jsb):
+    import json
+
+    from linmem.train import TrainConfig, train
+
+    data = {split: seqs[:5] for split, seqs in jsb.items()}
+    config = TrainConfig(model="rnn-rbm", hidden=6, rbm_hidden=8, cd_k=2, epochs=1,
+                         rbm_pretrain_epochs=2, rnn_pretrain_epochs=2, ais_chains=10,
+                         ais_betas=10, ais_frames=20)
+    metrics = train(config, tmp_path / "run", progress=False, data=data)
+    info = metrics["pretraining"]
+    assert info["rbm"]["epochs"] == 2 and len(info["rbm"]["cd_cost"]) == 2
+    assert info["rnn"]["epochs"] == 2 and (tmp_path / "run" / "rnn" / "metrics.json").is_file()
+    init = torch.load(tmp_path / "run" / "init.pt", weights_only=True)
+    rnn_best = torch.load(tmp_path / "run" / "rnn" / "best.pt", weights_only=True)["model"]
+    assert torch.equal(init["rnn.weight_hh_l0"], rnn_best["core.weight_hh_l0"])
+    assert torch.equal(init["W_uv.weight"], rnn_best["readout.weight"])
+    assert json.loads((tmp_path / "run" / "pretraining.json").read_text()) == info

@@ -59,7 +59,7 @@ def test_bad_search_settings():
 
 def _config(tmp_path, data_dir, storage=None, **kw) -> SearchConfig:
     base = TrainConfig(epochs=kw.pop("epochs", 2), patience=kw.pop("patience", 50),
-                       data_dir=str(data_dir))
+                       cd_k=kw.pop("base_cd_k", 15), data_dir=str(data_dir))
     return SearchConfig(data=["jsb"], models=kw.pop("models", ["lmn-b"]), grid="tiny",
                         out_dir=str(tmp_path / "runs"), storage=storage, base=base, subset=6,
                         heartbeat_interval=1, grace_period=3, poll_s=0.2, progress=False, **kw)
@@ -128,6 +128,14 @@ def test_other_settings_are_refused(tmp_path, data_dir):
     other = _config(tmp_path, data_dir, epochs=5)
     with pytest.raises(ValueError, match="other settings"):
         open_study(other, "jsb", "lmn-b")
+    # a study made before a setting existed loads when that setting is at its default
+    study = open_study(config, "jsb", "lmn-b")
+    train = dict(study.user_attrs["train"])
+    del train["cd_k"]
+    study.set_user_attr("train", train)
+    open_study(config, "jsb", "lmn-b")
+    with pytest.raises(ValueError, match="other settings"):
+        open_study(_config(tmp_path, data_dir, base_cd_k=3), "jsb", "lmn-b")
 
 
 def test_duplicates_are_not_run(tmp_path, data_dir):

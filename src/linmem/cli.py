@@ -102,6 +102,13 @@ def cli() -> None:
               callback=_positive, help="rnn-rbm: AIS temperatures (test NLL).")
 @click.option("--ais-frames", type=int, default=_DEFAULT.ais_frames, show_default=True,
               callback=_positive, help="rnn-rbm: test frames drawn for the AIS NLL.")
+@click.option("--rbm-pretrain-epochs", type=click.IntRange(min=0),
+              default=_DEFAULT.rbm_pretrain_epochs, show_default=True,
+              help="rnn-rbm: first train W, b_v, b_h as one RBM on all frames (CD epochs).")
+@click.option("--rnn-pretrain-epochs", type=click.IntRange(min=0),
+              default=_DEFAULT.rnn_pretrain_epochs, show_default=True,
+              help="rnn-rbm: first train a tanh RNN next-step predictor (epoch bound) and copy "
+                   "it into the RNN part.")
 @click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True)
 @click.option("--device", default=_DEFAULT.device, show_default=True, help="cpu, cuda, cuda:1")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,

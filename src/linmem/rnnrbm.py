@@ -247,3 +247,90 @@ def estimate_nll(model: RNNRBM, sequences, chains: int = 100, betas: int = 1000,
     return {"nll": float(-ll.mean()), "se": float(se.pow(2).sum().sqrt() / n),
             "frame_sd": float(ll.std() / math.sqrt(n)) if n > 1 else 0.0,
             "frames": n, "total_frames": total, "chains": chains, "betas": betas, "seed": seed}
+
+
+# ------------------------------------------------------------------------------ pretraining
+# Boulanger-Lewandowski et al. (2012) initialise the RNN-RBM from its parts: W, b_v, b_h from an
+# RBM trained by CD on all frames (as if independent), and the RNN from a network trained for
+# next-step prediction. Both are options (TrainConfig.rbm_pretrain_epochs, rnn_pretrain_epochs).
+
+
+def pretrain_rbm(model: RNNRBM, sequences, epochs: int, batch_size: int = 100, lr: float = 1e-3,
+                 seed: int = 0) -> list[float]:
+    """Train ``W, b_v, b_h`` of ``model`` as one RBM on every frame of ``sequences`` by CD-k
+    (``model.cd_k``), Adam, ``epochs`` passes in shuffled mini-batches; returns the mean CD cost
+    per epoch."""
+    import numpy as np
+
+    frames = torch.from_numpy(np.concatenate([np.asarray(s) for s in sequences])).to(model.W)
+    params = [model.W, model.b_v, model.b_h]
+    optimizer = torch.optim.Adam(params, lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    costs = []
+    for _ in range(epochs):
+        order = torch.randperm(len(frames), generator=gen).to(frames.device)
+        total = 0.0
+        for i in range(0, len(frames), batch_size):
+            v = frames[order[i:i + batch_size]]
+            negative = gibbs_chain(v, model.W, model.b_v, model.b_h, model.cd_k)
+            cost = (free_energy(v, model.W, model.b_v, model.b_h)
+                    - free_energy(negative, model.W, model.b_v, model.b_h)).mean()
+            optimizer.zero_grad()
+            cost.backward()
+            optimizer.step()
+            total += cost.item() * len(v)
+        costs.append(total / len(frames))
+    return costs
+
+
+def init_from_rnn(model: RNNRBM, rnn_predictor: nn.Module, set_visible_bias: bool) -> None:
+    """Copy a trained ``rnn`` next-step predictor (:class:`linmem.models.NextStepPredictor`)
+    into the RNN part: its recurrence becomes ``W_vu, W_uu, b_u`` (``u_0 = 0``), its readout
+    ``W_uv`` (and ``b_v`` if ``set_visible_bias``), so that with ``W = 0`` the RBM of each step
+    predicts the keys exactly as the RNN did."""
+    core, readout = rnn_predictor.core, rnn_predictor.readout
+    if not isinstance(core, nn.RNN) or core.num_layers != 1 or core.nonlinearity != "tanh":
+        raise ValueError("init_from_rnn needs a one-layer tanh rnn predictor")
+    with torch.no_grad():
+        model.rnn.load_state_dict(core.state_dict())
+        model.u0.zero_()
+        model.W_uv.weight.copy_(readout.weight)
+        if set_visible_bias:
+            model.b_v.copy_(readout.bias)
+
+
+def pretrain(model: RNNRBM, config, data: dict, run_dir, progress: bool = True) -> dict:
+    """The pretraining steps ``config`` asks for, resumably: the RNN run in ``run_dir/rnn``,
+    the initial weights in ``run_dir/init.pt``, what was done in ``run_dir/pretraining.json``."""
+    import time
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ._io import atomic_write, read_json, write_json
+    from .train import load_run_model, train
+
+    run_dir = Path(run_dir)
+    init_path, info_path = run_dir / "init.pt", run_dir / "pretraining.json"
+    if init_path.is_file() and info_path.is_file():
+        model.load_state_dict(torch.load(init_path, weights_only=True))
+        return read_json(info_path)
+    started = time.perf_counter()
+    info: dict = {"method": "RNN-RBM initialisation (Boulanger-Lewandowski et al. 2012)"}
+    if config.rbm_pretrain_epochs:
+        costs = pretrain_rbm(model, data["train"], config.rbm_pretrain_epochs, lr=config.lr,
+                             seed=config.seed)
+        info["rbm"] = {"epochs": config.rbm_pretrain_epochs, "cd_k": model.cd_k,
+                       "cd_cost": costs}
+    if config.rnn_pretrain_epochs:
+        rnn_config = replace(config, model="rnn", epochs=config.rnn_pretrain_epochs,
+                             rbm_pretrain_epochs=0, rnn_pretrain_epochs=0)
+        metrics = train(rnn_config, run_dir / "rnn", resume=True, progress=progress, data=data)
+        rnn, _ = load_run_model(run_dir / "rnn", "best")
+        init_from_rnn(model, rnn, set_visible_bias=not config.rbm_pretrain_epochs)
+        info["rnn"] = {"run": str(run_dir / "rnn"), "epochs": metrics["epochs"],
+                       "valid_acc": metrics["valid_acc"]}
+    info["wall_time_s"] = time.perf_counter() - started
+    with atomic_write(init_path) as f:
+        torch.save(model.state_dict(), f)
+    write_json(info_path, info)
+    return info

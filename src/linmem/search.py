@@ -249,11 +249,16 @@ def open_study(config: SearchConfig, data: str, model: str, storage=None):
         for key, value in attrs.items():
             study.set_user_attr(key, value)
     else:
-        diff = [k for k, v in attrs.items() if study.user_attrs.get(k) != v]
+        stored = dict(study.user_attrs)
+        # a setting added to TrainConfig since the study was made counts at its default
+        defaults = asdict(TrainConfig())
+        stored["train"] = {**{k: v for k, v in defaults.items() if k in attrs["train"]},
+                           **stored.get("train", {})}
+        diff = [k for k, v in attrs.items() if stored.get(k) != v]
         if diff:
             raise ValueError(
                 f"study {study.study_name!r} in this storage was made with other settings "
-                f"({', '.join(diff)}: {', '.join(repr(study.user_attrs.get(k)) for k in diff)}); "
+                f"({', '.join(diff)}: {', '.join(repr(stored.get(k)) for k in diff)}); "
                 "use the same options, or another --out/--storage")
     return study
 

@@ -94,6 +94,8 @@ class TrainConfig:
     ais_chains: int = 100  # test NLL: AIS chains per frame
     ais_betas: int = 1000  # test NLL: annealing steps
     ais_frames: int | None = 500  # test NLL on this many random test frames (None: all)
+    rbm_pretrain_epochs: int = 0  # CD epochs of the RBM on all frames before training (0: none)
+    rnn_pretrain_epochs: int = 0  # epoch bound of the next-step RNN copied in (0: none)
 
     def __post_init__(self) -> None:
         self.data = resolve_name(self.data)
@@ -128,6 +130,10 @@ class TrainConfig:
                                             or self.ais_frames < 1):
             raise ValueError(f"ais_frames must be a positive integer or None, "
                              f"got {self.ais_frames!r}")
+        for name in ("rbm_pretrain_epochs", "rnn_pretrain_epochs"):
+            value = getattr(self, name)
+            if int(value) != value or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if self.model == "rnn-rbm" and self.dropout:
             raise ValueError("rnn-rbm has no dropout option")
         if self.pretrain_epochs is not None and (int(self.pretrain_epochs) != self.pretrain_epochs
@@ -275,6 +281,11 @@ def train(
         from .pretrain import pretrain
 
         pretrain(model, config, data, run_dir, progress)
+    if (config.model == "rnn-rbm" and (config.rbm_pretrain_epochs or config.rnn_pretrain_epochs)
+            and not (resume and (run_dir / "last.pt").is_file())):
+        from .rnnrbm import pretrain as pretrain_rnnrbm
+
+        pretrain_rnnrbm(model, config, data, run_dir, progress)
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
