@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test lint clean postgres-bin results-foundation results-pretraining pretraining-compare-% results-search
+.PHONY: install demo test lint clean postgres-bin results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,3 +67,14 @@ SEARCH_MODELS ?= lmn-b lstm rnn pret-lmn-b lmn-a gru
 results-search: install
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search $(foreach d,$(SEARCH_DATA),--data $(d)) $(foreach m,$(SEARCH_MODELS),--model $(m)) --grid paper --jobs 2 --out runs/search --quiet
 	$(VENV)/bin/linmem report --out results
+
+# Issue 7: the RNN-RBM on JSB Chorales (RNN 100, RBM 150 hidden, CD-15), randomly initialised and
+# with both pretraining steps; the one with the better validation accuracy is the one to report.
+RBM = --data jsb --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200
+results-rnn-rbm: install
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(RBM) --out runs/rnn-rbm/jsb-rnn-rbm-h100-r150 --resume --quiet
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(RBM) --rbm-pretrain-epochs 100 --rnn-pretrain-epochs 1000 --out runs/rnn-rbm/jsb-rnn-rbm-h100-r150-pretrained --resume --quiet
+	for run in runs/rnn-rbm/*/; do name=$$(basename $$run); mkdir -p results/rnn-rbm/$$name; \
+	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/rnn-rbm/$$name/; \
+	  if [ -f $$run/pretraining.json ]; then cp $$run/pretraining.json results/rnn-rbm/$$name/; fi; done
+	$(VENV)/bin/linmem summarize results/rnn-rbm > results/rnn-rbm/table.md

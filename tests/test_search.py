@@ -122,6 +122,17 @@ def test_sqlite_search_runs_each_point_once_and_selects_on_validation(tmp_path, 
     assert "test_acc" not in json.dumps(trials)
 
 
+def test_search_runs_the_rnn_rbm(tmp_path, data_dir):
+    config = _config(tmp_path, data_dir, models=["rnn-rbm"], epochs=1)
+    config.base = TrainConfig(**{**config.base.__dict__, "rbm_hidden": 6, "cd_k": 1,
+                                 "ais_chains": 4, "ais_betas": 4, "ais_frames": 8})
+    assert run_worker(config, command="test", log=lambda _: None) == {
+        "jsb-rnn-rbm-tiny": {"done": 4}}
+    record = search_records(default_storage(config.out_dir), "tiny")[0]
+    assert record["model"] == "rnn-rbm" and record["grid_complete"]
+    assert record["test_nll"] > 0 and record["hidden"] in (4, 8)
+
+
 def test_other_settings_are_refused(tmp_path, data_dir):
     config = _config(tmp_path, data_dir)
     open_study(config, "jsb", "lmn-b")

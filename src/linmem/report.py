@@ -117,9 +117,9 @@ DISPLAY_NAMES = {"rnn": "RNN", "pret-rnn": "pret-RNN", "lstm": "LSTM", "gru": "G
                  "rnn-rbm": "RNN-RBM*", "lmn-a": "LMN-A", "lmn-b": "LMN-B",
                  "pret-lmn-b": "pret-LMN-B", "pret-lmn-a": "pret-LMN-A"}
 SUMMARY_FIELDS = ("dataset", "model", "hidden", "memory", "weight_decay", "valid_acc", "test_acc",
-                  "test_nll", "n_params", "epochs", "wall_time_s", "trials", "grid_points",
-                  "grid_complete", "trials_pruned", "trials_failed", "grid", "command", "commit",
-                  "seed", "data_sha256", "search_wall_time_s", "run_dir")
+                  "test_nll", "test_nll_se", "n_params", "epochs", "wall_time_s", "trials",
+                  "grid_points", "grid_complete", "trials_pruned", "trials_failed", "grid",
+                  "command", "commit", "seed", "data_sha256", "search_wall_time_s", "run_dir")
 
 
 def summary_records(records: Sequence[dict]) -> list[dict]:

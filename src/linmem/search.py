@@ -302,14 +302,15 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
 
         try:
             metrics = train(train_config, run_dir, resume=True, progress=False, data=data,
-                            on_epoch_end=report,
-                            command=command)
+                            on_epoch_end=report, command=command)
         except TrainingDiverged as err:
             trial.set_user_attr("error", str(err))
             raise
-        for key in ("valid_acc", "valid_nll", "test_acc", "test_nll", "n_params", "epochs",
-                    "best_epoch", "wall_time_s", "commit", "data_sha256", "seed", "command"):
-            trial.set_user_attr(key, metrics[key])
+        for key in ("valid_acc", "valid_nll", "test_acc", "test_nll", "test_nll_se", "n_params",
+                    "epochs", "best_epoch", "wall_time_s", "commit", "data_sha256", "seed",
+                    "command"):
+            if key in metrics:  # rnn-rbm: no valid_nll (its NLL is estimated on test only)
+                trial.set_user_attr(key, metrics[key])
         return metrics["valid_acc"]
 
     return objective
@@ -459,7 +460,8 @@ def search_records(storage: str, grid: str | None = None,
             record.update({
                 "hidden": p.hidden, "memory": p.memory, "weight_decay": p.weight_decay,
                 "valid_acc": u["valid_acc"], "test_acc": u["test_acc"],
-                "test_nll": u["test_nll"], "n_params": u["n_params"], "epochs": u["epochs"],
+                "test_nll": u["test_nll"], "test_nll_se": u.get("test_nll_se"),
+                "n_params": u["n_params"], "epochs": u["epochs"],
                 "best_epoch": u.get("best_epoch"), "wall_time_s": u["wall_time_s"],
                 "trials": counts["complete"] + counts["pruned"] + counts["failed"],
                 "trials_complete": counts["complete"], "trials_pruned": counts["pruned"],
