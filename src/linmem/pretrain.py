@@ -135,15 +135,20 @@ def ulm_config(config: TrainConfig) -> TrainConfig:
 
 def pretrain(model: NextStepPredictor, config: TrainConfig, data: dict[str, Any],
              run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Initialise ``model`` (a ``pret-*`` model) in place, resumably: the initial weights are
-    kept in ``run_dir/init.pt``, what was done in ``run_dir/pretraining.json``."""
+    """Initialise ``model`` (a ``pret-*`` model, or ``rnn-rbm`` with pretraining options) in
+    place, resumably: the initial weights are kept in ``run_dir/init.pt``, what was done in
+    ``run_dir/pretraining.json``."""
     run_dir = Path(run_dir)
     init_path, info_path = run_dir / "init.pt", run_dir / "pretraining.json"
     if init_path.is_file() and info_path.is_file():
         model.load_state_dict(torch.load(init_path, weights_only=True))
         return read_json(info_path)
     started = time.perf_counter()
-    if architecture(config.model) == "rnn":
+    if config.model == "rnn-rbm":
+        from .rnnrbm import pretrain_steps
+
+        info = pretrain_steps(model, config, data, run_dir, progress)
+    elif architecture(config.model) == "rnn":
         window = config.la_window or None
         info = pretrain_rnn(model, data["train"], window=window, seed=config.seed)
     else:

@@ -299,22 +299,16 @@ def init_from_rnn(model: RNNRBM, rnn_predictor: nn.Module, set_visible_bias: boo
             model.b_v.copy_(readout.bias)
 
 
-def pretrain(model: RNNRBM, config, data: dict, run_dir, progress: bool = True) -> dict:
-    """The pretraining steps ``config`` asks for, resumably: the RNN run in ``run_dir/rnn``,
-    the initial weights in ``run_dir/init.pt``, what was done in ``run_dir/pretraining.json``."""
-    import time
+def pretrain_steps(model: RNNRBM, config, data: dict, run_dir, progress: bool = True) -> dict:
+    """The pretraining steps ``config`` asks for (``rbm_pretrain_epochs``,
+    ``rnn_pretrain_epochs``), the RNN run kept in ``run_dir/rnn`` for resuming; returns what was
+    done. :func:`linmem.pretrain.pretrain` calls it and keeps the result."""
     from dataclasses import replace
     from pathlib import Path
 
-    from ._io import atomic_write, read_json, write_json
     from .train import load_run_model, train
 
     run_dir = Path(run_dir)
-    init_path, info_path = run_dir / "init.pt", run_dir / "pretraining.json"
-    if init_path.is_file() and info_path.is_file():
-        model.load_state_dict(torch.load(init_path, weights_only=True))
-        return read_json(info_path)
-    started = time.perf_counter()
     info: dict = {"method": "RNN-RBM initialisation (Boulanger-Lewandowski et al. 2012)"}
     if config.rbm_pretrain_epochs:
         costs = pretrain_rbm(model, data["train"], config.rbm_pretrain_epochs, lr=config.lr,
@@ -329,8 +323,4 @@ def pretrain(model: RNNRBM, config, data: dict, run_dir, progress: bool = True) 
         init_from_rnn(model, rnn, set_visible_bias=not config.rbm_pretrain_epochs)
         info["rnn"] = {"run": str(run_dir / "rnn"), "epochs": metrics["epochs"],
                        "valid_acc": metrics["valid_acc"]}
-    info["wall_time_s"] = time.perf_counter() - started
-    with atomic_write(init_path) as f:
-        torch.save(model.state_dict(), f)
-    write_json(info_path, info)
     return info

@@ -277,15 +277,12 @@ def train(
     model = _build(config)
     if config.init_bias:
         model.init_output_bias(torch.from_numpy(np.concatenate(train_seqs).mean(0)))
-    if config.model.startswith("pret-") and not (resume and (run_dir / "last.pt").is_file()):
+    pretrained = config.model.startswith("pret-") or (
+        config.model == "rnn-rbm" and (config.rbm_pretrain_epochs + config.rnn_pretrain_epochs) > 0)
+    if pretrained and not (resume and (run_dir / "last.pt").is_file()):
         from .pretrain import pretrain
 
         pretrain(model, config, data, run_dir, progress)
-    if (config.model == "rnn-rbm" and (config.rbm_pretrain_epochs or config.rnn_pretrain_epochs)
-            and not (resume and (run_dir / "last.pt").is_file())):
-        from .rnnrbm import pretrain as pretrain_rnnrbm
-
-        pretrain_rnnrbm(model, config, data, run_dir, progress)
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
