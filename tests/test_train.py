@@ -125,3 +125,28 @@ def test_bad_configs():
     with pytest.raises(ValueError, match="weight_decay"):
         TrainConfig(weight_decay=-1)
     assert TrainConfig(model="lstm", memory=50).memory is None
+
+
+def test_sgd_option_takes_plain_sgd_steps(tmp_path, small):
+    """--optimizer sgd: one epoch of one batch is p - lr * (grad + wd * p), computed by hand."""
+    from linmem.data import collate
+    from linmem.train import masked_nll
+
+    one = {"train": small["train"][:2], "valid": small["valid"][:2], "test": small["test"][:2]}
+    cfg = config(optimizer="sgd", lr=1e-3, weight_decay=1e-3, epochs=1, init_bias=False,
+                 clip=None)
+    torch.manual_seed(cfg.seed)
+    model = build_model("lmn-b", 12, 10)
+    batch = collate(one["train"])
+    loss = masked_nll(model(batch.inputs), batch.targets, batch.mask)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    expected = [p - 1e-3 * (g + 1e-3 * p) for p, g in zip(model.parameters(), grads, strict=True)]
+    train(cfg, tmp_path / "run", progress=False, data=one)
+    state = torch.load(tmp_path / "run" / "last.pt", weights_only=False)
+    after = list(state["model"].values())
+    assert all(torch.allclose(a, e, atol=1e-6) for a, e in zip(after, expected, strict=True))
+    assert "exp_avg" not in str(state["optimizer"]["state"])
+    with pytest.raises(ValueError, match="optimizer"):
+        TrainConfig(optimizer="rmsprop")
+    with pytest.raises(ValueError, match="momentum"):
+        TrainConfig(momentum=1.5)

@@ -64,6 +64,10 @@ def cli() -> None:
               show_default=True, help="L2 weight decay (Adam's weight_decay).")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULT.lr,
               show_default=True)
+@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default=_DEFAULT.optimizer,
+              show_default=True)
+@click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULT.momentum,
+              show_default=True, help="SGD momentum.")
 @click.option("--epochs", type=int, default=_DEFAULT.epochs, show_default=True,
               callback=_positive, help="Upper bound on epochs.")
 @click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
