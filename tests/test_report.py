@@ -66,3 +66,10 @@ def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
     points = data["curves"]["lmn-b"]["points"]
     assert [(p["units"], p["valid_acc"], p["weight_decay"]) for p in points] == [
         (100, 22.0, 1e-5), (350, 25.0, 0.0)]
+    # a size whose trials were all pruned is listed apart, at its best value before the stop
+    trials.append({"hidden": 250, "memory": 500, "weight_decay": 0.0, "state": "pruned",
+                   "valid_acc": 20.0, "best_intermediate_valid_acc": 21.5, "epochs": 50})
+    data = figure4_data([_record("jsb", "lmn-b", 30.0, trials=trials)])
+    assert [(p["units"], p["valid_acc"]) for p in data["curves"]["lmn-b"]["pruned"]] == [
+        (750, 21.5)]
+    assert [p["units"] for p in data["curves"]["lmn-b"]["points"]] == [100, 350]

@@ -200,21 +200,29 @@ FIGURE4_MODELS = ("rnn", "lstm", "lmn-b", "pret-lmn-b")
 def figure4_data(records: Sequence[dict], dataset: str = "jsb",
                  models: Sequence[str] = FIGURE4_MODELS) -> dict:
     """Validation accuracy against total hidden units (LMN: functional + memory), the best over
-    weight decays of the complete trials at each size, per model (the paper's Figure 4)."""
+    weight decays of the complete trials at each size, per model (the paper's Figure 4). Sizes
+    whose every trial was pruned are listed apart (``pruned``), at the best validation accuracy
+    reached before the pruner stopped them: a lower bound, not a final score."""
     curves = {}
     for r in records:
         if r["dataset"] != dataset or r["model"] not in models:
             continue
         best: dict[int, dict] = {}
+        stopped: dict[int, dict] = {}
         for t in r["trials_run"]:
-            if t["state"] != "complete" or t["valid_acc"] is None:
-                continue
             units = t["hidden"] + (t["memory"] or 0)
-            if units not in best or t["valid_acc"] > best[units]["valid_acc"]:
-                best[units] = {"units": units, "hidden": t["hidden"], "memory": t["memory"],
-                               "weight_decay": t["weight_decay"], "valid_acc": t["valid_acc"]}
+            point = {"units": units, "hidden": t["hidden"], "memory": t["memory"],
+                     "weight_decay": t["weight_decay"]}
+            if t["state"] == "complete" and t["valid_acc"] is not None:
+                if units not in best or t["valid_acc"] > best[units]["valid_acc"]:
+                    best[units] = {**point, "valid_acc": t["valid_acc"]}
+            elif t["state"] == "pruned" and t.get("best_intermediate_valid_acc") is not None:
+                acc = t["best_intermediate_valid_acc"]
+                if units not in stopped or acc > stopped[units]["valid_acc"]:
+                    stopped[units] = {**point, "valid_acc": acc, "epochs": t.get("epochs")}
         curves[r["model"]] = {"grid": r["grid"], "grid_complete": r["grid_complete"],
-                              "points": [best[u] for u in sorted(best)]}
+                              "points": [best[u] for u in sorted(best)],
+                              "pruned": [stopped[u] for u in sorted(stopped) if u not in best]}
     return {"dataset": dataset, "curves": {m: curves[m] for m in models if m in curves}}
 
 
@@ -227,17 +235,23 @@ def plot_figure4(data: dict, path: str | os.PathLike) -> None:
 
     from ._io import atomic_write
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(9.0, 4.4))
     for model, curve in data["curves"].items():
         pts = curve["points"]
         label = DISPLAY_NAMES.get(model, model)
         if not curve["grid_complete"]:
             label += " (grid incomplete)"
-        ax.plot([p["units"] for p in pts], [p["valid_acc"] for p in pts], "o-", label=label)
+        line, = ax.plot([p["units"] for p in pts], [p["valid_acc"] for p in pts], "o-",
+                        label=label)
+        stopped = curve.get("pruned", [])
+        if stopped:
+            ax.plot([p["units"] for p in stopped], [p["valid_acc"] for p in stopped], "o",
+                    mfc="none", color=line.get_color(),
+                    label=f"{DISPLAY_NAMES.get(model, model)}: every trial pruned (best before)")
     ax.set(xlabel="hidden units (LMN: functional + memory)", ylabel="validation frame accuracy %",
            title=f"{TABLE2_TITLES.get(data['dataset'], data['dataset'])}: accuracy vs size")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     fig.tight_layout()
     with atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=110)
