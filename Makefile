@@ -66,7 +66,7 @@ SEARCH_DATA ?= jsb
 SEARCH_MODELS ?= lmn-b lstm rnn pret-lmn-b lmn-a gru
 results-search: install
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search $(foreach d,$(SEARCH_DATA),--data $(d)) $(foreach m,$(SEARCH_MODELS),--model $(m)) --grid paper --jobs 2 --out runs/search --quiet
-	$(VENV)/bin/linmem report --out results
+	$(VENV)/bin/linmem report --out results --run results/rnn-rbm/jsb-rnn-rbm-h100-r150 --run results/rnn-rbm/jsb-rnn-rbm-h100-r150-pretrained
 
 # Issue 7: the RNN-RBM on JSB Chorales (RNN 100, RBM 150 hidden, CD-15), randomly initialised and
 # with both pretraining steps; the one with the better validation accuracy is the one to report.

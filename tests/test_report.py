@@ -73,3 +73,23 @@ def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
     assert [(p["units"], p["valid_acc"]) for p in data["curves"]["lmn-b"]["pruned"]] == [
         (750, 21.5)]
     assert [p["units"] for p in data["curves"]["lmn-b"]["points"]] == [100, 350]
+
+
+def test_single_runs_join_the_table_selected_on_validation(tmp_path):
+    from linmem.report import collect_metrics, run_records, summary_records, table2_markdown
+
+    for name, valid, test in (("a", 27.0, 28.0), ("b", 26.0, 30.0)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.json").write_text(json.dumps({
+            "dataset": "jsb", "model": "rnn-rbm", "hidden": 100, "memory": None,
+            "weight_decay": 1e-5, "valid_acc": valid, "test_acc": test, "test_nll": 7.5,
+            "n_params": 5, "epochs": 9, "wall_time_s": 1.0, "command": f"train {name}",
+            "commit": "c", "seed": 0, "data_sha256": "d"}))
+    records = run_records(collect_metrics([tmp_path]))
+    assert len(records) == 1 and records[0]["test_acc"] == 28.0  # a: the better validation
+    assert records[0]["trials"] == 2 and records[0]["command"] == "train a"
+    table = table2_markdown(records)
+    assert "| RNN-RBM* | 33.12 | **28.00‡** |" in table
+    assert "rnn-rbm (2 single runs, selected `" in table
+    assert summary_records(records)[0]["grid"] == "runs"

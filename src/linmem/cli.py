@@ -352,13 +352,24 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
 @click.option("--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
               help="Folder the trials' run directories are relative to (where search ran).")
 @click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
-def report_cmd(storage: str | None, grid: str, runs_root: str, out: str) -> None:
+@click.option("--run", "runs", multiple=True, type=click.Path(exists=True),
+              help="Also report single runs (run directories or folders of them) of models "
+                   "without a search study, the best on validation per (data set, model).")
+def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
+               runs: tuple[str, ...]) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     import shutil
 
     from ._io import atomic_write, command_line, write_json
-    from .report import figure4_data, plot_figure4, summary_records, table2_markdown
+    from .report import (
+        collect_metrics,
+        figure4_data,
+        plot_figure4,
+        run_records,
+        summary_records,
+        table2_markdown,
+    )
     from .search import default_storage, search_records
 
     storage = storage or default_storage("runs/search")
@@ -368,6 +379,14 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str) -> None
     records = search_records(storage, None if grid == "all" else grid, runs_root)
     if not records:
         raise UsageFailure(f"no study of grid {grid!r} in {storage}")
+    if runs:
+        searched = {(r["dataset"], r["model"]) for r in records}
+        singles = run_records(collect_metrics(runs))
+        clash = [f"{r['dataset']}/{r['model']}" for r in singles
+                 if (r["dataset"], r["model"]) in searched]
+        if clash:
+            raise UsageFailure(f"--run {', '.join(clash)}: these have a search study already")
+        records += singles
     out_dir = Path(out)
     command = command_line()
     summary = summary_records(records)
@@ -383,7 +402,7 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str) -> None
                                               "grid_points", "points_done", "grid_complete",
                                               "trials_run")} for r in records])
     for r in summary:
-        run = Path(runs_root) / str(r["run_dir"])
+        run = Path(r["run_dir"]) if r["grid"] == "runs" else Path(runs_root) / str(r["run_dir"])
         if run.is_dir():
             dest = out_dir / "selected" / f"{r['dataset']}-{r['model']}"
             dest.mkdir(parents=True, exist_ok=True)
@@ -395,7 +414,9 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str) -> None
                + (f" m{r['memory']}" if r.get("memory") else "")
                + f" wd {r['weight_decay']:g}: valid {r['valid_acc']:.2f}% test {r['test_acc']:.2f}%"
                if "test_acc" in r else "nothing complete yet")
-        click.echo(f"{r['study']}: {r['points_done']}/{r['grid_points']} points done; {sel}")
+        where = (f"{r['study']}: {r['points_done']}/{r['grid_points']} points done"
+                 if r["study"] else f"{r['dataset']}-{r['model']}: {r['trials']} single runs")
+        click.echo(f"{where}; {sel}")
     click.echo(f"-> {out_dir}/summary.json, table2.md, figure4.png")
 
 

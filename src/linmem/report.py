@@ -132,6 +132,24 @@ def summary_records(records: Sequence[dict]) -> list[dict]:
                                        order.get(r["model"], 99), r["model"]))
 
 
+def run_records(runs: Sequence[dict]) -> list[dict]:
+    """Records like :func:`linmem.search.search_records`'s from single runs (``metrics.json``
+    records of :func:`collect_metrics`) of models that had no grid search: per (data set, model)
+    the run with the best validation accuracy, ``grid`` ``"runs"``, ``trials`` the runs given."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["dataset"], r["model"]), []).append(r)
+    records = []
+    for (dataset, model), rs in groups.items():
+        best = max(rs, key=lambda r: r["valid_acc"])
+        records.append({
+            **{k: best.get(k) for k in SUMMARY_FIELDS}, "study": None, "dataset": dataset,
+            "model": model, "grid": "runs", "grid_points": len(rs), "points_done": len(rs),
+            "points_failed": 0, "grid_complete": None, "trials": len(rs), "trials_pruned": 0,
+            "trials_failed": 0, "run_dir": best["run"], "trials_run": []})
+    return records
+
+
 def table2_markdown(records: Sequence[dict], command: str | None = None) -> str:
     """The paper's Table 2 with our test accuracy next to each published figure. Ours is the
     configuration selected on validation accuracy; bold marks the best of each column pair's
@@ -154,10 +172,10 @@ def table2_markdown(records: Sequence[dict], command: str | None = None) -> str:
     top_pub = {d: best(published[d]) for d in TABLE2_DATASETS}
     top_ours = {d: best(measured[d]) for d in TABLE2_DATASETS}
 
-    def cell(value: float | None, top: float | None, partial: bool = False) -> str:
+    def cell(value: float | None, top: float | None, mark: str = "") -> str:
         if value is None:
             return "–"
-        text = f"{value:.2f}" + ("†" if partial else "")
+        text = f"{value:.2f}" + mark
         return f"**{text}**" if top is not None and round(value, 2) == round(top, 2) else text
 
     for m in models:
@@ -165,15 +183,17 @@ def table2_markdown(records: Sequence[dict], command: str | None = None) -> str:
         for d in TABLE2_DATASETS:
             r = ours.get((d, m))
             cells.append(cell(published[d][m], top_pub[d]))
-            cells.append(cell(measured[d][m], top_ours[d],
-                              partial=r is not None and not r["grid_complete"]))
+            mark = "" if r is None else ("‡" if r["grid"] == "runs" else
+                                         "" if r["grid_complete"] else "†")
+            cells.append(cell(measured[d][m], top_ours[d], mark))
         lines.append(f"| {DISPLAY_NAMES.get(m, m)} | " + " | ".join(cells) + " |")
     lines += ["", "Test frame accuracy in % (Bay et al. 2009, global, threshold 0.5) of the "
-              "configuration selected on validation accuracy. *RNN-RBM: quoted in the paper from "
-              "Boulanger-Lewandowski et al. (2012), not measured here. †: selected from a grid "
-              "that is not complete yet. –: not run. Bold: the best published and the best of "
-              "ours per data set.", "", "Grid coverage (points run of the grid; pruned points "
-              "were stopped early by the median pruner on validation accuracy):", ""]
+              "configuration selected on validation accuracy. *RNN-RBM: the paper quotes "
+              "Boulanger-Lewandowski et al. (2012). †: selected from a grid that is not complete "
+              "yet. ‡: not a grid search: the best on validation of the runs listed below. –: "
+              "not run. Bold: the best published and the best of ours per data set.", "",
+              "Grid coverage (points run of the grid; pruned points were stopped early by the "
+              "median pruner on validation accuracy):", ""]
     by_data: dict[str, list[dict]] = {}
     for r in records:
         by_data.setdefault(r["dataset"], []).append(r)
@@ -182,7 +202,9 @@ def table2_markdown(records: Sequence[dict], command: str | None = None) -> str:
         if not rs:
             lines.append(f"- {TABLE2_TITLES[d]}: nothing run yet.")
             continue
-        parts = [f"{r['model']} ({r['grid']}) {r['points_done']}/{r['grid_points']}"
+        parts = [f"{r['model']} ({r['trials']} single run{'s' if r['trials'] > 1 else ''}, "
+                 f"selected `{r['run_dir']}`)" if r["grid"] == "runs" else
+                 f"{r['model']} ({r['grid']}) {r['points_done']}/{r['grid_points']}"
                  + (" complete" if r["grid_complete"] else "")
                  + (f", {r['trials_pruned']} pruned" if r.get("trials_pruned") else "")
                  + (f", {r['points_failed']} failed" if r.get("points_failed") else "")
