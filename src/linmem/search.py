@@ -14,7 +14,7 @@ How workers share a study without losing or repeating work:
   the other ends at once as a duplicate (pruned, user attribute ``duplicate_of``; never run).
 - Every running trial sends a heartbeat. A trial whose worker died is failed once its heartbeat is
   older than the grace period (by any worker, which checks before each trial and while waiting);
-  Optuna's :class:`~optuna.storages.RetryFailedTrialCallback` enqueues it again, and the retry
+  Optuna's retry callback (``RetryHeartbeatStaleTrialCallback``) enqueues it again, and the retry
   resumes the dead worker's run directory from its last finished epoch.
 - A point whose training raised an error (a diverged run), or whose worker died more than
   ``max_retry`` times, is *failed*: reported, not retried.
