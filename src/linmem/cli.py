@@ -44,6 +44,35 @@ def _clip(ctx, param, value):
     return clip
 
 
+# training settings that `linmem train` and `linmem search` both take
+_RUN_OPTIONS = (
+    click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULT.lr,
+                 show_default=True),
+    click.option("--epochs", type=int, default=_DEFAULT.epochs, show_default=True,
+                 callback=_positive, help="Upper bound on epochs."),
+    click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
+                 callback=_positive, help="Epochs without a better validation accuracy."),
+    click.option("--batch-size", type=int, default=_DEFAULT.batch_size, show_default=True,
+                 callback=_positive),
+    click.option("--clip", default=str(_DEFAULT.clip), show_default=True, callback=_clip,
+                 help="Gradient-norm clipping, or 'none'."),
+    click.option("--k", type=int, default=_DEFAULT.k, show_default=True, callback=_positive,
+                 help="Pretraining: past blocks of the unrolled network (ulm, pret-lmn-*)."),
+    click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True),
+    click.option("--device", default=_DEFAULT.device, show_default=True,
+                 help="cpu, cuda, cuda:1"),
+    click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+                 help="Folder with the data files (default: $LINMEM_DATA, else the user cache)."),
+)
+
+
+def _run_options(command):
+    """Adds :data:`_RUN_OPTIONS` to a command, in their order in ``--help``."""
+    for option in reversed(_RUN_OPTIONS):
+        command = option(command)
+    return command
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="linear-memory-networks")
 def cli() -> None:
@@ -62,20 +91,11 @@ def cli() -> None:
               callback=_positive)
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=_DEFAULT.weight_decay,
               show_default=True, help="L2 weight decay (Adam's weight_decay).")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULT.lr,
-              show_default=True)
+@_run_options
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default=_DEFAULT.optimizer,
               show_default=True)
 @click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULT.momentum,
               show_default=True, help="SGD momentum.")
-@click.option("--epochs", type=int, default=_DEFAULT.epochs, show_default=True,
-              callback=_positive, help="Upper bound on epochs.")
-@click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
-              callback=_positive, help="Epochs without a better validation accuracy.")
-@click.option("--batch-size", type=int, default=_DEFAULT.batch_size, show_default=True,
-              callback=_positive)
-@click.option("--clip", default=str(_DEFAULT.clip), show_default=True, callback=_clip,
-              help="Gradient-norm clipping, or 'none'.")
 @click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULT.dropout,
               show_default=True, help="Dropout on the recurrent output before the readout.")
 @click.option("--transpose", type=click.IntRange(0, 87), default=_DEFAULT.transpose,
@@ -85,8 +105,6 @@ def cli() -> None:
               help="Start the readout bias at the training split's key rates.")
 @click.option("--nonlinearity", type=click.Choice(["tanh", "relu", "selu"]), default=None,
               help="Recurrent activation [default: selu for ulm and pret-lmn-*, else tanh].")
-@click.option("--k", type=int, default=_DEFAULT.k, show_default=True, callback=_positive,
-              help="Pretraining: past blocks of the unrolled network (ulm, pret-lmn-*).")
 @click.option("--la-window", type=click.IntRange(min=0), default=None,
               help="Pretraining: the linear autoencoder's window [default: k + 1 for pret-lmn-*, "
                    "full length for pret-rnn; 0: full length].")
@@ -113,10 +131,6 @@ def cli() -> None:
               default=_DEFAULT.rnn_pretrain_epochs, show_default=True,
               help="rnn-rbm: first train a tanh RNN next-step predictor (epoch bound) and copy "
                    "it into the RNN part.")
-@click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True)
-@click.option("--device", default=_DEFAULT.device, show_default=True, help="cpu, cuda, cuda:1")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Folder with the data files (default: $LINMEM_DATA, else the user cache).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Run directory (default: runs/DATA-MODEL-SIZES-wdWD-sSEED).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last epoch.")
@@ -276,21 +290,7 @@ def _search_worker(config, command: str, threads: int) -> None:
               help="Seconds of silence before a trial is failed [default: 2 x --heartbeat].")
 @click.option("--poll", type=float, default=10.0, show_default=True,
               help="Seconds between checks while the remaining points run elsewhere.")
-@click.option("--epochs", type=int, default=_DEFAULT.epochs, show_default=True,
-              callback=_positive)
-@click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
-              callback=_positive)
-@click.option("--batch-size", type=int, default=_DEFAULT.batch_size, show_default=True,
-              callback=_positive)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULT.lr,
-              show_default=True)
-@click.option("--clip", default=str(_DEFAULT.clip), show_default=True, callback=_clip)
-@click.option("--k", type=int, default=_DEFAULT.k, show_default=True, callback=_positive,
-              help="Pretraining: past blocks of the unrolled network (pret-* models).")
-@click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True)
-@click.option("--device", default=_DEFAULT.device, show_default=True)
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Folder with the data files (default: $LINMEM_DATA, else the user cache).")
+@_run_options
 @click.option("--quiet", is_flag=True)
 def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
                storage: str | None, out: str, jobs: int, pruner: str, prune_warmup: int,
