@@ -33,6 +33,7 @@ import socket
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -214,17 +215,17 @@ class SearchConfig:
             raise ValueError(f"pruner must be 'median' or 'none', got {self.pruner!r}")
         if self.subset is not None and self.subset < 1:
             raise ValueError(f"subset must be a positive integer, got {self.subset!r}")
-        base = self.base or TrainConfig()
+        self.base = self.base or TrainConfig()
         self.models = list(self.models)
         self.data = [resolve_name(d) for d in self.data]
         if not self.models or not self.data:
             raise ValueError("a search needs at least one data set and one model")
         for m in self.models:
-            replace(base, model=m)  # validates the model with the base settings
+            replace(self.base, model=m)  # validates the model with the base settings
 
 
 def _study_attrs(config: SearchConfig, data: str, model: str) -> dict[str, Any]:
-    base = asdict(replace(config.base or TrainConfig(), data=data, model=model))
+    base = asdict(replace(config.base, data=data, model=model))
     for key in ("hidden", "memory", "weight_decay", "device", "data_dir"):
         base.pop(key)
     return {"grid": config.grid, "data": data, "model": model, "subset": config.subset,
@@ -269,7 +270,6 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
 
     g = GRIDS[config.grid]
     lmn = architecture(model).startswith("lmn")
-    base = config.base or TrainConfig()
 
     def objective(trial: optuna.Trial) -> float:
         frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
@@ -290,8 +290,8 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         run_dir = Path(config.out_dir) / study.study_name / point.name
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        train_config = replace(base, data=study.user_attrs["data"], model=model, hidden=hidden,
-                               memory=memory, weight_decay=weight_decay)
+        train_config = replace(config.base, data=study.user_attrs["data"], model=model,
+                               hidden=hidden, memory=memory, weight_decay=weight_decay)
 
         def report(epoch: int, row: dict) -> None:  # the pruner's input, kept in any case
             trial.report(row["valid_acc"], epoch)
@@ -319,8 +319,7 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
 def _load_data(config: SearchConfig, name: str) -> dict[str, list[np.ndarray]]:
     from .data import load_polyphonic
 
-    base = config.base or TrainConfig()
-    data = load_polyphonic(name, root=base.data_dir, progress=config.progress)
+    data = load_polyphonic(name, root=config.base.data_dir, progress=config.progress)
     if config.subset is not None:
         data = {split: seqs[:config.subset] for split, seqs in data.items()}
     return data
@@ -379,15 +378,8 @@ def run_worker(config: SearchConfig, command: str | None = None,
             if not busy:
                 break
             time.sleep(config.poll_s)  # points running elsewhere: wait, to take over the dead
-    return {s.study_name: _count(point_states(s, points[id(s)], config.max_retry))
+    return {s.study_name: dict(Counter(point_states(s, points[id(s)], config.max_retry).values()))
             for _, _, s in studies}
-
-
-def _count(states: dict[Point, str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for s in states.values():
-        counts[s] = counts.get(s, 0) + 1
-    return counts
 
 
 def select(study) -> tuple[Any, dict[str, int]] | None:
