@@ -165,6 +165,13 @@ def test_bad_input():
         model.sample(torch.zeros(0, 6), 3)
     with pytest.raises(ValueError, match="predict"):
         RNNRBM(predict="exact")
+    from linmem.models import build_model
+    from linmem.train import TrainConfig
+
+    for make in (lambda: build_model("rnn-rbm", 8, dropout=0.1),
+                 lambda: TrainConfig(model="rnn-rbm", dropout=0.1)):
+        with pytest.raises(ValueError, match="no dropout"):
+            make()
 
 
 def test_trainer_runs_rnn_rbm_and_resumes_exactly(tmp_path, jsb):

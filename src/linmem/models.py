@@ -111,9 +111,10 @@ def default_nonlinearity(name: str) -> str:
     return "selu" if name in ("ulm", "pret-lmn-a", "pret-lmn-b") else "tanh"
 
 
-def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 1) -> str:
-    """Validate a model name with its activation and depth, without building anything; returns
-    the activation (``nonlinearity`` or :func:`default_nonlinearity`)."""
+def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 1,
+                  dropout: float = 0.0) -> str:
+    """Validate a model name with its activation, depth and dropout, without building anything;
+    returns the activation (``nonlinearity`` or :func:`default_nonlinearity`)."""
     if name not in ALL_MODELS:
         raise ValueError(f"unknown model {name!r}: choose one of {', '.join(ALL_MODELS)}")
     arch = architecture(name)
@@ -128,6 +129,8 @@ def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 
                          f"got {nonlinearity!r}")
     if arch in ("ulm", "rnn-rbm") and num_layers != 1:
         raise ValueError(f"{name} has one layer")
+    if arch == "rnn-rbm" and dropout:
+        raise ValueError("rnn-rbm has no dropout option")
     return nonlinearity
 
 
@@ -142,9 +145,7 @@ def build_model(name: str, hidden: int, memory: int | None = None, num_layers: i
     if name == "rnn-rbm":
         from .rnnrbm import RNNRBM
 
-        check_options(name, nonlinearity, num_layers)
-        if dropout:
-            raise ValueError("rnn-rbm has no dropout option")
+        check_options(name, nonlinearity, num_layers, dropout)
         return RNNRBM(input_size, n_recurrent=hidden, **rbm_options)
     return NextStepPredictor(name, input_size, hidden, memory, num_layers, dropout,
                              nonlinearity, k)

@@ -101,8 +101,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.data = resolve_name(self.data)
-        # the model with its activation and depth: fail now, not after hours of pretraining
-        check_options(self.model, self.nonlinearity, self.num_layers)
+        # the model with its activation, depth and dropout: fail now, not after hours of pretraining
+        check_options(self.model, self.nonlinearity, self.num_layers, self.dropout)
         if not architecture(self.model).startswith("lmn"):
             self.memory = None
         for name in ("hidden", "num_layers", "batch_size", "epochs", "patience",
@@ -140,8 +140,6 @@ class TrainConfig:
             value = getattr(self, name)
             if int(value) != value or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if self.model == "rnn-rbm" and self.dropout:
-            raise ValueError("rnn-rbm has no dropout option")
         if self.pretrain_epochs is not None and (int(self.pretrain_epochs) != self.pretrain_epochs
                                                  or self.pretrain_epochs < 1):
             raise ValueError(f"pretrain_epochs must be >= 1, got {self.pretrain_epochs!r}")
