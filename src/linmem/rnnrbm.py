@@ -56,6 +56,16 @@ def gibbs_chain(v: Tensor, w: Tensor, b_v: Tensor, b_h: Tensor, k: int,
     return v
 
 
+def frame_log_likelihood(w: Tensor, b_v: Tensor, b_h: Tensor, v: Tensor, chains: int = 100,
+                         betas: int = 1000, generator: torch.Generator | None = None
+                         ) -> tuple[Tensor, Tensor]:
+    """``log P(v[i])`` under the RBMs ``(W, b_v[i], b_h[i])``, ``-F(v) - log Z`` with AIS for
+    ``log Z``, and the standard error of each (that of its ``log Z``)."""
+    with torch.no_grad():
+        log_z, se = ais_log_partition(w, b_v, b_h, chains, betas, generator)
+        return -free_energy(v, w, b_v, b_h) - log_z, se
+
+
 def ais_log_partition(w: Tensor, b_v: Tensor, b_h: Tensor, chains: int = 100,
                       betas: int = 1000, generator: torch.Generator | None = None
                       ) -> tuple[Tensor, Tensor]:
@@ -185,9 +195,8 @@ class RNNRBM(nn.Module):
         with torch.no_grad():
             b_v, b_h = self.step_biases(inputs)
             valid = mask.bool()
-            b_v, b_h, v = b_v[valid], b_h[valid], targets[valid]
-            log_z, se = ais_log_partition(self.W, b_v, b_h, chains, betas, generator)
-            return -free_energy(v, self.W, b_v, b_h) - log_z, se
+            return frame_log_likelihood(self.W, b_v[valid], b_h[valid], targets[valid], chains,
+                                        betas, generator)
 
     @torch.no_grad()
     def sample(self, prefix: Tensor, n_steps: int, gibbs_steps: int = 100,
@@ -236,13 +245,10 @@ def estimate_nll(model: RNNRBM, sequences, chains: int = 100, betas: int = 1000,
     if max_frames is not None and max_frames < total:
         pick = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:max_frames]
         b_v, b_h, v = b_v[pick.to(device)], b_h[pick.to(device)], v[pick.to(device)]
-    lls, ses = [], []
-    w = model.W.detach()
-    for i in range(0, len(v), chunk):
-        log_z, se = ais_log_partition(w, b_v[i:i + chunk], b_h[i:i + chunk], chains, betas, gen)
-        lls.append(-free_energy(v[i:i + chunk], w, b_v[i:i + chunk], b_h[i:i + chunk]) - log_z)
-        ses.append(se)
-    ll, se = torch.cat(lls).double(), torch.cat(ses).double()
+    parts = [frame_log_likelihood(model.W, b_v[i:i + chunk], b_h[i:i + chunk], v[i:i + chunk],
+                                  chains, betas, gen) for i in range(0, len(v), chunk)]
+    ll = torch.cat([p[0] for p in parts]).double()
+    se = torch.cat([p[1] for p in parts]).double()
     n = len(ll)
     return {"nll": float(-ll.mean()), "se": float(se.pow(2).sum().sqrt() / n),
             "frame_sd": float(ll.std() / math.sqrt(n)) if n > 1 else 0.0,
