@@ -359,17 +359,8 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                runs: tuple[str, ...]) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
-    import shutil
-
-    from ._io import atomic_write, command_line, write_json
-    from .report import (
-        collect_metrics,
-        figure4_data,
-        plot_figure4,
-        run_records,
-        summary_records,
-        table2_markdown,
-    )
+    from ._io import command_line
+    from .report import collect_metrics, run_records, write_search_report
     from .search import default_storage, search_records
 
     storage = storage or default_storage("runs/search")
@@ -388,27 +379,7 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
             raise UsageFailure(f"--run {', '.join(clash)}: these have a search study already")
         records += singles
     out_dir = Path(out)
-    command = command_line()
-    summary = summary_records(records)
-    write_json(out_dir / "summary.json", summary)
-    with atomic_write(out_dir / "table2.md", "w") as f:
-        f.write(table2_markdown(records, command))
-    fig = {**figure4_data(records), "command": command}
-    write_json(out_dir / "figure4.json", fig)
-    if fig["curves"]:
-        plot_figure4(fig, out_dir / "figure4.png")
-    write_json(out_dir / "search_trials.json", [
-        {k: v for k, v in r.items() if k in ("study", "dataset", "model", "grid", "subset",
-                                              "grid_points", "points_done", "grid_complete",
-                                              "trials_run")} for r in records])
-    for r in summary:
-        run = Path(r["run_dir"]) if r["grid"] == "runs" else Path(runs_root) / str(r["run_dir"])
-        if run.is_dir():
-            dest = out_dir / "selected" / f"{r['dataset']}-{r['model']}"
-            dest.mkdir(parents=True, exist_ok=True)
-            for name in ("config.json", "log.jsonl", "metrics.json", "pretraining.json"):
-                if (run / name).is_file():
-                    shutil.copyfile(run / name, dest / name)
+    write_search_report(records, out_dir, command_line(), runs_root)
     for r in records:
         sel = (f"selected {r['model']} h{r['hidden']}"
                + (f" m{r['memory']}" if r.get("memory") else "")

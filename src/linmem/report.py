@@ -278,3 +278,35 @@ def plot_figure4(data: dict, path: str | os.PathLike) -> None:
     with atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
+
+
+def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, command: str,
+                        runs_root: str | os.PathLike = ".") -> None:
+    """``out_dir``: ``summary.json``, ``table2.md``, ``figure4.json`` (and ``.png`` when it has a
+    curve), ``search_trials.json`` (no test scores) and, under ``selected/``, the files of each
+    selected run found (search runs under ``runs_root``, single runs where they are)."""
+    import shutil
+
+    from ._io import atomic_write, write_json
+
+    out_dir = Path(out_dir)
+    summary = summary_records(records)
+    write_json(out_dir / "summary.json", summary)
+    with atomic_write(out_dir / "table2.md", "w") as f:
+        f.write(table2_markdown(records, command))
+    fig = {**figure4_data(records), "command": command}
+    write_json(out_dir / "figure4.json", fig)
+    if fig["curves"]:
+        plot_figure4(fig, out_dir / "figure4.png")
+    write_json(out_dir / "search_trials.json", [
+        {k: v for k, v in r.items() if k in ("study", "dataset", "model", "grid", "subset",
+                                              "grid_points", "points_done", "grid_complete",
+                                              "trials_run")} for r in records])
+    for r in summary:
+        run = Path(r["run_dir"]) if r["grid"] == "runs" else Path(runs_root) / str(r["run_dir"])
+        if run.is_dir():
+            dest = out_dir / "selected" / f"{r['dataset']}-{r['model']}"
+            dest.mkdir(parents=True, exist_ok=True)
+            for name in ("config.json", "log.jsonl", "metrics.json", "pretraining.json"):
+                if (run / name).is_file():
+                    shutil.copyfile(run / name, dest / name)
