@@ -361,12 +361,13 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     from ._io import command_line
     from .report import collect_metrics, run_records, write_search_report
-    from .search import default_storage, search_records
+    from .search import default_storage, search_records, sqlite_path
 
     storage = storage or default_storage("runs/search")
-    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
-        raise UsageFailure(f"no search database at {storage[len('sqlite:///'):]} (run "
-                           "`linmem search` first, or pass --storage)")
+    database = sqlite_path(storage)
+    if database is not None and not database.is_file():
+        raise UsageFailure(f"no search database at {database} (run `linmem search` first, or "
+                           "pass --storage)")
     records = search_records(storage, None if grid == "all" else grid, runs_root)
     if not records:
         raise UsageFailure(f"no study of grid {grid!r} in {storage}")

@@ -116,13 +116,20 @@ def default_storage(out_dir: str | os.PathLike) -> str:
     return f"sqlite:///{Path(out_dir).resolve() / 'search.db'}"
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` storage URL; None for any other URL."""
+    prefix = "sqlite:///"
+    return Path(url[len(prefix):]) if url.startswith(prefix) else None
+
+
 def make_storage(url: str, heartbeat_interval: int = 60, grace_period: int | None = None,
                  max_retry: int = 3):
     """An ``optuna.storages.RDBStorage`` with heartbeats and the retry of failed trials."""
     import optuna
 
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    database = sqlite_path(url)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": 120}}  # several local workers share it
     else:
         engine_kwargs = {"pool_pre_ping": True}
