@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test lint clean postgres-bin results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm
+.PHONY: install demo test lint clean results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,9 @@ demo: install
 lint: install
 	$(PY) -m ruff check src tests benchmarks
 
-# The search tests start a throwaway PostgreSQL server on loopback: install its binaries if missing.
-postgres-bin:
-	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
-	  { echo "installing PostgreSQL (for the search tests)"; apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
-
-test: lint postgres-bin
+# The search tests start a throwaway PostgreSQL server on loopback with .ci/postgres (which
+# installs the server with apt-get when it is missing).
+test: lint
 	LINMEM_TEST_DATA=$(DATA) $(PY) -m pytest
 
 clean:

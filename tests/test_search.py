@@ -1,12 +1,9 @@
 """Grid search on Optuna: every grid point runs exactly once, with SQLite and with PostgreSQL, even
 when a worker is killed mid-trial; selection on validation only; the report's files."""
 
-import glob
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -189,44 +186,25 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
 # ---------------------------------------------------------------- killed worker, both storages
 
 
-def _postgres_bin(name: str) -> str | None:
-    found = shutil.which(name) or sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return found if isinstance(found, str) else (found[-1] if found else None)
-
-
 @pytest.fixture(scope="module")
 def postgres_url():
-    """A throwaway PostgreSQL server on loopback (or $LINMEM_TEST_POSTGRES, a server's URL)."""
+    """A throwaway PostgreSQL server on loopback from ``.ci/postgres`` (which installs the server
+    when it is missing), or $LINMEM_TEST_POSTGRES, a running server's URL."""
     if os.environ.get("LINMEM_TEST_POSTGRES"):
         yield os.environ["LINMEM_TEST_POSTGRES"]
         return
-    initdb, pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        pytest.fail("PostgreSQL's initdb/pg_ctl are not installed: `make test` installs them "
-                    "(apt-get install postgresql), or set LINMEM_TEST_POSTGRES to a server URL")
+    script = str(Path(__file__).resolve().parents[1] / ".ci" / "postgres")
     folder = tempfile.mkdtemp(prefix="linmem-pg-")
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # the server refuses to run as root
-        import pwd
-
-        pw = pwd.getpwnam("postgres")
-        os.chown(folder, pw.pw_uid, pw.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = f"{folder}/data"
-    subprocess.run([*as_user, initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_user, pg_ctl, "-D", data, "-l", f"{folder}/log", "-w", "-o",
-                    f"-h 127.0.0.1 -p {port} -k {folder}", "start"], check=True,
-                   capture_output=True)
+    started = subprocess.run([script, "start", folder], capture_output=True, text=True)
+    if started.returncode != 0:
+        subprocess.run([script, "stop", folder], capture_output=True)
+        pytest.fail(f"could not start PostgreSQL with .ci/postgres ({started.stderr.strip()}); "
+                    "install it (apt-get install postgresql) or set LINMEM_TEST_POSTGRES to a "
+                    "server URL")
     try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+        yield started.stdout.strip()
     finally:
-        subprocess.run([*as_user, pg_ctl, "-D", data, "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run([script, "stop", folder], capture_output=True)
 
 
 def _worker(storage: str, out: Path, data_dir: Path) -> subprocess.Popen:
