@@ -4,7 +4,9 @@ Each fit runs in a fresh subprocess, so that its peak resident memory (``ru_maxr
 the memory of a process that only imports linmem is printed too and subtracted. The error is the
 optimal rank-p error of Xi reached by the solver, ``1 - sum(s_i^2) / ||Xi||_F^2`` (the tail energy;
 equal errors mean equally good subspaces), and for JSB Chorales also the autoencoder's recursive
-reconstruction error on its first training sequences.
+reconstruction error on its first training sequences. Every fit gets the same float64 input; with
+the default ``--tol 1e-2`` the randomized solver iterates in float32 and takes its final
+Rayleigh-Ritz step in float64 (column "iterated").
 
     python benchmarks/la_solvers.py [--data-dir DIR] [--part jsb|window|full|all] [--json OUT]
                                     [--tol T] [--n-oversamples K]
@@ -47,7 +49,8 @@ def one(spec: dict) -> dict:
         la = fitted if p == fitted.n_components_ else fitted.truncated(p)
         result = {**spec, "p": p, "seconds": seconds, "n_components": la.n_components_,
                   "relative_svd_error": la.relative_svd_error_,
-                  "n_iter": getattr(la, "n_iter_", None), "peak_rss_mb": peak}
+                  "n_iter": getattr(la, "n_iter_", None),
+                  "iteration_dtype": getattr(la, "iteration_dtype_", None), "peak_rss_mb": peak}
         if spec.get("la_error_sequences"):
             subset = seqs[: spec["la_error_sequences"]]
             result["la_error_first_seqs"] = la.reconstruction_error(subset)
@@ -79,7 +82,7 @@ def row(r: dict, base: float) -> str:
     return (f"{r['data']:<11}{r['solver']:<11}{r['window']!s:>7}{r['p']:>6}{r['n_components']:>6}"
             f"{r['seconds']:>10.2f}{r['peak_rss_mb'] - base:>10.0f}"
             f"{r['relative_svd_error']:>14.6e}{r['n_iter'] if r['n_iter'] is not None else '':>6}"
-            + la_txt)
+            f"{r.get('iteration_dtype') or '':>9}" + la_txt)
 
 
 def main() -> None:
@@ -101,7 +104,7 @@ def main() -> None:
     base = baseline_rss()
     print(f"peak RSS of a process that only imports linmem: {base:.0f} MB (subtracted below)")
     print(f"{'data':<11}{'solver':<11}{'window':>7}{'p':>6}{'kept':>6}{'fit s':>10}"
-          f"{'peak MB':>10}{'rel. SVD err':>14}{'iters':>6}")
+          f"{'peak MB':>10}{'rel. SVD err':>14}{'iters':>6}{'iterated':>9}")
     results = []
     datasets = ("jsb", "piano", "nottingham", "musedata")
 

@@ -5,6 +5,7 @@ import pytest
 import scipy.linalg
 import torch
 
+import linmem.la as la_module
 from linmem.la import LinearAutoencoder, build_xi, xi_rows, xi_squared_norm
 
 
@@ -30,6 +31,28 @@ def smooth_sequences(lengths, a, seed=0):
     return seqs
 
 
+# The randomized solver three ways: all in float64 (a tolerance below float32's reach), and
+# iterating in float32 (a loose tolerance) with the final Rayleigh-Ritz step in float64 on
+# Xi^T Q held whole ("mixed") or streamed in column chunks ("mixed-streamed").
+VARIANTS = {"dense": {"solver": "dense"}, "qr": {"solver": "qr"},
+            "randomized": {"solver": "randomized", "tol": 1e-8},
+            "mixed": {"solver": "randomized", "tol": 1e-2},
+            "mixed-streamed": {"solver": "randomized", "tol": 1e-2}}
+
+
+def fit_variant(variant, monkeypatch, n_components, seqs, **kwargs):
+    if variant == "mixed-streamed":
+        monkeypatch.setattr(la_module, "_STAGE_B_MAX_BYTES", 0)
+    la = LinearAutoencoder(n_components, random_state=0, **{**VARIANTS[variant], **kwargs})
+    la.fit(seqs)
+    if variant.startswith("mixed"):
+        assert la.iteration_dtype_ == "float32"
+    elif variant == "randomized":
+        assert la.iteration_dtype_ == "float64"
+    assert la.A_.dtype == np.float64
+    return la
+
+
 def test_xi_rows_is_the_reversed_prefix_matrix():
     x = np.arange(12.0).reshape(4, 3)
     rows = xi_rows(x, 3)
@@ -42,15 +65,19 @@ def test_xi_rows_is_the_reversed_prefix_matrix():
     np.testing.assert_array_equal(rows, expected)
 
 
-@pytest.mark.parametrize("solver", ["dense", "randomized"])
-def test_full_length_full_rank_is_exact(solver):
+@pytest.mark.parametrize("variant", ["dense", "randomized", "mixed", "mixed-streamed"])
+def test_full_length_full_rank_is_exact(variant, monkeypatch):
     seqs = random_sequences([7, 5, 9, 4, 8], 3)
     xi = build_xi(seqs, 9)
     s_ref = np.linalg.svd(xi, compute_uv=False)
     rank = np.linalg.matrix_rank(xi)
-    la = LinearAutoencoder(rank, solver=solver, random_state=0).fit(seqs)
+    la = fit_variant(variant, monkeypatch, rank, seqs)
+    solver = VARIANTS[variant]["solver"]
     assert la.n_components_ == rank and la.solver_ == solver
-    np.testing.assert_allclose(la.singular_values_, s_ref[:rank], rtol=1e-10)
+    # the randomized solver takes the singular values from the Gram matrix of Xi^T Q: exact up to
+    # the Gram's rounding, eps ||Xi||^2 on s_i^2 (Weyl), i.e. eps s_1^2 / s_i on s_i
+    gram_error = 10 * np.finfo(float).eps * s_ref[0] ** 2 / s_ref[:rank]
+    assert np.all(np.abs(la.singular_values_ - s_ref[:rank]) <= 1e-10 * s_ref[:rank] + gram_error)
     for x in seqs:
         states = la.encode(x)
         rec = la.decode(states[-1], len(x))
@@ -63,15 +90,15 @@ def test_full_length_full_rank_is_exact(solver):
         np.testing.assert_allclose(la.all_singular_values_, s_ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("solver", ["dense", "qr", "randomized"])
-def test_windowed_full_rank_is_exact(solver):
+@pytest.mark.parametrize("variant", ["dense", "qr", "randomized", "mixed", "mixed-streamed"])
+def test_windowed_full_rank_is_exact(variant, monkeypatch):
     seqs = random_sequences([30, 12, 25, 61], 4, seed=1)  # 61 > window * a: sliced by "qr"
     window = 5
     xi = build_xi(seqs, window)
     assert xi_squared_norm(seqs, window) == pytest.approx(np.linalg.norm(xi) ** 2)
     rank = np.linalg.matrix_rank(xi)
     assert rank == window * 4
-    la = LinearAutoencoder(rank, window=window, solver=solver, random_state=0).fit(seqs)
+    la = fit_variant(variant, monkeypatch, rank, seqs, window=window)
     np.testing.assert_allclose(la.singular_values_, np.linalg.svd(xi, compute_uv=False),
                                rtol=1e-10)
     for x in seqs:
@@ -82,20 +109,27 @@ def test_windowed_full_rank_is_exact(solver):
             assert np.abs(rec - x[t + 1 - m: t + 1]).max() <= 1e-8 * np.abs(x).max()
 
 
-@pytest.mark.parametrize(("window", "solvers"), [(None, ["randomized"]),
-                                                  (6, ["qr", "randomized"])])
-def test_solvers_agree_with_dense_below_rank(window, solvers):
+@pytest.mark.parametrize(("window", "variant"), [
+    (None, "randomized"), (None, "mixed"), (None, "mixed-streamed"),
+    (6, "qr"), (6, "randomized"), (6, "mixed"), (6, "mixed-streamed")])
+def test_solvers_agree_with_dense_below_rank(window, variant, monkeypatch):
     seqs = smooth_sequences([40, 33, 50, 21], 5, seed=2)
     p = 8
     ref = LinearAutoencoder(p, window=window, solver="dense").fit(seqs)
-    for solver in solvers:
-        la = LinearAutoencoder(p, window=window, solver=solver, random_state=0).fit(seqs)
-        np.testing.assert_allclose(la.singular_values_, ref.singular_values_, rtol=1e-6)
-        angles = scipy.linalg.subspace_angles(la.components_.T, ref.components_.T)
-        assert angles.max() < 1e-4
-        # same subspace and the same deterministic signs: the same A and B
-        np.testing.assert_allclose(la.A_, ref.A_, atol=1e-5)
-        np.testing.assert_allclose(la.B_, ref.B_, atol=1e-5)
+    if variant.startswith("mixed"):
+        # float32 iterations stop once every Ritz value settles to 1e-4 (the loosest tolerance
+        # that the float32 path takes): values that close, vectors to about its square root
+        la = fit_variant(variant, monkeypatch, p, seqs, window=window, tol=1e-4)
+        rtol, max_angle, atol = 1e-5, 1e-2, 1e-3
+    else:
+        la = fit_variant(variant, monkeypatch, p, seqs, window=window)
+        rtol, max_angle, atol = 1e-6, 1e-4, 1e-5
+    np.testing.assert_allclose(la.singular_values_, ref.singular_values_, rtol=rtol)
+    angles = scipy.linalg.subspace_angles(la.components_.T, ref.components_.T)
+    assert angles.max() < max_angle
+    # same subspace and the same deterministic signs: the same A and B
+    np.testing.assert_allclose(la.A_, ref.A_, atol=atol)
+    np.testing.assert_allclose(la.B_, ref.B_, atol=atol)
 
 
 def test_svd_error_is_the_tail_energy_and_la_error_is_consistent():
@@ -152,6 +186,10 @@ def test_float32_torch_input_and_batched_encode():
     assert la.A_.dtype == np.float32
     la64 = LinearAutoencoder(10, solver="dense").fit(seqs)
     np.testing.assert_allclose(la.singular_values_, la64.singular_values_, rtol=1e-4)
+    fast = LinearAutoencoder(10, solver="randomized", tol=1e-8, random_state=0).fit(
+        [s.astype(np.float32) for s in seqs])  # float32 in: float32 throughout
+    assert fast.A_.dtype == np.float32 and fast.iteration_dtype_ == "float32"
+    np.testing.assert_allclose(fast.singular_values_, la64.singular_values_, rtol=1e-4)
     padded = np.zeros((3, 9, 4))
     for i, s in enumerate(seqs):
         padded[i, : len(s)] = s
