@@ -102,8 +102,7 @@ def build_xi(sequences: Sequence[np.ndarray], window: int) -> np.ndarray:
 
 def _shift_gram(u: np.ndarray, a: int) -> np.ndarray:
     """``B = U^T R U`` for ``U`` ``(L a, p)``: ``sum_i U_i^T U_{i-1}`` over blocks ``i >= 1``."""
-    blocks = u.reshape(-1, a, u.shape[1])
-    return np.einsum("iap,iaq->pq", blocks[1:], blocks[:-1], optimize=True)
+    return u[a:].T @ u[:-a]  # one product on two views of U: no copy of U
 
 
 def _rank(s: np.ndarray, shape: tuple[int, int]) -> int:
