@@ -132,6 +132,22 @@ def test_solvers_agree_with_dense_below_rank(window, variant, monkeypatch):
     np.testing.assert_allclose(la.B_, ref.B_, atol=atol)
 
 
+def test_randomized_solver_warns_when_it_stops_at_max_iter():
+    seqs = smooth_sequences([40, 33, 50, 21], 5, seed=2)
+    with pytest.warns(la_module.ConvergenceWarning, match="max_iter=1"):
+        la = LinearAutoencoder(8, solver="randomized", tol=1e-12, max_iter=1,
+                               random_state=0).fit(seqs)
+    assert la.n_iter_ == 1
+
+
+def test_sign_convention_is_the_largest_entry_positive():
+    rng = np.random.default_rng(8)
+    u = rng.standard_normal((40000, 3))  # more rows than one scan block
+    u[35000, 0], u[123, 1], u[39999, 2] = -9.0, 9.0, -9.5
+    fixed = la_module._sign_fix(u.copy())
+    np.testing.assert_array_equal(fixed, u * np.array([-1.0, 1.0, -1.0]))
+
+
 def test_svd_error_is_the_tail_energy_and_la_error_is_consistent():
     seqs = smooth_sequences([30, 24, 18], 4, seed=3)
     xi = build_xi(seqs, 30)

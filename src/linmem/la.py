@@ -34,6 +34,12 @@ import scipy.fft
 import scipy.linalg
 
 SOLVERS = ("auto", "dense", "qr", "randomized")
+
+
+class ConvergenceWarning(UserWarning):
+    """The randomized solver reached ``max_iter`` before its tolerance."""
+
+
 _WORKERS = os.cpu_count() or 1  # threads for scipy.fft
 _DENSE_MAX_ENTRIES = 2e7  # Xi entries up to which "auto" takes the dense SVD (160 MB in float64)
 _QR_MAX_COLUMNS = 4000  # window * features up to which "auto" takes the exact streamed QR
@@ -112,13 +118,23 @@ def _rank(s: np.ndarray, shape: tuple[int, int]) -> int:
     return int((s > tol).sum())
 
 
+def _row_blocks(n: int, size: int = 16384):
+    return (slice(i, i + size) for i in range(0, n, size))
+
+
 def _sign_fix(u: np.ndarray) -> np.ndarray:
-    """Deterministic signs, in place: the largest-magnitude entry of each column is positive."""
+    """Deterministic signs, in place: the largest-magnitude entry of each column (the first one
+    on ties) is positive. Scans ``u`` in row blocks: no temporary of ``u``'s size."""
     cols = np.arange(u.shape[1])
-    hi, lo = u.argmax(axis=0), u.argmin(axis=0)  # no |u| temporary: U can be large
-    idx = np.where(np.abs(u[hi, cols]) >= np.abs(u[lo, cols]), hi, lo)
-    signs = np.sign(u[idx, cols])
-    signs[signs == 0] = 1
+    best = np.full(u.shape[1], -1.0)
+    signs = np.ones(u.shape[1], u.dtype)
+    for rows in _row_blocks(u.shape[0]):
+        block = u[rows]
+        idx = np.abs(block).argmax(axis=0)
+        value = block[idx, cols]
+        better = np.abs(value) > best
+        best[better] = np.abs(value[better])
+        signs[better] = np.where(value[better] < 0, -1, 1)
     u *= signs
     return u
 
@@ -248,10 +264,6 @@ def _ritz(m: np.ndarray, gram: np.ndarray | None = None) -> tuple[np.ndarray, np
     return np.clip(evals[::-1], 0, None), evecs[:, ::-1]
 
 
-def _row_blocks(n: int, size: int = 16384):
-    return (slice(i, i + size) for i in range(0, n, size))
-
-
 def _kept(evals: np.ndarray, p: int, shape: tuple[int, int]) -> int:
     """How many of the top-``p`` Ritz values (squared singular values) are numerically nonzero."""
     if evals.size == 0 or evals[0] <= 0:
@@ -277,10 +289,16 @@ def _subspace(op: _ImplicitXi, r: int, p: int, rng, max_iter: int, tol: float):
         y = op.gram_apply(q, chunk)  # Xi Xi^T Q
         evals, evecs = _ritz(q.T @ y)  # the Ritz values of span(Q)
         top = evals[:p]
-        floor = np.finfo(top.dtype).eps * max(float(top[0]), np.finfo(top.dtype).tiny)
+        # Ritz values are resolved to a few eps * the largest one (float32: ~5e-7 of it): changes
+        # below that are rounding, and count as settled
+        resolution = 10 * np.finfo(op.dtype).eps * float(top[0])
         converged = previous is not None and np.all(
-            np.abs(top - previous) <= tol * np.maximum(top, floor))
+            np.abs(top - previous) <= tol * top + resolution)
         if converged or iterations >= max_iter:
+            if not converged:
+                warnings.warn(f"the randomized solver stopped at max_iter={max_iter} before "
+                              f"every Ritz value settled to tol={tol:g}", ConvergenceWarning,
+                              stacklevel=4)
             return q, evals, evecs, iterations
         previous = top
         q = y
@@ -606,4 +624,5 @@ class LinearAutoencoder:
                 f"center={self.center}, solver={self.solver!r})")
 
 
-__all__ = ["SOLVERS", "LinearAutoencoder", "build_xi", "xi_rows", "xi_squared_norm"]
+__all__ = ["SOLVERS", "ConvergenceWarning", "LinearAutoencoder", "build_xi", "xi_rows",
+           "xi_squared_norm"]
