@@ -20,7 +20,10 @@ Solvers (``solver=``):
   causal convolutions and correlations by FFT, so ``Xi`` (600 GB for MuseData at full length) is
   never formed. The right singular vectors come back through one more implicit product,
   ``U = Xi^T V S^-1``, which holds for any window (the row-space shortcut
-  ``B = S^-1 V^T R_t V S`` is exact for the full-length ``Xi`` only).
+  ``B = S^-1 V^T R_t V S`` is exact for the full-length ``Xi`` only). With a loose tolerance
+  (``tol >= 1e-4``) the iteration runs in float32 and only this last Rayleigh-Ritz step in the
+  input's precision: ``U`` then lies in the row space of ``Xi`` and is orthonormal to that
+  precision, so a fit at full rank stays exact.
 """
 
 from __future__ import annotations
