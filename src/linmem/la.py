@@ -311,9 +311,8 @@ def _subspace(op: _ImplicitXi, r: int, p: int, rng, max_iter: int, tol: float):
 
 def _svd_randomized(seqs, window, p, rng, n_oversamples, max_iter, tol):
     """Top-``p`` singular values ``s`` of ``Xi`` and right singular vectors ``U``
-    ``(window a, kept)`` (only the numerically nonzero ones are kept), by subspace iteration
-    (:func:`_subspace`);
-    also the number of iterations and the precision they ran in.
+    ``(window a, kept)`` (only the numerically nonzero ones are kept) by subspace iteration
+    (:func:`_subspace`), and ``{"n_iter", "iteration_dtype"}``: how it ran.
 
     With ``tol >= 1e-4`` the iteration runs in float32 whatever the input's precision (twice the
     speed, half the memory; float32 resolves the Ritz values to about 1e-6, far below ``tol``),
