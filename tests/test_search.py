@@ -95,6 +95,9 @@ def test_sqlite_search_runs_each_point_once_and_selects_on_validation(tmp_path, 
     assert r["grid_complete"] and r["trials"] == 4 and r["valid_acc"] == best.value
     assert r["test_acc"] == best.user_attrs["test_acc"] and r["command"] == "test"
     assert all("test_acc" not in t for t in r["trials_run"])
+    # what the trial did not store comes from its run's metrics.json: the per-frame accuracies
+    selected = json.loads((Path(best.user_attrs["run_dir"]) / "metrics.json").read_text())
+    assert r["test_acc_frame"] == selected["test_acc_frame"] is not None
 
     # linmem report: summary.json, table2.md, figure4 from the same studies
     from linmem.cli import main

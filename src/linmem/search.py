@@ -412,8 +412,8 @@ def search_records(storage: str, grid: str | None = None,
     """One record per study in ``storage`` (of ``grid``, or every grid): the configuration
     selected on validation with its test scores, the coverage of the grid, and every trial that
     was run (points, states and validation accuracies only: no test score but the selected one).
-    A field a trial did not store (``command``) is read from its run's ``metrics.json`` under
-    ``runs_root`` when that is there.
+    Fields a trial did not store (``command``, the per-frame accuracies) are read from its run's
+    ``metrics.json`` under ``runs_root`` when that is there.
     """
     import optuna
     from optuna.trial import TrialState
@@ -454,12 +454,14 @@ def search_records(storage: str, grid: str | None = None,
             p = trial_point(best)
             u = dict(best.user_attrs)
             metrics_file = Path(runs_root) / str(u.get("run_dir")) / "metrics.json"
-            if "command" not in u and metrics_file.is_file():
-                u["command"] = read_json(metrics_file)["command"]
+            if metrics_file.is_file():  # fields a trial did not store (older trials: command)
+                u = {**read_json(metrics_file), **u}
             record.update({
                 "hidden": p.hidden, "memory": p.memory, "weight_decay": p.weight_decay,
                 "valid_acc": u["valid_acc"], "test_acc": u["test_acc"],
-                "test_nll": u["test_nll"], "test_nll_se": u.get("test_nll_se"),
+                "valid_acc_frame": u.get("valid_acc_frame"),
+                "test_acc_frame": u.get("test_acc_frame"), "test_nll": u["test_nll"],
+                "test_nll_se": u.get("test_nll_se"),
                 "n_params": u["n_params"], "epochs": u["epochs"],
                 "best_epoch": u.get("best_epoch"), "wall_time_s": u["wall_time_s"],
                 "trials": counts["complete"] + counts["pruned"] + counts["failed"],
