@@ -114,10 +114,12 @@ def _shift_gram(u: np.ndarray, a: int) -> np.ndarray:
     return u[a:].T @ u[:-a]  # one product on two views of U: no copy of U
 
 
-def _rank(s: np.ndarray, shape: tuple[int, int]) -> int:
+def _rank(s: np.ndarray, shape: tuple[int, int], safety: float = 1.0) -> int:
+    """How many singular values ``s`` (descending) of a ``shape`` matrix are numerically nonzero:
+    above ``safety * s_1 * max(shape) * eps``."""
     if s.size == 0 or s[0] == 0:
         return 0
-    tol = s[0] * max(shape) * np.finfo(s.dtype).eps
+    tol = safety * s[0] * max(shape) * np.finfo(s.dtype).eps
     return int((s > tol).sum())
 
 
@@ -267,12 +269,14 @@ def _ritz(m: np.ndarray, gram: np.ndarray | None = None) -> tuple[np.ndarray, np
     return np.clip(evals[::-1], 0, None), evecs[:, ::-1]
 
 
-def _kept(evals: np.ndarray, p: int, shape: tuple[int, int]) -> int:
-    """How many of the top-``p`` Ritz values (squared singular values) are numerically nonzero."""
-    if evals.size == 0 or evals[0] <= 0:
-        return 0
-    s = np.sqrt(evals[:p])
-    return int((s > s[0] * max(shape) * np.finfo(evals.dtype).eps * 10).sum())
+def _rows_tdot(a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a^T b`` in ``dtype`` for tall ``a`` and ``b`` of another precision, cast one block of rows
+    at a time (no full-size copy)."""
+    out = 0
+    for rows in _row_blocks(len(a)):
+        block = a[rows].astype(dtype)
+        out = out + block.T @ (block if b is a else b[rows].astype(dtype, copy=False))
+    return out
 
 
 def _subspace(op: _ImplicitXi, r: int, p: int, rng, max_iter: int, tol: float):
@@ -326,30 +330,26 @@ def _svd_randomized(seqs, window, p, rng, n_oversamples, max_iter, tol):
     r = min(p + n_oversamples, op.n_rows, op.n_cols)
     q, evals, evecs, iterations = _subspace(op, r, p, rng, max_iter, tol)
     info = {"n_iter": iterations, "iteration_dtype": work.name}
-    shape = (op.n_rows, op.n_cols)
+    w = None
     if work != dtype:  # Rayleigh-Ritz again in the input's precision, on the same subspace
         del op
         op = _ImplicitXi(seqs, window)
-        gram = np.zeros((r, r), dtype)  # Q^T Q in `dtype`: Q is orthonormal only in float32
-        for rows in _row_blocks(op.n_rows):
-            block = q[rows].astype(dtype)
-            gram += block.T @ block
+        gram = _rows_tdot(q, q, dtype)  # Q^T Q in `dtype`: Q is orthonormal only in float32
         if op.n_cols * r * dtype.itemsize <= _STAGE_B_MAX_BYTES:
             w = op.rmatmul(q)  # Xi^T Q: Ritz pairs from W^T W = Q^T Xi Xi^T Q, U from W
-            evals, evecs = _ritz(w.T @ w, gram)
-            kept = _kept(evals, p, shape)
-            s = np.sqrt(evals[:kept])
-            return s, w @ (evecs[:, :kept] / s), info
-        m = np.empty((r, r), dtype)  # Q^T Xi Xi^T Q without holding Xi^T Q whole
-        chunk = min(r, op.chunk_size())
-        for c in range(0, r, chunk):
-            y = op.gram_apply(q[:, c: c + chunk], chunk)
-            m[:, c: c + chunk] = sum(q[rows].T.astype(dtype) @ y[rows]
-                                     for rows in _row_blocks(op.n_rows))
-            del y
+            m = w.T @ w
+        else:
+            m = np.empty((r, r), dtype)  # Q^T Xi Xi^T Q without holding Xi^T Q whole
+            chunk = min(r, op.chunk_size())
+            for c in range(0, r, chunk):
+                m[:, c: c + chunk] = _rows_tdot(q, op.gram_apply(q[:, c: c + chunk], chunk),
+                                                dtype)
         evals, evecs = _ritz(m, gram)
-    kept = _kept(evals, p, shape)
+    # Ritz values are squared singular values: their rounding is that of the Gram matrix
+    kept = _rank(np.sqrt(evals[:p]), (op.n_rows, op.n_cols), safety=10)
     s = np.sqrt(evals[:kept])
+    if w is not None:
+        return s, w @ (evecs[:, :kept] / s), info
     v = np.empty((op.n_rows, kept), dtype)  # V = Q E: the left singular vectors
     for rows in _row_blocks(op.n_rows):
         v[rows] = q[rows].astype(dtype, copy=False) @ evecs[:, :kept].astype(dtype, copy=False)
