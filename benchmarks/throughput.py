@@ -6,7 +6,9 @@ For every LMN size (functional, memory) and batch size, on random piano-roll-lik
 - training: forward, masked next-step NLL, backward, Adam step (``linmem.train.train_step``);
 - inference: forward under ``torch.inference_mode``;
 
-for the LMN-B predictor (the library's default fast path), the same LMN written as the
+for the LMN-B predictor (the library's default fast path: on CPU the compiled kernel of
+``csrc/lmn_cpu.cpp``), the same layer with the kernel switched off (the recurrence as a PyTorch
+loop in a custom autograd function, ``use_cpu_kernel(False)``), the LMN written as the
 straightforward per-step autograd loop (the reference it must equal), and ``torch.nn.RNN``,
 ``LSTM`` and ``GRU`` with ``hidden = functional + memory``, all with the same 88-key readout.
 
@@ -15,7 +17,10 @@ floating-point work per frame: forward ``2 (x f + m f + f m + m m + m K)`` (inpu
 functional, functional-to-memory, memory-to-memory and readout products, K = 88 keys), training
 three times that (forward, gradients of activations, gradients of weights). A second, tighter
 bound uses the rate measured for the recurrent product's own shape ``(B, m) @ (m, f + m)``,
-which small batches cannot push to the large-product rate.
+which small batches cannot push to the large-product rate. Both bounds are rates of torch's BLAS
+(MKL on the project's machine), not of the hardware: the kernel's own products can run faster,
+so the rate of the kernel's recurrence alone (no input or readout products) is printed beside
+them.
 
 ``--epochs`` then times whole training epochs on real data sets with the trainer's batching
 (length buckets, padding) and prints the padding fraction. ``--profile`` prints where a training
@@ -36,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from linmem._ext import load_cpu_kernel
 from linmem._io import command_line, git_commit, write_json
 from linmem.data import (
     N_KEYS,
@@ -47,6 +53,7 @@ from linmem.data import (
     padding_fraction,
 )
 from linmem.models import build_model
+from linmem.nn import lmn_recurrence, use_cpu_kernel
 from linmem.train import train_step
 
 
@@ -68,6 +75,35 @@ class NaiveLMN(nn.Module):
             m = h @ w["weight_hm"].t() + m @ w["weight_mm"].t() + w["bias_m"]
             ms.append(m)
         return self.model.readout(torch.stack(ms, 1))
+
+
+class TorchLoopLMN(nn.Module):
+    """``model`` with the compiled CPU kernel switched off: the recurrence runs as the PyTorch
+    loop of ``linmem.nn._Recurrence`` (forward and backward). Shares the parameters."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        with use_cpu_kernel(False):
+            return self.model(inputs)
+
+
+def recurrence_rate(f: int, m: int, batch: int, steps: int, kernel: bool,
+                    min_time: float) -> float:
+    """FLOP/s of the recurrence alone (eqs. 6-7 given ``W^xh x_t + b^h``), inference."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(steps, batch, f, generator=g)
+    weights = [torch.randn(*s, generator=g) * 0.05 for s in ((f, m), (m, f), (m, m))]
+    m0, bias = torch.zeros(batch, m), torch.zeros(m)
+
+    def run():
+        with use_cpu_kernel(kernel), torch.inference_mode():
+            lmn_recurrence(x, m0, *weights, bias)
+
+    fps = frames_per_second(run, steps * batch, min_time)
+    return fps * 2 * (m * f + f * m + m * m)
 
 
 def lmn_flops_per_frame(f: int, m: int, x: int = N_KEYS, keys: int = N_KEYS) -> int:
@@ -128,7 +164,7 @@ def bench_sizes(args) -> list[dict]:
             batch = random_batch(batch_size, args.steps)
             torch.manual_seed(0)
             lmn = build_model("lmn-b", f, m)
-            models = {"lmn": lmn, "naive-loop": NaiveLMN(lmn)}
+            models = {"lmn": lmn, "torch-loop": TorchLoopLMN(lmn), "naive-loop": NaiveLMN(lmn)}
             for name in ("rnn", "lstm", "gru"):
                 models[name] = build_model(name, f + m)
             runs = {name: [] for name in models}
@@ -139,6 +175,9 @@ def bench_sizes(args) -> list[dict]:
             small = gemm_rate(batch_size, m, f + m, args.min_time)
             row = {"functional": f, "memory": m, "batch": batch_size, "steps": args.steps,
                    "flops_per_frame_forward": flops, "small_gemm_gflops": small / 1e9}
+            for label, on in (("kernel", True), ("torch_loop", False)):
+                rate = recurrence_rate(f, m, batch_size, args.steps, on, args.min_time)
+                row[f"recurrence_{label}_gflops"] = rate / 1e9
             for name, values in runs.items():
                 row[f"{name}_train_fps"] = statistics.median(v[0] for v in values)
                 row[f"{name}_infer_fps"] = statistics.median(v[1] for v in values)
@@ -150,6 +189,7 @@ def bench_sizes(args) -> list[dict]:
                 fps = row[f"lmn_{mode}_fps"]
                 row[f"{mode}_vs_lstm"] = fps / row[f"lstm_{mode}_fps"]
                 row[f"{mode}_vs_naive"] = fps / row[f"naive-loop_{mode}_fps"]
+                row[f"{mode}_vs_torch_loop"] = fps / row[f"torch-loop_{mode}_fps"]
                 row[f"{mode}_of_bound"] = fps / row[f"{mode}_bound_fps"]
                 row[f"{mode}_of_small_bound"] = fps / row[f"{mode}_small_bound_fps"]
             rows.append(row)
@@ -160,12 +200,16 @@ def bench_sizes(args) -> list[dict]:
 def print_row(r: dict) -> None:
     k = 1e3
     print(f"LMN ({r['functional']},{r['memory']}) batch {r['batch']}: small-GEMM rate "
-          f"{r['small_gemm_gflops']:.0f} GFLOP/s")
+          f"{r['small_gemm_gflops']:.0f} GFLOP/s (torch.mm); recurrence alone "
+          f"{r['recurrence_kernel_gflops']:.0f} GFLOP/s (kernel), "
+          f"{r['recurrence_torch_loop_gflops']:.0f} GFLOP/s (torch loop)")
     for mode, label in (("train", "train"), ("infer", "infer")):
-        print(f"  {label}: lmn {r[f'lmn_{mode}_fps'] / k:7.1f}k  naive loop "
+        print(f"  {label}: lmn {r[f'lmn_{mode}_fps'] / k:7.1f}k  torch loop "
+              f"{r[f'torch-loop_{mode}_fps'] / k:6.1f}k  naive loop "
               f"{r[f'naive-loop_{mode}_fps'] / k:6.1f}k  rnn {r[f'rnn_{mode}_fps'] / k:6.1f}k  "
               f"lstm {r[f'lstm_{mode}_fps'] / k:6.1f}k  gru {r[f'gru_{mode}_fps'] / k:6.1f}k "
-              f"frames/s | lmn/lstm {r[f'{mode}_vs_lstm']:.2f}x  lmn/naive "
+              f"frames/s | lmn/lstm {r[f'{mode}_vs_lstm']:.2f}x  lmn/torch-loop "
+              f"{r[f'{mode}_vs_torch_loop']:.2f}x  lmn/naive "
               f"{r[f'{mode}_vs_naive']:.2f}x  of GEMM bound {100 * r[f'{mode}_of_bound']:.0f}% "
               f"({r[f'{mode}_bound_fps'] / k:.0f}k)  of small-GEMM bound "
               f"{100 * r[f'{mode}_of_small_bound']:.0f}% ({r[f'{mode}_small_bound_fps'] / k:.0f}k)",
@@ -209,14 +253,17 @@ def bench_epochs(args) -> list[dict]:
 
 
 def profile(args) -> str:
-    """Where the time of LMN-B(250,250) training steps at batch 32 goes, loop against fast."""
+    """Where the time of LMN-B(250,250) training steps at batch 32 goes: the straightforward
+    loop, the PyTorch loop of the fast path, and the compiled kernel."""
     from torch.profiler import profile as torch_profile
 
     batch = random_batch(32, args.steps)
     torch.manual_seed(0)
     lmn = build_model("lmn-b", 250, 250)
     out = []
-    for label, model in (("straightforward per-step loop", NaiveLMN(lmn)), ("fast path", lmn)):
+    for label, model in (("straightforward per-step loop", NaiveLMN(lmn)),
+                         ("fast path, PyTorch loop (kernel off)", TorchLoopLMN(lmn)),
+                         ("fast path, compiled kernel (the default)", lmn)):
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         train_step(model, optimizer, batch)
         with torch_profile() as prof:
@@ -243,7 +290,9 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     started = time.perf_counter()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    kernel = load_cpu_kernel() is not None  # built (or loaded from the cache) before timing
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, compiled CPU kernel: "
+          f"{'yes' if kernel else 'NO (the PyTorch loop runs in its place)'}", flush=True)
     args.gemm_rate = gemm_rate(2048, 2048, 2048, 2 * args.min_time)
     print(f"large GEMM (2048^3, float32): {args.gemm_rate / 1e9:.0f} GFLOP/s", flush=True)
     sizes = bench_sizes(args)
@@ -258,7 +307,7 @@ def main() -> None:
     if args.json:
         write_json(args.json, {
             "command": command_line(), "commit": git_commit(), "seed": 0,
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_kernel": kernel,
             "gemm_gflops": args.gemm_rate / 1e9, "gemm_gflops_end": gemm_after / 1e9,
             "sizes": sizes, "epochs": epochs, "wall_time_s": time.perf_counter() - started,
             "units": "frames per second; a frame is one time step of one sequence",

@@ -1,10 +1,14 @@
 """The LMN layer against independent references: an explicit loop, torch.nn.RNN, gradcheck."""
 
+import warnings
+
 import pytest
 import torch
 from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 
-from linmem import LMN, LMNCell
+from linmem import LMN, LMNCell, _ext
+from linmem import nn as lmn_nn
+from linmem.nn import lmn_recurrence, use_cpu_kernel
 
 
 @pytest.fixture(autouse=True)
@@ -153,10 +157,22 @@ def autograd_loop(x, weights, m0, nonlinearity="tanh"):
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+@pytest.fixture(params=[True, False], ids=["kernel", "torch-loop"])
+def kernel(request):
+    """Run a test through the compiled CPU kernel and through the PyTorch loop."""
+    with use_cpu_kernel(request.param):
+        yield request.param
+
+
+def test_cpu_kernel_is_built():
+    """The fast path is the default: on this project's machines the kernel must build."""
+    assert _ext.load_cpu_kernel() is not None
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
 @pytest.mark.parametrize("batch_first", [False, True])
-def test_fast_path_equals_straightforward_loop(device, nonlinearity, batch_first):
+def test_fast_path_equals_straightforward_loop(device, nonlinearity, batch_first, kernel):
     """Forward to 1e-6 in float32; every gradient (inputs, m0, weights) to 1e-10 in float64.
     Batch-first input runs the recurrence in batch-major buffers: both layouts are checked."""
     for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-10)):
@@ -187,7 +203,7 @@ def test_fast_path_equals_straightforward_loop(device, nonlinearity, batch_first
 
 
 @pytest.mark.parametrize("batch_first", [False, True])
-def test_fast_path_hidden_output_gradients(batch_first):
+def test_fast_path_hidden_output_gradients(batch_first, kernel):
     """LMN-A (output = h_t): the gradient enters through h_t at every step."""
     torch.manual_seed(9)
     lmn = randomise(LMN(4, 6, 5, output="hidden", batch_first=batch_first), 9)
@@ -204,7 +220,7 @@ def test_fast_path_hidden_output_gradients(batch_first):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
-def test_gradcheck():
+def test_gradcheck(kernel):
     torch.manual_seed(6)
     lmn = randomise(LMN(3, 4, 3, num_layers=2), 6)
     x = torch.randn(5, 2, 3, requires_grad=True)
@@ -217,6 +233,98 @@ def test_gradcheck():
         return out, h_n, m_n
 
     assert torch.autograd.gradcheck(f, (x, m0, *params))
+
+
+def kernel_case(steps, batch, hidden, memory, dtype, seed, batch_major=False):
+    """Operands of ``lmn_recurrence`` with contracting random weights."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=dtype) * scale).requires_grad_()
+
+    x = rand(batch, steps, hidden).detach().transpose(0, 1) if batch_major else rand(
+        steps, batch, hidden).detach()
+    return (x.requires_grad_(), rand(batch, memory), rand(hidden, memory, scale=memory ** -0.5),
+            rand(memory, hidden, scale=0.5 * hidden ** -0.5),
+            rand(memory, memory, scale=0.5 * memory ** -0.5), rand(memory, scale=0.1))
+
+
+@pytest.mark.parametrize("shape", [(9, 13, 70, 130), (6, 1, 17, 33), (4, 7, 250, 64)])
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu", "selu"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_on_awkward_shapes(shape, nonlinearity, threads):
+    """Sizes off the kernel's 16/8-lane and 6-row tiles, odd batches split over threads, both
+    layouts, each output alone: kernel against the PyTorch loop, float64 to 1e-12."""
+    steps, batch, hidden, memory = shape
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for batch_major in (False, True):
+            ops = kernel_case(steps, batch, hidden, memory, torch.float64, 3, batch_major)
+            results = []
+            for enabled in (True, False):
+                with use_cpu_kernel(enabled):
+                    hs, ms, h_n, m_n = lmn_recurrence(*ops, nonlinearity)
+                    grads = [torch.autograd.grad(out.tanh().sum(), ops, retain_graph=True)
+                             for out in (hs, ms)]
+                    results.append((hs, ms, h_n, m_n, *grads[0], *grads[1]))
+            for a, b in zip(*results, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_kernel_float32_and_thread_count():
+    """float32 against the float64 loop to 2e-6; the kernel's result does not depend on the
+    number of threads (each row's sums run in the same order), bit for bit."""
+    ops64 = kernel_case(128, 32, 250, 250, torch.float64, 4)
+    ops32 = tuple(t.detach().float() for t in ops64)
+    with use_cpu_kernel(False), torch.no_grad():
+        reference = lmn_recurrence(*ops64)[1]
+    previous, outs = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with torch.no_grad():
+                outs.append(lmn_recurrence(*ops32)[1])
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0].double(), reference, rtol=0, atol=2e-6)
+
+
+def test_kernel_switch_and_fallback(monkeypatch):
+    """``use_cpu_kernel(False)`` runs the PyTorch loop; an unbuildable kernel warns once and
+    falls back; ``LINMEM_CPU_KERNEL=0`` disables it."""
+    calls = []
+    loop = lmn_nn._loop_forward
+    monkeypatch.setattr(lmn_nn, "_loop_forward", lambda *a: calls.append(1) or loop(*a))
+    ops = kernel_case(3, 2, 4, 5, torch.float64, 5)
+    lmn_recurrence(*ops)
+    assert calls == []
+    with use_cpu_kernel(False):
+        lmn_recurrence(*ops)
+    assert calls == [1]
+
+    def broken(**kwargs):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    _ext.load_cpu_kernel.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="no compiler"):
+            assert _ext.load_cpu_kernel() is None
+        lmn_recurrence(*ops)
+        assert calls == [1, 1]
+        _ext.load_cpu_kernel.cache_clear()
+        monkeypatch.setenv("LINMEM_CPU_KERNEL", "0")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert _ext.load_cpu_kernel() is None
+    finally:
+        _ext.load_cpu_kernel.cache_clear()
+        monkeypatch.undo()
+    assert _ext.load_cpu_kernel() is not None
 
 
 def test_initial_memory_stays_bounded():

@@ -18,12 +18,16 @@ weight gradients are a few large products over all steps after it.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from linmem._ext import load_cpu_kernel
 
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}
 _NONLINEARITIES = tuple(_FUNCTIONS)
@@ -31,6 +35,35 @@ _SELU_SCALE, _SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772
 _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
 
 State = Tensor | tuple[Tensor | None, Tensor] | None
+
+_KERNEL_CODES = {"tanh": 0, "relu": 1, "selu": 2}  # csrc/lmn_cpu.cpp's Nonlinearity
+_kernel_enabled = True
+
+
+@contextlib.contextmanager
+def use_cpu_kernel(enabled: bool = True) -> Iterator[None]:
+    """Run the recurrence on CPU through the compiled kernel (the default) or, with
+    ``enabled=False``, through the PyTorch loop, inside the ``with`` block. Both compute the same
+    function (tested); the switch is process-wide, for comparisons and benchmarks."""
+    global _kernel_enabled
+    previous, _kernel_enabled = _kernel_enabled, enabled
+    try:
+        yield
+    finally:
+        _kernel_enabled = previous
+
+
+def _kernel_for(x: Tensor):
+    """The compiled kernel when it applies to ``x`` (CPU, float32/float64), else ``None``."""
+    if not _kernel_enabled or x.device.type != "cpu" or x.dtype not in (torch.float32,
+                                                                         torch.float64):
+        return None
+    return load_cpu_kernel()
+
+
+def _rows(t: Tensor | None) -> Tensor | None:
+    """``t`` with a contiguous last dimension (the kernel's only layout requirement)."""
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
 def _check_nonlinearity(name: str) -> None:
@@ -121,19 +154,14 @@ class _Recurrence(torch.autograd.Function):
         batch_major = _batch_major(x_proj)
         hs = _new_steps(x_proj, hidden, batch_major)
         ms = _new_steps(x_proj, memory, batch_major)  # m_1 .. m_T
-        w_mh_t, w_mm_t, w_hm_t = (w.t().contiguous() for w in (weight_mh, weight_mm, weight_hm))
-        m = m0
-        for x_t, h_t, m_t in zip(x_proj.unbind(0), hs.unbind(0), ms.unbind(0), strict=True):
-            torch.addmm(x_t, m, w_mh_t, out=h_t)
-            if nonlinearity == "tanh":
-                h_t.tanh_()                                                   # (6)
-            elif nonlinearity == "relu":
-                h_t.clamp_min_(0.0)
-            else:
-                torch.selu_(h_t)
-            torch.addmm(bias_m, m, w_mm_t, out=m_t).addmm_(h_t, w_hm_t)       # (7)
-            m = m_t
-        ctx.nonlinearity, ctx.batch_major = nonlinearity, batch_major
+        kernel = _kernel_for(x_proj)
+        if kernel is not None:
+            kernel.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm,
+                           bias_m.contiguous(), _KERNEL_CODES[nonlinearity], hs, ms)
+        else:
+            _loop_forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity,
+                          hs, ms)
+        ctx.nonlinearity, ctx.batch_major, ctx.kernel = nonlinearity, batch_major, kernel
         ctx.save_for_backward(m0, hs, ms, weight_mh, weight_hm, weight_mm)
         ctx.set_materialize_grads(False)
         return hs, ms
@@ -142,36 +170,18 @@ class _Recurrence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_hs, grad_ms):
         m0, hs, ms, weight_mh, weight_hm, weight_mm = ctx.saved_tensors
-        steps, batch, hidden = hs.shape
+        _, batch, hidden = hs.shape
         memory = ms.shape[2]
         batch_major = ctx.batch_major
-        w_bwd = torch.cat([weight_mh, weight_mm], 0)  # (H + M, M)
         # grads[t] = [dL/da_t, dL/dm_t]: a_t the pre-activation of h_t, m_t = ms[t]
         grads = _new_steps(hs, hidden + memory, batch_major)
         grad_m0 = hs.new_empty(batch, memory)
-        if grad_ms is None:
-            grads[-1, :, hidden:] = 0
+        if ctx.kernel is not None:  # the backward runs where the forward ran
+            ctx.kernel.backward(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm, weight_mm,
+                            _KERNEL_CODES[ctx.nonlinearity], grads, grad_m0)
         else:
-            grads[-1, :, hidden:] = grad_ms[-1]
-        g_t, h_t = grads.unbind(0), hs.unbind(0)
-        for t in range(steps - 1, -1, -1):
-            da, dm = g_t[t][:, :hidden], g_t[t][:, hidden:]
-            if grad_hs is None:
-                torch.mm(dm, weight_hm, out=da)
-            else:
-                torch.addmm(grad_hs[t], dm, weight_hm, out=da)
-            if ctx.nonlinearity == "tanh":  # da *= 1 - h_t^2, in one kernel
-                torch.ops.aten.tanh_backward.grad_input(da, h_t[t], grad_input=da)
-            elif ctx.nonlinearity == "relu":
-                da.masked_fill_(h_t[t] <= 0, 0.0)
-            else:  # selu' = scale for h > 0, h + scale * alpha below
-                da.mul_(torch.where(h_t[t] > 0, _SELU_SCALE, h_t[t] + _SELU_SCALE * _SELU_ALPHA))
-            if t == 0:
-                torch.mm(g_t[0], w_bwd, out=grad_m0)
-            elif grad_ms is None:
-                torch.mm(g_t[t], w_bwd, out=g_t[t - 1][:, hidden:])
-            else:
-                torch.addmm(grad_ms[t - 1], g_t[t], w_bwd, out=g_t[t - 1][:, hidden:])
+            _loop_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm,
+                           ctx.nonlinearity, grads, grad_m0)
         need = ctx.needs_input_grad
         flat = _flat(grads, batch_major)
         d_m = flat[:, hidden:]
@@ -185,6 +195,53 @@ class _Recurrence(torch.autograd.Function):
             d_m.sum(0) if need[5] else None,
             None,
         )
+
+
+def _loop_forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity, hs, ms):
+    """The forward loop of :class:`_Recurrence` in PyTorch ops (CUDA, other dtypes)."""
+    w_mh_t, w_mm_t, w_hm_t = (w.t().contiguous() for w in (weight_mh, weight_mm, weight_hm))
+    m = m0
+    for x_t, h_t, m_t in zip(x_proj.unbind(0), hs.unbind(0), ms.unbind(0), strict=True):
+        torch.addmm(x_t, m, w_mh_t, out=h_t)
+        if nonlinearity == "tanh":
+            h_t.tanh_()                                                   # (6)
+        elif nonlinearity == "relu":
+            h_t.clamp_min_(0.0)
+        else:
+            torch.selu_(h_t)
+        torch.addmm(bias_m, m, w_mm_t, out=m_t).addmm_(h_t, w_hm_t)       # (7)
+        m = m_t
+
+
+def _loop_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonlinearity, grads,
+                   grad_m0):
+    """The backward loop of :class:`_Recurrence` in PyTorch ops: fills ``grads`` and
+    ``grad_m0``."""
+    steps, hidden = hs.shape[0], hs.shape[2]
+    w_bwd = torch.cat([weight_mh, weight_mm], 0)  # (H + M, M)
+    if grad_ms is None:
+        grads[-1, :, hidden:] = 0
+    else:
+        grads[-1, :, hidden:] = grad_ms[-1]
+    g_t, h_t = grads.unbind(0), hs.unbind(0)
+    for t in range(steps - 1, -1, -1):
+        da, dm = g_t[t][:, :hidden], g_t[t][:, hidden:]
+        if grad_hs is None:
+            torch.mm(dm, weight_hm, out=da)
+        else:
+            torch.addmm(grad_hs[t], dm, weight_hm, out=da)
+        if nonlinearity == "tanh":  # da *= 1 - h_t^2, in one kernel
+            torch.ops.aten.tanh_backward.grad_input(da, h_t[t], grad_input=da)
+        elif nonlinearity == "relu":
+            da.masked_fill_(h_t[t] <= 0, 0.0)
+        else:  # selu' = scale for h > 0, h + scale * alpha below
+            da.mul_(torch.where(h_t[t] > 0, _SELU_SCALE, h_t[t] + _SELU_SCALE * _SELU_ALPHA))
+        if t == 0:
+            torch.mm(g_t[0], w_bwd, out=grad_m0)
+        elif grad_ms is None:
+            torch.mm(g_t[t], w_bwd, out=g_t[t - 1][:, hidden:])
+        else:
+            torch.addmm(grad_ms[t - 1], g_t[t], w_bwd, out=g_t[t - 1][:, hidden:])
 
 
 def _time_major_linear(seq: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
