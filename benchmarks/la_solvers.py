@@ -100,7 +100,10 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
         return
+    from linmem._io import command_line, git_commit, write_json
+
     started = time.perf_counter()
+    commit = git_commit()  # the code that runs, taken before any later edit of the tree
     base = baseline_rss()
     print(f"peak RSS of a process that only imports linmem: {base:.0f} MB (subtracted below)")
     print(f"{'data':<11}{'solver':<11}{'window':>7}{'p':>6}{'kept':>6}{'fit s':>10}"
@@ -141,11 +144,10 @@ def main() -> None:
         for name in datasets:
             run(data=name, solver="randomized", window=None, p=500)
     if args.json:
-        from linmem._io import command_line, git_commit, write_json
         from linmem.data import data_checksum
 
         write_json(args.json, {
-            "command": command_line(), "commit": git_commit(), "seed": 0,
+            "command": command_line(), "commit": commit, "seed": 0,
             "wall_time_s": time.perf_counter() - started, "baseline_rss_mb": base,
             "data_sha256": {name: data_checksum(name, args.data_dir) for name in datasets},
             "results": results})

@@ -290,6 +290,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     started = time.perf_counter()
+    commit = git_commit()  # the code that runs, taken before any later edit of the tree
     kernel = load_cpu_kernel() is not None  # built (or loaded from the cache) before timing
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, compiled CPU kernel: "
           f"{'yes' if kernel else 'NO (the PyTorch loop runs in its place)'}", flush=True)
@@ -306,7 +307,7 @@ def main() -> None:
         print(text)
     if args.json:
         write_json(args.json, {
-            "command": command_line(), "commit": git_commit(), "seed": 0,
+            "command": command_line(), "commit": commit, "seed": 0,
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_kernel": kernel,
             "gemm_gflops": args.gemm_rate / 1e9, "gemm_gflops_end": gemm_after / 1e9,
             "sizes": sizes, "epochs": epochs, "wall_time_s": time.perf_counter() - started,

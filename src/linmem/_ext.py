@@ -14,6 +14,7 @@ import hashlib
 import os
 import platform
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -41,6 +42,15 @@ def _find_ninja() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+def _is_built(name: str) -> bool:
+    try:  # a private helper of torch; if it moves, the message is merely printed every time
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return any(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
+    except Exception:
+        return False
+
+
 @functools.cache
 def load_cpu_kernel() -> ModuleType | None:
     """The compiled module (``forward``, ``backward``), or ``None`` when disabled or unbuildable."""
@@ -51,10 +61,14 @@ def load_cpu_kernel() -> ModuleType | None:
 
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + _cpu_flags().encode() + torch.__version__.encode())
+    name = f"linmem_lmn_cpu_{key.hexdigest()[:12]}"
     try:
         _find_ninja()
+        if not _is_built(name):
+            print("linmem: building the LMN's CPU kernel (once per machine, about 30 s)",
+                  file=sys.stderr, flush=True)
         return cpp_extension.load(
-            name=f"linmem_lmn_cpu_{key.hexdigest()[:12]}", sources=[str(SOURCE)],
+            name=name, sources=[str(SOURCE)],
             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
             verbose=False)
     except Exception as err:  # no compiler, no ninja, an unknown -march: fall back, say why
