@@ -11,9 +11,11 @@ eq. 8) or the functional sequence ``h_t`` (``output="hidden"``, LMN-A, eq. 9). `
 
 Fast path (measured in ``benchmarks/throughput.py``): ``W^xh x_t + b^h`` for all steps is one
 matrix product before the loop; the loop runs in a custom autograd function with an explicit
-backward through time (only the products that must be sequential stay in the loop, in place, in
-buffers laid out like the input so that batch-first data is never transposed in memory); the
-weight gradients are a few large products over all steps after it.
+backward through time (only the products that must be sequential stay in the loop, in buffers
+laid out like the input so that batch-first data is never transposed in memory); the weight
+gradients are a few large products over all steps after it. On CPU (float32, float64) the loop
+and its backward are the compiled kernel of ``csrc/lmn_cpu.cpp`` (:mod:`linmem._ext`), elsewhere
+PyTorch ops; :func:`use_cpu_kernel` chooses between them.
 """
 
 from __future__ import annotations
