@@ -36,6 +36,9 @@ results-foundation: install
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 100 --memory 100 --out runs/foundation/jsb-lmn-b-h100-m100 --resume --quiet
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 200 --out runs/foundation/jsb-lstm-h200 --resume --quiet
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 200 --transpose 6 --out runs/foundation/jsb-lstm-h200-transpose6 --resume --quiet
+	# the sizes and weight decay (1e-5, the default) that the paper grid selected on validation
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 250 --memory 250 --out runs/foundation/jsb-lmn-b-h250-m250 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 750 --out runs/foundation/jsb-lstm-h750 --resume --quiet
 	for run in runs/foundation/*/; do name=$$(basename $$run); mkdir -p results/foundation/$$name; \
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/foundation/$$name/; done
 	$(VENV)/bin/linmem summarize results/foundation > results/foundation/table.md

@@ -221,6 +221,7 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
     from .report import plot_pretraining
 
     started = time.perf_counter()
+    commit = git_commit()
     try:
         sizes = sorted({int(v) for v in memories.split(",")})
         if sizes[0] < 1:
@@ -239,7 +240,7 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     result = {**result, "dataset": config.data, "ulm_run": str(ulm_run),
-              "command": command_line(), "commit": git_commit(), "seed": seed,
+              "command": command_line(), "commit": commit, "seed": seed,
               "data_sha256": data_checksum(config.data, data_dir),
               "wall_time_s": time.perf_counter() - started,
               "units": "accuracy in percent; errors: mean squared error per value (a), "

@@ -262,6 +262,7 @@ def train(
     """
     run_dir = Path(run_dir)
     started = time.perf_counter()
+    commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but CUDA is not available")
@@ -388,7 +389,7 @@ def train(
         "n_params": count_parameters(best), "epochs": state["epoch"],
         "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
         "wall_time_s": elapsed_before + time.perf_counter() - started,
-        "seed": config.seed, "commit": git_commit(), "command": command or command_line(),
+        "seed": config.seed, "commit": commit, "command": command or command_line(),
         "data_sha256": _checksum_or_none(config), "data_digest": content_digest(data),
         "linmem": __version__, "torch": torch.__version__, "device": str(device),
         "pretraining": (read_json(run_dir / "pretraining.json")
