@@ -179,8 +179,8 @@ class _Recurrence(torch.autograd.Function):
         grads = _new_steps(hs, hidden + memory, batch_major)
         grad_m0 = hs.new_empty(batch, memory)
         if ctx.kernel is not None:  # the backward runs where the forward ran
-            ctx.kernel.backward(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm, weight_mm,
-                            _KERNEL_CODES[ctx.nonlinearity], grads, grad_m0)
+            ctx.kernel.backward(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm,
+                                weight_mm, _KERNEL_CODES[ctx.nonlinearity], grads, grad_m0)
         else:
             _loop_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm,
                            ctx.nonlinearity, grads, grad_m0)
