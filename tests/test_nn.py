@@ -274,6 +274,20 @@ def test_kernel_on_awkward_shapes(shape, nonlinearity, threads):
         torch.set_num_threads(previous)
 
 
+def test_kernel_reuses_its_buffers_safely():
+    """The kernel keeps its packed weights and scratch rows between calls: a small problem after
+    a large one (stale values beyond the small one's padding) and back must still be exact."""
+    for shape in ((5, 9, 100, 140), (3, 2, 17, 9), (1, 4, 33, 70), (5, 9, 100, 140)):
+        ops = kernel_case(*shape, torch.float64, 6)
+        results = []
+        for enabled in (True, False):
+            with use_cpu_kernel(enabled):
+                hs, ms, _, _ = lmn_recurrence(*ops)
+                results.append((hs, ms, *torch.autograd.grad(ms.sum() + hs.sum(), ops)))
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_kernel_float32_and_thread_count():
     """float32 against the float64 loop to 2e-6; the kernel's result does not depend on the
     number of threads (each row's sums run in the same order), bit for bit."""

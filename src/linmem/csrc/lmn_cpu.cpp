@@ -107,15 +107,30 @@ int64_t padded(int64_t n) {
   return (n + L - 1) / L * L;
 }
 
-// The (K, N) matrix `w` (any strides) as a packed K x padded(N) block, zeros in the padding.
+// Buffers reused across calls (grow-only, one set per thread): allocating and zeroing them at
+// every call costs more than a short sequence's whole loop.
 template <typename T>
-std::vector<T> pack(const at::Tensor& w) {
-  const int64_t k_size = w.size(0), n = w.size(1), n_pad = padded<T>(n);
-  std::vector<T> out(k_size * n_pad, T(0));
-  auto acc = w.accessor<T, 2>();
-  for (int64_t k = 0; k < k_size; ++k)
-    for (int64_t j = 0; j < n; ++j) out[k * n_pad + j] = acc[k][j];
-  return out;
+T* buffer(int slot, int64_t size) {
+  thread_local std::vector<T> buffers[3];
+  std::vector<T>& b = buffers[slot];
+  if (static_cast<int64_t>(b.size()) < size) b.resize(size);
+  return b.data();
+}
+
+// out[k * ld + j] = w[k][j] for the (K, N) matrix `w`, zeros for N <= j < n_pad. `w` may be
+// row-major or a transposed view of a row-major matrix (W^T for a weight W), read as it lies.
+template <typename T>
+void pack(const at::Tensor& w, T* out, int64_t ld, int64_t n_pad) {
+  const int64_t k_size = w.size(0), n = w.size(1);
+  const at::Tensor c = (w.stride(1) == 1 || w.stride(0) == 1) ? w : w.contiguous();
+  const T* src = c.data_ptr<T>();
+  const int64_t sk = c.stride(0), sj = c.stride(1);
+  constexpr int64_t kBlock = 32;  // square blocks: both sides of a transpose stay in cache
+  for (int64_t k0 = 0; k0 < k_size; k0 += kBlock)
+    for (int64_t j0 = 0; j0 < n; j0 += kBlock)
+      for (int64_t k = k0; k < std::min(k0 + kBlock, k_size); ++k)
+        for (int64_t j = j0; j < std::min(j0 + kBlock, n); ++j) out[k * ld + j] = src[k * sk + j * sj];
+  for (int64_t k = 0; k < k_size; ++k) std::fill(out + k * ld + n, out + k * ld + n_pad, T(0));
 }
 
 enum Nonlinearity : int64_t { kTanh = 0, kRelu = 1, kSelu = 2 };
@@ -166,16 +181,11 @@ void forward_impl(const at::Tensor& x_proj, const at::Tensor& m0, const at::Tens
   const int64_t steps = x_proj.size(0), batch = x_proj.size(1), hidden = x_proj.size(2);
   const int64_t memory = m0.size(1);
   const int64_t h_pad = padded<T>(hidden), m_pad = padded<T>(memory), width = h_pad + m_pad;
-  // [W^mh^T | W^mm^T]: (M, h_pad + m_pad); W^hm^T: (H, m_pad)
-  std::vector<T> w_first(memory * width, T(0));
-  {
-    const std::vector<T> a = pack<T>(w_mh.t()), s = pack<T>(w_mm.t());
-    for (int64_t k = 0; k < memory; ++k) {
-      std::copy_n(a.data() + k * h_pad, h_pad, w_first.data() + k * width);
-      std::copy_n(s.data() + k * m_pad, m_pad, w_first.data() + k * width + h_pad);
-    }
-  }
-  const std::vector<T> w_second = pack<T>(w_hm.t());
+  T* w_first = buffer<T>(0, memory * width);  // [W^mh^T | W^mm^T]: (M, h_pad + m_pad)
+  pack<T>(w_mh.t(), w_first, width, h_pad);
+  pack<T>(w_mm.t(), w_first + h_pad, width, m_pad);
+  T* w_second = buffer<T>(1, hidden * m_pad);  // W^hm^T: (H, m_pad)
+  pack<T>(w_hm.t(), w_second, m_pad, m_pad);
   const T* bias = bias_m.data_ptr<T>();
   const T* x = x_proj.data_ptr<T>();
   T* h_out = hs.data_ptr<T>();
@@ -185,19 +195,18 @@ void forward_impl(const at::Tensor& x_proj, const at::Tensor& m0, const at::Tens
 
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     const int64_t rows = b1 - b0;
-    std::vector<T> scratch(rows * width);
-    T* s = scratch.data();
+    T* s = buffer<T>(2, rows * width);
     const T* m_prev = m0.data_ptr<T>() + b0 * m0.stride(0);
     int64_t m_prev_ld = m0.stride(0);
     for (int64_t t = 0; t < steps; ++t) {
       const T* x_t = x + t * xs0 + b0 * xs1;
       T* h_t = h_out + t * hs0 + b0 * hs1;
       T* m_t = m_out + t * ms0 + b0 * ms1;
-      gemm<T>(m_prev, m_prev_ld, rows, memory, w_first.data(), width, s, width, false);
+      gemm<T>(m_prev, m_prev_ld, rows, memory, w_first, width, s, width, false);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < hidden; ++j) h_t[r * hs1 + j] = x_t[r * xs1 + j] + s[r * width + j];
       activate<T>(h_t, hs1, rows, hidden, nonlinearity);                       // (6)
-      gemm<T>(h_t, hs1, rows, hidden, w_second.data(), m_pad, s + h_pad, width, true);
+      gemm<T>(h_t, hs1, rows, hidden, w_second, m_pad, s + h_pad, width, true);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < memory; ++j)
           m_t[r * ms1 + j] = bias[j] + s[r * width + h_pad + j];               // (7)
@@ -214,8 +223,11 @@ void backward_impl(const at::Tensor& grad_hs, const at::Tensor& grad_ms, const a
   const int64_t steps = hs.size(0), batch = hs.size(1), hidden = hs.size(2);
   const int64_t memory = w_mm.size(0);
   const int64_t h_pad = padded<T>(hidden), m_pad = padded<T>(memory);
-  const std::vector<T> w_dm = pack<T>(w_hm);                       // (M, h_pad)
-  const std::vector<T> w_dprev = pack<T>(at::cat({w_mh, w_mm}, 0));  // (H + M, m_pad)
+  T* w_dm = buffer<T>(0, memory * h_pad);  // W^hm: (M, h_pad)
+  pack<T>(w_hm, w_dm, h_pad, h_pad);
+  T* w_dprev = buffer<T>(1, (hidden + memory) * m_pad);  // [W^mh; W^mm]: (H + M, m_pad)
+  pack<T>(w_mh, w_dprev, m_pad, m_pad);
+  pack<T>(w_mm, w_dprev + hidden * m_pad, m_pad, m_pad);
   const bool has_gh = grad_hs.defined(), has_gm = grad_ms.defined();
   const T* gh = has_gh ? grad_hs.data_ptr<T>() : nullptr;
   const T* gm = has_gm ? grad_ms.data_ptr<T>() : nullptr;
@@ -231,8 +243,7 @@ void backward_impl(const at::Tensor& grad_hs, const at::Tensor& grad_ms, const a
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     const int64_t rows = b1 - b0;
     const int64_t width = std::max(h_pad, m_pad);
-    std::vector<T> scratch(rows * width);
-    T* s = scratch.data();
+    T* s = buffer<T>(2, rows * width);
     T* g_last = g + (steps - 1) * gs0 + b0 * gs1;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < memory; ++j)
@@ -241,7 +252,7 @@ void backward_impl(const at::Tensor& grad_hs, const at::Tensor& grad_ms, const a
     for (int64_t t = steps - 1; t >= 0; --t) {
       T* g_t = g + t * gs0 + b0 * gs1;
       const T* h_t = h + t * hs0 + b0 * hs1;
-      gemm<T>(g_t + hidden, gs1, rows, memory, w_dm.data(), h_pad, s, width, false);
+      gemm<T>(g_t + hidden, gs1, rows, memory, w_dm, h_pad, s, width, false);
       for (int64_t r = 0; r < rows; ++r) {
         const T* gh_r = has_gh ? gh + t * ghs0 + (b0 + r) * ghs1 : nullptr;
         for (int64_t j = 0; j < hidden; ++j) {
@@ -249,7 +260,7 @@ void backward_impl(const at::Tensor& grad_hs, const at::Tensor& grad_ms, const a
           g_t[r * gs1 + j] = total * derivative<T>(h_t[r * hs1 + j], nonlinearity);
         }
       }
-      gemm<T>(g_t, gs1, rows, hidden + memory, w_dprev.data(), m_pad, s, width, false);
+      gemm<T>(g_t, gs1, rows, hidden + memory, w_dprev, m_pad, s, width, false);
       if (t == 0) {
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t j = 0; j < memory; ++j) g0[(b0 + r) * g0s + j] = s[r * width + j];
