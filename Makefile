@@ -39,6 +39,9 @@ results-foundation: install
 	# the sizes and weight decay (1e-5, the default) that the paper grid selected on validation
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 250 --memory 250 --out runs/foundation/jsb-lmn-b-h250-m250 --resume --quiet
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 750 --out runs/foundation/jsb-lstm-h750 --resume --quiet
+	# larger, and with transposition: accuracy at threshold 0.5 against validation NLL (issue 2)
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 500 --memory 500 --out runs/foundation/jsb-lmn-b-h500-m500 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 250 --memory 250 --transpose 6 --out runs/foundation/jsb-lmn-b-h250-m250-transpose6 --resume --quiet
 	for run in runs/foundation/*/; do name=$$(basename $$run); mkdir -p results/foundation/$$name; \
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/foundation/$$name/; done
 	$(VENV)/bin/linmem summarize results/foundation > results/foundation/table.md
