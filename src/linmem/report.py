@@ -17,22 +17,41 @@ RUN_COLUMNS = (
     ("test_nll", "test NLL", "{:.3f}"),
     ("test_acc_frame", "test acc % (per-frame mean)", "{:.2f}"),
     ("test_acc_at_valid_threshold", "test acc % (threshold from valid)", "{:.2f}"),
+    ("valid_nll", "valid NLL (selected)", "{:.3f}"),
+    ("valid_nll_best", "best valid NLL", "{:.3f}"),
+    ("valid_acc_at_best_nll", "valid acc % at best NLL", "{:.2f}"),
     ("n_params", "params", "{}"),
     ("epochs", "epochs", "{}"),
     ("wall_time_s", "wall s", "{:.0f}"),
 )
 
 
+def _log_fields(run_dir: Path) -> dict:
+    """From a run's per-epoch ``log.jsonl``: the best validation NLL of any epoch and the
+    validation accuracy at that epoch (the selected checkpoint maximises accuracy instead)."""
+    log = run_dir / "log.jsonl"
+    if not log.is_file():
+        return {}
+    epochs = [e for e in map(json.loads, filter(str.strip, log.read_text().splitlines()))
+              if e.get("valid_nll") is not None and e.get("valid_acc") is not None]
+    if not epochs:
+        return {}
+    best = min(epochs, key=lambda e: e["valid_nll"])
+    return {"valid_nll_best": best["valid_nll"], "valid_acc_at_best_nll": best["valid_acc"],
+            "best_nll_epoch": best["epoch"]}
+
+
 def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
     """The ``metrics.json`` records under ``paths`` (run directories or folders holding them),
-    sorted by path, each with its ``run`` (the directory)."""
+    sorted by path, each with its ``run`` (the directory) and, where the run's ``log.jsonl`` is
+    there, its best validation NLL and the validation accuracy at that epoch."""
     records = []
     for root in paths:
         root = Path(root)
         files = [root / "metrics.json"] if (root / "metrics.json").is_file() else sorted(
             root.rglob("metrics.json"))
         for f in files:
-            record = json.loads(f.read_text())
+            record = {**json.loads(f.read_text()), **_log_fields(f.parent)}
             record["run"] = str(f.parent)
             records.append(record)
     if not records:
