@@ -129,7 +129,8 @@ void pack(const at::Tensor& w, T* out, int64_t ld, int64_t n_pad) {
   for (int64_t k0 = 0; k0 < k_size; k0 += kBlock)
     for (int64_t j0 = 0; j0 < n; j0 += kBlock)
       for (int64_t k = k0; k < std::min(k0 + kBlock, k_size); ++k)
-        for (int64_t j = j0; j < std::min(j0 + kBlock, n); ++j) out[k * ld + j] = src[k * sk + j * sj];
+        for (int64_t j = j0; j < std::min(j0 + kBlock, n); ++j)
+          out[k * ld + j] = src[k * sk + j * sj];
   for (int64_t k = 0; k < k_size; ++k) std::fill(out + k * ld + n, out + k * ld + n_pad, T(0));
 }
 
@@ -166,7 +167,8 @@ inline T derivative(T h, int64_t nonlinearity) {
 
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
-  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name, " must have a contiguous last dimension");
+  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name,
+              " must have a contiguous last dimension");
 }
 
 int64_t grain(int64_t batch) {
@@ -204,7 +206,8 @@ void forward_impl(const at::Tensor& x_proj, const at::Tensor& m0, const at::Tens
       T* m_t = m_out + t * ms0 + b0 * ms1;
       gemm<T>(m_prev, m_prev_ld, rows, memory, w_first, width, s, width, false);
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < hidden; ++j) h_t[r * hs1 + j] = x_t[r * xs1 + j] + s[r * width + j];
+        for (int64_t j = 0; j < hidden; ++j)
+          h_t[r * hs1 + j] = x_t[r * xs1 + j] + s[r * width + j];
       activate<T>(h_t, hs1, rows, hidden, nonlinearity);                       // (6)
       gemm<T>(h_t, hs1, rows, hidden, w_second, m_pad, s + h_pad, width, true);
       for (int64_t r = 0; r < rows; ++r)
