@@ -1,5 +1,6 @@
 """The LMN layer against independent references: an explicit loop, torch.nn.RNN, gradcheck."""
 
+import contextlib
 import warnings
 
 import pytest
@@ -236,17 +237,41 @@ def test_gradcheck(kernel):
 
 
 def kernel_case(steps, batch, hidden, memory, dtype, seed, batch_major=False):
-    """Operands of ``lmn_recurrence`` with contracting random weights."""
+    """Operands of ``lmn_recurrence`` with contracting random weights, requiring gradients."""
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g, dtype=dtype) * scale).requires_grad_()
+        return torch.randn(*shape, generator=g, dtype=dtype) * scale
 
-    x = rand(batch, steps, hidden).detach().transpose(0, 1) if batch_major else rand(
-        steps, batch, hidden).detach()
-    return (x.requires_grad_(), rand(batch, memory), rand(hidden, memory, scale=memory ** -0.5),
-            rand(memory, hidden, scale=0.5 * hidden ** -0.5),
-            rand(memory, memory, scale=0.5 * memory ** -0.5), rand(memory, scale=0.1))
+    x = rand(batch, steps, hidden).transpose(0, 1) if batch_major else rand(steps, batch, hidden)
+    ops = (x, rand(batch, memory), rand(hidden, memory, scale=memory ** -0.5),
+           rand(memory, hidden, scale=0.5 * hidden ** -0.5),
+           rand(memory, memory, scale=0.5 * memory ** -0.5), rand(memory, scale=0.1))
+    return tuple(t.requires_grad_() for t in ops)
+
+
+@contextlib.contextmanager
+def num_threads(n):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def assert_kernel_equals_loop(ops, nonlinearity="tanh"):
+    """Outputs, final states and every operand's gradient through ``h`` alone and through ``m``
+    alone (so each backward input is also absent once): kernel against PyTorch loop, 1e-12."""
+    results = []
+    for enabled in (True, False):
+        with use_cpu_kernel(enabled):
+            hs, ms, h_n, m_n = lmn_recurrence(*ops, nonlinearity)
+            grads = [torch.autograd.grad(out.tanh().sum(), ops, retain_graph=True)
+                     for out in (hs, ms)]
+            results.append((hs, ms, h_n, m_n, *grads[0], *grads[1]))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("shape", [(9, 13, 70, 130), (6, 1, 17, 33), (4, 7, 250, 64)])
@@ -255,37 +280,17 @@ def kernel_case(steps, batch, hidden, memory, dtype, seed, batch_major=False):
 def test_kernel_on_awkward_shapes(shape, nonlinearity, threads):
     """Sizes off the kernel's 16/8-lane and 6-row tiles, odd batches split over threads, both
     layouts, each output alone: kernel against the PyTorch loop, float64 to 1e-12."""
-    steps, batch, hidden, memory = shape
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with num_threads(threads):
         for batch_major in (False, True):
-            ops = kernel_case(steps, batch, hidden, memory, torch.float64, 3, batch_major)
-            results = []
-            for enabled in (True, False):
-                with use_cpu_kernel(enabled):
-                    hs, ms, h_n, m_n = lmn_recurrence(*ops, nonlinearity)
-                    grads = [torch.autograd.grad(out.tanh().sum(), ops, retain_graph=True)
-                             for out in (hs, ms)]
-                    results.append((hs, ms, h_n, m_n, *grads[0], *grads[1]))
-            for a, b in zip(*results, strict=True):
-                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
-    finally:
-        torch.set_num_threads(previous)
+            assert_kernel_equals_loop(kernel_case(*shape, torch.float64, 3, batch_major),
+                                      nonlinearity)
 
 
 def test_kernel_reuses_its_buffers_safely():
     """The kernel keeps its packed weights and scratch rows between calls: a small problem after
     a large one (stale values beyond the small one's padding) and back must still be exact."""
     for shape in ((5, 9, 100, 140), (3, 2, 17, 9), (1, 4, 33, 70), (5, 9, 100, 140)):
-        ops = kernel_case(*shape, torch.float64, 6)
-        results = []
-        for enabled in (True, False):
-            with use_cpu_kernel(enabled):
-                hs, ms, _, _ = lmn_recurrence(*ops)
-                results.append((hs, ms, *torch.autograd.grad(ms.sum() + hs.sum(), ops)))
-        for a, b in zip(*results, strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+        assert_kernel_equals_loop(kernel_case(*shape, torch.float64, 6))
 
 
 def test_kernel_float32_and_thread_count():
@@ -295,14 +300,10 @@ def test_kernel_float32_and_thread_count():
     ops32 = tuple(t.detach().float() for t in ops64)
     with use_cpu_kernel(False), torch.no_grad():
         reference = lmn_recurrence(*ops64)[1]
-    previous, outs = torch.get_num_threads(), []
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            with torch.no_grad():
-                outs.append(lmn_recurrence(*ops32)[1])
-    finally:
-        torch.set_num_threads(previous)
+    outs = []
+    for threads in (1, 2):
+        with num_threads(threads), torch.no_grad():
+            outs.append(lmn_recurrence(*ops32)[1])
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[0].double(), reference, rtol=0, atol=2e-6)
 
