@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from linmem._ext import load_cpu_kernel
+from linmem._ext import KERNEL_ENV, _cpu_description, cpu_path, kernel_variants, load_cpu_kernel
 from linmem._io import command_line, git_commit, write_json
 from linmem.data import (
     N_KEYS,
@@ -53,8 +54,12 @@ from linmem.data import (
     padding_fraction,
 )
 from linmem.models import build_model
-from linmem.nn import lmn_recurrence, use_cpu_kernel
+from linmem.nn import lmn_recurrence, measure_cpu_paths, use_cpu_kernel
 from linmem.train import train_step
+
+# what limits torch's own libraries to an instruction set (MKL, oneDNN): with
+# LINMEM_CPU_KERNEL=avx2 they make an AVX-512 machine stand in for an AVX2 one, LSTM included
+ISA_VARIABLES = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", KERNEL_ENV)
 
 
 class NaiveLMN(nn.Module):
@@ -77,20 +82,21 @@ class NaiveLMN(nn.Module):
         return self.model.readout(torch.stack(ms, 1))
 
 
-class TorchLoopLMN(nn.Module):
-    """``model`` with the compiled CPU kernel switched off: the recurrence runs as the PyTorch
-    loop of ``linmem.nn._Recurrence`` (forward and backward). Shares the parameters."""
+class PathLMN(nn.Module):
+    """``model`` with its recurrence forced onto one CPU path: a variant of the compiled kernel
+    (``"avx2"``, ...) or, with ``False``, the PyTorch loop of ``linmem.nn._Recurrence`` (forward
+    and backward). Shares the parameters."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, path: str | bool):
         super().__init__()
-        self.model = model
+        self.model, self.path = model, path
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        with use_cpu_kernel(False):
+        with use_cpu_kernel(self.path):
             return self.model(inputs)
 
 
-def recurrence_rate(f: int, m: int, batch: int, steps: int, kernel: bool,
+def recurrence_rate(f: int, m: int, batch: int, steps: int, kernel: bool | str,
                     min_time: float) -> float:
     """FLOP/s of the recurrence alone (eqs. 6-7 given ``W^xh x_t + b^h``), inference."""
     g = torch.Generator().manual_seed(0)
@@ -164,7 +170,8 @@ def bench_sizes(args) -> list[dict]:
             batch = random_batch(batch_size, args.steps)
             torch.manual_seed(0)
             lmn = build_model("lmn-b", f, m)
-            models = {"lmn": lmn, "torch-loop": TorchLoopLMN(lmn), "naive-loop": NaiveLMN(lmn)}
+            models = {"lmn": lmn, **{f"lmn-{v}": PathLMN(lmn, v) for v in args.variants},
+                      "torch-loop": PathLMN(lmn, False), "naive-loop": NaiveLMN(lmn)}
             for name in ("rnn", "lstm", "gru"):
                 models[name] = build_model(name, f + m)
             runs = {name: [] for name in models}
@@ -174,8 +181,10 @@ def bench_sizes(args) -> list[dict]:
             flops = lmn_flops_per_frame(f, m)
             small = gemm_rate(batch_size, m, f + m, args.min_time)
             row = {"functional": f, "memory": m, "batch": batch_size, "steps": args.steps,
+                   "path": args.path, "variants": args.variants,
                    "flops_per_frame_forward": flops, "small_gemm_gflops": small / 1e9}
-            for label, on in (("kernel", True), ("torch_loop", False)):
+            default = False if args.path == "loop" else args.path
+            for label, on in (("kernel", default), ("torch_loop", False)):
                 rate = recurrence_rate(f, m, batch_size, args.steps, on, args.min_time)
                 row[f"recurrence_{label}_gflops"] = rate / 1e9
             for name, values in runs.items():
@@ -192,6 +201,10 @@ def bench_sizes(args) -> list[dict]:
                 row[f"{mode}_vs_torch_loop"] = fps / row[f"torch-loop_{mode}_fps"]
                 row[f"{mode}_of_bound"] = fps / row[f"{mode}_bound_fps"]
                 row[f"{mode}_of_small_bound"] = fps / row[f"{mode}_small_bound_fps"]
+                for v in args.variants:
+                    variant_fps = row[f"lmn-{v}_{mode}_fps"]
+                    row[f"{mode}_{v}_vs_lstm"] = variant_fps / row[f"lstm_{mode}_fps"]
+                    row[f"{mode}_{v}_vs_torch_loop"] = variant_fps / row[f"torch-loop_{mode}_fps"]
             rows.append(row)
             print_row(row)
     return rows
@@ -214,6 +227,10 @@ def print_row(r: dict) -> None:
               f"({r[f'{mode}_bound_fps'] / k:.0f}k)  of small-GEMM bound "
               f"{100 * r[f'{mode}_of_small_bound']:.0f}% ({r[f'{mode}_small_bound_fps'] / k:.0f}k)",
               flush=True)
+        for v in r["variants"]:
+            print(f"    {label} variant {v}: {r[f'lmn-{v}_{mode}_fps'] / k:7.1f}k frames/s | "
+                  f"/lstm {r[f'{mode}_{v}_vs_lstm']:.2f}x  /torch-loop "
+                  f"{r[f'{mode}_{v}_vs_torch_loop']:.2f}x", flush=True)
 
 
 def bench_epochs(args) -> list[dict]:
@@ -262,7 +279,7 @@ def profile(args) -> str:
     lmn = build_model("lmn-b", 250, 250)
     out = []
     for label, model in (("straightforward per-step loop", NaiveLMN(lmn)),
-                         ("fast path, PyTorch loop (kernel off)", TorchLoopLMN(lmn)),
+                         ("fast path, PyTorch loop (kernel off)", PathLMN(lmn, False)),
                          ("fast path, compiled kernel (the default)", lmn)):
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         train_step(model, optimizer, batch)
@@ -292,8 +309,16 @@ def main() -> None:
     started = time.perf_counter()
     commit = git_commit()  # the code that runs, taken before any later edit of the tree
     kernel = load_cpu_kernel() is not None  # built (or loaded from the cache) before timing
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, compiled CPU kernel: "
-          f"{'yes' if kernel else 'NO (the PyTorch loop runs in its place)'}", flush=True)
+    args.path = cpu_path(measure_cpu_paths)  # the default path, measured (or read) before timing
+    # every other variant this CPU runs, each its own column (LINMEM_CPU_KERNEL=v: only v)
+    forced = os.environ.get(KERNEL_ENV, "") not in ("", "auto")
+    args.variants = [] if forced else [v for v in kernel_variants() if v != args.path]
+    cpu = _cpu_description().split(" [", 1)[0]
+    isa = {k: os.environ[k] for k in ISA_VARIABLES if k in os.environ}
+    print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads; compiled "
+          f"CPU kernel: {'yes' if kernel else 'NO (the PyTorch loop runs in its place)'}; "
+          f"default path: {args.path}; other variants: {args.variants or 'none'}; "
+          f"instruction-set limits: {isa or 'none'}", flush=True)
     args.gemm_rate = gemm_rate(2048, 2048, 2048, 2 * args.min_time)
     print(f"large GEMM (2048^3, float32): {args.gemm_rate / 1e9:.0f} GFLOP/s", flush=True)
     sizes = bench_sizes(args)
@@ -309,6 +334,8 @@ def main() -> None:
         write_json(args.json, {
             "command": command_line(), "commit": commit, "seed": 0,
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_kernel": kernel,
+            "cpu": cpu, "default_path": args.path, "variants": args.variants,
+            "isa_limits": isa,
             "gemm_gflops": args.gemm_rate / 1e9, "gemm_gflops_end": gemm_after / 1e9,
             "sizes": sizes, "epochs": epochs, "wall_time_s": time.perf_counter() - started,
             "units": "frames per second; a frame is one time step of one sequence",

@@ -1,6 +1,8 @@
 """The LMN layer against independent references: an explicit loop, torch.nn.RNN, gradcheck."""
 
 import contextlib
+import json
+import platform
 import warnings
 
 import pytest
@@ -158,16 +160,27 @@ def autograd_loop(x, weights, m0, nonlinearity="tanh"):
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(params=[True, False], ids=["kernel", "torch-loop"])
+VARIANTS = _ext.kernel_variants()  # every variant of the compiled kernel this CPU runs
+
+
+@pytest.fixture(params=[*VARIANTS, False], ids=[*VARIANTS, "torch-loop"])
 def kernel(request):
-    """Run a test through the compiled CPU kernel and through the PyTorch loop."""
+    """Run a test through each variant of the compiled CPU kernel and through the PyTorch loop."""
     with use_cpu_kernel(request.param):
         yield request.param
 
 
 def test_cpu_kernel_is_built():
-    """The fast path is the default: on this project's machines the kernel must build."""
+    """The fast path is the default: on this project's machines the kernel must build, with the
+    portable variant and, on x86-64, every instruction set the CPU has."""
     assert _ext.load_cpu_kernel() is not None
+    assert VARIANTS[-1] == "generic"
+    if platform.machine() == "x86_64":
+        flags = _ext._cpu_description()
+        expected = [name for name, needs in (("avx512", ("avx512f", "avx512bw", "avx512vl")),
+                                             ("avx2", ("avx2", "fma")))
+                    if all(f" {flag} " in f" {flags[:-1]} " for flag in needs)]
+        assert VARIANTS == [*expected, "generic"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -260,11 +273,11 @@ def num_threads(n):
         torch.set_num_threads(previous)
 
 
-def assert_kernel_equals_loop(ops, nonlinearity="tanh"):
+def assert_kernel_equals_loop(ops, nonlinearity="tanh", variant=True):
     """Outputs, final states and every operand's gradient through ``h`` alone and through ``m``
     alone (so each backward input is also absent once): kernel against PyTorch loop, 1e-12."""
     results = []
-    for enabled in (True, False):
+    for enabled in (variant, False):
         with use_cpu_kernel(enabled):
             hs, ms, h_n, m_n = lmn_recurrence(*ops, nonlinearity)
             grads = [torch.autograd.grad(out.tanh().sum(), ops, retain_graph=True)
@@ -277,23 +290,27 @@ def assert_kernel_equals_loop(ops, nonlinearity="tanh"):
 @pytest.mark.parametrize("shape", [(9, 13, 70, 130), (6, 1, 17, 33), (4, 7, 250, 64)])
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu", "selu"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_kernel_on_awkward_shapes(shape, nonlinearity, threads):
-    """Sizes off the kernel's 16/8-lane and 6-row tiles, odd batches split over threads, both
-    layouts, each output alone: kernel against the PyTorch loop, float64 to 1e-12."""
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kernel_on_awkward_shapes(shape, nonlinearity, threads, variant):
+    """Sizes off every variant's lanes (16/8/4/2) and 6-row tiles, odd batches split over
+    threads, both layouts, each output alone: kernel against the PyTorch loop, float64 to
+    1e-12."""
     with num_threads(threads):
         for batch_major in (False, True):
             assert_kernel_equals_loop(kernel_case(*shape, torch.float64, 3, batch_major),
-                                      nonlinearity)
+                                      nonlinearity, variant)
 
 
-def test_kernel_reuses_its_buffers_safely():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kernel_reuses_its_buffers_safely(variant):
     """The kernel keeps its packed weights and scratch rows between calls: a small problem after
     a large one (stale values beyond the small one's padding) and back must still be exact."""
     for shape in ((5, 9, 100, 140), (3, 2, 17, 9), (1, 4, 33, 70), (5, 9, 100, 140)):
-        assert_kernel_equals_loop(kernel_case(*shape, torch.float64, 6))
+        assert_kernel_equals_loop(kernel_case(*shape, torch.float64, 6), variant=variant)
 
 
-def test_kernel_float32_and_thread_count():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kernel_float32_and_thread_count(variant):
     """float32 against the float64 loop to 2e-6; the kernel's result does not depend on the
     number of threads (each row's sums run in the same order), bit for bit."""
     ops64 = kernel_case(128, 32, 250, 250, torch.float64, 4)
@@ -302,10 +319,22 @@ def test_kernel_float32_and_thread_count():
         reference = lmn_recurrence(*ops64)[1]
     outs = []
     for threads in (1, 2):
-        with num_threads(threads), torch.no_grad():
+        with num_threads(threads), torch.no_grad(), use_cpu_kernel(variant):
             outs.append(lmn_recurrence(*ops32)[1])
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[0].double(), reference, rtol=0, atol=2e-6)
+
+
+def test_kernel_variants_differ_only_by_rounding():
+    """The variants are the same function: on one problem their float64 results agree to 1e-13
+    (the sums run in the same order; only FMA contraction differs)."""
+    ops = kernel_case(20, 7, 37, 45, torch.float64, 8)
+    outs = []
+    for variant in VARIANTS:
+        with use_cpu_kernel(variant), torch.no_grad():
+            outs.append(lmn_recurrence(*ops)[1])
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=0, atol=1e-13)
 
 
 def test_kernel_switch_and_fallback(monkeypatch):
@@ -338,8 +367,59 @@ def test_kernel_switch_and_fallback(monkeypatch):
             assert _ext.load_cpu_kernel() is None
     finally:
         _ext.load_cpu_kernel.cache_clear()
+        _ext.cpu_path.cache_clear()
         monkeypatch.undo()
     assert _ext.load_cpu_kernel() is not None
+
+
+def test_measured_choice_is_recorded_and_env_forces_a_path(monkeypatch, tmp_path):
+    """The first use measures every variant against the loop and records the choice beside the
+    build; later uses read it without measuring; ``LINMEM_CPU_KERNEL`` overrides it."""
+    record = tmp_path / "choice.json"
+    monkeypatch.setattr(_ext, "_choice_file", lambda: record)
+    monkeypatch.delenv("LINMEM_CPU_KERNEL", raising=False)
+    calls = []
+
+    def fake(variants):
+        calls.append(list(variants))
+        return {"choice": "loop"}
+
+    try:
+        _ext.cpu_path.cache_clear()
+        assert _ext.cpu_path(fake) == "loop"
+        assert calls == [VARIANTS]
+        assert json.loads(record.read_text())["choice"] == "loop"
+        _ext.cpu_path.cache_clear()
+        assert _ext.cpu_path(fake) == "loop" and len(calls) == 1  # read back, not measured
+        record.write_text("{not json")  # a damaged record is measured again
+        _ext.cpu_path.cache_clear()
+        assert _ext.cpu_path(fake) == "loop" and len(calls) == 2
+        for value, expected in (("1", VARIANTS[0]), ("generic", "generic"), ("auto", "loop")):
+            monkeypatch.setenv("LINMEM_CPU_KERNEL", value)
+            _ext.cpu_path.cache_clear()
+            assert _ext.cpu_path(fake) == expected
+        monkeypatch.setenv("LINMEM_CPU_KERNEL", "sse9")
+        _ext.cpu_path.cache_clear()
+        with pytest.raises(ValueError, match="LINMEM_CPU_KERNEL='sse9'"):
+            _ext.cpu_path(fake)
+    finally:
+        _ext.cpu_path.cache_clear()
+
+
+def test_measurement_picks_a_path_not_slower_than_the_loop():
+    """The record of :func:`measure_cpu_paths`: a time for every path and size, and a choice
+    that is the loop or a variant at least as fast as the loop at both sizes."""
+    rec = lmn_nn.measure_cpu_paths(VARIANTS, repeats=1)
+    assert set(rec["seconds"]) == {*VARIANTS, "loop"}
+    assert all(set(t) == {"small", "large"} for t in rec["seconds"].values())
+    assert rec["choice"] in (*VARIANTS, "loop")
+    if rec["choice"] != "loop":
+        times = rec["seconds"]
+        assert all(times[rec["choice"]][s] <= times["loop"][s] for s in ("small", "large"))
+        assert rec["speedup_over_loop"][rec["choice"]] == max(rec["speedup_over_loop"].values())
+    with pytest.raises(ValueError, match="unknown or unsupported kernel variant"):
+        with use_cpu_kernel("sse9"):
+            pass
 
 
 def test_initial_memory_stays_bounded():

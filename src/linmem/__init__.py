@@ -3,26 +3,40 @@
 Public API: :class:`LMN` and :class:`LMNCell` (``torch.nn.RNN``-style layers),
 :class:`LinearAutoencoder` (the linear autoencoder for sequences), the polyphonic music data sets
 (:func:`load_polyphonic`), the frame-level metrics, the next-step models and the trainer.
+
+The names are imported on first use (PEP 562), so that ``import linmem`` and ``linmem --help``
+do not load torch.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-from .data import DataError, load_polyphonic
-from .la import LinearAutoencoder
-from .metrics import frame_accuracy, frame_nll
-from .models import MODELS, build_model
-from .nn import LMN, LMNCell, UnrolledNet
+import importlib
+from importlib import metadata
+from typing import Any
 
-__all__ = [
-    "LMN",
-    "MODELS",
-    "DataError",
-    "LMNCell",
-    "LinearAutoencoder",
-    "UnrolledNet",
-    "__version__",
-    "build_model",
-    "frame_accuracy",
-    "frame_nll",
-    "load_polyphonic",
-]
+try:
+    __version__ = metadata.version("linear-memory-networks")
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+_EXPORTS = {
+    "DataError": "data", "load_polyphonic": "data",
+    "LinearAutoencoder": "la",
+    "frame_accuracy": "metrics", "frame_nll": "metrics",
+    "MODELS": "models", "build_model": "models",
+    "LMN": "nn", "LMNCell": "nn", "UnrolledNet": "nn",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'linmem' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,5 +1,5 @@
 """``python -m linmem`` runs the command line."""
 
-from .cli import main
+from linmem._launch import main
 
 main()

@@ -1,78 +1,171 @@
-"""The compiled CPU kernel of the LMN recurrence (``csrc/lmn_cpu.cpp``), built on first use.
+"""The compiled CPU kernel of the LMN recurrence (``csrc/``), built on first use, and the choice
+of the path the CPU runs.
 
-The build is PyTorch's JIT C++ extension (a C++ compiler and ``ninja``; about 30 s once per
-machine, cached under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). It is compiled
-for the CPU it runs on (``-march=native``), so the cache name carries the CPU's feature flags.
-Set ``LINMEM_CPU_KERNEL=0`` to use the PyTorch loop instead; if the build fails, a warning says
-why and the PyTorch loop is used.
+The build is PyTorch's JIT C++ extension (a C++ compiler and the ``ninja`` of the ``ninja``
+wheel; about 10 s once per machine, cached under ``TORCH_EXTENSIONS_DIR`` or
+``~/.cache/torch_extensions``). One build holds the kernel's loops compiled for every instruction
+set of the architecture (on x86-64: AVX-512, AVX2 + FMA and the SSE2 baseline; elsewhere the
+baseline), each with a register tile that fits that instruction set; the CPU says at run time
+which it can execute (:func:`kernel_variants`).
+
+Which path runs (:func:`cpu_path`): the first use on a machine measures the recurrence's
+forward and backward through every variant the CPU runs and through the PyTorch loop, on a small
+and a large layer, and picks the fastest path that is not slower than the loop at either size;
+the measurement is recorded beside the build (``choice-<cpu>.json``) and read back afterwards.
+``LINMEM_CPU_KERNEL`` forces a path: ``0`` (or ``loop``) the PyTorch loop, ``1`` the best variant
+the CPU runs, or a variant's name (``avx512``, ``avx2``, ``generic``). If the build fails, a
+warning says why and the PyTorch loop is used.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import platform
-import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-SOURCE = Path(__file__).with_name("csrc") / "lmn_cpu.cpp"
+from linmem._io import write_json
+
+__all__ = ["KERNEL_ENV", "cpu_path", "kernel_variants", "load_cpu_kernel"]
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("lmn_cpu.cpp", "lmn_kernel_avx512.cpp", "lmn_kernel_avx2.cpp", "lmn_kernel_generic.cpp")
+HEADERS = ("lmn_kernel.h", "lmn_kernel_api.h")
+CFLAGS = ("-O3", "-fopenmp")
+KERNEL_ENV = "LINMEM_CPU_KERNEL"
+LOOP = "loop"
 
 
-def _cpu_flags() -> str:
+def _cpu_description() -> str:
+    """The CPU's model name and feature flags (what decides which variant is fastest)."""
+    model, flags = "", ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
+            if not model and line.startswith(("model name", "Model", "CPU part")):
+                model = line.split(":", 1)[-1].strip()
+            if not flags and line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[-1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return f"{model or platform.processor() or platform.machine()} [{flags}]"
 
 
-def _find_ninja() -> None:
-    """Put the ``ninja`` of the ``ninja`` wheel on ``PATH`` when none is there."""
-    if shutil.which("ninja") is None:
-        try:
-            import ninja
-        except ImportError:
-            return
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+def _build_name() -> str:
+    """The extension's name: a hash of its sources, flags and torch version. The build is the
+    same on every CPU of an architecture (no ``-march=native``), so the CPU is not part of it."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name in (*SOURCES, *HEADERS):
+        digest.update((CSRC / name).read_bytes())
+    digest.update(" ".join(CFLAGS).encode() + torch.__version__.encode()
+                  + platform.machine().encode())
+    return f"linmem_lmn_cpu_{digest.hexdigest()[:12]}"
 
 
-def _is_built(name: str) -> bool:
-    try:  # a private helper of torch; if it moves, the message is merely printed every time
+def _wheel_ninja_first() -> None:
+    """Put the ``ninja`` wheel's binary first on ``PATH``: a build directory made by one ninja
+    version is rebuilt from scratch by another, so the same one must run every time."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    path = os.environ.get("PATH", "")
+    if not path.startswith(ninja.BIN_DIR + os.pathsep):
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
+
+
+def _build_directory(name: str) -> Path | None:
+    try:  # a private helper of torch; if it moves, the build message is printed every time
         from torch.utils.cpp_extension import _get_build_directory
 
-        return any(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
+        return Path(_get_build_directory(name, verbose=False))
     except Exception:
-        return False
+        return None
 
 
 @functools.cache
 def load_cpu_kernel() -> ModuleType | None:
-    """The compiled module (``forward``, ``backward``), or ``None`` when disabled or unbuildable."""
-    if os.environ.get("LINMEM_CPU_KERNEL", "1") == "0":
+    """The compiled module (``forward``, ``backward``, ``variants``), or ``None`` when
+    ``LINMEM_CPU_KERNEL=0`` or the build fails (with a warning saying why)."""
+    if os.environ.get(KERNEL_ENV, "").strip().lower() in ("0", LOOP):
         return None
-    import torch
     from torch.utils import cpp_extension
 
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + _cpu_flags().encode() + torch.__version__.encode())
-    name = f"linmem_lmn_cpu_{key.hexdigest()[:12]}"
     try:
-        _find_ninja()
-        if not _is_built(name):
-            print("linmem: building the LMN's CPU kernel (once per machine, about 30 s)",
+        name = _build_name()
+        _wheel_ninja_first()
+        directory = _build_directory(name)
+        if directory is None or not any(directory.glob(f"{name}*.so")):
+            print("linmem: building the LMN's CPU kernel (once per machine, about 10 s)",
                   file=sys.stderr, flush=True)
         return cpp_extension.load(
-            name=name, sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-            verbose=False)
-    except Exception as err:  # no compiler, no ninja, an unknown -march: fall back, say why
+            name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+            extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as err:  # no compiler, no ninja: fall back, say why
         warnings.warn(f"linmem: the compiled LMN kernel could not be built, the slower PyTorch "
                       f"loop is used ({type(err).__name__}: {str(err).strip()[-300:]})",
                       RuntimeWarning, stacklevel=2)
         return None
+
+
+def kernel_variants() -> list[str]:
+    """The kernel's variants this CPU can run, best first (empty without a kernel)."""
+    module = load_cpu_kernel()
+    return list(module.variants()) if module is not None else []
+
+
+def _choice_file() -> Path | None:
+    directory = _build_directory(_build_name())
+    if directory is None:
+        return None
+    cpu = hashlib.sha256(_cpu_description().encode()).hexdigest()[:12]
+    return directory / f"choice-{cpu}.json"
+
+
+Measure = Callable[[list[str]], dict]
+
+
+@functools.cache
+def cpu_path(measure: Measure | None = None) -> str:
+    """The path the LMN recurrence takes on this CPU: a kernel variant's name or ``"loop"``.
+
+    ``LINMEM_CPU_KERNEL`` decides when set (see the module's docstring); otherwise the choice
+    recorded beside the build, or, on the first use, ``measure(variants)`` (a record whose
+    ``"choice"`` is the path; :func:`linmem.nn.measure_cpu_paths`), which is then recorded.
+    """
+    forced = os.environ.get(KERNEL_ENV, "").strip().lower()
+    variants = kernel_variants()
+    if not variants:
+        return LOOP
+    if forced in ("1", "kernel"):
+        return variants[0]
+    if forced in variants:
+        return forced
+    if forced not in ("", "auto"):
+        known = ", ".join(["0", "1", "auto", *variants])
+        raise ValueError(f"{KERNEL_ENV}={forced!r}: expected one of {known}")
+    path = _choice_file()
+    if path is not None and path.is_file():
+        try:
+            record = json.loads(path.read_text())
+            if record.get("choice") in (*variants, LOOP):
+                return record["choice"]
+        except (OSError, ValueError):
+            pass  # unreadable: measure again
+    if measure is None:
+        return variants[0]
+    record = measure(variants)
+    record["cpu"] = _cpu_description().split(" [", 1)[0]
+    if path is not None:
+        try:
+            write_json(path, record)
+        except OSError:
+            pass  # a read-only cache: the choice holds for this process
+    return record["choice"]

@@ -304,9 +304,9 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
     `linmem report` then selects on validation and writes the tables.
     """
     import multiprocessing
-    import os
 
     from ._io import command_line
+    from ._threads import usable_cpus
     from .search import SearchConfig, default_storage, run_worker
 
     try:
@@ -323,7 +323,7 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
         if jobs == 1:
             counts = run_worker(config, command)
         else:
-            threads = max(1, (os.cpu_count() or 1) // jobs)
+            threads = max(1, usable_cpus() // jobs)
             ctx = multiprocessing.get_context("spawn")
             procs = [ctx.Process(target=_search_worker, args=(config, command, threads))
                      for _ in range(jobs)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator
 
 import torch
@@ -29,7 +30,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from linmem._ext import load_cpu_kernel
+from linmem._ext import LOOP, cpu_path, kernel_variants, load_cpu_kernel
 
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}
 _NONLINEARITIES = tuple(_FUNCTIONS)
@@ -38,29 +39,82 @@ _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "b
 
 State = Tensor | tuple[Tensor | None, Tensor] | None
 
-_KERNEL_CODES = {"tanh": 0, "relu": 1, "selu": 2}  # csrc/lmn_cpu.cpp's Nonlinearity
-_kernel_enabled = True
+_KERNEL_CODES = {"tanh": 0, "relu": 1, "selu": 2}  # csrc/lmn_kernel_api.h's Nonlinearity
+_path_override: str | None = None  # set by use_cpu_kernel
 
 
 @contextlib.contextmanager
-def use_cpu_kernel(enabled: bool = True) -> Iterator[None]:
-    """Run the recurrence on CPU through the compiled kernel (the default) or, with
-    ``enabled=False``, through the PyTorch loop, inside the ``with`` block. Both compute the same
-    function (tested); the switch is process-wide, for comparisons and benchmarks."""
-    global _kernel_enabled
-    previous, _kernel_enabled = _kernel_enabled, enabled
+def use_cpu_kernel(enabled: bool | str | None = True) -> Iterator[None]:
+    """Choose the CPU path of the recurrence inside the ``with`` block: ``True`` the compiled
+    kernel (the best variant this CPU runs), ``False`` the PyTorch loop, a variant's name
+    (``"avx512"``, ``"avx2"``, ``"generic"``; :func:`linmem._ext.kernel_variants`) that variant,
+    ``None`` the automatic choice (:func:`linmem._ext.cpu_path`). All compute the same function
+    (tested); the switch is process-wide, for comparisons and benchmarks."""
+    global _path_override
+    if enabled is True:
+        variants = kernel_variants()
+        path = variants[0] if variants else LOOP
+    elif enabled is False:
+        path = LOOP
+    elif enabled is None or enabled in kernel_variants():
+        path = enabled
+    else:
+        raise ValueError(f"unknown or unsupported kernel variant {enabled!r}; this CPU runs "
+                         f"{kernel_variants()}")
+    previous, _path_override = _path_override, path
     try:
         yield
     finally:
-        _kernel_enabled = previous
+        _path_override = previous
 
 
 def _kernel_for(x: Tensor):
-    """The compiled kernel when it applies to ``x`` (CPU, float32/float64), else ``None``."""
-    if not _kernel_enabled or x.device.type != "cpu" or x.dtype not in (torch.float32,
-                                                                         torch.float64):
+    """``(module, variant)`` when the compiled kernel runs ``x`` (CPU, float32/float64), else
+    ``None`` (the PyTorch loop)."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
         return None
-    return load_cpu_kernel()
+    path = _path_override or cpu_path(measure_cpu_paths)
+    module = load_cpu_kernel() if path != LOOP else None
+    return None if module is None else (module, path)
+
+
+def measure_cpu_paths(variants: list[str], repeats: int = 5) -> dict:
+    """Time the recurrence's forward and backward (float32, this process's thread count)
+    through every kernel variant and the PyTorch loop on a small and a large layer, best of
+    ``repeats``; the choice is the fastest variant that beats the loop at both sizes, else the
+    loop. Used once per machine by :func:`linmem._ext.cpu_path`; takes about a second."""
+    with torch.inference_mode(False), torch.enable_grad():  # whatever context asked first
+        return _measure_cpu_paths(variants, repeats)
+
+
+def _measure_cpu_paths(variants: list[str], repeats: int) -> dict:
+    problems = {"small": (32, 8, 50, 50), "large": (32, 32, 250, 250)}  # steps, batch, H, M
+    seconds: dict[str, dict[str, float]] = {}
+    for size, (steps, batch, hidden, memory) in problems.items():
+        g = torch.Generator().manual_seed(0)
+        ops = [torch.randn(steps, batch, hidden, generator=g), torch.zeros(batch, memory),
+               torch.randn(hidden, memory, generator=g) * memory ** -0.5,
+               torch.randn(memory, hidden, generator=g) * 0.5 * hidden ** -0.5,
+               torch.randn(memory, memory, generator=g) * 0.5 * memory ** -0.5,
+               torch.zeros(memory)]
+        for t in ops:
+            t.requires_grad_()
+        for path in (*variants, LOOP):
+            best = math.inf
+            with use_cpu_kernel(path if path != LOOP else False):
+                for _ in range(repeats + 1):  # the first call warms the buffers up
+                    start = time.perf_counter()
+                    hs, ms, _, _ = lmn_recurrence(*ops)
+                    torch.autograd.grad((hs.sum(), ms.sum()), ops)
+                    best = min(best, time.perf_counter() - start)
+            seconds.setdefault(path, {})[size] = best
+    speedup = {v: min(seconds[LOOP][s] / seconds[v][s] for s in problems) for v in variants}
+    fastest = max(variants, key=speedup.get)
+    return {"choice": fastest if speedup[fastest] >= 1.0 else LOOP,
+            "speedup_over_loop": speedup, "seconds": seconds,
+            "problems": {k: dict(zip(("steps", "batch", "hidden", "memory"), v, strict=True))
+                         for k, v in problems.items()},
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def _rows(t: Tensor | None) -> Tensor | None:
@@ -158,8 +212,9 @@ class _Recurrence(torch.autograd.Function):
         ms = _new_steps(x_proj, memory, batch_major)  # m_1 .. m_T
         kernel = _kernel_for(x_proj)
         if kernel is not None:
-            kernel.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm,
-                           bias_m.contiguous(), _KERNEL_CODES[nonlinearity], hs, ms)
+            module, variant = kernel
+            module.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm,
+                           bias_m.contiguous(), _KERNEL_CODES[nonlinearity], hs, ms, variant)
         else:
             _loop_forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity,
                           hs, ms)
@@ -179,8 +234,9 @@ class _Recurrence(torch.autograd.Function):
         grads = _new_steps(hs, hidden + memory, batch_major)
         grad_m0 = hs.new_empty(batch, memory)
         if ctx.kernel is not None:  # the backward runs where the forward ran
-            ctx.kernel.backward(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm,
-                                weight_mm, _KERNEL_CODES[ctx.nonlinearity], grads, grad_m0)
+            module, variant = ctx.kernel
+            module.backward(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm, weight_mm,
+                            _KERNEL_CODES[ctx.nonlinearity], grads, grad_m0, variant)
         else:
             _loop_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm,
                            ctx.nonlinearity, grads, grad_m0)

@@ -1,0 +1,209 @@
+// The LMN recurrence (paper eqs. 6-7) and its backward through time for the rows [b0, b1) of a
+// batch: the inner loops of csrc/lmn_cpu.cpp, which splits the batch over threads, packs the
+// weights and calls one of the variants compiled from this file.
+//
+// Each variant is this file compiled for one instruction set (lmn_kernel_avx512.cpp,
+// lmn_kernel_avx2.cpp, lmn_kernel_generic.cpp) with the vector width and register tile that
+// fit that instruction set's register file: the tile's accumulators, one row of the packed
+// weights and a broadcast must all live in registers, or every product spills to memory.
+//   avx512:  64-byte vectors, 32 registers: 6 rows x 4 vectors (24 accumulators + 4 + 1)
+//   avx2:    32-byte vectors, 16 registers: 6 rows x 2 vectors (12 + 2 + 1)
+//   generic: 16-byte vectors (SSE2 on x86-64: 16 registers, 6 x 2; NEON on aarch64: 32, 6 x 4)
+// The including file defines LMN_VARIANT (a namespace), LMN_VEC_BYTES, LMN_ROWS, LMN_VECS.
+// Nothing here includes a standard library header with code in it, so no inline function
+// compiled for one instruction set can be shared with (and run by) another variant.
+//
+// Forward, per step, for the rows of one thread:
+//   [a_t | s_t] = m_{t-1} [W^mh^T | W^mm^T]            one product, m_{t-1} read once
+//   h_t = sigma(x_proj_t + a_t)                          (6)
+//   m_t = b^m + s_t + h_t W^hm^T                         (7)
+// Backward, per step (g_t = [dL/da_t, dL/dm_t], the layout of linmem.nn._Recurrence):
+//   dL/da_t = (grad_h_t + dL/dm_t W^hm) * sigma'(a_t)
+//   dL/dm_{t-1} = grad_m_{t-1} + g_t [W^mh; W^mm]
+#pragma once
+
+#include "lmn_kernel_api.h"
+
+namespace linmem {
+namespace LMN_VARIANT {
+namespace {
+
+template <typename T>
+struct Vec {
+  typedef T type __attribute__((vector_size(LMN_VEC_BYTES)));
+  static constexpr int64_t lanes = LMN_VEC_BYTES / sizeof(T);
+};
+
+template <typename T>
+inline typename Vec<T>::type load(const T* p) {
+  typename Vec<T>::type v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <typename T>
+inline void store(T* p, typename Vec<T>::type v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+
+// C[0:R, 0:NV*lanes] (+)= A[0:R, 0:K] B[0:K, 0:NV*lanes]; B is packed (row stride ldb).
+template <typename T, int R, int NV>
+void tile(const T* a, int64_t lda, const T* b, int64_t ldb, int64_t k_size, T* c, int64_t ldc,
+          bool accumulate) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = Vec<T>::lanes;
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = accumulate ? load<T>(c + r * ldc + j * L) : V{};
+  for (int64_t k = 0; k < k_size; ++k) {
+    V bk[NV];
+    for (int j = 0; j < NV; ++j) bk[j] = load<T>(b + k * ldb + j * L);
+    for (int r = 0; r < R; ++r) {
+      const T ark = a[r * lda + k];
+      for (int j = 0; j < NV; ++j) acc[r][j] += ark * bk[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) store<T>(c + r * ldc + j * L, acc[r][j]);
+}
+
+// The last `R` (< LMN_ROWS) rows: one tile of R rows.
+template <typename T, int NV, int R = LMN_ROWS - 1>
+void remainder_rows(int64_t rest, const T* a, int64_t lda, int64_t k_size, const T* b,
+                    int64_t ldb, T* c, int64_t ldc, bool accumulate) {
+  if constexpr (R > 0) {
+    if (rest == R) return tile<T, R, NV>(a, lda, b, ldb, k_size, c, ldc, accumulate);
+    remainder_rows<T, NV, R - 1>(rest, a, lda, k_size, b, ldb, c, ldc, accumulate);
+  }
+}
+
+template <typename T, int NV>
+void row_tiles(const T* a, int64_t lda, int64_t rows, int64_t k_size, const T* b, int64_t ldb,
+               T* c, int64_t ldc, bool accumulate) {
+  int64_t r = 0;
+  for (; r + LMN_ROWS <= rows; r += LMN_ROWS)
+    tile<T, LMN_ROWS, NV>(a + r * lda, lda, b, ldb, k_size, c + r * ldc, ldc, accumulate);
+  remainder_rows<T, NV>(rows - r, a + r * lda, lda, k_size, b, ldb, c + r * ldc, ldc,
+                        accumulate);
+}
+
+// The last `NV` (< LMN_VECS) vectors of columns.
+template <typename T, int NV = LMN_VECS - 1>
+void remainder_vectors(int64_t rest, const T* a, int64_t lda, int64_t rows, int64_t k_size,
+                       const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate) {
+  if constexpr (NV > 0) {
+    if (rest == NV) return row_tiles<T, NV>(a, lda, rows, k_size, b, ldb, c, ldc, accumulate);
+    remainder_vectors<T, NV - 1>(rest, a, lda, rows, k_size, b, ldb, c, ldc, accumulate);
+  }
+}
+
+// C (rows x n_pad) (+)= A (rows x K, row stride lda) B (K x n_pad, packed, row stride n_pad).
+template <typename T>
+void gemm(const T* a, int64_t lda, int64_t rows, int64_t k_size, const T* b, int64_t n_pad,
+          T* c, int64_t ldc, bool accumulate) {
+  constexpr int64_t L = Vec<T>::lanes;
+  int64_t n = 0;
+  for (; n + LMN_VECS * L <= n_pad; n += LMN_VECS * L)
+    row_tiles<T, LMN_VECS>(a, lda, rows, k_size, b + n, n_pad, c + n, ldc, accumulate);
+  remainder_vectors<T>((n_pad - n) / L, a, lda, rows, k_size, b + n, n_pad, c + n, ldc,
+                       accumulate);
+}
+
+inline float expm1_of(float v) { return __builtin_expm1f(v); }
+inline double expm1_of(double v) { return __builtin_expm1(v); }
+
+// h = sigma(h) for `rows` rows of `n` values (row stride ld).
+template <typename T>
+void activate(T* h, int64_t ld, int64_t rows, int64_t n, int64_t nonlinearity,
+              RowsFn<T> tanh_rows) {
+  if (nonlinearity == kTanh) return tanh_rows(h, ld, rows, n);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = h + r * ld;
+    if (nonlinearity == kRelu) {
+      for (int64_t j = 0; j < n; ++j) row[j] = row[j] > T(0) ? row[j] : T(0);
+    } else {
+      for (int64_t j = 0; j < n; ++j)
+        row[j] = row[j] > T(0) ? T(kSeluScale) * row[j]
+                               : T(kSeluScale * kSeluAlpha) * expm1_of(row[j]);
+    }
+  }
+}
+
+// sigma'(a) from h = sigma(a).
+template <typename T>
+inline T derivative(T h, int64_t nonlinearity) {
+  if (nonlinearity == kTanh) return T(1) - h * h;
+  if (nonlinearity == kRelu) return h > T(0) ? T(1) : T(0);
+  return h > T(0) ? T(kSeluScale) : h + T(kSeluScale * kSeluAlpha);
+}
+
+template <typename T>
+void forward_rows(const ForwardArgs<T>& p, int64_t b0, int64_t b1, T* s) {
+  const int64_t rows = b1 - b0, width = p.h_pad + p.m_pad;
+  const T* m_prev = p.m0 + b0 * p.m0s;
+  int64_t m_prev_ld = p.m0s;
+  for (int64_t t = 0; t < p.steps; ++t) {
+    const T* x_t = p.x + t * p.xs0 + b0 * p.xs1;
+    T* h_t = p.h + t * p.hs0 + b0 * p.hs1;
+    T* m_t = p.m + t * p.ms0 + b0 * p.ms1;
+    gemm<T>(m_prev, m_prev_ld, rows, p.memory, p.w_first, width, s, width, false);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < p.hidden; ++j)
+        h_t[r * p.hs1 + j] = x_t[r * p.xs1 + j] + s[r * width + j];
+    activate<T>(h_t, p.hs1, rows, p.hidden, p.nonlinearity, p.tanh_rows);       // (6)
+    gemm<T>(h_t, p.hs1, rows, p.hidden, p.w_second, p.m_pad, s + p.h_pad, width, true);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < p.memory; ++j)
+        m_t[r * p.ms1 + j] = p.bias[j] + s[r * width + p.h_pad + j];             // (7)
+    m_prev = m_t;
+    m_prev_ld = p.ms1;
+  }
+}
+
+template <typename T>
+void backward_rows(const BackwardArgs<T>& p, int64_t b0, int64_t b1, T* s) {
+  const int64_t rows = b1 - b0, hidden = p.hidden, memory = p.memory;
+  const int64_t width = p.h_pad > p.m_pad ? p.h_pad : p.m_pad;
+  const bool has_gh = p.gh != nullptr, has_gm = p.gm != nullptr;
+  T* g_last = p.g + (p.steps - 1) * p.gs0 + b0 * p.gs1;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < memory; ++j)
+      g_last[r * p.gs1 + hidden + j] =
+          has_gm ? p.gm[(p.steps - 1) * p.gms0 + (b0 + r) * p.gms1 + j] : T(0);
+  for (int64_t t = p.steps - 1; t >= 0; --t) {
+    T* g_t = p.g + t * p.gs0 + b0 * p.gs1;
+    const T* h_t = p.h + t * p.hs0 + b0 * p.hs1;
+    gemm<T>(g_t + hidden, p.gs1, rows, memory, p.w_dm, p.h_pad, s, width, false);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* gh_r = has_gh ? p.gh + t * p.ghs0 + (b0 + r) * p.ghs1 : nullptr;
+      for (int64_t j = 0; j < hidden; ++j) {
+        const T total = has_gh ? s[r * width + j] + gh_r[j] : s[r * width + j];
+        g_t[r * p.gs1 + j] = total * derivative<T>(h_t[r * p.hs1 + j], p.nonlinearity);
+      }
+    }
+    gemm<T>(g_t, p.gs1, rows, hidden + memory, p.w_dprev, p.m_pad, s, width, false);
+    if (t == 0) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < memory; ++j) p.g0[(b0 + r) * p.g0s + j] = s[r * width + j];
+    } else {
+      T* g_prev = p.g + (t - 1) * p.gs0 + b0 * p.gs1 + hidden;
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* gm_r = has_gm ? p.gm + (t - 1) * p.gms0 + (b0 + r) * p.gms1 : nullptr;
+        for (int64_t j = 0; j < memory; ++j)
+          g_prev[r * p.gs1 + j] = has_gm ? s[r * width + j] + gm_r[j] : s[r * width + j];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace LMN_VARIANT
+
+// This variant's entry in the table of csrc/lmn_cpu.cpp.
+extern const Variant LMN_CONCAT(LMN_VARIANT, _variant) = {
+    LMN_STRING(LMN_VARIANT), LMN_VEC_BYTES,
+    LMN_VARIANT::forward_rows<float>, LMN_VARIANT::forward_rows<double>,
+    LMN_VARIANT::backward_rows<float>, LMN_VARIANT::backward_rows<double>,
+};
+
+}  // namespace linmem
