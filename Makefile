@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test lint clean results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm
+.PHONY: install demo test test-all docs lint clean results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,12 +23,24 @@ lint: install
 	$(PY) -m ruff check src tests benchmarks
 
 # The search tests start a throwaway PostgreSQL server on loopback with .ci/postgres (which
-# installs the server with apt-get when it is missing).
+# installs the server with apt-get when it is missing). `make test` leaves out the slowest
+# end-to-end tests (marked slow); `make test-all` runs every test (what CI runs).
 test: lint
+	LINMEM_TEST_DATA=$(DATA) $(PY) -m pytest -m "not slow"
+
+test-all: lint
 	LINMEM_TEST_DATA=$(DATA) $(PY) -m pytest
 
+# The API reference (Sphinx, autodoc + napoleon); warnings are errors.
+$(VENV)/.docs: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache docs/_build
 
 # The foundation's committed results (results/foundation): LMN-B and LSTM on JSB Chorales with the
 # default settings, and the LSTM with transposition. Each run's metrics.json carries its command.

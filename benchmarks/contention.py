@@ -113,7 +113,7 @@ def main() -> None:
         return
 
     from linmem._ext import _cpu_description, cpu_path
-    from linmem._io import command_line, git_commit, write_json
+    from linmem._io import command_line, git_commit, provenance, write_json
     from linmem.nn import measure_cpu_paths
 
     started, commit = time.perf_counter(), git_commit()
@@ -142,9 +142,8 @@ def main() -> None:
               f"{load:6s} {fps / 1e3:8.1f}k frames/s {share}", flush=True)
     if args.json:
         write_json(args.json, {
-            "command": command_line(), "commit": commit, "seed": 0, "cpu": cpu,
-            "cpu_count": os.cpu_count(), "lmn_cpu_path": path, "rows": rows,
-            "wall_time_s": time.perf_counter() - started,
+            **provenance(command_line(), commit, 0, None, time.perf_counter() - started),
+            "cpu": cpu, "cpu_count": os.cpu_count(), "lmn_cpu_path": path, "rows": rows,
             "units": "training frames per second (batch 32, 128 steps, Adam)"})
 
 

@@ -100,7 +100,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
         return
-    from linmem._io import command_line, git_commit, write_json
+    from linmem._io import command_line, git_commit, provenance, write_json
 
     started = time.perf_counter()
     commit = git_commit()  # the code that runs, taken before any later edit of the tree
@@ -146,11 +146,10 @@ def main() -> None:
     if args.json:
         from linmem.data import data_checksum
 
+        checksums = {name: data_checksum(name, args.data_dir) for name in datasets}
         write_json(args.json, {
-            "command": command_line(), "commit": commit, "seed": 0,
-            "wall_time_s": time.perf_counter() - started, "baseline_rss_mb": base,
-            "data_sha256": {name: data_checksum(name, args.data_dir) for name in datasets},
-            "results": results})
+            **provenance(command_line(), commit, 0, checksums, time.perf_counter() - started),
+            "baseline_rss_mb": base, "results": results})
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from linmem._ext import KERNEL_ENV, _cpu_description, cpu_path, kernel_variants, load_cpu_kernel
-from linmem._io import command_line, git_commit, write_json
+from linmem._io import command_line, git_commit, provenance, write_json
 from linmem.data import (
     N_KEYS,
     Batch,
@@ -331,13 +331,14 @@ def main() -> None:
         Path(args.profile).write_text(text + "\n")
         print(text)
     if args.json:
+        checksums = {row["dataset"]: row["data_sha256"] for row in epochs} or None
         write_json(args.json, {
-            "command": command_line(), "commit": commit, "seed": 0,
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_kernel": kernel,
+            **provenance(command_line(), commit, 0, checksums, time.perf_counter() - started),
+            "threads": torch.get_num_threads(), "cpu_kernel": kernel,
             "cpu": cpu, "default_path": args.path, "variants": args.variants,
             "isa_limits": isa,
             "gemm_gflops": args.gemm_rate / 1e9, "gemm_gflops_end": gemm_after / 1e9,
-            "sizes": sizes, "epochs": epochs, "wall_time_s": time.perf_counter() - started,
+            "sizes": sizes, "epochs": epochs,
             "units": "frames per second; a frame is one time step of one sequence",
         })
     print(json.dumps({"wall_time_s": round(time.perf_counter() - started, 1)}))

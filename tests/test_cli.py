@@ -75,6 +75,7 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     assert f"{metrics['test_acc']:.2f}" in stdout
 
 
+@pytest.mark.slow
 def test_console_script_runs(data_dir):
     result = subprocess.run([sys.executable, "-m", "linmem", "--help"], capture_output=True,
                             text=True, check=False)

@@ -242,17 +242,51 @@ def test_bad_input():
         la.decode(np.ones(3), 2)
 
 
-def test_save_and_load_round_trip(tmp_path):
+@pytest.mark.parametrize("kwargs", [dict(window=4, center=True, solver="qr"),
+                                    dict(solver="randomized", tol=1e-3, random_state=3)])
+def test_save_and_load_round_trip(tmp_path, kwargs):
+    """Every parameter and fitted attribute comes back; the loaded estimator encodes, decodes and
+    truncates exactly as the original."""
     seqs = smooth_sequences([20, 15], 3, seed=6)
-    la = LinearAutoencoder(5, window=4, center=True, solver="qr").fit(seqs)
+    la = LinearAutoencoder(5, **kwargs).fit(seqs)
     la.save(tmp_path / "la.npz")
     again = LinearAutoencoder.load(tmp_path / "la.npz")
-    for name in ("A_", "B_", "C_", "singular_values_", "components_", "mean_"):
-        np.testing.assert_array_equal(getattr(again, name), getattr(la, name))
-    assert (again.n_components_, again.window_, again.solver_) == (5, 4, "qr")
+    assert again.get_params() == la.get_params()
+    fitted = {k for k in vars(la) if k.endswith("_")}
+    assert {k for k in vars(again) if k.endswith("_")} == fitted
+    for name in fitted:
+        if isinstance(getattr(la, name), np.ndarray):
+            np.testing.assert_array_equal(getattr(again, name), getattr(la, name))
+        else:
+            assert getattr(again, name) == getattr(la, name), name
     np.testing.assert_array_equal(again.encode(seqs[0]), la.encode(seqs[0]))
+    np.testing.assert_array_equal(again.decode(la.encode(seqs[0])[-1], 3),
+                                  la.decode(la.encode(seqs[0])[-1], 3))
+    cut, cut_again = la.truncated(3), again.truncated(3)
+    np.testing.assert_array_equal(cut_again.encode(seqs[1]), cut.encode(seqs[1]))
+    assert cut_again.relative_svd_error_ == cut.relative_svd_error_
     with np.load(tmp_path / "la.npz", allow_pickle=False) as f:
         assert "A_" in f.files
+
+
+def test_constructor_arguments_after_n_components_are_keywords():
+    with pytest.raises(TypeError):
+        LinearAutoencoder(5, 4)
+    assert LinearAutoencoder(5, window=4).get_params()["window"] == 4
+
+
+def test_load_reads_the_first_file_format(tmp_path):
+    """Files written before every attribute was kept (meta_* arrays) still load and encode."""
+    seqs = smooth_sequences([20, 15], 3, seed=6)
+    la = LinearAutoencoder(5, window=4, center=True, solver="qr").fit(seqs)
+    meta = {"n_components": 5, "window": 4, "center": 1, "n_components_": 5,
+            "n_features_in_": 3, "window_": 4}
+    np.savez(tmp_path / "old.npz", solver_=np.array("qr"), solver=np.array("qr"),
+             **{k: getattr(la, k) for k in ("A_", "B_", "C_", "singular_values_",
+                                            "components_", "mean_")},
+             **{f"meta_{k}": np.array(v) for k, v in meta.items()})
+    old = LinearAutoencoder.load(tmp_path / "old.npz")
+    np.testing.assert_array_equal(old.encode(seqs[0]), la.encode(seqs[0]))
 
 
 def test_auto_solver_choice():

@@ -11,13 +11,16 @@ from linmem.models import (
     recurrent_weight_count,
 )
 
+# the models with a recurrent core and a sigmoid readout (the RNN-RBM has its own tests)
+PREDICTORS = [m for m in MODELS if m != "rnn-rbm"]
+
 
 def recurrent_weights(model):
     """Weights of the recurrent core only (no biases, no readout)."""
     return sum(p.numel() for n, p in model.core.named_parameters() if n.startswith("weight"))
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PREDICTORS)
 @pytest.mark.parametrize(("x", "h", "m"), [(88, 50, 50), (88, 100, 250), (10, 7, 3)])
 def test_parameter_formulas(name, x, h, m):
     model = build_model(name, h, m, input_size=x)
@@ -43,7 +46,7 @@ def test_lmn_has_fewer_parameters_than_gated_models_with_the_same_units():
         assert max(counts.values()) < recurrent_weight_count("lstm", x, h)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PREDICTORS)
 def test_padding_does_not_change_valid_logits(name):
     torch.manual_seed(0)
     model = build_model(name, 12, 9).eval()

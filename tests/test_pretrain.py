@@ -177,6 +177,7 @@ def test_pret_rnn_command(tmp_path, data_dir):
     assert metrics["model"] == "pret-rnn" and metrics["pretraining"]["la_components"] == 12
 
 
+@pytest.mark.slow
 def test_analysis_command_writes_json_and_png(tmp_path, data_dir):
     ulm_run = tmp_path / "ulm"
     assert run_cli("train", "--model", "ulm", "--data", "jsb", "--data-dir", str(data_dir),

@@ -232,6 +232,7 @@ def _running_trial_of(storage: str, pid: int, out: Path):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_killed_worker_trial_is_retried_and_every_point_completes_once(
         backend, tmp_path, data_dir, request):

@@ -81,9 +81,45 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, small, model)
         assert resumed[key] == straight[key], key
     log = (tmp_path / "resumed" / "log.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in log] == [1, 2, 3, 4, 5]
-    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "resumed" / "last.pt", weights_only=False)["model"]
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "resumed" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_with_a_larger_budget_continues_the_run(tmp_path, small):
+    """A finished run resumed with more epochs (or patience) goes on, and ends with the numbers
+    of a run given that budget from the start; the model or data may not change; a finished run
+    that the budget does not extend is not rewritten."""
+    straight = train(config(epochs=6), tmp_path / "straight", progress=False, data=small)
+    short = train(config(epochs=3), tmp_path / "run", progress=False, data=small,
+                  command="first")
+    assert short["epochs"] == 3 and "epoch limit (3)" in short["stop_reason"]
+    metrics_file = tmp_path / "run" / "metrics.json"
+    before = metrics_file.read_bytes()
+    again = train(config(epochs=3), tmp_path / "run", resume=True, progress=False, data=small)
+    assert again == short and metrics_file.read_bytes() == before  # finished: left alone
+    with pytest.raises(ValueError, match=r"different config.*hidden"):
+        train(config(epochs=6, hidden=13), tmp_path / "run", resume=True, progress=False,
+              data=small)
+    longer = train(config(epochs=6), tmp_path / "run", resume=True, progress=False, data=small,
+                   command="second")
+    for key in ("valid_acc", "test_acc", "test_nll", "best_epoch", "epochs", "stop_reason"):
+        assert longer[key] == straight[key], key
+    assert longer["command"] == "first" and longer["resumed_with"] == ["second"]
+    log = (tmp_path / "run" / "log.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in log] == [1, 2, 3, 4, 5, 6]
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["epochs"] == 6
+    # early stopping is a budget too: more patience lets a stopped run go on
+    stopped = train(config(epochs=40, patience=1, lr=0.05), tmp_path / "p", progress=False,
+                    data=small)
+    assert "early stopping" in stopped["stop_reason"]
+    more = train(config(epochs=40, patience=3, lr=0.05), tmp_path / "p", resume=True,
+                 progress=False, data=small)
+    assert more["epochs"] > stopped["epochs"]
+    assert more["epochs"] == more["best_epoch"] + 3 or more["epochs"] == 40
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, small, monkeypatch):
@@ -102,7 +138,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, small, monk
     with pytest.raises(TrainingDiverged, match="keeps epoch 2"):
         train(config(epochs=5), tmp_path / "run", progress=False, data=small,
               on_epoch_end=poison)
-    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert ckpt["state"]["epoch"] == 2
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
@@ -130,7 +166,7 @@ def test_bad_configs():
 def test_sgd_option_takes_plain_sgd_steps(tmp_path, small):
     """--optimizer sgd: one epoch of one batch is p - lr * (grad + wd * p), computed by hand."""
     from linmem.data import collate
-    from linmem.train import masked_nll
+    from linmem.metrics import masked_nll
 
     one = {"train": small["train"][:2], "valid": small["valid"][:2], "test": small["test"][:2]}
     cfg = config(optimizer="sgd", lr=1e-3, weight_decay=1e-3, epochs=1, init_bias=False,
@@ -142,7 +178,7 @@ def test_sgd_option_takes_plain_sgd_steps(tmp_path, small):
     grads = torch.autograd.grad(loss, list(model.parameters()))
     expected = [p - 1e-3 * (g + 1e-3 * p) for p, g in zip(model.parameters(), grads, strict=True)]
     train(cfg, tmp_path / "run", progress=False, data=one)
-    state = torch.load(tmp_path / "run" / "last.pt", weights_only=False)
+    state = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     after = list(state["model"].values())
     assert all(torch.allclose(a, e, atol=1e-6) for a, e in zip(after, expected, strict=True))
     assert "exp_avg" not in str(state["optimizer"]["state"])

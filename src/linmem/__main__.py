@@ -2,4 +2,6 @@
 
 from linmem._launch import main
 
+__all__: list[str] = []
+
 main()

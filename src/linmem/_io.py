@@ -11,6 +11,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from . import __version__
+
+__all__ = ["atomic_write", "command_line", "git_commit", "provenance", "read_json",
+           "write_json"]
+
 
 class atomic_write:
     """``with atomic_write(path) as f``: write to a temporary file beside ``path``, then rename.
@@ -67,8 +74,6 @@ def git_commit() -> str:
         dirty = git("-C", git("rev-parse", "--show-toplevel"), "status", "--porcelain",
                     "--untracked-files=no", "--", ".", ":(exclude)results")
     except (OSError, subprocess.SubprocessError):
-        from . import __version__
-
         return f"unknown (linmem {__version__}, not a git checkout)"
     return commit + ("-dirty" if dirty else "")
 
@@ -77,3 +82,12 @@ def command_line() -> str:
     """The command that started this process, quoted so that it can be pasted into a shell."""
     prog = Path(sys.argv[0]).name if sys.argv else "python"
     return shlex.join([prog, *sys.argv[1:]])
+
+
+def provenance(command: str, commit: str, seed: int | None, data_sha256: str | dict | None,
+               wall_time_s: float) -> dict[str, Any]:
+    """What every result file records (training runs, the pretraining analysis, the
+    benchmarks): the command, the commit it ran at, the seed, the data's checksum, the wall time
+    and the versions of linmem and torch."""
+    return {"wall_time_s": wall_time_s, "seed": seed, "commit": commit, "command": command,
+            "data_sha256": data_sha256, "linmem": __version__, "torch": torch.__version__}

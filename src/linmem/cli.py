@@ -8,22 +8,42 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from dataclasses import replace
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
+from ._io import command_line, write_json
 from .data import DATASETS, DataError, content_digest, data_checksum, load_polyphonic
-from .models import ALL_MODELS
-from .train import TrainConfig, TrainingDiverged, evaluate, load_run_model, train
+from .models import PREDICTIONS, get_spec, model_names
+from .nn import NONLINEARITIES
+from .recipes import analyze_pretraining, pretrained_models
+from .recipes import run as run_training
+from .train import OPTIMIZERS, TrainConfig, TrainingDiverged, evaluate, load_run_model
 
 _DEFAULT = TrainConfig()
 
 
+__all__ = ["cli", "main"]
+
 class UsageFailure(click.ClickException):
     exit_code = 2
+
+
+class _ModelChoice(click.Choice):
+    """The registry's models (:func:`linmem.models.model_names`), read when a command line is
+    parsed, so that a model registered after this module was imported is a choice too."""
+
+    def __init__(self) -> None:
+        super().__init__(model_names())
+
+    @property
+    def choices(self):
+        return model_names()
+
+    @choices.setter
+    def choices(self, value) -> None:  # click's __init__ assigns it
+        pass
 
 
 def _positive(ctx, param, value):
@@ -82,7 +102,8 @@ def cli() -> None:
 @cli.command("train")
 @click.option("--data", default=_DEFAULT.data, show_default=True,
               help=f"Data set: {', '.join(DATASETS)} (common spellings accepted).")
-@click.option("--model", type=click.Choice(ALL_MODELS), default=_DEFAULT.model, show_default=True)
+@click.option("--model", type=_ModelChoice(), default=_DEFAULT.model,
+              show_default=True)
 @click.option("--hidden", type=int, default=_DEFAULT.hidden, show_default=True,
               callback=_positive, help="Hidden units (LMN: functional units).")
 @click.option("--memory", type=int, default=_DEFAULT.memory, show_default=True,
@@ -92,7 +113,7 @@ def cli() -> None:
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=_DEFAULT.weight_decay,
               show_default=True, help="L2 weight decay (Adam's weight_decay).")
 @_run_options
-@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default=_DEFAULT.optimizer,
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=_DEFAULT.optimizer,
               show_default=True)
 @click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULT.momentum,
               show_default=True, help="SGD momentum.")
@@ -103,7 +124,7 @@ def cli() -> None:
               help="Augmentation: shift each training sequence by up to +-N semitones.")
 @click.option("--init-bias/--no-init-bias", default=_DEFAULT.init_bias, show_default=True,
               help="Start the readout bias at the training split's key rates.")
-@click.option("--nonlinearity", type=click.Choice(["tanh", "relu", "selu"]), default=None,
+@click.option("--nonlinearity", type=click.Choice(NONLINEARITIES), default=None,
               help="Recurrent activation [default: selu for ulm and pret-lmn-*, else tanh].")
 @click.option("--la-window", type=click.IntRange(min=0), default=None,
               help="Pretraining: the linear autoencoder's window [default: k + 1 for pret-lmn-*, "
@@ -115,7 +136,7 @@ def cli() -> None:
                                        "(--hidden: the RNN's units).")
 @click.option("--cd-k", type=int, default=_DEFAULT.cd_k, show_default=True, callback=_positive,
               help="rnn-rbm: Gibbs steps of contrastive divergence.")
-@click.option("--rbm-predict", type=click.Choice(["gibbs", "mean-field"]),
+@click.option("--rbm-predict", type=click.Choice(PREDICTIONS),
               default=_DEFAULT.rbm_predict, show_default=True,
               help="rnn-rbm: how the key marginals (accuracy) are estimated.")
 @click.option("--ais-chains", type=int, default=_DEFAULT.ais_chains, show_default=True,
@@ -142,7 +163,7 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
         if resume:
             raise click.UsageError("--resume needs --out RUN_DIR")
         sizes = f"h{options['hidden']}" + (
-            f"-m{options['memory']}" if "lmn" in options["model"] else "")
+            f"-m{options['memory']}" if get_spec(options["model"]).has_memory else "")
         out = (f"runs/{options['data']}-{options['model']}-{sizes}-wd{options['weight_decay']:g}"
                f"-s{options['seed']}")
     if resume and (Path(out) / "config.json").is_file():
@@ -157,7 +178,7 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
     if config.data_dir is not None and not Path(config.data_dir).is_dir():
         raise UsageFailure(f"--data-dir {config.data_dir}: no such directory")
     try:
-        metrics = train(config, out, resume=resume, progress=not quiet)
+        metrics = run_training(config, out, resume=resume, progress=not quiet)
     except TrainingDiverged as err:
         click.echo(f"linmem: training diverged: {err}", err=True)
         sys.exit(1)
@@ -176,7 +197,7 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
 
 @cli.command("pretrain", context_settings={"ignore_unknown_options": True,
                                            "allow_extra_args": True})
-@click.option("--model", type=click.Choice(["pret-lmn-b", "pret-lmn-a", "pret-rnn"]),
+@click.option("--model", type=click.Choice(pretrained_models()),
               default="pret-lmn-b", show_default=True)
 @click.pass_context
 def pretrain_cmd(ctx: click.Context, model: str) -> None:
@@ -214,37 +235,15 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
                             ulm_run: str | None, epochs: int, patience: int, seed: int,
                             data_dir: str | None, out: str, quiet: bool) -> None:
     """The paper's pretraining analysis (Figure 5): OUT/analysis.json and OUT/figure5.png."""
-    import time
-
-    from ._io import command_line, git_commit, write_json
-    from .pretrain import analyze
     from .report import plot_pretraining
 
-    started = time.perf_counter()
-    commit = git_commit()
     try:
-        sizes = sorted({int(v) for v in memories.split(",")})
-        if sizes[0] < 1:
-            raise ValueError("memory sizes must be positive")
-        config = TrainConfig(data=data, model="ulm", hidden=hidden, k=k, epochs=epochs,
-                             patience=patience, seed=seed, data_dir=data_dir)
-        dataset = load_polyphonic(config.data, root=data_dir, progress=not quiet)
-        if ulm_run is None:
-            ulm_run = f"runs/{config.data}-ulm-h{hidden}-k{k}-s{seed}"
-            train(config, ulm_run, resume=True, progress=not quiet, data=dataset)
-        ulm, ulm_config = load_run_model(ulm_run)
-        if ulm_config.model != "ulm":
-            raise ValueError(f"{ulm_run} is a {ulm_config.model} run, not a ulm run")
-        result = analyze(dataset, ulm, sizes, window=ulm_config.k + 1,
-                         first_memory=first_memory, seed=seed, progress=not quiet)
+        result = analyze_pretraining(
+            data=data, hidden=hidden, k=k, memories=[int(v) for v in memories.split(",")],
+            first_memory=first_memory, ulm_run=ulm_run, epochs=epochs, patience=patience,
+            seed=seed, data_dir=data_dir, progress=not quiet)
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
-    result = {**result, "dataset": config.data, "ulm_run": str(ulm_run),
-              "command": command_line(), "commit": commit, "seed": seed,
-              "data_sha256": data_checksum(config.data, data_dir),
-              "wall_time_s": time.perf_counter() - started,
-              "units": "accuracy in percent; errors: mean squared error per value (a), "
-                       "relative squared error (c)"}
     write_json(Path(out) / "analysis.json", result)
     plot_pretraining(result, Path(out) / "figure5.png")
     click.echo(f"ULM valid acc {result['ulm_valid_acc']:.2f}%; pretrained LMN valid acc "
@@ -253,21 +252,11 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
                + f" -> {Path(out) / 'analysis.json'}, {Path(out) / 'figure5.png'}")
 
 
-def _search_worker(config, command: str, threads: int) -> None:
-    """One worker process of ``linmem search --jobs N`` (module level: spawned processes)."""
-    import torch
-
-    from .search import run_worker
-
-    torch.set_num_threads(threads)
-    run_worker(config, command)
-
-
 @cli.command("search")
 @click.option("--data", "datasets", multiple=True, default=["jsb"], show_default=True,
               help="Data set (repeat for several).")
-@click.option("--model", "models", multiple=True, type=click.Choice(ALL_MODELS), default=["lmn-b"],
-              show_default=True, help="Model (repeat for several).")
+@click.option("--model", "models", multiple=True, type=_ModelChoice(),
+              default=["lmn-b"], show_default=True, help="Model (repeat for several).")
 @click.option("--grid", default="paper", show_default=True,
               help="Named grid: paper, paper-small, quick, tiny (linmem.search.GRIDS).")
 @click.option("--storage", default=None,
@@ -303,11 +292,7 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
     the studies stand; a trial whose worker died is retried from its run's last epoch.
     `linmem report` then selects on validation and writes the tables.
     """
-    import multiprocessing
-
-    from ._io import command_line
-    from ._threads import usable_cpus
-    from .search import SearchConfig, default_storage, run_worker
+    from .search import SearchConfig, default_storage, run_search
 
     try:
         config = SearchConfig(
@@ -317,25 +302,11 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
             grace_period=grace, poll_s=poll, progress=not quiet)
         if config.base.data_dir is not None and not Path(config.base.data_dir).is_dir():
             raise ValueError(f"--data-dir {config.base.data_dir}: no such directory")
-        command = command_line()
         click.echo(f"linmem search: storage {storage or default_storage(out)}, runs in {out}",
                    err=True)
-        if jobs == 1:
-            counts = run_worker(config, command)
-        else:
-            threads = max(1, usable_cpus() // jobs)
-            ctx = multiprocessing.get_context("spawn")
-            procs = [ctx.Process(target=_search_worker, args=(config, command, threads))
-                     for _ in range(jobs)]
-            for p in procs:
-                p.start()
-                time.sleep(2)  # the first creates the studies
-            for p in procs:
-                p.join()
-            if any(p.exitcode for p in procs):
-                raise click.ClickException(
-                    "worker exit codes " + ", ".join(str(p.exitcode) for p in procs))
-            counts = run_worker(replace(config, poll_s=0.0), command)  # all done: the counts
+        counts = run_search(config, jobs, command_line())
+    except RuntimeError as err:
+        raise click.ClickException(str(err)) from None
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     except KeyboardInterrupt:
@@ -360,7 +331,6 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                runs: tuple[str, ...]) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
-    from ._io import command_line
     from .report import collect_metrics, run_records, write_search_report
     from .search import default_storage, search_records, sqlite_path
 

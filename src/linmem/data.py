@@ -36,6 +36,12 @@ import torch
 
 from ._io import atomic_write
 
+__all__ = ["DATASETS", "HIGHEST_NOTE", "LOWEST_NOTE", "N_KEYS", "SPLITS", "Batch", "DataError",
+           "DatasetInfo", "bucket_batches", "collate", "content_digest", "data_checksum",
+           "default_root", "iterate_batches", "load_polyphonic", "next_step_pairs",
+           "padding_fraction", "read_pickle", "resolve_name", "sha256_file", "transpose",
+           "write_pickle"]
+
 N_KEYS = 88
 LOWEST_NOTE = 21  # MIDI number of A0, column 0
 HIGHEST_NOTE = LOWEST_NOTE + N_KEYS - 1  # C8

@@ -28,13 +28,17 @@ Solvers (``solver=``):
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.fft
 import scipy.linalg
+
+from ._check import check_int
 
 SOLVERS = ("auto", "dense", "qr", "randomized")
 
@@ -391,7 +395,10 @@ class LinearAutoencoder:
     ``n_iter_`` and ``iteration_dtype_`` (randomized solver only).
     """
 
-    def __init__(self, n_components: int, window: int | None = None, center: bool = False,
+    _PARAMS = ("n_components", "window", "center", "solver", "random_state", "n_oversamples",
+               "max_iter", "tol")
+
+    def __init__(self, n_components: int, *, window: int | None = None, center: bool = False,
                  solver: str = "auto", random_state: int | None = None,
                  n_oversamples: int | None = None, max_iter: int = 30, tol: float = 1e-8):
         self.n_components = n_components
@@ -416,10 +423,8 @@ class LinearAutoencoder:
 
     def fit(self, sequences) -> LinearAutoencoder:
         """Fit on a list of ``(T_i, a)`` sequences (arrays or tensors); returns ``self``."""
-        if int(self.n_components) != self.n_components or self.n_components < 1:
-            raise ValueError(f"n_components must be a positive integer, got {self.n_components!r}")
-        if self.window is not None and (int(self.window) != self.window or self.window < 1):
-            raise ValueError(f"window must be a positive integer or None, got {self.window!r}")
+        check_int("n_components", self.n_components)
+        check_int("window", self.window, none_ok=True)
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
         seqs, dtype = _as_sequences(sequences)
@@ -482,8 +487,7 @@ class LinearAutoencoder:
             raise ValueError(f"n_components must be in [1, {self.n_components_}], "
                              f"got {n_components!r}")
         p, a = int(n_components), self.n_features_in_
-        new = LinearAutoencoder(p, self.window, self.center, self.solver, self.random_state,
-                                self.n_oversamples, self.max_iter, self.tol)
+        new = LinearAutoencoder(**{**self.get_params(), "n_components": p})
         for name, value in vars(self).items():
             if name.endswith("_") and not name.startswith("_"):
                 setattr(new, name, value)
@@ -592,30 +596,50 @@ class LinearAutoencoder:
 
     # -- persistence -----------------------------------------------------------------------
 
-    _SAVED = ("A_", "B_", "C_", "singular_values_", "components_", "mean_")
+    def get_params(self) -> dict[str, Any]:
+        """The constructor's arguments (scikit-learn's ``get_params``)."""
+        return {name: getattr(self, name) for name in self._PARAMS}
+
+    def _fitted(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k.endswith("_") and not k.startswith("_")}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Save parameters and fitted attributes to a plain ``.npz`` (no pickle)."""
+        """Save the parameters and every fitted attribute to a plain ``.npz`` (no pickle):
+        arrays as arrays, the rest as JSON; :meth:`load` restores an equal estimator."""
         self._check_fitted()
         from ._io import atomic_write
 
-        meta = {"n_components": self.n_components, "window": -1 if self.window is None else
-                self.window, "center": int(self.center), "n_components_": self.n_components_,
-                "n_features_in_": self.n_features_in_, "window_": self.window_}
+        fitted = self._fitted()
+        arrays = {k: v for k, v in fitted.items() if isinstance(v, np.ndarray)}
+        scalars = {k: v.item() if isinstance(v, np.generic) else v
+                   for k, v in fitted.items() if k not in arrays}
+        header = json.dumps({"format": 2, "params": self.get_params(), "attributes": scalars})
         with atomic_write(path) as f:
-            np.savez(f, solver_=np.array(self.solver_), solver=np.array(self.solver),
-                     **{k: getattr(self, k) for k in self._SAVED},
-                     **{f"meta_{k}": np.array(v) for k, v in meta.items()})
+            np.savez(f, header_json=np.array(header), **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LinearAutoencoder:
+        """The estimator :meth:`save` wrote (also files of the first format, which kept only the
+        arrays needed to encode and decode)."""
         with np.load(path, allow_pickle=False) as f:
-            meta = {k[5:]: f[k].item() for k in f.files if k.startswith("meta_")}
-            la = cls(int(meta["n_components"]), None if meta["window"] == -1 else
-                     int(meta["window"]), bool(meta["center"]), str(f["solver"]))
-            for k in cls._SAVED:
-                setattr(la, k, f[k])
-            la.solver_ = str(f["solver_"])
+            arrays = {k: f[k] for k in f.files}
+        if "header_json" not in arrays:
+            return cls._load_first_format(arrays)
+        header = json.loads(arrays.pop("header_json").item())
+        la = cls(**header["params"])
+        for name, value in {**header["attributes"], **arrays}.items():
+            setattr(la, name, value)
+        return la
+
+    @classmethod
+    def _load_first_format(cls, f: dict[str, np.ndarray]) -> LinearAutoencoder:
+        meta = {k[5:]: f[k].item() for k in f if k.startswith("meta_")}
+        la = cls(int(meta["n_components"]),
+                 window=None if meta["window"] == -1 else int(meta["window"]),
+                 center=bool(meta["center"]), solver=str(f["solver"]))
+        for k in ("A_", "B_", "C_", "singular_values_", "components_", "mean_"):
+            setattr(la, k, f[k])
+        la.solver_ = str(f["solver_"])
         la.n_components_ = int(meta["n_components_"])
         la.n_features_in_ = int(meta["n_features_in_"])
         la.window_ = int(meta["window_"])

@@ -15,7 +15,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+__all__ = ["FrameScores", "frame_accuracy", "frame_counts", "frame_nll", "masked_nll"]
+
 ArrayLike = np.ndarray | torch.Tensor
+
+
+def masked_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Training loss: Bernoulli NLL summed over keys, averaged over valid frames (=
+    :func:`frame_nll`, differentiable, no input checks).
+
+    Shapes: ``logits`` and ``targets`` ``(B, T, K)``, ``mask`` ``(B, T)``.
+    """
+    per_frame = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1)
+    return (per_frame * mask).sum() / mask.sum()
 
 
 def _as_tensor(x: ArrayLike, name: str) -> torch.Tensor:

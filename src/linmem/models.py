@@ -24,23 +24,52 @@ calls it), see there.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from .data import N_KEYS
-from .nn import _NONLINEARITIES, LMN, UnrolledNet
+from ._check import check_int
+from .data import N_KEYS, Batch
+from .metrics import masked_nll
+from .nn import LMN, NONLINEARITIES, UnrolledNet
+from .rnnrbm import PREDICTIONS, RNNRBM
 
-MODELS = ("lmn-a", "lmn-b", "rnn", "lstm", "gru", "ulm", "pret-lmn-a", "pret-lmn-b", "pret-rnn")
-# every model the trainer takes: the NextStepPredictor networks above and the RNN-RBM
-# (linmem.rnnrbm), which is trained by contrastive divergence instead of the Bernoulli NLL
-ALL_MODELS = (*MODELS, "rnn-rbm")
+__all__ = [
+    "DEFAULT_MODEL",
+    "MODELS",
+    "PREDICTIONS",
+    "REGISTRY",
+    "ModelSpec",
+    "NextStepPredictor",
+    "architecture",
+    "build_model",
+    "check_options",
+    "count_parameters",
+    "default_nonlinearity",
+    "get_spec",
+    "model_names",
+    "recurrent_weight_count",
+    "register",
+    "unregister",
+]
+
 _TORCH_RNNS: dict[str, Callable[..., nn.Module]] = {"rnn": nn.RNN, "lstm": nn.LSTM,
                                                     "gru": nn.GRU}
 
 
 class NextStepPredictor(nn.Module):
-    """``core`` (batch first) followed by a linear readout to ``n_keys`` logits."""
+    """``core`` (batch first) followed by a linear readout to ``n_keys`` logits.
+
+    The trainer's model protocol (:mod:`linmem.train`): :meth:`training_loss` of a batch,
+    ``forward`` giving the logits that every metric scores, :meth:`init_output_bias`, the names
+    of the logged losses (:attr:`train_loss_name`, :attr:`valid_nll_name`) and
+    :meth:`finalize_metrics` for scores only the model can compute (none here).
+    """
+
+    train_loss_name = "train_nll"
+    valid_nll_name = "valid_nll"
 
     def __init__(self, name: str, input_size: int = N_KEYS, hidden: int = 100,
                  memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
@@ -50,15 +79,12 @@ class NextStepPredictor(nn.Module):
         arch = architecture(name)
         for label, value in (("hidden", hidden), ("num_layers", num_layers),
                              ("input_size", input_size)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{label} must be a positive integer, got {value!r}")
+            check_int(label, value)
         self.name, self.input_size, self.hidden, self.num_layers = name, input_size, hidden, \
             num_layers
         self.nonlinearity, self.k = nonlinearity, None
-        if arch.startswith("lmn"):
-            memory = hidden if memory is None else memory
-            if int(memory) != memory or memory < 1:
-                raise ValueError(f"memory must be a positive integer, got {memory!r}")
+        if arch in ("lmn-a", "lmn-b"):
+            memory = check_int("memory", hidden if memory is None else memory)
             output = "hidden" if arch == "lmn-a" else "memory"
             self.core = LMN(input_size, hidden, memory, num_layers, output=output,
                             batch_first=True, nonlinearity=nonlinearity,
@@ -86,6 +112,14 @@ class NextStepPredictor(nn.Module):
         out, _ = self.core(inputs)
         return self.readout(self.drop(out))
 
+    def training_loss(self, batch: Batch) -> Tensor:
+        """The Bernoulli NLL of the batch's next frames, per valid frame."""
+        return masked_nll(self(batch.inputs), batch.targets, batch.mask)
+
+    def finalize_metrics(self, metrics: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        """The run's final metrics, with what only this model can add (nothing)."""
+        return metrics
+
     @torch.no_grad()
     def init_output_bias(self, key_rates: Tensor, eps: float = 1e-3) -> None:
         """Set the readout bias to the log-odds of each key's rate (from the training split), so
@@ -99,56 +133,172 @@ class NextStepPredictor(nn.Module):
                 "dropout": self.dropout, "nonlinearity": self.nonlinearity, "k": self.k}
 
 
+# ---------------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model that the trainer, the search, the report and the command line know.
+
+    Attributes:
+        name: the registry name (``--model``).
+        display: the name in tables (Table 2's row label).
+        architecture: the network behind it (``pret-lmn-b`` is an ``lmn-b``).
+        build: ``build(hidden=, memory=, num_layers=, input_size=, dropout=, nonlinearity=,
+            k=, **options)`` -> the model (see :func:`build_model`); it must implement the
+            trainer's protocol (see :class:`NextStepPredictor`).
+        has_memory: takes a memory size (the LMNs); ``memory`` is ``None`` for the others.
+        nonlinearities: the activations it accepts.
+        default_nonlinearity: the one it uses unless told otherwise.
+        single_layer: accepts ``num_layers = 1`` only.
+        dropout: accepts dropout.
+        options: :class:`~linmem.train.TrainConfig` fields passed to ``build`` as keywords.
+        recipe: the name of its initialisation in :data:`linmem.recipes.RECIPES` (pretraining),
+            or ``None``.
+    """
+
+    name: str
+    display: str
+    architecture: str
+    build: Callable[..., nn.Module]
+    has_memory: bool = False
+    nonlinearities: tuple[str, ...] = ("tanh",)
+    default_nonlinearity: str = "tanh"
+    single_layer: bool = False
+    dropout: bool = True
+    options: tuple[str, ...] = ()
+    recipe: str | None = None
+
+
+REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(spec: ModelSpec, replace: bool = False) -> ModelSpec:
+    """Add ``spec`` to the registry (``replace`` an existing entry of that name)."""
+    if spec.name in REGISTRY and not replace:
+        raise ValueError(f"a model named {spec.name!r} is registered already")
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a model from the registry (a test's temporary model, say)."""
+    REGISTRY.pop(name, None)
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The registry entry of ``name``; ``ValueError`` naming the choices if there is none."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown model {name!r}: choose one of "
+                         f"{', '.join(REGISTRY)}") from None
+
+
+def model_names() -> tuple[str, ...]:
+    """Every registered model, in registration order."""
+    return tuple(REGISTRY)
+
+
+def _predictor(name: str) -> Callable[..., nn.Module]:
+    def build(hidden: int, memory: int | None, num_layers: int, input_size: int,
+              dropout: float, nonlinearity: str, k: int) -> nn.Module:
+        return NextStepPredictor(name, input_size, hidden, memory, num_layers, dropout,
+                                 nonlinearity, k)
+    return build
+
+
+def _rnn_rbm(hidden: int, memory: int | None, num_layers: int, input_size: int,
+             dropout: float, nonlinearity: str, k: int, rbm_hidden: int = 150, cd_k: int = 15,
+             rbm_predict: str = "gibbs", seed: int = 0, ais_chains: int = 100,
+             ais_betas: int = 1000, ais_frames: int | None = 500) -> nn.Module:
+    return RNNRBM(input_size, n_recurrent=hidden, n_hidden=rbm_hidden, cd_k=cd_k,
+                  predict=rbm_predict, seed=seed, ais_chains=ais_chains, ais_betas=ais_betas,
+                  ais_frames=ais_frames)
+
+
+# SELU for the unrolled network and the LMNs initialised from it (the paper found it helps the
+# unrolled model converge; the transfer is exact only with the same activation), tanh elsewhere
+for _spec in (
+    ModelSpec("lmn-a", "LMN-A", "lmn-a", _predictor("lmn-a"), has_memory=True,
+              nonlinearities=NONLINEARITIES),
+    ModelSpec("lmn-b", "LMN-B", "lmn-b", _predictor("lmn-b"), has_memory=True,
+              nonlinearities=NONLINEARITIES),
+    ModelSpec("rnn", "RNN", "rnn", _predictor("rnn"), nonlinearities=("tanh", "relu")),
+    ModelSpec("lstm", "LSTM", "lstm", _predictor("lstm")),
+    ModelSpec("gru", "GRU", "gru", _predictor("gru")),
+    ModelSpec("ulm", "ULM", "ulm", _predictor("ulm"), nonlinearities=NONLINEARITIES,
+              default_nonlinearity="selu", single_layer=True),
+    ModelSpec("pret-lmn-a", "pret-LMN-A", "lmn-a", _predictor("pret-lmn-a"), has_memory=True,
+              nonlinearities=NONLINEARITIES, default_nonlinearity="selu",
+              recipe="ulm-transfer"),
+    ModelSpec("pret-lmn-b", "pret-LMN-B", "lmn-b", _predictor("pret-lmn-b"), has_memory=True,
+              nonlinearities=NONLINEARITIES, default_nonlinearity="selu",
+              recipe="ulm-transfer"),
+    ModelSpec("pret-rnn", "pret-RNN", "rnn", _predictor("pret-rnn"),
+              nonlinearities=("tanh", "relu"), recipe="la-rnn"),
+    ModelSpec("rnn-rbm", "RNN-RBM*", "rnn-rbm", _rnn_rbm, single_layer=True, dropout=False,
+              options=("rbm_hidden", "cd_k", "rbm_predict", "seed", "ais_chains", "ais_betas",
+                       "ais_frames"), recipe="rnn-rbm"),
+):
+    register(_spec)
+
+MODELS = model_names()  # the built-in models; model_names() also lists later registrations
+DEFAULT_MODEL = "lmn-b"  # what `linmem train` trains unless told otherwise
+
+
 def architecture(name: str) -> str:
     """The network behind a registry name: ``pret-lmn-b`` -> ``lmn-b``, ``lstm`` -> ``lstm``."""
-    return name.removeprefix("pret-")
+    return get_spec(name).architecture
 
 
 def default_nonlinearity(name: str) -> str:
-    """SELU for the unrolled network and the LMNs initialised from it (the paper found it helps
-    the unrolled model converge; the transfer is exact only with the same activation), tanh for
-    the rest."""
-    return "selu" if name in ("ulm", "pret-lmn-a", "pret-lmn-b") else "tanh"
+    """The activation a model uses unless told otherwise (:attr:`ModelSpec.nonlinearities`)."""
+    return get_spec(name).default_nonlinearity
 
 
 def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 1,
                   dropout: float = 0.0) -> str:
     """Validate a model name with its activation, depth and dropout, without building anything;
-    returns the activation (``nonlinearity`` or :func:`default_nonlinearity`)."""
-    if name not in ALL_MODELS:
-        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(ALL_MODELS)}")
-    arch = architecture(name)
-    nonlinearity = nonlinearity or default_nonlinearity(name)
-    allowed = {"lstm": ("tanh",), "gru": ("tanh",), "rnn-rbm": ("tanh",),
-               "rnn": ("tanh", "relu")}.get(
-        arch, _NONLINEARITIES)
+    returns the activation (``nonlinearity`` or the model's default)."""
+    spec = get_spec(name)
+    nonlinearity = nonlinearity or spec.default_nonlinearity
+    allowed = spec.nonlinearities
     if nonlinearity not in allowed:
         if len(allowed) == 1:
             raise ValueError(f"{name} has no nonlinearity option (got {nonlinearity!r})")
         raise ValueError(f"{name}: nonlinearity must be one of {list(allowed)}, "
                          f"got {nonlinearity!r}")
-    if arch in ("ulm", "rnn-rbm") and num_layers != 1:
+    if spec.single_layer and num_layers != 1:
         raise ValueError(f"{name} has one layer")
-    if arch == "rnn-rbm" and dropout:
-        raise ValueError("rnn-rbm has no dropout option")
+    if not spec.dropout and dropout:
+        raise ValueError(f"{name} has no dropout option")
     return nonlinearity
 
 
 def build_model(name: str, hidden: int, memory: int | None = None, num_layers: int = 1,
                 input_size: int = N_KEYS, dropout: float = 0.0, nonlinearity: str | None = None,
-                k: int = 10, **rbm_options) -> nn.Module:
-    """A next-step predictor by registry name (see :data:`ALL_MODELS`); ``dropout`` is applied
-    to the recurrent output before the readout (and between layers); ``nonlinearity`` defaults
-    to :func:`default_nonlinearity`; ``k`` is the unrolled network's number of past blocks.
-    ``rnn-rbm``: ``hidden`` RNN units, ``rbm_options`` passed to :class:`linmem.rnnrbm.RNNRBM`
-    (``n_hidden``, ``cd_k``, ``predict``)."""
-    if name == "rnn-rbm":
-        from .rnnrbm import RNNRBM
+                k: int = 10, **options: Any) -> nn.Module:
+    """A next-step model by registry name (:func:`model_names`).
 
-        check_options(name, nonlinearity, num_layers, dropout)
-        return RNNRBM(input_size, n_recurrent=hidden, **rbm_options)
-    return NextStepPredictor(name, input_size, hidden, memory, num_layers, dropout,
-                             nonlinearity, k)
+    Args:
+        hidden: functional (LMN) or hidden units.  memory: LMN memory units (default
+            ``hidden``; ignored by models without a memory).
+        num_layers: stacked recurrent layers.  input_size: keys per frame.
+        dropout: on the recurrent output before the readout (and between layers).
+        nonlinearity: the activation (default: the model's, :attr:`ModelSpec.nonlinearities`).
+        k: the unrolled network's number of past blocks.
+        options: the model's own options (:attr:`ModelSpec.options`; the RNN-RBM's
+            ``rbm_hidden``, ``cd_k``, ``rbm_predict``, ...).
+    """
+    spec = get_spec(name)
+    nonlinearity = check_options(name, nonlinearity, num_layers, dropout)
+    unknown = set(options) - set(spec.options)
+    if unknown:
+        raise ValueError(f"{name} has no option {', '.join(sorted(unknown))}")
+    return spec.build(hidden=hidden, memory=memory if spec.has_memory else None,
+                      num_layers=num_layers, input_size=input_size, dropout=dropout,
+                      nonlinearity=nonlinearity, k=k, **options)
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -163,10 +313,11 @@ def recurrent_weight_count(name: str, x: int, h: int, m: int | None = None, k: i
     ``3(x + h)h``, LMN ``(x + m)f + (f + m)m`` with ``f = h`` functional units; an Elman RNN has
     ``(x + h)h``; the unrolled network ``(x + k h)h``.
     """
-    name = architecture(name)
+    spec = get_spec(name)
+    name = spec.architecture
     if name == "ulm":
         return (x + k * h) * h
-    if name.startswith("lmn"):
+    if spec.has_memory:
         if m is None:
             raise ValueError("the LMN count needs the memory size m")
         return (x + m) * h + (h + m) * m

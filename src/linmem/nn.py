@@ -30,10 +30,21 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from linmem._check import check_int
 from linmem._ext import LOOP, cpu_path, kernel_variants, load_cpu_kernel
 
+__all__ = [
+    "LMN",
+    "NONLINEARITIES",
+    "LMNCell",
+    "UnrolledNet",
+    "lmn_recurrence",
+    "measure_cpu_paths",
+    "use_cpu_kernel",
+]
+
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}
-_NONLINEARITIES = tuple(_FUNCTIONS)
+NONLINEARITIES = tuple(_FUNCTIONS)
 _SELU_SCALE, _SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
 _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
 
@@ -123,8 +134,8 @@ def _rows(t: Tensor | None) -> Tensor | None:
 
 
 def _check_nonlinearity(name: str) -> None:
-    if name not in _NONLINEARITIES:
-        raise ValueError(f"nonlinearity must be one of {list(_NONLINEARITIES)}, got {name!r}")
+    if name not in NONLINEARITIES:
+        raise ValueError(f"nonlinearity must be one of {list(NONLINEARITIES)}, got {name!r}")
 
 
 def _memory_of(state: State) -> Tensor | None:
@@ -354,21 +365,36 @@ class LMNCell(nn.Module):
     r"""One step of a Linear Memory Network, eqs. (6)-(7).
 
     Args:
-        input_size: features of ``x_t``.  hidden_size: functional units ``H``.
-        memory_size: memory units ``M``.  bias: use ``b^h`` and ``b^m``.
-        nonlinearity: ``"tanh"`` (the paper), ``"relu"`` or ``"selu"``.
+        input_size: the number of features of ``x_t``.
+        hidden_size: the number of functional units ``H``.
+        memory_size: the number of memory units ``M``.
+        bias: if ``False``, no ``b^h`` and ``b^m``. Default: ``True``.
+        nonlinearity: the activation of eq. (6), ``"tanh"`` (the paper's), ``"relu"`` or
+            ``"selu"``. Default: ``"tanh"``.
+        device: where to create the parameters. Default: the current default device.
+        dtype: the parameters' dtype. Default: the current default dtype.
 
-    Inputs: ``input`` ``(B, input_size)`` or ``(input_size,)``; ``state``: ``m_{t-1}``
-    ``(B, M)`` or a pair ``(h_{t-1}, m_{t-1})`` (``h_{t-1}`` is not used by the equations), default
-    zeros.
+    Inputs: input, state
+        - **input**: ``(B, input_size)`` or ``(input_size,)``: ``x_t``.
+        - **state**: ``m_{t-1}`` ``(B, M)`` (``(M,)`` unbatched), or a pair
+          ``(h_{t-1}, m_{t-1})`` as returned by a previous step (``h_{t-1}`` is not used by the
+          equations). Default: zeros.
 
-    Outputs: ``(h_t, m_t)``, ``(B, H)`` and ``(B, M)``.
+    Outputs: (h_t, m_t)
+        - **h_t**: ``(B, H)`` (``(H,)`` unbatched), the functional activation.
+        - **m_t**: ``(B, M)`` (``(M,)`` unbatched), the memory.
 
-    Parameters: ``weight_xh`` (H, input_size), ``weight_mh`` (H, M), ``weight_hm`` (M, H),
-    ``weight_mm`` (M, M), ``bias_h`` (H), ``bias_m`` (M). Weights are drawn from
-    ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; biases start at zero. The spectral radius of
-    ``W^mm`` is then about ``1/sqrt(3)`` (circular law), so the linear memory is a contraction
-    at initialisation and cannot accumulate without bound.
+    Attributes:
+        weight_xh: ``(H, input_size)``, ``W^xh``.
+        weight_mh: ``(H, M)``, ``W^mh``.
+        weight_hm: ``(M, H)``, ``W^hm``.
+        weight_mm: ``(M, M)``, ``W^mm``.
+        bias_h: ``(H,)``, ``b^h``.
+        bias_m: ``(M,)``, ``b^m``.
+
+    Weights are drawn from ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; biases start at zero. The
+    spectral radius of ``W^mm`` is then about ``1/sqrt(3)`` (circular law), so the linear memory
+    is a contraction at initialisation and cannot accumulate without bound.
     """
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, bias: bool = True,
@@ -376,8 +402,7 @@ class LMNCell(nn.Module):
         super().__init__()
         for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
                             ("memory_size", memory_size)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value)
         factory = {"device": device, "dtype": dtype}
         self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
         self.nonlinearity = nonlinearity
@@ -426,26 +451,41 @@ class LMN(nn.Module):
     r"""A multi-layer Linear Memory Network over sequences, used like ``torch.nn.RNN``.
 
     Args:
-        input_size: features of ``x_t``.  hidden_size: functional units ``H`` per layer.
-        memory_size: memory units ``M`` per layer.  num_layers: stacked layers; layer ``k > 0``
-            reads the output sequence of layer ``k - 1``.
-        output: ``"memory"`` (LMN-B: the layer outputs ``m_t``) or ``"hidden"`` (LMN-A: ``h_t``).
-        bias: use ``b^h`` and ``b^m``.  batch_first: ``(B, T, F)`` instead of ``(T, B, F)``.
-        nonlinearity: ``"tanh"`` (the paper), ``"relu"`` or ``"selu"``.  dropout: dropout on
-            the outputs of every layer but the last, as in ``torch.nn.RNN``.
+        input_size: the number of features of ``x_t``.
+        hidden_size: the number of functional units ``H`` per layer.
+        memory_size: the number of memory units ``M`` per layer.
+        num_layers: stacked layers; layer ``k > 0`` reads the output sequence of layer
+            ``k - 1``. Default: 1.
+        output: ``"memory"`` (LMN-B, eq. 8: a layer outputs ``m_t``) or ``"hidden"`` (LMN-A,
+            eq. 9: ``h_t``). Default: ``"memory"``.
+        bias: if ``False``, no ``b^h`` and ``b^m``. Default: ``True``.
+        batch_first: if ``True``, input and output are ``(B, T, F)`` instead of ``(T, B, F)``.
+            Default: ``False``.
+        nonlinearity: the activation of eq. (6), ``"tanh"`` (the paper's), ``"relu"`` or
+            ``"selu"``. Default: ``"tanh"``.
+        dropout: dropout on the outputs of every layer but the last, as in ``torch.nn.RNN``.
+            Default: 0.
+        device: where to create the parameters. Default: the current default device.
+        dtype: the parameters' dtype. Default: the current default dtype.
 
-    Inputs: ``input``, ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``),
-    ``(T, input_size)`` unbatched, or a ``PackedSequence``; ``state``: ``m_0`` of shape
-    ``(num_layers, B, M)`` or a pair ``(h_0, m_0)`` as returned by a previous call (``h_0`` is not
-    used by the equations); default zeros.
+    Inputs: input, state
+        - **input**: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``),
+          ``(T, input_size)`` unbatched, or a ``PackedSequence``.
+        - **state**: ``m_0`` of shape ``(num_layers, B, M)`` (``(num_layers, M)`` unbatched), or
+          a pair ``(h_0, m_0)`` as returned by a previous call (``h_0`` is not used by the
+          equations). Default: zeros.
 
-    Outputs: ``(output, (h_n, m_n))``: ``output`` is ``(T, B, M)`` (or ``(T, B, H)`` for
-    ``output="hidden"``) for the last layer, a ``PackedSequence`` for packed input (padded steps
-    are zero); ``h_n`` ``(num_layers, B, H)`` and ``m_n`` ``(num_layers, B, M)`` are the states
-    after each sequence's last step.
+    Outputs: output, (h_n, m_n)
+        - **output**: ``(T, B, M)`` (``(T, B, H)`` with ``output="hidden"``; batch first with
+          ``batch_first``), the last layer's outputs; a ``PackedSequence`` for packed input
+          (padded steps are zero).
+        - **h_n**: ``(num_layers, B, H)``, every layer's ``h`` after each sequence's last step.
+        - **m_n**: ``(num_layers, B, M)``, every layer's memory after each sequence's last step.
 
-    Parameters, per layer ``k``: ``weight_xh_l{k}``, ``weight_mh_l{k}``, ``weight_hm_l{k}``,
-    ``weight_mm_l{k}``, ``bias_h_l{k}``, ``bias_m_l{k}``, initialised as in :class:`LMNCell`.
+    Attributes:
+        weight_xh_l{k}, weight_mh_l{k}, weight_hm_l{k}, weight_mm_l{k}, bias_h_l{k},
+            bias_m_l{k}: layer ``k``'s parameters, shaped and initialised as in
+            :class:`LMNCell`.
     """
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, num_layers: int = 1,
@@ -454,8 +494,7 @@ class LMN(nn.Module):
         super().__init__()
         if output not in ("memory", "hidden"):
             raise ValueError(f"output must be 'memory' (LMN-B) or 'hidden' (LMN-A), got {output!r}")
-        if int(num_layers) != num_layers or num_layers < 1:
-            raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
+        check_int("num_layers", num_layers)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
@@ -558,13 +597,23 @@ class UnrolledNet(nn.Module):
     reconstruct ``k + 1`` blocks (:mod:`linmem.pretrain` fits it with window ``k + 1``).
     Training back-propagates through the whole sequence (nothing is detached).
 
-    Args: ``input_size``, ``hidden_size`` (``H``), ``k``, ``nonlinearity`` (``"selu"``, the
-    paper's choice for this model, ``"tanh"`` or ``"relu"``), ``batch_first``.
+    Args:
+        input_size: the number of features of ``x_t``.
+        hidden_size: the number of functional units ``H``.
+        k: the number of past functional states that feed ``h_t``. Default: 10.
+        nonlinearity: ``"selu"`` (the paper's choice for this model), ``"tanh"`` or
+            ``"relu"``. Default: ``"selu"``.
+        batch_first: if ``True``, input and outputs are batch first. Default: ``False``.
+        device: where to create the parameters. Default: the current default device.
+        dtype: the parameters' dtype. Default: the current default dtype.
 
-    Inputs: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``).
-    Outputs: ``(lagged, hs)``: ``lagged`` ``(T, B, (k + 1) H)`` holds ``[h_t, h_{t-1}, ...,
-    h_{t-k}]`` at every step (a linear readout of it is eq. 11), ``hs`` ``(T, B, H)``; batch
-    first when ``batch_first``.
+    Inputs: input
+        - **input**: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``).
+
+    Outputs: lagged, hs
+        - **lagged**: ``(T, B, (k + 1) H)``, ``[h_t, h_{t-1}, ..., h_{t-k}]`` at every step (a
+          linear readout of it is eq. 11).
+        - **hs**: ``(T, B, H)``, the functional states.
 
     Parameters: ``weight_xh`` ``(H, input_size)``, ``bias_h`` ``(H,)``, ``weight_hh``
     ``(H, k H)`` ``= [W^hh_1 ... W^hh_k]``; initialised like :class:`LMNCell`.
@@ -576,8 +625,7 @@ class UnrolledNet(nn.Module):
         super().__init__()
         for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
                             ("k", k)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value)
         _check_nonlinearity(nonlinearity)
         factory = {"device": device, "dtype": dtype}
         self.input_size, self.hidden_size, self.k = input_size, hidden_size, k

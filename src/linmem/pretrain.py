@@ -1,6 +1,7 @@
 """Pretraining (paper, section "Training and pretraining algorithm"), and pret-RNN.
 
-pret-LMN, three steps, each written to the run directory so that an interrupted run resumes:
+The mathematics of pretraining; :mod:`linmem.recipes` runs the steps (and keeps each in the run
+directory, so that an interrupted run resumes). pret-LMN, three steps:
 
 1. ``ulm/``: the unrolled network (:class:`linmem.nn.UnrolledNet`, eqs. 10-11) trained as a
    next-step predictor by the normal trainer (Adam, early stopping on validation).
@@ -36,22 +37,16 @@ fine-tuning can use them).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ._io import atomic_write, read_json, write_json
 from .data import bucket_batches, collate
 from .la import LinearAutoencoder
 from .models import NextStepPredictor, architecture
 
-if TYPE_CHECKING:
-    from .train import TrainConfig
+__all__ = ["fit_memory", "hidden_states", "lag_decoder", "pretrain_rnn", "transfer"]
 
 
 def lag_decoder(la: LinearAutoencoder, n_blocks: int) -> np.ndarray:
@@ -126,78 +121,6 @@ def transfer(ulm: NextStepPredictor, la: LinearAutoencoder, lmn: NextStepPredict
         lmn.readout.bias.copy_(ulm.readout.bias)
 
 
-def ulm_config(config: TrainConfig) -> TrainConfig:
-    """The trainer settings of step 1: the LMN's, for the model ``ulm`` of the same functional
-    size (``pretrain_epochs`` bounds its epochs when set)."""
-    return replace(config, model="ulm", memory=None,
-                   epochs=config.pretrain_epochs or config.epochs, pretrain_epochs=None)
-
-
-def pretrain(model: NextStepPredictor, config: TrainConfig, data: dict[str, Any],
-             run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Initialise ``model`` (a ``pret-*`` model, or ``rnn-rbm`` with pretraining options) in
-    place, resumably: the initial weights are kept in ``run_dir/init.pt``, what was done in
-    ``run_dir/pretraining.json``."""
-    run_dir = Path(run_dir)
-    init_path, info_path = run_dir / "init.pt", run_dir / "pretraining.json"
-    if init_path.is_file() and info_path.is_file():
-        model.load_state_dict(torch.load(init_path, weights_only=True))
-        return read_json(info_path)
-    started = time.perf_counter()
-    if config.model == "rnn-rbm":
-        from .rnnrbm import pretrain_steps
-
-        info = pretrain_steps(model, config, data, run_dir, progress)
-    elif architecture(config.model) == "rnn":
-        window = config.la_window or None
-        info = pretrain_rnn(model, data["train"], window=window, seed=config.seed)
-    else:
-        info = _pretrain_lmn(model, config, data, run_dir, progress)
-    info["wall_time_s"] = time.perf_counter() - started
-    with atomic_write(init_path) as f:
-        torch.save(model.state_dict(), f)
-    write_json(info_path, info)
-    return info
-
-
-def _pretrain_lmn(model: NextStepPredictor, config: TrainConfig, data: dict[str, Any],
-                  run_dir: Path, progress: bool) -> dict[str, Any]:
-    """Steps 1-3 (module docstring); the ULM run and the memory are kept for resuming."""
-    from .train import load_run_model, train
-
-    window = lmn_window(config)
-    ulm_dir = run_dir / "ulm"
-    if not (ulm_dir / "metrics.json").is_file():
-        train(ulm_config(config), ulm_dir, resume=True, progress=progress, data=data)
-    ulm, _ = load_run_model(ulm_dir, "best", "cpu")
-    ulm = ulm.double()
-    memory_path = run_dir / "memory.npz"
-    if memory_path.is_file():
-        la = LinearAutoencoder.load(memory_path)
-    else:
-        la = fit_memory(hidden_states(ulm, data["train"]), config.memory, window, config.seed)
-        la.save(memory_path)
-    transfer(ulm, la, model)
-    ulm_metrics = read_json(ulm_dir / "metrics.json")
-    return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
-            "la_window": window, "la_components": int(la.n_components_),
-            "la_solver": la.solver_, "ulm_valid_acc": ulm_metrics["valid_acc"],
-            "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
-            "ulm_wall_time_s": ulm_metrics["wall_time_s"]}
-
-
-def lmn_window(config: TrainConfig) -> int | None:
-    """The autoencoder's window for pret-lmn: ``k + 1`` unless ``la_window`` says otherwise
-    (0: full length)."""
-    if config.la_window is None:
-        return config.k + 1
-    if config.la_window == 0:
-        return None
-    if config.la_window < config.k + 1:
-        raise ValueError(f"--la-window must be at least k + 1 = {config.k + 1} (0: full length)")
-    return config.la_window
-
-
 def pretrain_rnn(model: NextStepPredictor, sequences: Sequence[np.ndarray],
                  window: int | None = None, ridge: float = 1e-3, seed: int = 0) -> dict:
     """pret-RNN (module docstring): initialise the Elman ``model`` in place from a centred
@@ -233,50 +156,3 @@ def pretrain_rnn(model: NextStepPredictor, sequences: Sequence[np.ndarray],
         model.readout.bias.copy_(torch.from_numpy(b_out))
     return {"la_components": int(p), "la_window": window, "state_scale": scale,
             "la_solver": la.solver_}
-
-
-def analyze(data: dict[str, Any], ulm: NextStepPredictor, memories: Sequence[int],
-            window: int | None, first_memory: int = 1000, seed: int = 0,
-            progress: bool = True) -> dict[str, Any]:
-    """The paper's pretraining analysis (Figure 5) for a trained ULM:
-
-    (a) ``reconstruction``: per memory size, the mean squared error per value of the training
-        functional-state sequences, the optimal (truncated SVD) one and the autoencoder's
-        recursive one (:meth:`LinearAutoencoder.reconstruction_error`, the window's blocks);
-    (b) ``accuracy``: frame accuracy on train and validation of the ULM and of the LMN right
-        after the transfer, before any fine-tuning;
-    (c) ``first_sequence``: a full-length autoencoder with ``first_memory`` units (or the rank)
-        on the training states; for the first training sequence, the relative error at each step
-        ``t`` of decoding the whole prefix ``h_1 .. h_t`` from ``m_t``.
-    """
-    from tqdm.auto import tqdm
-
-    from .models import build_model
-    from .train import evaluate
-
-    ulm_acc = {split: 100 * evaluate(ulm.float(), data[split])["acc"]  # as trained, float32
-               for split in ("train", "valid")}
-    ulm = ulm.double()  # float64 for the states, the memory and the transfer
-    states = hidden_states(ulm, data["train"])
-    rows = []
-    for p in tqdm(memories, desc="memory sizes", disable=None if progress else True):
-        la = fit_memory(states, p, window, seed)
-        errors = la.reconstruction_error(states)
-        lmn = build_model("pret-lmn-b", ulm.hidden, int(la.n_components_),
-                          input_size=ulm.input_size, nonlinearity=ulm.nonlinearity)
-        transfer(ulm, la, lmn)
-        rows.append({"memory": int(p), "components": int(la.n_components_),
-                     "svd_error": errors["svd"], "la_error": errors["la"],
-                     **{f"lmn_{split}_acc": 100 * evaluate(lmn, data[split])["acc"]
-                        for split in ("train", "valid")}})
-    la = LinearAutoencoder(first_memory, window=None, random_state=seed).fit(states)
-    first = states[0]
-    encoded = la.encode(first)
-    per_step = []
-    for t in range(len(first)):
-        rec = la.decode(encoded[t], t + 1)
-        per_step.append(float(((rec - first[: t + 1]) ** 2).sum() / (first[: t + 1] ** 2).sum()))
-    return {"ulm_train_acc": ulm_acc["train"], "ulm_valid_acc": ulm_acc["valid"],
-            "hidden": ulm.hidden, "k": ulm.k, "window": window, "memories": rows,
-            "first_sequence": {"memory": int(la.n_components_), "asked": first_memory,
-                               "solver": la.solver_, "relative_error": per_step}}

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from ._io import atomic_write, write_json
+from .models import REGISTRY
+
+__all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "figure4_data", "markdown_table",
+           "plot_figure4", "plot_pretraining", "run_records", "summary_records", "table2_markdown",
+           "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -77,15 +85,13 @@ def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:
 
 
 def plot_pretraining(analysis: dict, path: str | os.PathLike) -> None:
-    """The paper's Figure 5 from :func:`linmem.pretrain.analyze`'s output, three panels, to a
+    """The paper's Figure 5 from :func:`linmem.recipes.analyze`'s output, three panels, to a
     PNG written atomically (matplotlib is imported here only: ``pip install
     linear-memory-networks[plot]``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from ._io import atomic_write
 
     rows = analysis["memories"]
     mem = [r["components"] for r in rows]
@@ -132,9 +138,13 @@ TABLE2_DATASETS = ("jsb", "musedata", "nottingham", "piano")
 TABLE2_TITLES = {"jsb": "JSB Chorales", "musedata": "MuseData", "nottingham": "Nottingham",
                  "piano": "Piano-midi.de"}
 TABLE2_MODELS = ("rnn", "pret-rnn", "lstm", "gru", "rnn-rbm", "lmn-a", "lmn-b", "pret-lmn-b")
-DISPLAY_NAMES = {"rnn": "RNN", "pret-rnn": "pret-RNN", "lstm": "LSTM", "gru": "GRU",
-                 "rnn-rbm": "RNN-RBM*", "lmn-a": "LMN-A", "lmn-b": "LMN-B",
-                 "pret-lmn-b": "pret-LMN-B", "pret-lmn-a": "pret-LMN-A"}
+
+
+def display_name(model: str) -> str:
+    """A model's name in tables and figures: its registry entry's (:mod:`linmem.models`)."""
+    spec = REGISTRY.get(model)
+    return spec.display if spec is not None else model
+
 SUMMARY_FIELDS = ("dataset", "model", "hidden", "memory", "weight_decay", "valid_acc", "test_acc",
                   "valid_acc_frame", "test_acc_frame", "test_nll", "test_nll_se", "n_params",
                   "epochs", "wall_time_s", "trials", "grid_points", "grid_complete",
@@ -208,7 +218,7 @@ def table2_markdown(records: Sequence[dict], command: str | None = None) -> str:
                 mark = "" if r is None else ("‡" if r["grid"] == "runs" else
                                              "" if r["grid_complete"] else "†")
                 cells.append(cell(measured[d][m], top_ours[d], mark))
-            rows.append(f"| {DISPLAY_NAMES.get(m, m)} | " + " | ".join(cells) + " |")
+            rows.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
         return rows
 
     lines = table("test_acc", "ours")
@@ -285,12 +295,10 @@ def plot_figure4(data: dict, path: str | os.PathLike) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ._io import atomic_write
-
     fig, ax = plt.subplots(figsize=(9.0, 4.4))
     for model, curve in data["curves"].items():
         pts = curve["points"]
-        label = DISPLAY_NAMES.get(model, model)
+        label = display_name(model)
         if not curve["grid_complete"]:
             label += " (grid incomplete)"
         line, = ax.plot([p["units"] for p in pts], [p["valid_acc"] for p in pts], "o-",
@@ -299,7 +307,7 @@ def plot_figure4(data: dict, path: str | os.PathLike) -> None:
         if stopped:
             ax.plot([p["units"] for p in stopped], [p["valid_acc"] for p in stopped], "o",
                     mfc="none", color=line.get_color(),
-                    label=f"{DISPLAY_NAMES.get(model, model)}: every trial pruned (best before)")
+                    label=f"{display_name(model)}: every trial pruned (best before)")
     ax.set(xlabel="hidden units (LMN: functional + memory)", ylabel="validation frame accuracy %",
            title=f"{TABLE2_TITLES.get(data['dataset'], data['dataset'])}: accuracy vs size")
     ax.grid(alpha=0.3)
@@ -315,9 +323,6 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
     """``out_dir``: ``summary.json``, ``table2.md``, ``figure4.json`` (and ``.png`` when it has a
     curve), ``search_trials.json`` (no test scores) and, under ``selected/``, the files of each
     selected run found (search runs under ``runs_root``, single runs where they are)."""
-    import shutil
-
-    from ._io import atomic_write, write_json
 
     out_dir = Path(out_dir)
     summary = summary_records(records)

@@ -24,12 +24,27 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-N_KEYS = 88
+from .data import N_KEYS, Batch, iterate_batches
+
+__all__ = [
+    "PREDICTIONS",
+    "RNNRBM",
+    "ais_log_partition",
+    "estimate_nll",
+    "frame_log_likelihood",
+    "free_energy",
+    "gibbs_chain",
+    "init_from_rnn",
+    "pretrain_rbm",
+]
+
+PREDICTIONS = ("gibbs", "mean-field")  # how RNNRBM.forward estimates the key marginals
 
 
 def _bernoulli(p: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -108,6 +123,9 @@ class RNNRBM(nn.Module):
         predict_steps: Gibbs steps (or mean-field iterations) per prediction; a Gibbs chain
             averages ``P(v | h)`` over its last ``predict_steps - burn_in`` steps.
         burn_in: Gibbs steps discarded before averaging.
+        seed: seed of the prediction's Gibbs chains (and of the test NLL's frame sample).
+        ais_chains, ais_betas, ais_frames: the test NLL of :meth:`finalize_metrics`
+            (:func:`estimate_nll`).
 
     Shape: ``forward(inputs)``: inputs ``(B, T, n_visible)`` (frames 0..T-1), returns logits
     ``(B, T, n_visible)`` of the frames 1..T.
@@ -115,9 +133,10 @@ class RNNRBM(nn.Module):
 
     def __init__(self, n_visible: int = N_KEYS, n_recurrent: int = 100, n_hidden: int = 150,
                  cd_k: int = 15, predict: str = "gibbs", predict_steps: int = 100,
-                 burn_in: int = 20, seed: int = 0):
+                 burn_in: int = 20, seed: int = 0, ais_chains: int = 100, ais_betas: int = 1000,
+                 ais_frames: int | None = 500):
         super().__init__()
-        if predict not in ("gibbs", "mean-field"):
+        if predict not in PREDICTIONS:
             raise ValueError(f"predict must be 'gibbs' or 'mean-field', got {predict!r}")
         if min(n_visible, n_recurrent, n_hidden, cd_k, predict_steps) < 1:
             raise ValueError("sizes, cd_k and predict_steps must be positive")
@@ -126,6 +145,7 @@ class RNNRBM(nn.Module):
         self.cd_k, self.predict, self.predict_steps, self.burn_in = cd_k, predict, predict_steps, \
             burn_in
         self.seed = seed
+        self.ais_chains, self.ais_betas, self.ais_frames = ais_chains, ais_betas, ais_frames
         self.W = nn.Parameter(0.01 * torch.randn(n_visible, n_hidden))
         self.b_v = nn.Parameter(torch.zeros(n_visible))
         self.b_h = nn.Parameter(torch.zeros(n_hidden))
@@ -155,6 +175,33 @@ class RNNRBM(nn.Module):
         negative = gibbs_chain(targets, self.W, b_v.detach(), b_h.detach(), self.cd_k)
         cost = (free_energy(targets, self.W, b_v, b_h) - free_energy(negative, self.W, b_v, b_h))
         return (cost * mask).sum() / mask.sum()
+
+    # the trainer's protocol (linmem.models.NextStepPredictor): the training cost is the CD
+    # cost, and the Bernoulli NLL of the estimated key marginals is not the model's likelihood
+    train_loss_name = "train_cd_cost"
+    valid_nll_name = "valid_nll_marginals"
+
+    def training_loss(self, batch: Batch) -> Tensor:
+        """The CD-k cost of the batch (:meth:`cd_cost`)."""
+        return self.cd_cost(batch.inputs, batch.targets, batch.mask)
+
+    def finalize_metrics(self, metrics: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        """The test NLL by AIS (:func:`estimate_nll`) in place of the marginals' Bernoulli NLL,
+        which is kept as ``*_nll_marginals``; accuracy stays that of the estimated marginals."""
+        ais = estimate_nll(self, data["test"], self.ais_chains, self.ais_betas, self.ais_frames,
+                           seed=self.seed)
+        metrics = dict(metrics)
+        metrics.update({
+            "valid_nll_marginals": metrics.pop("valid_nll"),
+            "test_nll_marginals": metrics["test_nll"], "test_nll": ais["nll"],
+            "test_nll_se": ais["se"], "test_nll_frame_sd": ais["frame_sd"],
+            "test_nll_method": f"AIS estimate of each step's log Z ({ais['chains']} chains, "
+                               f"{ais['betas']} temperatures) on {ais['frames']} of "
+                               f"{ais['total_frames']} test frames drawn at random (seed "
+                               f"{ais['seed']}); se: AIS error, frame_sd: frame sampling error; "
+                               "test_nll_marginals: Bernoulli NLL of the estimated marginals",
+            "key_marginals": f"{self.predict} ({self.predict_steps} steps)"})
+        return metrics
 
     def init_output_bias(self, key_rates: Tensor, eps: float = 1e-3) -> None:
         """``b_v`` at the logit of the keys' rates in the training split."""
@@ -227,8 +274,6 @@ def estimate_nll(model: RNNRBM, sequences, chains: int = 100, betas: int = 1000,
     frames of ``-log P(v_t | v_<t)`` with AIS for ``log Z_t``, on ``max_frames`` frames drawn at
     random (seeded; None: all). Returns ``nll``, its standard error ``se`` (AIS only; the frame
     sample adds its own spread, reported as ``frame_sd``), ``frames`` and ``total_frames``."""
-    from .data import iterate_batches
-
     device, dtype = model.W.device, model.W.dtype
     b_vs, b_hs, vs = [], [], []
     with torch.no_grad():
@@ -303,30 +348,3 @@ def init_from_rnn(model: RNNRBM, rnn_predictor: nn.Module, set_visible_bias: boo
         model.W_uv.weight.copy_(readout.weight)
         if set_visible_bias:
             model.b_v.copy_(readout.bias)
-
-
-def pretrain_steps(model: RNNRBM, config, data: dict, run_dir, progress: bool = True) -> dict:
-    """The pretraining steps ``config`` asks for (``rbm_pretrain_epochs``,
-    ``rnn_pretrain_epochs``), the RNN run kept in ``run_dir/rnn`` for resuming; returns what was
-    done. :func:`linmem.pretrain.pretrain` calls it and keeps the result."""
-    from dataclasses import replace
-    from pathlib import Path
-
-    from .train import load_run_model, train
-
-    run_dir = Path(run_dir)
-    info: dict = {"method": "RNN-RBM initialisation (Boulanger-Lewandowski et al. 2012)"}
-    if config.rbm_pretrain_epochs:
-        costs = pretrain_rbm(model, data["train"], config.rbm_pretrain_epochs, lr=config.lr,
-                             seed=config.seed)
-        info["rbm"] = {"epochs": config.rbm_pretrain_epochs, "cd_k": model.cd_k,
-                       "cd_cost": costs}
-    if config.rnn_pretrain_epochs:
-        rnn_config = replace(config, model="rnn", epochs=config.rnn_pretrain_epochs,
-                             rbm_pretrain_epochs=0, rnn_pretrain_epochs=0)
-        metrics = train(rnn_config, run_dir / "rnn", resume=True, progress=progress, data=data)
-        rnn, _ = load_run_model(run_dir / "rnn", "best")
-        init_from_rnn(model, rnn, set_visible_bias=not config.rbm_pretrain_epochs)
-        info["rnn"] = {"run": str(run_dir / "rnn"), "epochs": metrics["epochs"],
-                       "valid_acc": metrics["valid_acc"]}
-    return info

@@ -41,10 +41,17 @@ from typing import Any
 
 import numpy as np
 
+from ._check import check_int
 from ._io import command_line, read_json
-from .data import resolve_name
-from .models import architecture
-from .train import TrainConfig, TrainingDiverged, train
+from ._threads import usable_cpus
+from .data import load_polyphonic, resolve_name
+from .models import get_spec
+from .recipes import run as run_training
+from .train import TrainConfig, TrainingDiverged
+
+__all__ = ["GRIDS", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
+           "grid_points", "make_storage", "open_study", "point_states", "run_search",
+           "run_worker", "search_records", "select", "sqlite_path", "study_name", "trial_point"]
 
 PAPER_LMN_SIZES = ((50, 50), (50, 100), (100, 100), (100, 250), (250, 250), (250, 500))
 PAPER_WEIGHT_DECAYS = (1e-4, 1e-5, 1e-6, 1e-7, 0.0)
@@ -100,7 +107,7 @@ class Point:
 def grid_points(model: str, grid: str | Grid) -> list[Point]:
     """The points of ``grid`` for ``model`` (LMNs: the size pairs; others: the hidden sizes)."""
     g = GRIDS[grid] if isinstance(grid, str) else grid
-    if architecture(model).startswith("lmn"):
+    if get_spec(model).has_memory:
         sizes: Sequence[tuple[int, int | None]] = g.lmn_sizes
     else:
         sizes = [(h, None) for h in g.hidden]
@@ -220,8 +227,9 @@ class SearchConfig:
             raise ValueError(f"unknown grid {self.grid!r}; choose from {', '.join(GRIDS)}")
         if self.pruner not in ("median", "none"):
             raise ValueError(f"pruner must be 'median' or 'none', got {self.pruner!r}")
-        if self.subset is not None and self.subset < 1:
-            raise ValueError(f"subset must be a positive integer, got {self.subset!r}")
+        check_int("subset", self.subset, none_ok=True)
+        if not self.poll_s > 0:
+            raise ValueError(f"poll_s must be > 0, got {self.poll_s!r}")
         self.base = self.base or TrainConfig()
         self.models = list(self.models)
         self.data = [resolve_name(d) for d in self.data]
@@ -276,7 +284,7 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
     import optuna
 
     g = GRIDS[config.grid]
-    lmn = architecture(model).startswith("lmn")
+    lmn = get_spec(model).has_memory
 
     def objective(trial: optuna.Trial) -> float:
         frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
@@ -308,8 +316,8 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
                                          f"(valid acc {row['valid_acc']:.2f}%)")
 
         try:
-            metrics = train(train_config, run_dir, resume=True, progress=False, data=data,
-                            on_epoch_end=report, command=command)
+            metrics = run_training(train_config, run_dir, resume=True, progress=False,
+                                   data=data, on_epoch_end=report, command=command)
         except TrainingDiverged as err:
             trial.set_user_attr("error", str(err))
             raise
@@ -324,8 +332,6 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
 
 
 def _load_data(config: SearchConfig, name: str) -> dict[str, list[np.ndarray]]:
-    from .data import load_polyphonic
-
     data = load_polyphonic(name, root=config.base.data_dir, progress=config.progress)
     if config.subset is not None:
         data = {split: seqs[:config.subset] for split, seqs in data.items()}
@@ -387,6 +393,62 @@ def run_worker(config: SearchConfig, command: str | None = None,
             time.sleep(config.poll_s)  # points running elsewhere: wait, to take over the dead
     return {s.study_name: dict(Counter(point_states(s, points[id(s)], config.max_retry).values()))
             for _, _, s in studies}
+
+
+
+def count_points(config: SearchConfig) -> dict[str, dict[str, int]]:
+    """The count of points per state (``done``, ``todo``, ``running``, ``failed``) per study of
+    ``config``, read from the storage; nothing is run."""
+    storage = make_storage(config.storage or default_storage(config.out_dir),
+                           config.heartbeat_interval, config.grace_period, config.max_retry)
+    counts = {}
+    for data in config.data:
+        for model in config.models:
+            study = open_study(config, data, model, storage)
+            states = point_states(study, grid_points(model, config.grid), config.max_retry)
+            counts[study.study_name] = dict(Counter(states.values()))
+    return counts
+
+
+def _worker_process(config: SearchConfig, command: str, threads: int) -> None:
+    """One worker process of :func:`run_search` (module level: spawned processes import it)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    run_worker(config, command)
+
+
+def run_search(config: SearchConfig, jobs: int = 1, command: str | None = None,
+               start_gap_s: float = 2.0) -> dict[str, dict[str, int]]:
+    """Run ``config`` with ``jobs`` worker processes on this machine (one in this process when
+    ``jobs`` is 1), each with its share of the usable CPUs, until every point is done or failed;
+    returns :func:`count_points`. Raises ``RuntimeError`` when a worker process fails."""
+    import multiprocessing
+
+    check_int("jobs", jobs)
+    command = command or command_line()
+    if jobs == 1:
+        run_worker(config, command)
+        return count_points(config)
+    threads = max(1, usable_cpus() // jobs)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker_process, args=(config, command, threads))
+             for _ in range(jobs)]
+    try:
+        for p in procs:
+            p.start()
+            time.sleep(start_gap_s)  # the first creates the studies
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:  # interrupted: no orphaned worker keeps training
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    if any(p.exitcode for p in procs):
+        raise RuntimeError("search worker exit codes " + ", ".join(str(p.exitcode)
+                                                                    for p in procs))
+    return count_points(config)
 
 
 def select(study) -> tuple[Any, dict[str, int]] | None:

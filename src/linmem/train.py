@@ -16,6 +16,7 @@ The test split is scored once, at the end, on the checkpoint chosen on the valid
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -26,11 +27,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from . import __version__
-from ._io import atomic_write, command_line, git_commit, read_json, write_json
+from ._check import check_int
+from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
 from .data import (
     Batch,
     bucket_batches,
@@ -44,13 +44,22 @@ from .data import (
 )
 from .metrics import FrameScores
 from .models import (
-    NextStepPredictor,
-    architecture,
+    DEFAULT_MODEL,
+    PREDICTIONS,
     build_model,
     check_options,
     count_parameters,
+    get_spec,
 )
-from .rnnrbm import RNNRBM, estimate_nll
+
+__all__ = ["BUDGET_FIELDS", "OPTIMIZERS", "TrainConfig", "TrainingDiverged", "evaluate",
+           "load_run_model", "make_optimizer", "train", "train_step"]
+
+OPTIMIZERS = ("adam", "sgd")
+# what bounds a run's length: --resume may change them; every other field is the run's identity
+BUDGET_FIELDS = ("epochs", "patience")
+# neither changes the numbers: a run may continue on another device or with the data elsewhere
+_PLACE_FIELDS = ("device", "data_dir")
 
 
 class TrainingDiverged(RuntimeError):
@@ -62,7 +71,7 @@ class TrainConfig:
     """Everything that defines a training run (saved as ``config.json``)."""
 
     data: str = "jsb"
-    model: str = "lmn-b"
+    model: str = DEFAULT_MODEL
     hidden: int = 100
     memory: int | None = 100  # LMN memory units; ignored by rnn/lstm/gru
     num_layers: int = 1
@@ -103,15 +112,12 @@ class TrainConfig:
         self.data = resolve_name(self.data)
         # the model with its activation, depth and dropout: fail now, not after hours of pretraining
         check_options(self.model, self.nonlinearity, self.num_layers, self.dropout)
-        if not architecture(self.model).startswith("lmn"):
+        if not get_spec(self.model).has_memory:
             self.memory = None
         for name in ("hidden", "num_layers", "batch_size", "epochs", "patience",
                      "eval_batch_size", "k", "rbm_hidden", "cd_k", "ais_chains", "ais_betas"):
-            value = getattr(self, name)
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.memory is not None and (int(self.memory) != self.memory or self.memory < 1):
-            raise ValueError(f"memory must be a positive integer, got {self.memory!r}")
+            check_int(name, getattr(self, name))
+        check_int("memory", self.memory, none_ok=True)
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -122,32 +128,34 @@ class TrainConfig:
             raise ValueError(f"transpose must be an integer in [0, 88), got {self.transpose!r}")
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"clip must be > 0 or None, got {self.clip!r}")
-        if self.la_window is not None and (int(self.la_window) != self.la_window
-                                           or self.la_window < 0):
-            raise ValueError(f"la_window must be >= 0 (0: full length), got {self.la_window!r}")
-        if self.optimizer not in ("adam", "sgd"):
-            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        check_int("la_window", self.la_window, minimum=0, none_ok=True)  # 0: full length
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, "
+                             f"got {self.optimizer!r}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if self.rbm_predict not in ("gibbs", "mean-field"):
-            raise ValueError(f"rbm_predict must be 'gibbs' or 'mean-field', "
+        if self.rbm_predict not in PREDICTIONS:
+            raise ValueError(f"rbm_predict must be one of {list(PREDICTIONS)}, "
                              f"got {self.rbm_predict!r}")
-        if self.ais_frames is not None and (int(self.ais_frames) != self.ais_frames
-                                            or self.ais_frames < 1):
-            raise ValueError(f"ais_frames must be a positive integer or None, "
-                             f"got {self.ais_frames!r}")
+        check_int("ais_frames", self.ais_frames, none_ok=True)
         for name in ("rbm_pretrain_epochs", "rnn_pretrain_epochs"):
-            value = getattr(self, name)
-            if int(value) != value or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if self.pretrain_epochs is not None and (int(self.pretrain_epochs) != self.pretrain_epochs
-                                                 or self.pretrain_epochs < 1):
-            raise ValueError(f"pretrain_epochs must be >= 1, got {self.pretrain_epochs!r}")
+            check_int(name, getattr(self, name), minimum=0)
+        check_int("pretrain_epochs", self.pretrain_epochs, none_ok=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that define the run's numbers: all but the budget (:data:`BUDGET_FIELDS`)
+        and where it runs (device, data folder). ``--resume`` refuses a change of these."""
+        return {k: v for k, v in asdict(self).items()
+                if k not in BUDGET_FIELDS and k not in _PLACE_FIELDS}
+
+    def model_options(self) -> dict[str, Any]:
+        """The fields the model's registry entry takes as its own options."""
+        return {name: getattr(self, name) for name in get_spec(self.model).options}
 
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
@@ -158,21 +166,13 @@ def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
-def masked_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Training loss: Bernoulli NLL summed over keys, averaged over valid frames (= frame_nll)."""
-    per_frame = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1)
-    return (per_frame * mask).sum() / mask.sum()
-
-
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
                clip: float | None = None) -> float | None:
-    """One update on ``batch`` (already on the model's device): forward, masked NLL (the RNN-RBM:
-    its contrastive-divergence cost), backward, optional gradient-norm clipping, optimizer step.
-    Returns the loss, or None (and no update) when the loss is not finite."""
-    if isinstance(model, RNNRBM):
-        loss = model.cd_cost(batch.inputs, batch.targets, batch.mask)
-    else:
-        loss = masked_nll(model(batch.inputs), batch.targets, batch.mask)
+    """One update on ``batch`` (already on the model's device): the model's
+    ``training_loss(batch)`` (the masked NLL; the RNN-RBM's contrastive-divergence cost),
+    backward, optional gradient-norm clipping, optimizer step. Returns the loss, or None (and no
+    update) when the loss is not finite."""
+    loss = model.training_loss(batch)
     if not torch.isfinite(loss):
         return None
     optimizer.zero_grad(set_to_none=True)
@@ -184,7 +184,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
 
 
 @torch.no_grad()
-def evaluate(model: NextStepPredictor, sequences: Sequence[np.ndarray], batch_size: int = 64,
+def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size: int = 64,
              device: str | torch.device = "cpu") -> dict[str, float]:
     """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
     ``sequences``, accumulated over every valid frame (not averaged per batch)."""
@@ -206,15 +206,13 @@ def _save_torch(obj: Any, path: Path) -> None:
 
 
 def _write_log(run_dir: Path, history: list[dict]) -> None:
-    import json
-
     with atomic_write(run_dir / "log.jsonl", "w") as f:
         for row in history:
             f.write(json.dumps(row) + "\n")
 
 
 def load_run_model(run_dir: str | Path, which: str = "best",
-                   device: str | torch.device = "cpu") -> tuple[NextStepPredictor, TrainConfig]:
+                   device: str | torch.device = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
     """The model saved in ``run_dir`` (``which`` is ``"best"`` or ``"last"``) and its config."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
@@ -230,11 +228,9 @@ def load_run_model(run_dir: str | Path, which: str = "best",
 
 
 def _build(config: TrainConfig) -> torch.nn.Module:
-    rbm = ({"n_hidden": config.rbm_hidden, "cd_k": config.cd_k, "predict": config.rbm_predict,
-            "seed": config.seed} if config.model == "rnn-rbm" else {})
     return build_model(config.model, config.hidden, config.memory, config.num_layers,
                        dropout=config.dropout, nonlinearity=config.nonlinearity, k=config.k,
-                       **rbm)
+                       **config.model_options())
 
 
 def train(
@@ -245,17 +241,24 @@ def train(
     data: dict[str, list[np.ndarray]] | None = None,
     on_epoch_end: Callable[[int, dict], None] | None = None,
     command: str | None = None,
+    initialize: Callable[[torch.nn.Module], None] | None = None,
 ) -> dict[str, Any]:
     """Train ``config`` in ``run_dir`` and return the final metrics (also in ``metrics.json``).
 
     Args:
         resume: continue the run in ``run_dir`` from ``last.pt`` (its saved config must equal
-            ``config``), or start it if ``run_dir`` holds no run yet. Without it, ``run_dir``
-            must not hold a run already.
+            ``config`` but for the budget, :data:`BUDGET_FIELDS`, the device and the data
+            folder: a larger ``epochs`` or ``patience`` continues a finished run), or start it if
+            ``run_dir`` holds no run yet. Without it, ``run_dir`` must not hold a run already.
+            A finished run that the budget does not extend is left as it is and its metrics
+            returned.
         data: the data set as returned by :func:`linmem.data.load_polyphonic` (loaded from
             ``config.data_dir`` when None).
         on_epoch_end: called as ``f(epoch, log_row)`` after each epoch's checkpoint is written.
         command: the command to record (default: this process's command line).
+        initialize: called once on the freshly built model (after the readout bias is set,
+            before training; not when resuming from a checkpoint): the pretraining recipes of
+            :mod:`linmem.recipes` initialise the model's weights through it.
 
     Raises:
         TrainingDiverged: the loss became NaN/inf; ``last.pt`` keeps the last good epoch.
@@ -263,13 +266,15 @@ def train(
     run_dir = Path(run_dir)
     started = time.perf_counter()
     commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
+    command = command or command_line()
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but CUDA is not available")
+    checkpoint = run_dir / "last.pt"
     if resume and (run_dir / "config.json").is_file():
         saved = TrainConfig.from_dict(read_json(run_dir / "config.json"))
-        diff = {k: (v, getattr(config, k)) for k, v in asdict(saved).items()
-                if k != "device" and getattr(config, k) != v}
+        diff = {k: (v, getattr(config, k)) for k, v in saved.identity().items()
+                if getattr(config, k) != v}
         if diff:
             raise ValueError(f"--resume with a different config than {run_dir}/config.json: "
                              + ", ".join(f"{k}: saved {a!r}, given {b!r}"
@@ -277,8 +282,19 @@ def train(
     elif (run_dir / "config.json").exists():
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, "
                               "or choose another output directory")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", asdict(config))
+
+    state = {"epoch": 0, "best_acc": -1.0, "best_epoch": 0, "bad_epochs": 0, "history": [],
+             "elapsed": 0.0, "stop_reason": None, "command": command, "resumed": []}
+    ckpt = None
+    if resume and checkpoint.is_file():
+        ckpt = torch.load(checkpoint, map_location=device, weights_only=True)
+        state = {"command": command, "resumed": [], **ckpt["state"]}
+        if state["stop_reason"] is not None:
+            if _budget_left(state, config):
+                state["stop_reason"] = None  # a larger budget: the run goes on
+            elif (run_dir / "metrics.json").is_file():
+                return read_json(run_dir / "metrics.json")  # finished: nothing is rewritten
+        state["resumed"] = [*state["resumed"], command]
 
     if data is None:
         data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
@@ -290,27 +306,25 @@ def train(
     model = _build(config)
     if config.init_bias:
         model.init_output_bias(torch.from_numpy(np.concatenate(train_seqs).mean(0)))
-    pretrained = config.model.startswith("pret-") or (
-        config.model == "rnn-rbm" and (config.rbm_pretrain_epochs + config.rnn_pretrain_epochs) > 0)
-    if pretrained and not (resume and (run_dir / "last.pt").is_file()):
-        from .pretrain import pretrain
-
-        pretrain(model, config, data, run_dir, progress)
+    # the run exists once its data and model do: a start that failed before leaves nothing
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "config.json", asdict(config))
+    if initialize is not None and ckpt is None:
+        initialize(model)
     model = model.to(device)
     optimizer = make_optimizer(model.parameters(), config)
-    state = {"epoch": 0, "best_acc": -1.0, "best_epoch": 0, "bad_epochs": 0, "history": [],
-             "elapsed": 0.0, "stop_reason": None}
-    if resume and (run_dir / "last.pt").is_file():
-        ckpt = torch.load(run_dir / "last.pt", map_location=device, weights_only=False)
+    if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        state = ckpt["state"]
         if "rng" in ckpt:
             torch.set_rng_state(ckpt["rng"])
     elapsed_before = state["elapsed"]
+    if state["stop_reason"] is None and not _budget_left(state, config):
+        state["stop_reason"] = _stop_reason(state, config)  # a smaller budget: stop here
 
     lengths = [len(s) for s in train_seqs]
-    rbm = isinstance(model, RNNRBM)
+    loss_name = model.train_loss_name.removeprefix("train_").replace("_", " ")
+    marginal_nll = model.valid_nll_name != "valid_nll"
     while state["stop_reason"] is None:
         epoch = state["epoch"] + 1
         t0 = time.perf_counter()
@@ -333,8 +347,7 @@ def train(
                 bar.close()
                 raise TrainingDiverged(
                     f"the training loss became NaN or inf in epoch {epoch}; "
-                    f"{run_dir / 'last.pt'} keeps epoch {state['epoch']}. Lower --lr or set "
-                    "--clip.")
+                    f"{checkpoint} keeps epoch {state['epoch']}. Lower --lr or set --clip.")
             n = float(batch.mask.sum())
             loss_sum += loss * n
             frames += n
@@ -346,28 +359,21 @@ def train(
             _save_torch({"model": model.state_dict(), "epoch": epoch}, run_dir / "best.pt")
         else:
             state["bad_epochs"] += 1
-        # the RNN-RBM's training cost is the CD cost, and its Bernoulli NLL is that of the
-        # estimated key marginals, not its likelihood (estimated once, at the end, by AIS)
-        row = {"epoch": epoch, ("train_cd_cost" if rbm else "train_nll"): loss_sum / frames,
-               "valid_acc": 100 * valid["acc"],
-               ("valid_nll_marginals" if rbm else "valid_nll"): valid["nll"],
-               "epoch_time_s": time.perf_counter() - t0,
-               "best": improved}
+        row = {"epoch": epoch, model.train_loss_name: loss_sum / frames,
+               "valid_acc": 100 * valid["acc"], model.valid_nll_name: valid["nll"],
+               "epoch_time_s": time.perf_counter() - t0, "best": improved}
         state["history"].append(row)
         state["epoch"] = epoch
-        if state["bad_epochs"] >= config.patience:
-            state["stop_reason"] = f"early stopping (patience {config.patience})"
-        elif epoch >= config.epochs:
-            state["stop_reason"] = f"reached the epoch limit ({config.epochs})"
+        state["stop_reason"] = _stop_reason(state, config)
         state["elapsed"] = elapsed_before + time.perf_counter() - started
         # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it
         _save_torch({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "state": state, "rng": torch.get_rng_state()}, run_dir / "last.pt")
+                     "state": state, "rng": torch.get_rng_state()}, checkpoint)
         _write_log(run_dir, state["history"])
         if progress:
-            tqdm.write(f"epoch {epoch:4d}  train {'cd cost' if rbm else 'nll'} "
+            tqdm.write(f"epoch {epoch:4d}  train {loss_name} "
                        f"{loss_sum / frames:.3f}  valid acc {row['valid_acc']:.2f}%  nll "
-                       f"{valid['nll']:.3f}{' (marginals)' if rbm else ''}  "
+                       f"{valid['nll']:.3f}{' (marginals)' if marginal_nll else ''}  "
                        f"({row['epoch_time_s']:.1f}s){'  *' if improved else ''}",
                        file=sys.stderr)
         if on_epoch_end is not None:
@@ -388,32 +394,32 @@ def train(
         "test_acc_at_valid_threshold": 100 * test["acc_at"][tuned],
         "n_params": count_parameters(best), "epochs": state["epoch"],
         "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
-        "wall_time_s": elapsed_before + time.perf_counter() - started,
-        "seed": config.seed, "commit": commit, "command": command or command_line(),
-        "data_sha256": _checksum_or_none(config), "data_digest": content_digest(data),
-        "linmem": __version__, "torch": torch.__version__, "device": str(device),
+        **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
+                     elapsed_before + time.perf_counter() - started),
+        "data_digest": content_digest(data), "device": str(device),
         "pretraining": (read_json(run_dir / "pretraining.json")
                         if (run_dir / "pretraining.json").is_file() else None),
         "units": "accuracies in percent (Bay et al. 2009, global, threshold 0.5 unless named), "
                  "NLL in nats per time step",
     }
-    if rbm:
-        # accuracy from the estimated key marginals (best.predict); NLL by AIS, an estimate
-        ais = estimate_nll(best, data["test"], config.ais_chains, config.ais_betas,
-                           config.ais_frames, seed=config.seed)
-        metrics.update({
-            "valid_nll_marginals": metrics.pop("valid_nll"),
-            "test_nll_marginals": metrics["test_nll"], "test_nll": ais["nll"],
-            "test_nll_se": ais["se"], "test_nll_frame_sd": ais["frame_sd"],
-            "test_nll_method": f"AIS estimate of each step's log Z ({ais['chains']} chains, "
-                               f"{ais['betas']} temperatures) on {ais['frames']} of "
-                               f"{ais['total_frames']} test frames drawn at random (seed "
-                               f"{ais['seed']}); se: AIS error, frame_sd: frame sampling error; "
-                               "test_nll_marginals: Bernoulli NLL of the estimated marginals",
-            "key_marginals": f"{config.rbm_predict} ({best.predict_steps} steps)",
-            "wall_time_s": elapsed_before + time.perf_counter() - started})
+    if state["resumed"]:
+        metrics["resumed_with"] = state["resumed"]
+    metrics = best.finalize_metrics(metrics, data)  # what only the model can score
+    metrics["wall_time_s"] = elapsed_before + time.perf_counter() - started
     write_json(run_dir / "metrics.json", metrics)
     return metrics
+
+
+def _stop_reason(state: dict[str, Any], config: TrainConfig) -> str | None:
+    if state["bad_epochs"] >= config.patience:
+        return f"early stopping (patience {config.patience})"
+    if state["epoch"] >= config.epochs:
+        return f"reached the epoch limit ({config.epochs})"
+    return None
+
+
+def _budget_left(state: dict[str, Any], config: TrainConfig) -> bool:
+    return _stop_reason(state, config) is None
 
 
 def _checksum_or_none(config: TrainConfig) -> str | None:

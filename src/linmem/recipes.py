@@ -1,0 +1,262 @@
+"""Multi-step recipes above the trainer: pretraining, then training, and the pretraining analysis.
+
+:func:`run` is the public training entry point (``linmem train``, the search): it trains a
+model of the registry (:mod:`linmem.models`) with :func:`linmem.train.train`, after
+initialising it by the model's recipe (:attr:`~linmem.models.ModelSpec.recipe`) when it has one:
+
+- ``ulm-transfer`` (pret-LMN-A/B, paper section "Training and pretraining algorithm"): train the
+  unrolled network (``RUN_DIR/ulm``), fit the linear autoencoder of its states
+  (``RUN_DIR/memory.npz``), initialise the LMN by eqs. (12)-(15) (:mod:`linmem.pretrain`);
+- ``la-rnn`` (pret-RNN, Pasa & Sperduti 2014): the Elman RNN from an autoencoder of the inputs;
+- ``rnn-rbm`` (Boulanger-Lewandowski et al. 2012): the RBM by CD on all frames and the RNN from
+  a next-step RNN (``RUN_DIR/rnn``), each when asked for.
+
+The initial weights are kept in ``RUN_DIR/init.pt`` and what was done in
+``RUN_DIR/pretraining.json``, so an interrupted recipe resumes where it stopped. The mathematics
+stays in :mod:`linmem.pretrain` and :mod:`linmem.rnnrbm`; this module only orders the steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
+from .data import data_checksum, load_polyphonic
+from .la import LinearAutoencoder
+from .models import REGISTRY, build_model, get_spec
+from .pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
+from .rnnrbm import init_from_rnn, pretrain_rbm
+from .train import TrainConfig, evaluate, load_run_model, train
+
+__all__ = [
+    "RECIPES",
+    "Recipe",
+    "analyze",
+    "analyze_pretraining",
+    "lmn_window",
+    "pretrain",
+    "pretrained_models",
+    "run",
+    "ulm_config",
+]
+
+Data = dict[str, list[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """An initialisation: ``apply(model, config, data, run_dir, progress)`` sets the model's
+    weights in place and returns what it did; ``needed(config)`` says whether the run asks for it
+    (the RNN-RBM's steps are options: ``optional`` recipes run only when asked for)."""
+
+    apply: Callable[[torch.nn.Module, TrainConfig, Data, Path, bool], dict[str, Any]]
+    optional: bool = False
+    needed: Callable[[TrainConfig], bool] = lambda config: True
+
+
+def ulm_config(config: TrainConfig) -> TrainConfig:
+    """The trainer settings of the unrolled network: the LMN's, for the model ``ulm`` of the same
+    functional size (``pretrain_epochs`` bounds its epochs when set)."""
+    return replace(config, model="ulm", memory=None,
+                   epochs=config.pretrain_epochs or config.epochs, pretrain_epochs=None)
+
+
+def lmn_window(config: TrainConfig) -> int | None:
+    """The autoencoder's window for pret-lmn: ``k + 1`` unless ``la_window`` says otherwise
+    (0: full length)."""
+    if config.la_window is None:
+        return config.k + 1
+    if config.la_window == 0:
+        return None
+    if config.la_window < config.k + 1:
+        raise ValueError(f"--la-window must be at least k + 1 = {config.k + 1} (0: full length)")
+    return config.la_window
+
+
+def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: Path,
+                  progress: bool) -> dict[str, Any]:
+    """pret-LMN: the ULM, the memory on its states, the transfer (eqs. 10-15); the ULM run and
+    the memory are kept for resuming."""
+    window = lmn_window(config)
+    ulm_dir = run_dir / "ulm"
+    if not (ulm_dir / "metrics.json").is_file():
+        train(ulm_config(config), ulm_dir, resume=True, progress=progress, data=data)
+    ulm, _ = load_run_model(ulm_dir, "best", "cpu")
+    ulm = ulm.double()
+    memory_path = run_dir / "memory.npz"
+    if memory_path.is_file():
+        la = LinearAutoencoder.load(memory_path)
+    else:
+        la = fit_memory(hidden_states(ulm, data["train"]), config.memory, window, config.seed)
+        la.save(memory_path)
+    transfer(ulm, la, model)
+    ulm_metrics = read_json(ulm_dir / "metrics.json")
+    return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
+            "la_window": window, "la_components": int(la.n_components_),
+            "la_solver": la.solver_, "ulm_valid_acc": ulm_metrics["valid_acc"],
+            "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
+            "ulm_wall_time_s": ulm_metrics["wall_time_s"]}
+
+
+def _la_rnn(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: Path,
+            progress: bool) -> dict[str, Any]:
+    """pret-RNN: :func:`linmem.pretrain.pretrain_rnn` on the training split."""
+    return pretrain_rnn(model, data["train"], window=config.la_window or None, seed=config.seed)
+
+
+def _rnn_rbm(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: Path,
+             progress: bool) -> dict[str, Any]:
+    """The RNN-RBM's optional steps (``rbm_pretrain_epochs``, ``rnn_pretrain_epochs``), the RNN
+    run kept in ``run_dir/rnn`` for resuming."""
+    info: dict = {"method": "RNN-RBM initialisation (Boulanger-Lewandowski et al. 2012)"}
+    if config.rbm_pretrain_epochs:
+        costs = pretrain_rbm(model, data["train"], config.rbm_pretrain_epochs, lr=config.lr,
+                             seed=config.seed)
+        info["rbm"] = {"epochs": config.rbm_pretrain_epochs, "cd_k": model.cd_k,
+                       "cd_cost": costs}
+    if config.rnn_pretrain_epochs:
+        rnn_config = replace(config, model="rnn", epochs=config.rnn_pretrain_epochs,
+                             rbm_pretrain_epochs=0, rnn_pretrain_epochs=0)
+        metrics = train(rnn_config, run_dir / "rnn", resume=True, progress=progress, data=data)
+        rnn, _ = load_run_model(run_dir / "rnn", "best")
+        init_from_rnn(model, rnn, set_visible_bias=not config.rbm_pretrain_epochs)
+        info["rnn"] = {"run": str(run_dir / "rnn"), "epochs": metrics["epochs"],
+                       "valid_acc": metrics["valid_acc"]}
+    return info
+
+
+RECIPES: dict[str, Recipe] = {
+    "ulm-transfer": Recipe(_ulm_transfer),
+    "la-rnn": Recipe(_la_rnn),
+    "rnn-rbm": Recipe(_rnn_rbm, optional=True,
+                      needed=lambda c: c.rbm_pretrain_epochs + c.rnn_pretrain_epochs > 0),
+}
+
+
+def pretrained_models() -> list[str]:
+    """The registered models that are always pretrained (``linmem pretrain``'s choices)."""
+    return [name for name, spec in REGISTRY.items()
+            if spec.recipe is not None and not RECIPES[spec.recipe].optional]
+
+
+def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: str | Path,
+             progress: bool = True) -> dict[str, Any]:
+    """Initialise ``model`` in place by its registry entry's recipe, resumably: the initial
+    weights are kept in ``run_dir/init.pt``, what was done in ``run_dir/pretraining.json``."""
+    run_dir = Path(run_dir)
+    init_path, info_path = run_dir / "init.pt", run_dir / "pretraining.json"
+    if init_path.is_file() and info_path.is_file():
+        model.load_state_dict(torch.load(init_path, weights_only=True))
+        return read_json(info_path)
+    recipe = get_spec(config.model).recipe
+    if recipe is None:
+        raise ValueError(f"{config.model} has no pretraining recipe")
+    started = time.perf_counter()
+    info = RECIPES[recipe].apply(model, config, data, run_dir, progress)
+    info["wall_time_s"] = time.perf_counter() - started
+    with atomic_write(init_path) as f:
+        torch.save(model.state_dict(), f)
+    write_json(info_path, info)
+    return info
+
+
+def run(config: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
+        data: Data | None = None, on_epoch_end: Callable[[int, dict], None] | None = None,
+        command: str | None = None) -> dict[str, Any]:
+    """Train ``config`` in ``run_dir``, pretraining first when the model's recipe asks for it;
+    the arguments and the result are :func:`linmem.train.train`'s."""
+    recipe = get_spec(config.model).recipe
+    if recipe is None or not RECIPES[recipe].needed(config):
+        return train(config, run_dir, resume=resume, progress=progress, data=data,
+                     on_epoch_end=on_epoch_end, command=command)
+    if data is None:
+        data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
+    loaded = data
+    return train(config, run_dir, resume=resume, progress=progress, data=loaded,
+                 on_epoch_end=on_epoch_end, command=command,
+                 initialize=lambda model: pretrain(model, config, loaded, run_dir, progress))
+
+
+# ------------------------------------------------------------------------ pretraining analysis
+
+
+def analyze(data: Data, ulm: torch.nn.Module, memories: Sequence[int], window: int | None,
+            first_memory: int = 1000, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    """The paper's pretraining analysis (Figure 5) for a trained ULM:
+
+    (a) ``reconstruction``: per memory size, the mean squared error per value of the training
+        functional-state sequences, the optimal (truncated SVD) one and the autoencoder's
+        recursive one (:meth:`LinearAutoencoder.reconstruction_error`, the window's blocks);
+    (b) ``accuracy``: frame accuracy on train and validation of the ULM and of the LMN right
+        after the transfer, before any fine-tuning;
+    (c) ``first_sequence``: a full-length autoencoder with ``first_memory`` units (or the rank)
+        on the training states; for the first training sequence, the relative error at each step
+        ``t`` of decoding the whole prefix ``h_1 .. h_t`` from ``m_t``.
+    """
+    ulm_acc = {split: 100 * evaluate(ulm.float(), data[split])["acc"]  # as trained, float32
+               for split in ("train", "valid")}
+    ulm = ulm.double()  # float64 for the states, the memory and the transfer
+    states = hidden_states(ulm, data["train"])
+    rows = []
+    for p in tqdm(memories, desc="memory sizes", disable=None if progress else True):
+        la = fit_memory(states, p, window, seed)
+        errors = la.reconstruction_error(states)
+        lmn = build_model("pret-lmn-b", ulm.hidden, int(la.n_components_),
+                          input_size=ulm.input_size, nonlinearity=ulm.nonlinearity)
+        transfer(ulm, la, lmn)
+        rows.append({"memory": int(p), "components": int(la.n_components_),
+                     "svd_error": errors["svd"], "la_error": errors["la"],
+                     **{f"lmn_{split}_acc": 100 * evaluate(lmn, data[split])["acc"]
+                        for split in ("train", "valid")}})
+    la = LinearAutoencoder(first_memory, window=None, random_state=seed).fit(states)
+    first = states[0]
+    encoded = la.encode(first)
+    per_step = []
+    for t in range(len(first)):
+        rec = la.decode(encoded[t], t + 1)
+        per_step.append(float(((rec - first[: t + 1]) ** 2).sum() / (first[: t + 1] ** 2).sum()))
+    return {"ulm_train_acc": ulm_acc["train"], "ulm_valid_acc": ulm_acc["valid"],
+            "hidden": ulm.hidden, "k": ulm.k, "window": window, "memories": rows,
+            "first_sequence": {"memory": int(la.n_components_), "asked": first_memory,
+                               "solver": la.solver_, "relative_error": per_step}}
+
+
+def analyze_pretraining(data: str = "jsb", hidden: int = 50, k: int = 10,
+                        memories: Sequence[int] = (10, 25, 50, 100, 200, 300, 400, 550),
+                        first_memory: int = 1000, ulm_run: str | Path | None = None,
+                        epochs: int = 1000, patience: int = 50, seed: int = 0,
+                        data_dir: str | None = None, progress: bool = True,
+                        command: str | None = None) -> dict[str, Any]:
+    """Figure 5's analysis (:func:`analyze`) of the ULM in ``ulm_run``, trained there first if
+    it is ``None`` (``runs/DATA-ulm-hHIDDEN-kK-sSEED``, resumable), with its provenance."""
+    started = time.perf_counter()
+    commit = git_commit()
+    sizes = sorted({int(v) for v in memories})
+    if not sizes or sizes[0] < 1:
+        raise ValueError("memory sizes must be positive")
+    config = TrainConfig(data=data, model="ulm", hidden=hidden, k=k, epochs=epochs,
+                         patience=patience, seed=seed, data_dir=data_dir)
+    dataset = load_polyphonic(config.data, root=data_dir, progress=progress)
+    if ulm_run is None:
+        ulm_run = f"runs/{config.data}-ulm-h{hidden}-k{k}-s{seed}"
+        train(config, ulm_run, resume=True, progress=progress, data=dataset)
+    ulm, trained = load_run_model(ulm_run)
+    if trained.model != "ulm":
+        raise ValueError(f"{ulm_run} is a {trained.model} run, not a ulm run")
+    result = analyze(dataset, ulm, sizes, window=trained.k + 1, first_memory=first_memory,
+                     seed=seed, progress=progress)
+    record = provenance(command or command_line(), commit, seed,
+                        data_checksum(config.data, data_dir), time.perf_counter() - started)
+    return {**result, "dataset": config.data, "ulm_run": str(ulm_run),
+            **{k: record[k] for k in ("command", "commit", "seed", "data_sha256",
+                                      "wall_time_s")},
+            "units": "accuracy in percent; errors: mean squared error per value (a), "
+                     "relative squared error (c)"}
