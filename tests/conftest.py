@@ -1,9 +1,16 @@
 import os
 from pathlib import Path
 
-import pytest
+from linmem._threads import configure_threads
 
-from linmem.data import load_polyphonic
+# the `linmem` command's thread defaults, before torch loads: on a machine where another process
+# is busy (a search in the background, a shared CI host) the suite then runs at a fair share of
+# the CPU instead of 5-20x slower (benchmarks/contention.py)
+configure_threads()
+
+import pytest  # noqa: E402
+
+from linmem.data import load_polyphonic  # noqa: E402
 
 # CI and the tests read the real data from the shared folder beside the checkout.
 DATA_DIR = Path(os.environ.get(

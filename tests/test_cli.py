@@ -70,6 +70,11 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     code, _, err = run_cli("train", "--resume", "--out", str(out), "--hidden", "9",
                            "--quiet", capsys=capsys)
     assert code == 2 and "different config" in err
+    code, stdout, _ = run_cli("train", "--resume", "--out", str(out), "--epochs", "3",
+                              "--data-dir", str(data_dir), "--quiet", capsys=capsys)
+    longer = json.loads((out / "metrics.json").read_text())
+    assert code == 0 and longer["epochs"] == 3 and "3 epochs" in stdout
+    assert longer["command"] == metrics["command"] and len(longer["resumed_with"]) == 1
     code, stdout, _ = run_cli("summarize", str(tmp_path), capsys=capsys)
     assert code == 0 and stdout.startswith("| run | data |")
     assert f"{metrics['test_acc']:.2f}" in stdout

@@ -30,6 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import torch
+from torch.utils import cpp_extension
+
 from linmem._io import write_json
 
 __all__ = ["KERNEL_ENV", "cpu_path", "kernel_variants", "load_cpu_kernel"]
@@ -59,8 +62,6 @@ def _cpu_description() -> str:
 def _build_name() -> str:
     """The extension's name: a hash of its sources, flags and torch version. The build is the
     same on every CPU of an architecture (no ``-march=native``), so the CPU is not part of it."""
-    import torch
-
     digest = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         digest.update((CSRC / name).read_bytes())
@@ -73,7 +74,7 @@ def _wheel_ninja_first() -> None:
     """Put the ``ninja`` wheel's binary first on ``PATH``: a build directory made by one ninja
     version is rebuilt from scratch by another, so the same one must run every time."""
     try:
-        import ninja
+        import ninja  # a dependency, but the kernel also builds with a system ninja
     except ImportError:
         return
     path = os.environ.get("PATH", "")
@@ -96,8 +97,6 @@ def load_cpu_kernel() -> ModuleType | None:
     ``LINMEM_CPU_KERNEL=0`` or the build fails (with a warning saying why)."""
     if os.environ.get(KERNEL_ENV, "").strip().lower() in ("0", LOOP):
         return None
-    from torch.utils import cpp_extension
-
     try:
         name = _build_name()
         _wheel_ninja_first()

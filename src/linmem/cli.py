@@ -19,6 +19,13 @@ from .models import PREDICTIONS, get_spec, model_names
 from .nn import NONLINEARITIES
 from .recipes import analyze_pretraining, pretrained_models
 from .recipes import run as run_training
+from .report import (
+    collect_metrics,
+    markdown_table,
+    plot_pretraining,
+    run_records,
+    write_search_report,
+)
 from .train import OPTIMIZERS, TrainConfig, TrainingDiverged, evaluate, load_run_model
 
 _DEFAULT = TrainConfig()
@@ -235,8 +242,6 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
                             ulm_run: str | None, epochs: int, patience: int, seed: int,
                             data_dir: str | None, out: str, quiet: bool) -> None:
     """The paper's pretraining analysis (Figure 5): OUT/analysis.json and OUT/figure5.png."""
-    from .report import plot_pretraining
-
     try:
         result = analyze_pretraining(
             data=data, hidden=hidden, k=k, memories=[int(v) for v in memories.split(",")],
@@ -292,7 +297,7 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
     the studies stand; a trial whose worker died is retried from its run's last epoch.
     `linmem report` then selects on validation and writes the tables.
     """
-    from .search import SearchConfig, default_storage, run_search
+    from .search import SearchConfig, default_storage, run_search  # optuna: slow to import
 
     try:
         config = SearchConfig(
@@ -331,8 +336,7 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                runs: tuple[str, ...]) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
-    from .report import collect_metrics, run_records, write_search_report
-    from .search import default_storage, search_records, sqlite_path
+    from .search import default_storage, search_records, sqlite_path  # optuna: slow to import
 
     storage = storage or default_storage("runs/search")
     database = sqlite_path(storage)
@@ -411,8 +415,6 @@ def data_cmd(name: str, data_dir: str | None, no_download: bool) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 def summarize_cmd(paths: tuple[str, ...]) -> None:
     """Markdown table of the runs (metrics.json files) under PATHS, with their commands."""
-    from .report import collect_metrics, markdown_table
-
     try:
         click.echo(markdown_table(collect_metrics(paths)), nl=False)
     except FileNotFoundError as err:

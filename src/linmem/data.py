@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ._io import atomic_write
 
@@ -269,8 +270,6 @@ def _check(data: dict[str, list[np.ndarray]], info: DatasetInfo, path: Path) -> 
 
 def _download(url: str, dest: Path, info: DatasetInfo, progress: bool) -> None:
     """Download ``url`` to ``dest``, verify it, and only then move it into place."""
-    from tqdm.auto import tqdm
-
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
     tmp = Path(tmp_name)
@@ -306,12 +305,18 @@ def load_polyphonic(
     Args:
         name: ``jsb``, ``musedata``, ``nottingham`` or ``piano`` (common spellings such as
             ``"JSB Chorales"`` or ``"Piano-midi.de"`` are accepted).
-        root: folder holding the ``.mat`` or pickle file; default ``$LINMEM_DATA``, else the cache.
-        download: fetch the original pickle when neither file is in ``root``.
-        progress: show a progress bar while downloading.
+        root: folder holding the ``.mat`` or pickle file. Default: ``$LINMEM_DATA``, else the
+            user cache (``~/.cache/linmem``).
+        download: fetch the original pickle when neither file is in ``root``. Default: ``True``.
+        progress: show a progress bar while downloading. Default: ``True``.
+
+    Returns:
+        ``{"train": [...], "valid": [...], "test": [...]}``, each a list of ``(T_i, 88)`` uint8
+        arrays (key ``k`` is MIDI note ``k + 21``).
 
     Raises:
-        ValueError: unknown name.  DataError: missing, unreadable or unverifiable file.
+        ValueError: an unknown name.
+        DataError: a missing, unreadable or unverifiable file.
     """
     info = DATASETS[resolve_name(name)]
     folder = Path(root).expanduser() if root is not None else default_root()

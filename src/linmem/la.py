@@ -39,6 +39,7 @@ import scipy.fft
 import scipy.linalg
 
 from ._check import check_int
+from ._io import atomic_write
 
 SOLVERS = ("auto", "dense", "qr", "randomized")
 
@@ -370,29 +371,45 @@ class LinearAutoencoder:
     """Linear autoencoder for sequences, fitted in closed form (scikit-learn conventions).
 
     Args:
-        n_components: state size ``p``; more than ``rank(Xi)`` keeps the rank, with a warning.
-        window: number of past inputs (blocks of ``Xi``) to encode; ``None`` for the full
-            length of the longest training sequence.
-        center: subtract the mean input ``mean_`` before encoding (and add it back on decoding).
+        n_components: the state size ``p``; more than ``rank(Xi)`` keeps the rank, with a
+            warning.
+        window: the number of past inputs (blocks of ``Xi``) to encode; ``None`` for the full
+            length of the longest training sequence. Default: ``None``.
+        center: subtract the mean input ``mean_`` before encoding (and add it back on
+            decoding). Default: ``False``.
         solver: ``"auto"``, ``"dense"``, ``"qr"`` (windowed only) or ``"randomized"``.
-        random_state: seed of the randomized solver.
-        n_oversamples: extra columns of the randomized solver's subspace; default
+            Default: ``"auto"``.
+        random_state: the seed of the randomized solver. Default: ``None``.
+        n_oversamples: extra columns of the randomized solver's subspace. Default:
             ``max(10, n_components // 2)`` (measured on JSB Chorales: far fewer iterations than
             the textbook ``+10`` for the same accuracy).
-        max_iter, tol: the randomized solver iterates until each of the top ``n_components``
-            Ritz values (squared singular values) changes by less than ``tol`` relative to
-            itself, or ``max_iter`` iterations; ``n_iter_`` says how many it took. With
-            ``tol >= 1e-4`` it iterates in float32 (``iteration_dtype_``), about twice as fast
-            in half the memory, and takes the final Rayleigh-Ritz step in the input's precision,
-            so that a float64 fit at full rank stays exact. ``tol = 1e-2`` put the optimal
-            rank-p error within 1e-3 (relative) of the dense SVD's on JSB Chorales
-            (``benchmarks/la_solvers.py``).
+        max_iter: the randomized solver's iteration bound. Default: 30.
+        tol: the randomized solver iterates until each of the top ``n_components`` Ritz values
+            (squared singular values) changes by less than ``tol`` relative to itself, or
+            ``max_iter`` iterations; ``n_iter_`` says how many it took. With ``tol >= 1e-4``
+            it iterates in float32 (``iteration_dtype_``), about twice as fast in half the
+            memory, and takes the final Rayleigh-Ritz step in the input's precision, so that a
+            float64 fit at full rank stays exact. ``tol = 1e-2`` put the optimal rank-p error
+            within 1e-3 (relative) of the dense SVD's on JSB Chorales
+            (``benchmarks/la_solvers.py``). Default: ``1e-8``.
 
-    Fitted attributes: ``A_`` ``(p, a)``, ``B_`` ``(p, p)``, ``C_`` ``(a + p, p)`` (eq. 2),
-    ``singular_values_`` (descending, the ``p`` kept; all of them for the exact solvers in
-    ``all_singular_values_``), ``n_components_``, ``n_features_in_``, ``window_``, ``solver_``
-    (the one used), ``mean_`` (zeros without centering), ``rank_`` (exact solvers only),
-    ``n_iter_`` and ``iteration_dtype_`` (randomized solver only).
+    Attributes:
+        A_: ``(p, a)``, the encoder's input matrix (eq. 2).
+        B_: ``(p, p)``, the encoder's state matrix (eq. 2).
+        C_: ``(a + p, p)``, the decoder: ``[x_t; y_{t-1}] = C y_t``.
+        singular_values_: ``(p,)``, descending, the ``p`` kept.
+        all_singular_values_: all of them (exact solvers only).
+        components_: ``(p, window a)``, the right singular vectors of ``Xi``.
+        n_components_: ``p``, the components kept.
+        n_features_in_: ``a``, the features per step.
+        window_: the window used.
+        solver_: the solver used.
+        mean_: ``(a,)``, the mean input (zeros without centering).
+        rank_: the numerical rank of ``Xi`` (exact solvers only).
+        n_iter_: iterations run (randomized solver only).
+        iteration_dtype_: the precision the iterations ran in (randomized solver only).
+        xi_norm2_: ``||Xi||^2``, for the relative errors.
+        relative_svd_error_: the optimal rank-p error relative to ``||Xi||^2``.
     """
 
     _PARAMS = ("n_components", "window", "center", "solver", "random_state", "n_oversamples",
@@ -607,8 +624,6 @@ class LinearAutoencoder:
         """Save the parameters and every fitted attribute to a plain ``.npz`` (no pickle):
         arrays as arrays, the rest as JSON; :meth:`load` restores an equal estimator."""
         self._check_fitted()
-        from ._io import atomic_write
-
         fitted = self._fitted()
         arrays = {k: v for k, v in fitted.items() if isinstance(v, np.ndarray)}
         scalars = {k: v.item() if isinstance(v, np.generic) else v

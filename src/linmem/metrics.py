@@ -82,6 +82,16 @@ def frame_accuracy(probs: ArrayLike, targets: ArrayLike, mask: ArrayLike | None 
     A frame where target and prediction are both silent adds nothing to either sum, and is left
     out of the ``"frame"`` mean. If no frame has a note to score, the accuracy is 1.0 (nothing
     was missed or invented).
+
+    Args:
+        probs: ``(..., K)`` predicted probabilities of each key (numpy array or tensor).
+        targets: ``(..., K)`` binary targets, the shape of ``probs``.
+        mask: ``(...)`` valid frames (bool or 0/1); ``None``: every frame. Default: ``None``.
+        threshold: a key is predicted on where ``probs >= threshold``. Default: 0.5.
+        average: ``"global"`` or ``"frame"`` (above). Default: ``"global"``.
+
+    Returns:
+        The accuracy, a float in ``[0, 1]``.
     """
     tp, fp, fn = frame_counts(probs, targets, mask, threshold)
     denom = tp + fp + fn
@@ -98,7 +108,19 @@ def frame_accuracy(probs: ArrayLike, targets: ArrayLike, mask: ArrayLike | None 
 
 def frame_nll(logits: ArrayLike, targets: ArrayLike, mask: ArrayLike | None = None) -> float:
     """Negative log-likelihood per time step in nats: the Bernoulli NLL of ``sigmoid(logits)``
-    summed over the keys and averaged over valid frames (the figure the literature reports)."""
+    summed over the keys and averaged over valid frames (the figure the literature reports).
+
+    Args:
+        logits: ``(..., K)`` predicted log-odds of each key.
+        targets: ``(..., K)`` binary targets, the shape of ``logits``.
+        mask: ``(...)`` valid frames; ``None``: every frame. Default: ``None``.
+
+    Returns:
+        The NLL in nats per frame (float64 arithmetic).
+
+    Raises:
+        ValueError: no valid frame, NaN or inf in the inputs, or mismatched shapes.
+    """
     z, y = _flatten(logits, targets, mask, "logits")
     if z.shape[0] == 0:
         raise ValueError("no valid frame to score")

@@ -171,8 +171,23 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
 def run(config: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
         data: Data | None = None, on_epoch_end: Callable[[int, dict], None] | None = None,
         command: str | None = None) -> dict[str, Any]:
-    """Train ``config`` in ``run_dir``, pretraining first when the model's recipe asks for it;
-    the arguments and the result are :func:`linmem.train.train`'s."""
+    """Train ``config`` in ``run_dir``, pretraining first when the model's recipe asks for it:
+    the public training entry point (``linmem train``, ``linmem search``).
+
+    Args:
+        config: the run's settings; ``config.model`` names a registered model.
+        run_dir: the run's directory (pretraining steps are kept in it too).
+        resume: continue the run in ``run_dir`` (see :func:`linmem.train.train`). Default:
+            ``False``.
+        progress: progress bars and per-epoch lines on stderr. Default: ``True``.
+        data: the data set as :func:`linmem.data.load_polyphonic` returns it. Default: loaded
+            from ``config.data_dir``.
+        on_epoch_end: called as ``f(epoch, log_row)`` after each epoch. Default: ``None``.
+        command: the command to record. Default: this process's command line.
+
+    Returns:
+        The run's final metrics (also in ``run_dir/metrics.json``).
+    """
     recipe = get_spec(config.model).recipe
     if recipe is None or not RECIPES[recipe].needed(config):
         return train(config, run_dir, resume=resume, progress=progress, data=data,

@@ -26,6 +26,7 @@ import itertools
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -311,7 +312,6 @@ def pretrain_rbm(model: RNNRBM, sequences, epochs: int, batch_size: int = 100, l
     """Train ``W, b_v, b_h`` of ``model`` as one RBM on every frame of ``sequences`` by CD-k
     (``model.cd_k``), Adam, ``epochs`` passes in shuffled mini-batches; returns the mean CD cost
     per epoch."""
-    import numpy as np
 
     frames = torch.from_numpy(np.concatenate([np.asarray(s) for s in sequences])).to(model.W)
     params = [model.W, model.b_v, model.b_h]

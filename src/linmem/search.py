@@ -28,6 +28,7 @@ stored with them but never used to choose.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import socket
 import sys
@@ -40,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
+import torch
+from optuna.trial import TrialState
 
 from ._check import check_int
 from ._io import command_line, read_json
@@ -132,7 +136,6 @@ def sqlite_path(url: str) -> Path | None:
 def make_storage(url: str, heartbeat_interval: int = 60, grace_period: int | None = None,
                  max_retry: int = 3):
     """An ``optuna.storages.RDBStorage`` with heartbeats and the retry of failed trials."""
-    import optuna
 
     database = sqlite_path(url)
     if database is not None:
@@ -163,7 +166,6 @@ def trial_point(trial) -> Point | None:
 
 def point_states(study, points: Sequence[Point], max_retry: int = 3) -> dict[Point, str]:
     """``done`` (complete or pruned), ``failed``, ``waiting``, ``running`` or ``todo`` per point."""
-    from optuna.trial import TrialState
 
     rank = {"todo": 0, "running": 1, "waiting": 2, "failed": 3, "done": 4}
     states = dict.fromkeys(points, "todo")
@@ -189,7 +191,6 @@ def point_states(study, points: Sequence[Point], max_retry: int = 3) -> dict[Poi
 def _claimed_before(study, trial) -> int | None:
     """The number of another trial that owns ``trial``'s point, if any: a finished one, or a
     waiting or running one with a lower number."""
-    from optuna.trial import TrialState
 
     point = trial_point(trial)
     for t in study.get_trials(deepcopy=False):
@@ -249,7 +250,6 @@ def _study_attrs(config: SearchConfig, data: str, model: str) -> dict[str, Any]:
 
 def open_study(config: SearchConfig, data: str, model: str, storage=None):
     """Create or load the study of (data, model); refuses one made with other settings."""
-    import optuna
 
     storage = storage or make_storage(config.storage or default_storage(config.out_dir),
                                       config.heartbeat_interval, config.grace_period,
@@ -281,7 +281,6 @@ def open_study(config: SearchConfig, data: str, model: str, storage=None):
 
 def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.ndarray]],
                command: str) -> Callable:
-    import optuna
 
     g = GRIDS[config.grid]
     lmn = get_spec(model).has_memory
@@ -342,8 +341,6 @@ def run_worker(config: SearchConfig, command: str | None = None,
                log: Callable[[str], None] | None = None) -> dict[str, dict[str, int]]:
     """Work on the studies of ``config`` until every point is done or failed (see the module
     docstring). Returns the count of points per state per study."""
-    import optuna
-    from optuna.trial import TrialState
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     command = command or command_line()
@@ -412,8 +409,6 @@ def count_points(config: SearchConfig) -> dict[str, dict[str, int]]:
 
 def _worker_process(config: SearchConfig, command: str, threads: int) -> None:
     """One worker process of :func:`run_search` (module level: spawned processes import it)."""
-    import torch
-
     torch.set_num_threads(threads)
     run_worker(config, command)
 
@@ -423,8 +418,6 @@ def run_search(config: SearchConfig, jobs: int = 1, command: str | None = None,
     """Run ``config`` with ``jobs`` worker processes on this machine (one in this process when
     ``jobs`` is 1), each with its share of the usable CPUs, until every point is done or failed;
     returns :func:`count_points`. Raises ``RuntimeError`` when a worker process fails."""
-    import multiprocessing
-
     check_int("jobs", jobs)
     command = command or command_line()
     if jobs == 1:
@@ -455,7 +448,6 @@ def select(study) -> tuple[Any, dict[str, int]] | None:
     """The complete trial with the best validation accuracy (ties: the lower trial number), and
     the counts of trials that were run (``complete``, ``pruned``, ``failed``); None when no trial
     is complete. Test scores play no part."""
-    from optuna.trial import TrialState
 
     trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in t.user_attrs]
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
@@ -477,8 +469,6 @@ def search_records(storage: str, grid: str | None = None,
     Fields a trial did not store (``command``, the per-frame accuracies) are read from its run's
     ``metrics.json`` under ``runs_root`` when that is there.
     """
-    import optuna
-    from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     records = []
