@@ -40,11 +40,19 @@ class atomic_write:
         if exc_type is None:
             self.file.flush()
             os.fsync(self.file.fileno())
+            # mkstemp makes the file private (0600); a result is as readable as any new file
+            os.fchmod(self.file.fileno(), 0o666 & ~_umask())
         self.file.close()
         if exc_type is None:
             os.replace(self.tmp, self.path)
         else:
             os.unlink(self.tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -55,8 +63,12 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike) -> Any:
+    """The JSON in ``path``; a malformed file is a ``ValueError`` that names it."""
     with open(path) as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from None
 
 
 def git_commit() -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from ._io import command_line, write_json
+from ._io import command_line, read_json, write_json
 from .data import DATASETS, DataError, content_digest, data_checksum, load_polyphonic
 from .models import PREDICTIONS, get_spec, model_names
 from .nn import NONLINEARITIES
@@ -100,10 +100,14 @@ def _run_options(command):
     return command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             invoke_without_command=True)
 @click.version_option(package_name="linear-memory-networks")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Linear Memory Networks: train and evaluate models on the polyphonic music data sets."""
+    if ctx.invoked_subcommand is None:  # plain `linmem`: the usage, not an error
+        click.echo(ctx.get_help())
 
 
 @cli.command("train")
@@ -173,12 +177,12 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
             f"-m{options['memory']}" if get_spec(options["model"]).has_memory else "")
         out = (f"runs/{options['data']}-{options['model']}-{sizes}-wd{options['weight_decay']:g}"
                f"-s{options['seed']}")
-    if resume and (Path(out) / "config.json").is_file():
-        saved = json.loads((Path(out) / "config.json").read_text())
-        given = {k: v for k, v in options.items()
-                 if ctx.get_parameter_source(k) != ParameterSource.DEFAULT}
-        options = {**saved, **given}
     try:
+        if resume and (Path(out) / "config.json").is_file():
+            saved = read_json(Path(out) / "config.json")
+            given = {k: v for k, v in options.items()
+                     if ctx.get_parameter_source(k) != ParameterSource.DEFAULT}
+            options = {**saved, **given}
         config = TrainConfig.from_dict(options)
     except ValueError as err:
         raise UsageFailure(str(err)) from None
@@ -397,6 +401,8 @@ def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, dev
 @click.option("--no-download", is_flag=True, help="Fail instead of downloading.")
 def data_cmd(name: str, data_dir: str | None, no_download: bool) -> None:
     """Load, verify and describe data set NAME (downloading it if needed)."""
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise UsageFailure(f"--data-dir {data_dir}: no such directory")
     try:
         data = load_polyphonic(name, root=data_dir, download=not no_download)
         checksum = data_checksum(name, data_dir)
@@ -430,7 +436,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.Abort:
         click.echo("linmem: aborted", err=True)
         sys.exit(130)
-    except click.ClickException as err:
-        click.echo(f"linmem: error: {err.format_message()}", err=True)
+    except click.ClickException as err:  # one line, whatever the message held
+        message = " ".join(line.strip() for line in err.format_message().splitlines())
+        click.echo(f"linmem: error: {message}", err=True)
         sys.exit(2 if isinstance(err, click.UsageError | UsageFailure) else err.exit_code)
 

@@ -39,7 +39,7 @@ from ._io import atomic_write
 
 __all__ = ["DATASETS", "HIGHEST_NOTE", "LOWEST_NOTE", "N_KEYS", "SPLITS", "Batch", "DataError",
            "DatasetInfo", "bucket_batches", "collate", "content_digest", "data_checksum",
-           "default_root", "iterate_batches", "load_polyphonic", "next_step_pairs",
+           "data_root", "default_root", "iterate_batches", "load_polyphonic", "next_step_pairs",
            "padding_fraction", "read_pickle", "resolve_name", "sha256_file", "transpose",
            "write_pickle"]
 
@@ -135,6 +135,16 @@ def resolve_name(name: str) -> str:
     if key is None:
         raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(DATASETS)}")
     return key
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """The folder the data is read from: ``root``, else :func:`default_root` (``DataError``
+    when it is a file). A missing folder is created only by a download that succeeds."""
+    folder = default_root() if root is None else Path(root).expanduser()
+    if folder.is_file():
+        raise DataError(f"{folder} is a file; the data root must be the folder holding it "
+                        f"({folder.parent})")
+    return folder
 
 
 def default_root() -> Path:
@@ -319,7 +329,7 @@ def load_polyphonic(
         DataError: a missing, unreadable or unverifiable file.
     """
     info = DATASETS[resolve_name(name)]
-    folder = Path(root).expanduser() if root is not None else default_root()
+    folder = data_root(root)
     mat, pkl = folder / info.mat_file, folder / info.pickle_file
     if mat.is_file():
         if sha256_file(mat) != info.mat_sha256:
@@ -343,19 +353,25 @@ def load_polyphonic(
 
 def _download_any(info: DatasetInfo, dest: Path, progress: bool) -> None:
     errors = []
+    created = not dest.parent.exists()
     for url in info.urls:
         try:
             _download(url, dest, info, progress)
             return
         except (OSError, http.client.HTTPException, DataError) as err:
             errors.append(f"{url}: {err}")
-    raise DataError(f"could not download {info.title}:\n  " + "\n  ".join(errors))
+    if created and dest.parent.is_dir() and not any(dest.parent.iterdir()):
+        dest.parent.rmdir()  # a failed download leaves no folder behind
+    raise DataError(f"could not download {info.title} into {dest.parent} ({errors[0]}"
+                    + (f"; and {len(errors) - 1} other address" if len(errors) > 1 else "")
+                    + f"); put {info.mat_file} there, set LINMEM_DATA or pass --data-dir to "
+                    "the folder holding it")
 
 
 def data_checksum(name: str, root: str | os.PathLike | None = None) -> str:
     """SHA-256 of the file ``load_polyphonic`` reads for ``name`` (for provenance records)."""
     info = DATASETS[resolve_name(name)]
-    folder = Path(root).expanduser() if root is not None else default_root()
+    folder = data_root(root)
     for path in (folder / info.mat_file, folder / info.pickle_file):
         if path.is_file():
             return sha256_file(path)

@@ -57,9 +57,13 @@ def _flatten(values: ArrayLike, targets: ArrayLike, mask: ArrayLike | None, name
 def frame_counts(probs: ArrayLike, targets: ArrayLike, mask: ArrayLike | None = None,
                  threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per valid frame true positives, false positives and false negatives, each ``(N,)`` int64."""
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
     p, y = _flatten(probs, targets, mask, "probs")
     if p.numel() and (p.min() < 0 or p.max() > 1):
         raise ValueError("probs must be probabilities in [0, 1] (apply a sigmoid to logits)")
+    if y.numel() and bool(((y != 0) & (y != 1)).any()):
+        raise ValueError("targets must be binary (0 or 1)")
     pred, truth = p >= threshold, y > 0.5
     tp = (pred & truth).sum(-1)
     fp = (pred & ~truth).sum(-1)
@@ -80,8 +84,9 @@ def frame_accuracy(probs: ArrayLike, targets: ArrayLike, mask: ArrayLike | None 
       code reported.
 
     A frame where target and prediction are both silent adds nothing to either sum, and is left
-    out of the ``"frame"`` mean. If no frame has a note to score, the accuracy is 1.0 (nothing
-    was missed or invented).
+    out of the ``"frame"`` mean. If the valid frames have no note to score, the accuracy is 1.0
+    (nothing was missed or invented); no valid frame at all is an error, as in
+    :func:`frame_nll`.
 
     Args:
         probs: ``(..., K)`` predicted probabilities of each key (numpy array or tensor).
@@ -93,7 +98,11 @@ def frame_accuracy(probs: ArrayLike, targets: ArrayLike, mask: ArrayLike | None 
     Returns:
         The accuracy, a float in ``[0, 1]``.
     """
+    if average not in ("global", "frame"):
+        raise ValueError(f"average must be 'global' or 'frame', got {average!r}")
     tp, fp, fn = frame_counts(probs, targets, mask, threshold)
+    if tp.numel() == 0:
+        raise ValueError("no valid frame to score (empty input or an all-False mask)")
     denom = tp + fp + fn
     if average == "global":
         total = int(denom.sum())

@@ -138,6 +138,13 @@ def _check_nonlinearity(name: str) -> None:
         raise ValueError(f"nonlinearity must be one of {list(NONLINEARITIES)}, got {name!r}")
 
 
+def _check_dtype(t: Tensor, weight: Tensor, what: str = "input") -> None:
+    """A tensor of the parameters' floating dtype, or one line saying how to get there."""
+    if t.dtype != weight.dtype:
+        raise TypeError(f"{what} is {t.dtype}, the LMN's parameters are {weight.dtype}: convert "
+                        f"one of them (input.to({weight.dtype}) or lmn.to({t.dtype}))")
+
+
 def _memory_of(state: State) -> Tensor | None:
     """``state`` may be the memory alone or a ``(h, m)`` pair; only ``m`` carries information."""
     if isinstance(state, tuple | list):
@@ -230,6 +237,8 @@ class _Recurrence(torch.autograd.Function):
             _loop_forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity,
                           hs, ms)
         ctx.nonlinearity, ctx.batch_major, ctx.kernel = nonlinearity, batch_major, kernel
+        if x_proj.shape[1] == 0:  # shapes of the (zero) gradients of an empty batch
+            ctx.x_like, ctx.bias_like = x_proj.detach(), bias_m.detach()
         ctx.save_for_backward(m0, hs, ms, weight_mh, weight_hm, weight_mm)
         ctx.set_materialize_grads(False)
         return hs, ms
@@ -240,6 +249,12 @@ class _Recurrence(torch.autograd.Function):
         m0, hs, ms, weight_mh, weight_hm, weight_mm = ctx.saved_tensors
         _, batch, hidden = hs.shape
         memory = ms.shape[2]
+        if batch == 0:  # nothing flows back; torch.nn.RNN allows an empty batch too
+            need = ctx.needs_input_grad
+            zeros = [torch.zeros_like(t) if n else None for t, n in zip(
+                (ctx.x_like, m0, weight_mh, weight_hm, weight_mm, ctx.bias_like), need[:6],
+                strict=True)]
+            return (*zeros, None)
         batch_major = ctx.batch_major
         # grads[t] = [dL/da_t, dL/dm_t]: a_t the pre-activation of h_t, m_t = ms[t]
         grads = _new_steps(hs, hidden + memory, batch_major)
@@ -428,7 +443,9 @@ class LMNCell(nn.Module):
         if input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
             raise ValueError(f"LMNCell expects input of shape (B, {self.input_size}) or "
                              f"({self.input_size},), got {tuple(input.shape)}")
+        _check_dtype(input, self.weight_xh)
         x = input if batched else input.unsqueeze(0)
+        h0 = state[0] if isinstance(state, tuple | list) and len(state) == 2 else None
         m = _memory_of(state)
         if m is None:
             m = x.new_zeros(x.shape[0], self.memory_size)
@@ -437,6 +454,10 @@ class LMNCell(nn.Module):
         if m.shape != (x.shape[0], self.memory_size):
             raise ValueError(f"memory state must have shape ({x.shape[0]}, {self.memory_size}), "
                              f"got {tuple(m.shape)}")
+        expected = (x.shape[0], self.hidden_size) if batched else (self.hidden_size,)
+        if h0 is not None and tuple(h0.shape) != expected:
+            raise ValueError(f"h_(t-1) must have shape {expected}, got {tuple(h0.shape)}")
+        _check_dtype(m, self.weight_xh, "the memory state")
         x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
         _, _, h, m_new = lmn_recurrence(x_proj[None], m, self.weight_mh, self.weight_hm,
                                         self.weight_mm, self.bias_m, self.nonlinearity)  # 1 step
@@ -533,7 +554,9 @@ class LMN(nn.Module):
         if x.shape[-1] != self.input_size:
             raise ValueError(f"input has {x.shape[-1]} features, the LMN expects "
                              f"{self.input_size}")
+        _check_dtype(x, self.weight_xh_l0)
         steps, batch = x.shape[0], x.shape[1]
+        h0 = state[0] if isinstance(state, tuple | list) and len(state) == 2 else None
         m0 = _memory_of(state)
         if m0 is None:
             m0 = x.new_zeros(self.num_layers, batch, self.memory_size)
@@ -542,6 +565,12 @@ class LMN(nn.Module):
         if m0.shape != (self.num_layers, batch, self.memory_size):
             raise ValueError(f"memory state must have shape ({self.num_layers}, {batch}, "
                              f"{self.memory_size}), got {tuple(m0.shape)}")
+        if h0 is not None:  # not used by the equations, but a wrong one is a caller's bug
+            expected = ((self.num_layers, self.hidden_size) if unbatched
+                        else (self.num_layers, batch, self.hidden_size))
+            if tuple(h0.shape) != expected:
+                raise ValueError(f"h_0 must have shape {expected}, got {tuple(h0.shape)}")
+        _check_dtype(m0, self.weight_xh_l0, "the memory state")
         mask = None
         if lengths is not None and bool((lengths != steps).any()):
             mask = (torch.arange(steps)[:, None] < lengths[None, :]).to(x.device)

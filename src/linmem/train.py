@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from .data import (
     collate,
     content_digest,
     data_checksum,
+    data_root,
     iterate_batches,
     load_polyphonic,
     resolve_name,
@@ -52,8 +54,9 @@ from .models import (
     get_spec,
 )
 
-__all__ = ["BUDGET_FIELDS", "OPTIMIZERS", "TrainConfig", "TrainingDiverged", "evaluate",
-           "load_run_model", "make_optimizer", "train", "train_step"]
+__all__ = ["BUDGET_FIELDS", "OPTIMIZERS", "CheckpointError", "TrainConfig", "TrainingDiverged",
+           "check_size", "evaluate", "load_checkpoint", "load_run_model", "make_optimizer",
+           "train", "train_step"]
 
 OPTIMIZERS = ("adam", "sgd")
 # what bounds a run's length: --resume may change them; every other field is the run's identity
@@ -110,6 +113,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.data = resolve_name(self.data)
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}") from None
         # the model with its activation, depth and dropout: fail now, not after hours of pretraining
         check_options(self.model, self.nonlinearity, self.num_layers, self.dropout)
         if not get_spec(self.model).has_memory:
@@ -200,9 +207,57 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read (truncated, empty, not a checkpoint)."""
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """A checkpoint written by :func:`train` (tensors, numbers and strings only:
+    ``weights_only``); :class:`CheckpointError` naming the file when it cannot be read."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # truncated, empty or foreign files fail in many ways
+        why = str(err).strip().splitlines()[0][:200] if str(err).strip() else "empty"
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(err).__name__}: {why})"
+                              ) from None
+
+
 def _save_torch(obj: Any, path: Path) -> None:
     with atomic_write(path) as f:
         torch.save(obj, f)
+
+
+def _save_last(obj: Any, run_dir: Path) -> None:
+    """``last.pt``, keeping the one before as ``last.prev.pt``: a checkpoint damaged after its
+    write (a full disk, a crash of the file system) costs one epoch, never the run."""
+    last, previous, new = run_dir / "last.pt", run_dir / "last.prev.pt", run_dir / ".last.pt.new"
+    _save_torch(obj, new)
+    if last.is_file():
+        os.replace(last, previous)
+    os.replace(new, last)
+
+
+def _resume_checkpoint(run_dir: Path, device: torch.device) -> dict[str, Any] | None:
+    """The newest readable of ``last.pt`` and ``last.prev.pt`` (``None`` if neither exists),
+    saying on stderr when it falls back."""
+    last, previous = run_dir / "last.pt", run_dir / "last.prev.pt"
+    try:
+        return load_checkpoint(last, device)
+    except FileNotFoundError:
+        if not previous.is_file():
+            return None  # a run that never finished an epoch: it starts
+        reason = "missing"
+    except CheckpointError as err:
+        if not previous.is_file():
+            raise CheckpointError(f"{err}; no earlier checkpoint (last.prev.pt) to resume "
+                                  "from: delete the run directory to start again") from None
+        reason = "unreadable"
+    ckpt = load_checkpoint(previous, device)
+    print(f"linmem: {last} is {reason}; resuming from {previous.name} (epoch "
+          f"{ckpt['state']['epoch']})", file=sys.stderr, flush=True)
+    return ckpt
 
 
 def _write_log(run_dir: Path, history: list[dict]) -> None:
@@ -221,7 +276,7 @@ def load_run_model(run_dir: str | Path, which: str = "best",
     path = run_dir / f"{which}.pt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
-    state = torch.load(path, map_location=device, weights_only=True)
+    state = load_checkpoint(path, device)
     model = _build(config)
     model.load_state_dict(state["model"] if "model" in state else state)
     return model.to(device), config
@@ -285,9 +340,8 @@ def train(
 
     state = {"epoch": 0, "best_acc": -1.0, "best_epoch": 0, "bad_epochs": 0, "history": [],
              "elapsed": 0.0, "stop_reason": None, "command": command, "resumed": []}
-    ckpt = None
-    if resume and checkpoint.is_file():
-        ckpt = torch.load(checkpoint, map_location=device, weights_only=True)
+    ckpt = _resume_checkpoint(run_dir, device) if resume else None
+    if ckpt is not None:
         state = {"command": command, "resumed": [], **ckpt["state"]}
         if state["stop_reason"] is not None:
             if _budget_left(state, config):
@@ -295,9 +349,15 @@ def train(
             elif (run_dir / "metrics.json").is_file():
                 return read_json(run_dir / "metrics.json")  # finished: nothing is rewritten
         state["resumed"] = [*state["resumed"], command]
+        if progress:
+            print(f"linmem: resuming {run_dir} after epoch {state['epoch']}", file=sys.stderr,
+                  flush=True)
+    check_size(config)
 
     if data is None:
         data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
+        # where the data was found, so that the run can be re-scored from anywhere
+        config = replace(config, data_dir=str(data_root(config.data_dir).resolve()))
     train_seqs = [s for s in data["train"] if len(s) >= 2]
     if not train_seqs:
         raise ValueError("the training split has no sequence of length >= 2")
@@ -367,15 +427,17 @@ def train(
         state["stop_reason"] = _stop_reason(state, config)
         state["elapsed"] = elapsed_before + time.perf_counter() - started
         # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it
-        _save_torch({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "state": state, "rng": torch.get_rng_state()}, checkpoint)
+        _save_last({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "state": state, "rng": torch.get_rng_state()}, run_dir)
         _write_log(run_dir, state["history"])
         if progress:
-            tqdm.write(f"epoch {epoch:4d}  train {loss_name} "
+            since = ("  * best so far" if improved else
+                     f"  (best {100 * state['best_acc']:.2f}% at {state['best_epoch']}; "
+                     f"{state['bad_epochs']}/{config.patience} without a better one)")
+            tqdm.write(f"epoch {epoch:4d}/{config.epochs}  train {loss_name} "
                        f"{loss_sum / frames:.3f}  valid acc {row['valid_acc']:.2f}%  nll "
                        f"{valid['nll']:.3f}{' (marginals)' if marginal_nll else ''}  "
-                       f"({row['epoch_time_s']:.1f}s){'  *' if improved else ''}",
-                       file=sys.stderr)
+                       f"({row['epoch_time_s']:.1f}s){since}", file=sys.stderr)
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
 
@@ -408,6 +470,30 @@ def train(
     metrics["wall_time_s"] = elapsed_before + time.perf_counter() - started
     write_json(run_dir / "metrics.json", metrics)
     return metrics
+
+
+def check_size(config: TrainConfig, memory_fraction: float = 0.5) -> int:
+    """The number of parameters of ``config``'s model, counted without allocating it (on the
+    meta device); ``ValueError`` when the model cannot be built at that size or when training
+    it (weights, gradients and Adam's two moments) would take more than ``memory_fraction`` of
+    this machine's memory."""
+    try:
+        with torch.device("meta"):
+            n_params = sum(p.numel() for p in _build(config).parameters())
+    except (RuntimeError, OverflowError, ValueError, TypeError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{config.model} cannot be built with hidden={config.hidden}, "
+                         f"memory={config.memory}: {why}") from None
+    need = 4 * n_params * 4  # float32: weights, gradients, Adam's m and v
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no check
+        return n_params
+    if need > memory_fraction * total:
+        raise ValueError(f"{config.model} with hidden={config.hidden}, memory={config.memory} "
+                         f"has {n_params:,} parameters: training it needs about "
+                         f"{need / 2**30:.0f} GiB, this machine has {total / 2**30:.0f} GiB")
+    return n_params
 
 
 def _stop_reason(state: dict[str, Any], config: TrainConfig) -> str | None:

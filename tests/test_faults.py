@@ -1,0 +1,245 @@
+"""Newcomer and fault paths (issue 19): every bad input is one clear line with exit code 2, no
+run is lost or overwritten, and a failed start leaves nothing behind."""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from linmem import LMN, LMNCell, _ext
+from linmem import data as D
+from linmem.cli import main
+from linmem.data import DataError, load_polyphonic
+from linmem.metrics import frame_accuracy
+
+
+def run_cli(*args, capsys):
+    """(exit code, stdout, stderr) of ``linmem ARGS`` run in this process."""
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *words):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("linmem: error: ")
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+TINY = ("--data", "jsb", "--model", "lmn-b", "--hidden", "6", "--memory", "5", "--batch-size",
+        "64", "--quiet")
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No LINMEM_DATA, an empty user cache and no reachable download address."""
+    monkeypatch.delenv("LINMEM_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name, info in list(D.DATASETS.items()):
+        monkeypatch.setitem(D.DATASETS, name,
+                            dataclasses.replace(info, urls=("http://127.0.0.1:9/x.pickle",)))
+
+
+def test_a_run_is_rescored_anywhere_and_missing_data_says_what_to_do(tmp_path, data_dir,
+                                                                       offline, capsys):
+    run = tmp_path / "run"
+    code, _, err = run_cli("train", *TINY, "--epochs", "1", "--data-dir", data_dir, "--out", run,
+                           capsys=capsys)
+    assert code == 0, err
+    assert json.loads((run / "config.json").read_text())["data_dir"] == str(data_dir.resolve())
+    code, out, err = run_cli("evaluate", run, "--split", "test", capsys=capsys)  # no data flag
+    assert code == 0, err
+    assert json.loads(out)["test"]["acc"] == pytest.approx(
+        json.loads((run / "metrics.json").read_text())["test_acc"], rel=1e-9)
+    code, _, err = run_cli("data", "jsb", capsys=capsys)
+    assert_one_line_error(code, err, "could not download JSB Chorales", "LINMEM_DATA",
+                          "--data-dir")
+
+
+def test_a_failed_start_leaves_nothing_and_the_corrected_command_runs(tmp_path, data_dir,
+                                                                       offline, capsys):
+    run = tmp_path / "run"
+    code, _, err = run_cli("train", *TINY, "--epochs", "1", "--out", run, capsys=capsys)
+    assert_one_line_error(code, err, "could not download")  # the data is not where expected
+    assert not run.exists()
+    for bad, words in ((("--hidden", "1000000000"), ("parameters", "GiB")),
+                       (("--hidden", "99999999999999999999"), ("cannot be built",)),
+                       (("--device", "tpu"), ("device must be cpu, cuda",))):
+        code, _, err = run_cli("train", *TINY, "--epochs", "1", "--data-dir", data_dir, "--out",
+                               run, *bad, capsys=capsys)
+        assert_one_line_error(code, err, *words)
+        assert not run.exists()
+    code, _, err = run_cli("train", *TINY, "--epochs", "1", "--data-dir", data_dir, "--out", run,
+                           capsys=capsys)
+    assert code == 0, err
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir):
+    """A finished 3-epoch run, and the same run interrupted after epoch 2 (its last.pt and
+    last.prev.pt hold epochs 2 and 1)."""
+    root = tmp_path_factory.mktemp("runs")
+    common = [*TINY, "--epochs", "3", "--data-dir", str(data_dir)]
+    main(["train", *common, "--out", str(root / "full")])
+    main(["train", *common[:-4], "--epochs", "2", "--data-dir", str(data_dir), "--out",
+          str(root / "part")])
+    return root, common
+
+
+def damaged(path, how):
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 2], "empty": b"",
+                      "random": os.urandom(len(data))}[how])
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "random"])
+def test_a_damaged_best_checkpoint_is_one_line(tmp_path, finished, how, capsys):
+    root, _ = finished
+    run = tmp_path / "run"
+    shutil.copytree(root / "full", run)
+    damaged(run / "best.pt", how)
+    code, _, err = run_cli("evaluate", run, capsys=capsys)
+    assert_one_line_error(code, err, "best.pt", "unreadable checkpoint")
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "random", "missing"])
+def test_a_damaged_last_checkpoint_resumes_from_the_one_before(tmp_path, finished, how, capsys):
+    """``--resume`` continues from ``last.prev.pt`` and ends with the uninterrupted run's
+    numbers."""
+    root, _ = finished
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    if how == "missing":
+        (run / "last.pt").unlink()
+    else:
+        damaged(run / "last.pt", how)
+    code, _, err = run_cli("train", "--resume", "--out", run, "--epochs", "3", capsys=capsys)
+    assert code == 0, err
+    assert "resuming from last.prev.pt (epoch 1)" in err
+    full = json.loads((root / "full" / "metrics.json").read_text())
+    resumed = json.loads((run / "metrics.json").read_text())
+    for key in ("valid_acc", "test_acc", "test_nll", "best_epoch", "epochs"):
+        assert resumed[key] == full[key], key
+
+
+def test_a_damaged_checkpoint_without_a_previous_one_is_one_line(tmp_path, finished, capsys):
+    root, _ = finished
+    run = tmp_path / "run"
+    shutil.copytree(root / "part", run)
+    (run / "last.prev.pt").unlink()
+    damaged(run / "last.pt", "truncated")
+    code, _, err = run_cli("train", "--resume", "--out", run, "--epochs", "3", capsys=capsys)
+    assert_one_line_error(code, err, "last.pt", "no earlier checkpoint")
+
+
+def test_a_malformed_config_names_its_file(tmp_path, finished, capsys):
+    root, _ = finished
+    run = tmp_path / "run"
+    shutil.copytree(root / "full", run)
+    (run / "config.json").write_text('{"data": "jsb"\n"model": 1}')
+    for args in (("evaluate", run), ("train", "--resume", "--out", run)):
+        code, _, err = run_cli(*args, capsys=capsys)
+        assert_one_line_error(code, err, "config.json", "not valid JSON")
+
+
+def test_a_finished_run_is_never_rewritten(tmp_path, finished, capsys):
+    root, _ = finished
+    run = tmp_path / "run"
+    shutil.copytree(root / "full", run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    code, out, err = run_cli("train", "--resume", "--out", run, capsys=capsys)
+    assert code == 0, err
+    assert "valid acc" in out
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_run_files_are_readable_by_others(finished):
+    root, _ = finished
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("config.json", "metrics.json", "log.jsonl", "best.pt", "last.pt"):
+        assert (root / "full" / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+def test_data_folder_errors(tmp_path, data_dir, capsys):
+    missing = tmp_path / "missing"
+    code, _, err = run_cli("data", "jsb", "--data-dir", missing, capsys=capsys)
+    assert_one_line_error(code, err, "no such directory")
+    assert not missing.exists()
+    with pytest.raises(DataError, match="is a file; the data root must be the folder"):
+        load_polyphonic("jsb", root=data_dir / "JSB_Chorales.mat")
+
+
+def test_plain_command_prints_the_usage(capsys):
+    code, out, err = run_cli(capsys=capsys)
+    assert code == 0 and out.startswith("Usage: linmem") and err == ""
+
+
+def test_the_kernel_is_built_by_the_same_ninja_whatever_is_on_path(monkeypatch, tmp_path):
+    """A build directory made by one ninja is rebuilt from scratch by another: the wheel's
+    ninja always goes first."""
+    ninja = pytest.importorskip("ninja")
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "ninja").write_text("#!/bin/sh\nexit 1\n")
+    monkeypatch.setenv("PATH", f"{other}{os.pathsep}{os.environ['PATH']}")
+    _ext._wheel_ninja_first()
+    assert shutil.which("ninja") == str(Path(ninja.BIN_DIR) / "ninja")
+
+
+def test_layer_input_errors():
+    lmn = LMN(4, 5, 6)
+    x = torch.rand(7, 0, 4, requires_grad=True)  # an empty batch, as torch.nn.RNN allows
+    out, (h_n, _) = lmn(x)
+    (out.sum() + h_n.sum()).backward()
+    assert out.shape == (7, 0, 6) and x.grad.shape == x.shape
+    assert all(p.grad is not None and not p.grad.any() for p in lmn.parameters())
+    with pytest.raises(ValueError, match=r"h_0 must have shape \(1, 2, 5\)"):
+        lmn(torch.rand(7, 2, 4), (torch.zeros(1, 2, 3), torch.zeros(1, 2, 6)))
+    with pytest.raises(ValueError, match=r"h_\(t-1\) must have shape \(2, 5\)"):
+        LMNCell(4, 5, 6)(torch.rand(2, 4), (torch.zeros(2, 3), torch.zeros(2, 6)))
+    for dtype in (torch.float64, torch.uint8):
+        with pytest.raises(TypeError, match=re.escape(f"input is {dtype}, the LMN's parameters "
+                                                      "are torch.float32: convert")):
+            lmn(torch.zeros(3, 2, 4, dtype=dtype))
+    with pytest.raises(TypeError, match=r"memory state is torch\.float64"):
+        lmn(torch.zeros(3, 2, 4), torch.zeros(1, 2, 6, dtype=torch.float64))
+
+
+def test_metric_input_errors():
+    probs, targets = torch.full((3, 4), 0.7), torch.ones(3, 4)
+    with pytest.raises(ValueError, match="no valid frame"):
+        frame_accuracy(probs[:0], targets[:0])
+    with pytest.raises(ValueError, match="no valid frame"):
+        frame_accuracy(probs, targets, mask=torch.zeros(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="targets must be binary"):
+        frame_accuracy(probs, torch.full((3, 4), 0.5))
+    with pytest.raises(ValueError, match=r"threshold must be in \(0, 1\]"):
+        frame_accuracy(probs, targets, threshold=2)
+    assert frame_accuracy(probs, targets) == 1.0
+
+
+@pytest.mark.slow
+def test_the_installed_command_gives_one_line(tmp_path):
+    """The same through the console script in its own process (no in-process shortcut)."""
+    cmd = [sys.executable, "-m", "linmem", "train", *TINY, "--epochs", "1", "--device", "tpu",
+           "--out", str(tmp_path / "run")]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "linmem: error: device must be cpu, cuda or cuda:N, got 'tpu'"]
+    assert not (tmp_path / "run").exists()
