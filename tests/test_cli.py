@@ -90,3 +90,26 @@ def test_console_script_runs(data_dir):
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["train"]["sequences"] == 229 and info["valid"]["frames"] == 4602
+
+
+def test_fast_usage_is_the_real_help(capsys, monkeypatch):
+    """``linmem --help`` answers without torch from linmem._usage: the same text as click's."""
+    from linmem._usage import USAGE
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_cli("--help", capsys=capsys)
+    assert code == 0
+    assert out == USAGE, "regenerate src/linmem/_usage.py from `COLUMNS=80 linmem --help`"
+    code, out, _ = run_cli(capsys=capsys)
+    assert code == 0 and out == USAGE
+
+
+def test_help_and_version_load_no_torch():
+    code = ("import sys, linmem._launch as l\n"
+            "for args in ([], ['--help'], ['--version']):\n"
+            "    sys.argv = ['linmem', *args]; l.main()\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Usage: linmem") == 2 and "linmem, version" in result.stdout

@@ -2,9 +2,13 @@
 
 The OpenMP settings of :mod:`linmem._threads` take effect only if they are in the environment
 before torch loads, so this module imports nothing that imports torch before setting them.
+``linmem``, ``linmem --help`` and ``linmem --version`` answer without loading torch at all.
 """
 
 from __future__ import annotations
+
+import sys
+from importlib import metadata
 
 from linmem._threads import configure_threads
 
@@ -12,6 +16,15 @@ __all__ = ["main"]
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if args in ([], ["-h"], ["--help"]):
+        from linmem._usage import USAGE  # the text `linmem --help` prints (tested equal)
+
+        sys.stdout.write(USAGE)
+        return
+    if args == ["--version"]:
+        print(f"linmem, version {metadata.version('linear-memory-networks')}")
+        return
     configure_threads()
     from linmem.cli import main as cli_main
 
