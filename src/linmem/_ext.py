@@ -2,7 +2,7 @@
 of the path the CPU runs.
 
 The build is PyTorch's JIT C++ extension (a C++ compiler and the ``ninja`` of the ``ninja``
-wheel; about 10 s once per machine, cached under ``TORCH_EXTENSIONS_DIR`` or
+wheel; about 15 s once per machine, cached under ``TORCH_EXTENSIONS_DIR`` or
 ``~/.cache/torch_extensions``). One build holds the kernel's loops compiled for every instruction
 set of the architecture (on x86-64: AVX-512, AVX2 + FMA and the SSE2 baseline; elsewhere the
 baseline), each with a register tile that fits that instruction set; the CPU says at run time
@@ -102,7 +102,7 @@ def load_cpu_kernel() -> ModuleType | None:
         _wheel_ninja_first()
         directory = _build_directory(name)
         if directory is None or not any(directory.glob(f"{name}*.so")):
-            print("linmem: building the LMN's CPU kernel (once per machine, about 10 s)",
+            print("linmem: building the LMN's CPU kernel (once per machine, about 15 s)",
                   file=sys.stderr, flush=True)
         return cpp_extension.load(
             name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
