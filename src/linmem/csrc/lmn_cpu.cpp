@@ -127,17 +127,25 @@ auto backward_of(const Variant& v) {
   if constexpr (std::is_same_v<T, float>) return v.backward_f; else return v.backward_d;
 }
 
+// The sizes both directions share, with the rows padded to the variant's vector lanes.
+template <typename T, typename Args>
+void set_sizes(Args& p, const Variant& v, int64_t steps, int64_t hidden, int64_t memory,
+               int64_t nonlinearity) {
+  p.steps = steps;
+  p.hidden = hidden;
+  p.memory = memory;
+  p.h_pad = padded<T>(hidden, v);
+  p.m_pad = padded<T>(memory, v);
+  p.nonlinearity = nonlinearity;
+}
+
 template <typename T>
 void forward_impl(const Variant& v, const at::Tensor& x_proj, const at::Tensor& m0,
                   const at::Tensor& w_mh, const at::Tensor& w_hm, const at::Tensor& w_mm,
                   const at::Tensor& bias_m, int64_t nonlinearity, at::Tensor& hs,
                   at::Tensor& ms) {
   ForwardArgs<T> p{};
-  p.steps = x_proj.size(0);
-  p.hidden = x_proj.size(2);
-  p.memory = m0.size(1);
-  p.h_pad = padded<T>(p.hidden, v);
-  p.m_pad = padded<T>(p.memory, v);
+  set_sizes<T>(p, v, x_proj.size(0), x_proj.size(2), m0.size(1), nonlinearity);
   const int64_t batch = x_proj.size(1), width = p.h_pad + p.m_pad;
   T* w_first = buffer<T>(0, p.memory * width);  // [W^mh^T | W^mm^T]: (M, h_pad + m_pad)
   pack<T>(w_mh.t(), w_first, width, p.h_pad);
@@ -151,7 +159,6 @@ void forward_impl(const Variant& v, const at::Tensor& x_proj, const at::Tensor& 
   p.m0 = m0.data_ptr<T>(), p.m0s = m0.stride(0);
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.m = ms.data_ptr<T>(), p.ms0 = ms.stride(0), p.ms1 = ms.stride(1);
-  p.nonlinearity = nonlinearity;
   p.tanh_rows = aten_tanh<T>;
   const auto rows_fn = forward_of<T>(v);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
@@ -165,11 +172,7 @@ void backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Tensor
                    const at::Tensor& w_mm, int64_t nonlinearity, at::Tensor& grads,
                    at::Tensor& grad_m0) {
   BackwardArgs<T> p{};
-  p.steps = hs.size(0);
-  p.hidden = hs.size(2);
-  p.memory = w_mm.size(0);
-  p.h_pad = padded<T>(p.hidden, v);
-  p.m_pad = padded<T>(p.memory, v);
+  set_sizes<T>(p, v, hs.size(0), hs.size(2), w_mm.size(0), nonlinearity);
   const int64_t batch = hs.size(1), width = std::max(p.h_pad, p.m_pad);
   T* w_dm = buffer<T>(0, p.memory * p.h_pad);  // W^hm: (M, h_pad)
   pack<T>(w_hm, w_dm, p.h_pad, p.h_pad);
@@ -185,7 +188,6 @@ void backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Tensor
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.g = grads.data_ptr<T>(), p.gs0 = grads.stride(0), p.gs1 = grads.stride(1);
   p.g0 = grad_m0.data_ptr<T>(), p.g0s = grad_m0.stride(0);
-  p.nonlinearity = nonlinearity;
   const auto rows_fn = backward_of<T>(v);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     rows_fn(p, b0, b1, buffer<T>(2, (b1 - b0) * width));
