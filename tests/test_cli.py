@@ -113,3 +113,14 @@ def test_help_and_version_load_no_torch():
                             check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("Usage: linmem") == 2 and "linmem, version" in result.stdout
+
+
+def test_baseline_command(tmp_path, data_dir, capsys):
+    out = tmp_path / "baseline.json"
+    code, stdout, err = run_cli("baseline", "--data", "jsb", "--data-dir", str(data_dir),
+                                "--out", str(out), capsys=capsys)
+    assert code == 0, err
+    result = json.loads(out.read_text())
+    assert round(result["scores"]["jsb"]["test"]["acc"], 2) == 22.20
+    assert result["data_sha256"]["jsb"].startswith("ac0e6085") and "commit" in result
+    assert "jsb: test acc 22.20% (per-frame mean 27.34%)" in stdout

@@ -121,3 +121,30 @@ def test_threshold_grid_counts(sample):
     for t in (0.2, 0.35, 0.5):
         assert acc_at[t] == pytest.approx(frame_accuracy(torch.sigmoid(logits), targets,
                                                          threshold=t))
+
+
+def test_previous_frame_baseline_against_a_loop_and_the_known_jsb_figures(jsb):
+    """Frame t + 1 predicted to be frame t: the scores equal a plain loop over frames with
+    Python sets, and on JSB Chorales' test split the figures quoted in issue 15 (22.20% global,
+    27.34% per-frame mean, recomputed there from the authors' code's definition)."""
+    from linmem.metrics import previous_frame_scores
+
+    rng = np.random.default_rng(3)
+    seqs = [(rng.random((n, 6)) < 0.3).astype(np.uint8) for n in (5, 1, 9, 2)]
+    tp_sum = denom_sum = 0
+    ratios = []
+    for s in seqs:
+        for t in range(1, len(s)):
+            pred, true = set(np.flatnonzero(s[t - 1])), set(np.flatnonzero(s[t]))
+            tp, denom = len(pred & true), len(pred | true)
+            tp_sum, denom_sum = tp_sum + tp, denom_sum + denom
+            if denom:
+                ratios.append(tp / denom)
+    scores = previous_frame_scores(seqs)
+    assert scores["frames"] == 4 + 8 + 1
+    assert scores["acc"] == pytest.approx(tp_sum / denom_sum, abs=1e-12)
+    assert scores["acc_frame"] == pytest.approx(np.mean(ratios), abs=1e-12)
+    test = previous_frame_scores(jsb["test"])
+    assert round(100 * test["acc"], 2) == 22.20 and round(100 * test["acc_frame"], 2) == 27.34
+    with pytest.raises(ValueError, match="no sequence"):
+        previous_frame_scores([np.zeros((1, 88))])

@@ -14,7 +14,14 @@ import click
 from click.core import ParameterSource
 
 from ._io import command_line, read_json, write_json
-from .data import DATASETS, DataError, content_digest, data_checksum, load_polyphonic
+from .data import (
+    DATASETS,
+    DataError,
+    content_digest,
+    data_checksum,
+    load_polyphonic,
+    resolve_name,
+)
 from .models import PREDICTIONS, get_spec, model_names
 from .nn import NONLINEARITIES
 from .recipes import analyze_pretraining, pretrained_models
@@ -23,6 +30,7 @@ from .report import (
     collect_metrics,
     markdown_table,
     plot_pretraining,
+    previous_frame_report,
     run_records,
     write_search_report,
 )
@@ -415,6 +423,27 @@ def data_cmd(name: str, data_dir: str | None, no_download: bool) -> None:
             for split, seqs in data.items()}
     click.echo(json.dumps({"name": name, "file_sha256": checksum,
                            "content_digest": content_digest(data), **info}, indent=2))
+
+
+@cli.command("baseline")
+@click.option("--data", "datasets", multiple=True, default=list(DATASETS), show_default=True,
+              help="Data set (repeat for several).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--out", type=click.Path(dir_okay=False), default="results/baseline.json",
+              show_default=True)
+def baseline_cmd(datasets: tuple[str, ...], data_dir: str | None, out: str) -> None:
+    """The previous-frame baseline (frame t + 1 = frame t) on every split: OUT (JSON)."""
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise UsageFailure(f"--data-dir {data_dir}: no such directory")
+    try:
+        result = previous_frame_report([resolve_name(d) for d in datasets], data_dir)
+    except (DataError, ValueError) as err:
+        raise UsageFailure(str(err)) from None
+    write_json(out, result)
+    for name, splits in result["scores"].items():
+        click.echo(f"{name}: test acc {splits['test']['acc']:.2f}% (per-frame mean "
+                   f"{splits['test']['acc_frame']:.2f}%), valid acc {splits['valid']['acc']:.2f}%")
+    click.echo(f"-> {out}")
 
 
 @cli.command("summarize")

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FrameScores", "frame_accuracy", "frame_counts", "frame_nll", "masked_nll"]
+__all__ = ["FrameScores", "frame_accuracy", "frame_counts", "frame_nll", "masked_nll",
+           "previous_frame_scores"]
 
 ArrayLike = np.ndarray | torch.Tensor
 
@@ -113,6 +114,24 @@ def frame_accuracy(probs: ArrayLike, targets: ArrayLike, mask: ArrayLike | None 
             return 1.0
         return float((tp[scored].double() / denom[scored].double()).mean())
     raise ValueError(f"average must be 'global' or 'frame', got {average!r}")
+
+
+def previous_frame_scores(sequences) -> dict[str, float]:
+    """The "previous frame" baseline: no model, frame ``t + 1`` predicted to be frame ``t``.
+
+    Scored like every next-step model, on the targets ``x_1 .. x_{T-1}`` of each sequence of at
+    least two frames: ``acc`` (global, Bay et al.) and ``acc_frame`` (per-frame mean), fractions,
+    and ``frames``. It has no likelihood: its predictions are certain, and wrong ones are
+    infinitely unlikely.
+    """
+    usable = [np.asarray(s) for s in sequences if len(s) >= 2]
+    if not usable:
+        raise ValueError("no sequence of two frames or more to score")
+    probs = torch.from_numpy(np.concatenate([s[:-1] for s in usable]).astype(np.float64))
+    targets = torch.from_numpy(np.concatenate([s[1:] for s in usable]).astype(np.float64))
+    return {"acc": frame_accuracy(probs, targets),
+            "acc_frame": frame_accuracy(probs, targets, average="frame"),
+            "frames": len(targets)}
 
 
 def frame_nll(logits: ArrayLike, targets: ArrayLike, mask: ArrayLike | None = None) -> float:

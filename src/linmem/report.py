@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ._io import atomic_write, write_json
+from ._io import atomic_write, command_line, git_commit, provenance, write_json
+from .data import data_checksum, load_polyphonic
+from .metrics import previous_frame_scores
 from .models import REGISTRY
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "figure4_data", "markdown_table",
-           "plot_figure4", "plot_pretraining", "run_records", "summary_records", "table2_markdown",
-           "write_search_report"]
+           "plot_figure4", "plot_pretraining", "previous_frame_report", "run_records",
+           "summary_records", "table2_markdown", "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -345,3 +348,27 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
             for name in ("config.json", "log.jsonl", "metrics.json", "pretraining.json"):
                 if (run / name).is_file():
                     shutil.copyfile(run / name, dest / name)
+
+
+def previous_frame_report(datasets: Sequence[str], data_dir: str | None = None,
+                          command: str | None = None) -> dict:
+    """Table 2's calibration row (issue 15): the previous-frame baseline
+    (:func:`linmem.metrics.previous_frame_scores`) on the validation and test splits of each data
+    set, accuracies in percent under both definitions, with provenance."""
+    started, commit = time.perf_counter(), git_commit()
+    rows = {}
+    for name in datasets:
+        data = load_polyphonic(name, root=data_dir, progress=False)
+        rows[name] = {}
+        for split in ("valid", "test"):
+            scores = previous_frame_scores(data[split])
+            rows[name][split] = {"acc": 100 * scores["acc"],
+                                 "acc_frame": 100 * scores["acc_frame"],
+                                 "frames": scores["frames"]}
+    checksums = {name: data_checksum(name, data_dir) for name in datasets}
+    return {"baseline": "previous frame: frame t + 1 predicted to be frame t (no training)",
+            "scores": rows,
+            **provenance(command or command_line(), commit, None, checksums,
+                         time.perf_counter() - started),
+            "units": "accuracy in percent: acc (Bay et al. 2009, global), acc_frame (per-frame "
+                     "mean); no NLL: the predictions are certain"}
