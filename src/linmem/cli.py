@@ -22,6 +22,7 @@ from .data import (
     load_polyphonic,
     resolve_name,
 )
+from .generate import continue_run
 from .models import PREDICTIONS, get_spec, model_names
 from .nn import NONLINEARITIES
 from .recipes import analyze_pretraining, pretrained_models
@@ -423,6 +424,38 @@ def data_cmd(name: str, data_dir: str | None, no_download: bool) -> None:
             for split, seqs in data.items()}
     click.echo(json.dumps({"name": name, "file_sha256": checksum,
                            "content_digest": content_digest(data), **info}, indent=2))
+
+
+@cli.command("generate")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--prime", required=True,
+              help="DATA:SPLIT:INDEX (jsb:test:3; SPLIT:INDEX for the run's data set) or a "
+                   ".mid file: the music to continue.")
+@click.option("--prime-steps", type=int, default=None, callback=_positive,
+              help="Use the prime's first N frames [default: all].")
+@click.option("--steps", type=int, default=64, show_default=True, callback=_positive,
+              help="Frames to generate.")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="The MIDI file.")
+@click.option("--png", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the prime and the continuation as a piano roll.")
+@click.option("--wav", type=click.Path(dir_okay=False), default=None,
+              help="Also render audio (pretty_midi's sine synthesizer).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
+                 temperature: float, seed: int, out: str, png: str | None, wav: str | None,
+                 data_dir: str | None) -> None:
+    """Continue a prime with the best checkpoint of RUN_DIR: OUT (MIDI) and OUT.json."""
+    try:
+        record = continue_run(run_dir, prime, out, steps, prime_steps, temperature, seed, png,
+                              wav, data_dir)
+    except (DataError, ValueError, FileNotFoundError, OSError) as err:
+        raise UsageFailure(str(err)) from None
+    click.echo(f"{record['model']}: {record['prime_frames']} prime frames + {steps} generated "
+               f"({record['notes_per_frame']:.1f} notes per frame) -> "
+               + ", ".join(str(p) for p in (out, png, wav) if p))
 
 
 @cli.command("baseline")

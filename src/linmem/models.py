@@ -112,6 +112,27 @@ class NextStepPredictor(nn.Module):
         out, _ = self.core(inputs)
         return self.readout(self.drop(out))
 
+    def step(self, inputs: Tensor, state: Any = None) -> tuple[Tensor, Any]:
+        """Continue the recurrence over ``inputs`` ``(B, T, K)`` from ``state`` (``None``: the
+        start; else what the previous call returned): ``(logits (B, T, K), state)``. Running a
+        sequence in pieces gives the logits of running it whole."""
+        if isinstance(self.core, UnrolledNet):
+            lagged, _ = self.core(inputs, state)
+            out, state = lagged, lagged[:, -1, : self.core.k * self.hidden]
+        else:  # the LMN's (h, m), an RNN's or GRU's h, an LSTM's (h, c)
+            out, state = self.core(inputs, state)
+        return self.readout(self.drop(out)), state
+
+    def generation_step(self, frames: Tensor, state: Any = None, temperature: float = 1.0,
+                        generator: torch.Generator | None = None
+                        ) -> tuple[Tensor, Any, Tensor]:
+        """Consume ``frames`` ``(B, T, K)`` and draw the next frame, each key from its
+        Bernoulli with probability ``sigmoid(logit / temperature)``: ``(frame (B, K) 0/1,
+        state, probabilities (B, K))``."""
+        logits, state = self.step(frames, state)
+        probs = torch.sigmoid(logits[:, -1] / temperature)
+        return torch.bernoulli(probs, generator=generator), state, probs
+
     def training_loss(self, batch: Batch) -> Tensor:
         """The Bernoulli NLL of the batch's next frames, per valid frame."""
         return masked_nll(self(batch.inputs), batch.targets, batch.mask)

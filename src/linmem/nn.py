@@ -670,7 +670,9 @@ class UnrolledNet(nn.Module):
             _init_uniform(self.weight_hh, self.k * self.hidden_size)
             nn.init.zeros_(self.bias_h)
 
-    def forward(self, input: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, input: Tensor, past: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``past`` ``(B, k H)``: ``[h_0, h_{-1}, ..., h_{1-k}]`` before the first step (default
+        zeros), e.g. ``lagged[:, -1, :k H]`` of a previous call, to continue a sequence."""
         if input.dim() != 3 or input.shape[-1] != self.input_size:
             raise ValueError(f"UnrolledNet expects input of shape (T, B, {self.input_size}) "
                              f"(batch first: (B, T, ...)), got {tuple(input.shape)}")
@@ -678,15 +680,20 @@ class UnrolledNet(nn.Module):
         steps, batch = x.shape[:2]
         act = _FUNCTIONS[self.nonlinearity]
         x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
-        zeros = x_proj.new_zeros(batch, self.hidden_size)
-        past = [zeros] * self.k  # h_{t-1}, ..., h_{t-k}
+        if past is None:
+            past = x_proj.new_zeros(batch, self.k * self.hidden_size)
+        if tuple(past.shape) != (batch, self.k * self.hidden_size):
+            raise ValueError(f"past must have shape ({batch}, {self.k * self.hidden_size}), "
+                             f"got {tuple(past.shape)}")
+        blocks = list(past.split(self.hidden_size, 1))  # h_{t-1}, ..., h_{t-k}
+        before = torch.stack(blocks[::-1])  # (k, B, H) in time order
         hs = []
         for t in range(steps):
-            h = act(torch.addmm(x_proj[t], torch.cat(past, 1), self.weight_hh.t()))  # (10)
+            h = act(torch.addmm(x_proj[t], torch.cat(blocks, 1), self.weight_hh.t()))  # (10)
             hs.append(h)
-            past = [h, *past[:-1]]
+            blocks = [h, *blocks[:-1]]
         hs = torch.stack(hs) if hs else x_proj.new_zeros(0, batch, self.hidden_size)
-        padded = torch.cat([x_proj.new_zeros(self.k, batch, self.hidden_size), hs])
+        padded = torch.cat([before, hs])
         lagged = torch.cat([padded[self.k - i: self.k - i + steps] for i in range(self.k + 1)],
                            2)
         if self.batch_first:

@@ -9,13 +9,15 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ._io import atomic_write, command_line, git_commit, provenance, write_json
 from .data import data_checksum, load_polyphonic
 from .metrics import previous_frame_scores
 from .models import REGISTRY
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "figure4_data", "markdown_table",
-           "plot_figure4", "plot_pretraining", "previous_frame_report", "run_records",
+           "plot_figure4", "plot_pretraining", "plot_roll", "previous_frame_report", "run_records",
            "summary_records", "table2_markdown", "write_search_report"]
 
 RUN_COLUMNS = (
@@ -289,6 +291,30 @@ def figure4_data(records: Sequence[dict], dataset: str = "jsb",
                               "points": [best[u] for u in sorted(best)],
                               "pruned": [stopped[u] for u in sorted(stopped) if u not in best]}
     return {"dataset": dataset, "curves": {m: curves[m] for m in models if m in curves}}
+
+
+def plot_roll(prime: np.ndarray, continuation: np.ndarray, path: str | os.PathLike,
+              title: str = "") -> None:
+    """The prime and its continuation as one piano roll (time across, keys up), a line where
+    the continuation starts; a PNG written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    roll = np.concatenate([prime, continuation]).astype(float)
+    fig, ax = plt.subplots(figsize=(max(6.0, min(18.0, len(roll) / 12)), 4.0))
+    ax.imshow(roll.T, origin="lower", aspect="auto", cmap="Greys", interpolation="nearest",
+              extent=(-0.5, len(roll) - 0.5, 20.5, 108.5))
+    ax.axvline(len(prime) - 0.5, color="tab:red", lw=1.2, label="continuation starts")
+    ax.set_xlabel("time step")
+    ax.set_ylabel("MIDI note")
+    ax.set_title(title)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
 
 
 def plot_figure4(data: dict, path: str | os.PathLike) -> None:

@@ -247,6 +247,20 @@ class RNNRBM(nn.Module):
                                         betas, generator)
 
     @torch.no_grad()
+    def generation_step(self, frames: Tensor, state: Tensor | None = None,
+                        temperature: float = 1.0, generator: torch.Generator | None = None,
+                        gibbs_steps: int = 100) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
+        """Consume ``frames`` ``(B, T, n_visible)`` from the RNN state ``state`` (``None``: the
+        start, ``u_0``) and draw the next frame from its RBM by a ``gibbs_steps`` chain, with
+        energies divided by ``temperature``: ``(frame (B, n_visible), state, (b_v, b_h))``."""
+        h0 = (torch.tanh(self.u0).expand(1, frames.shape[0], -1).contiguous()
+              if state is None else state)
+        u, state = self.rnn(frames.to(self.W), h0)
+        b_v, b_h = self.b_v + self.W_uv(u[:, -1]), self.b_h + self.W_uh(u[:, -1])
+        w, bv, bh = self.W / temperature, b_v / temperature, b_h / temperature
+        v = _bernoulli(torch.sigmoid(bv), generator=generator)
+        return gibbs_chain(v, w, bv, bh, gibbs_steps, generator), state, (b_v, b_h)
+
     def sample(self, prefix: Tensor, n_steps: int, gibbs_steps: int = 100,
                generator: torch.Generator | None = None) -> Tensor:
         """Continue ``prefix`` ``(T0, n_visible)`` (at least one frame) by ``n_steps`` frames,

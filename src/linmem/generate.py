@@ -1,0 +1,129 @@
+"""Music from a trained model: continue a prime, one step at a time through the model's state.
+
+Every next-step model implements ``generation_step(frames, state, temperature, generator)``
+(:class:`linmem.models.NextStepPredictor`: each key drawn from its Bernoulli;
+:class:`linmem.rnnrbm.RNNRBM`: a Gibbs chain of the step's RBM), so a continuation of ``n``
+steps costs ``n`` steps of the recurrence, not a re-run of the whole prefix at every step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.io import wavfile
+
+from ._io import atomic_write, command_line, git_commit, provenance, write_json
+from .data import data_checksum, load_polyphonic, resolve_name
+from .midi import midi_to_roll, roll_to_midi, step_seconds
+from .report import plot_roll
+from .train import load_run_model
+
+__all__ = ["continue_run", "generate", "load_prime"]
+
+
+@torch.no_grad()
+def generate(model: torch.nn.Module, prime: np.ndarray | torch.Tensor, n_steps: int,
+             temperature: float = 1.0, generator: torch.Generator | None = None
+             ) -> np.ndarray:
+    """Continue ``prime`` by ``n_steps`` frames sampled from ``model``.
+
+    Args:
+        model: a trained next-step model of the registry (:func:`linmem.train.load_run_model`).
+        prime: ``(T0, K)`` piano roll, ``T0 >= 1``, the music to continue.
+        n_steps: frames to generate.
+        temperature: divides the logits (Bernoulli readouts) or the energies (RNN-RBM); below
+            1 the samples are more conservative, above 1 more adventurous. Default: 1.
+        generator: the random generator of the samples; the same seed gives the same music.
+            Default: torch's global one.
+
+    Returns:
+        ``(n_steps, K)`` uint8, the continuation alone.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if n_steps < 0 or int(n_steps) != n_steps:
+        raise ValueError(f"n_steps must be an integer >= 0, got {n_steps!r}")
+    param = next(model.parameters())
+    frames = torch.as_tensor(np.asarray(prime), dtype=param.dtype, device=param.device)
+    if frames.dim() != 2 or len(frames) < 1:
+        raise ValueError(f"prime must be a (T0 >= 1, keys) piano roll, got {tuple(frames.shape)}")
+    model.eval()
+    out, state, step = [], None, frames[None]
+    for _ in range(n_steps):
+        frame, state, _ = model.generation_step(step, state, temperature, generator)
+        out.append(frame[0])
+        step = frame[:, None]
+    if not out:
+        return np.zeros((0, frames.shape[1]), np.uint8)
+    return torch.stack(out).cpu().numpy().astype(np.uint8)
+
+
+def load_prime(spec: str, dataset: str, data_dir: str | None = None,
+               seconds: float | None = None) -> tuple[np.ndarray, str | None]:
+    """A prime roll from ``DATA:SPLIT:INDEX`` (``jsb:test:3``; ``DATA`` may be left out for the
+    run's data set: ``test:3``) or a MIDI file; returns it with the data checksum (``None`` for a
+    file). ``seconds``: the MIDI file's seconds per frame (default: the run data set's)."""
+    if Path(spec).suffix.lower() in (".mid", ".midi"):
+        if not Path(spec).is_file():
+            raise FileNotFoundError(f"{spec}: no such MIDI file")
+        return midi_to_roll(spec, seconds or step_seconds(dataset)), None
+    parts = spec.split(":")
+    if len(parts) == 2:
+        parts = [dataset, *parts]
+    if len(parts) != 3 or parts[1] not in ("train", "valid", "test") or not parts[2].isdigit():
+        raise ValueError(f"--prime {spec!r}: expected DATA:SPLIT:INDEX (jsb:test:3) or a "
+                         ".mid file")
+    name = resolve_name(parts[0])
+    data = load_polyphonic(name, root=data_dir, progress=False)
+    seqs, index = data[parts[1]], int(parts[2])
+    if index >= len(seqs):
+        raise ValueError(f"--prime {spec!r}: {name} {parts[1]} has {len(seqs)} sequences")
+    return seqs[index], data_checksum(name, data_dir)
+
+
+def continue_run(run_dir: str | os.PathLike, prime: str, out: str | os.PathLike,
+                 steps: int = 64, prime_steps: int | None = None, temperature: float = 1.0,
+                 seed: int = 0, png: str | os.PathLike | None = None,
+                 wav: str | os.PathLike | None = None, data_dir: str | None = None,
+                 command: str | None = None) -> dict[str, Any]:
+    """``linmem generate``: the best checkpoint of ``run_dir`` continues ``prime`` (see
+    :func:`load_prime`; its first ``prime_steps`` frames) by ``steps`` frames; writes the prime
+    and the continuation as MIDI to ``out`` (and a piano-roll PNG, a WAV rendered by
+    pretty_midi's sine synthesizer), with a JSON record beside ``out``; returns the record."""
+    started, commit = time.perf_counter(), git_commit()
+    model, config = load_run_model(run_dir)
+    roll, checksum = load_prime(prime, config.data, data_dir or config.data_dir)
+    if prime_steps is not None:
+        roll = roll[:prime_steps]
+    if len(roll) == 0:
+        raise ValueError("the prime has no frame")
+    continuation = generate(model, roll, steps, temperature,
+                            torch.Generator().manual_seed(seed))
+    seconds = step_seconds(config.data)
+    whole = np.concatenate([roll, continuation])
+    midi = roll_to_midi(whole, seconds)
+    with atomic_write(out) as f:
+        midi.write(f)
+    if png is not None:
+        plot_roll(roll, continuation, png, f"{config.model} ({Path(run_dir).name}): "
+                  f"{prime}, {steps} steps at temperature {temperature:g}, seed {seed}")
+    if wav is not None:
+        rate = 22050
+        audio = midi.synthesize(fs=rate)
+        peak = float(np.abs(audio).max()) or 1.0
+        with atomic_write(wav) as f:
+            wavfile.write(f, rate, (0.8 * audio / peak * 32767).astype(np.int16))
+    record = {"run": str(run_dir), "model": config.model, "prime": prime,
+              "prime_frames": len(roll), "steps": steps, "temperature": temperature,
+              "seconds_per_frame": seconds, "notes_per_frame": float(continuation.sum(1).mean())
+              if steps else 0.0, "midi": str(out), "png": str(png) if png else None,
+              "wav": str(wav) if wav else None,
+              **provenance(command or command_line(), commit, seed, checksum,
+                           time.perf_counter() - started)}
+    write_json(Path(out).with_suffix(".json"), record)
+    return record

@@ -1,0 +1,138 @@
+"""Generation and MIDI: step-by-step sampling against re-running the whole prefix, determinism,
+sampling frequencies; piano rolls through MIDI and back."""
+
+import numpy as np
+import pretty_midi
+import pytest
+import torch
+
+from linmem.generate import generate
+from linmem.midi import STEP_SECONDS, midi_to_roll, roll_to_midi, step_seconds
+from linmem.models import build_model
+
+
+def models():
+    torch.manual_seed(0)
+    return {"lmn-b": build_model("lmn-b", 12, 9).double(),
+            "lstm": build_model("lstm", 10).double(),
+            "ulm": build_model("ulm", 8, k=3).double(),
+            "rnn-rbm": build_model("rnn-rbm", 10, rbm_hidden=12).double()}
+
+
+@pytest.mark.parametrize("name", ["lmn-b", "lstm", "ulm", "rnn-rbm"])
+def test_each_step_equals_rerunning_the_whole_prefix(name, jsb):
+    """The state carried from step to step gives what the model computes on the whole
+    sequence: the same key probabilities (RNN-RBM: the same RBM biases) to 1e-6."""
+    model = models()[name].eval()
+    prime = torch.tensor(jsb["test"][3][:20], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(1)
+    seq, state, step = prime, None, prime[None]
+    with torch.no_grad():
+        for _ in range(12):
+            frame, state, params = model.generation_step(step, state, 1.0, gen)
+            if name == "rnn-rbm":
+                b_v, b_h = model.step_biases(seq[None])
+                torch.testing.assert_close(params[0], b_v[:, -1], rtol=0, atol=1e-6)
+                torch.testing.assert_close(params[1], b_h[:, -1], rtol=0, atol=1e-6)
+            else:
+                whole = torch.sigmoid(model(seq[None])[:, -1])
+                torch.testing.assert_close(params, whole, rtol=0, atol=1e-6)
+            assert set(frame.unique().tolist()) <= {0.0, 1.0}
+            seq, step = torch.cat([seq, frame]), frame[:, None]
+
+
+@pytest.mark.parametrize("name", ["lmn-b", "rnn-rbm"])
+def test_generation_is_deterministic_per_seed(name, jsb):
+    model = models()[name]
+    prime = jsb["test"][0][:16]
+    runs = [generate(model, prime, 25, generator=torch.Generator().manual_seed(s))
+            for s in (7, 7, 8)]
+    assert runs[0].shape == (25, 88) and runs[0].dtype == np.uint8
+    assert np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[0], runs[2])
+
+
+def test_sampled_key_rates_match_the_model_probabilities(jsb):
+    """At temperature 1 the keys switched on along a long continuation occur at the rate of the
+    probabilities the model gave them along the same path (within 4 standard errors)."""
+    model = models()["lmn-b"].eval()
+    gen = torch.Generator().manual_seed(3)
+    state, step = None, torch.tensor(jsb["test"][1][:10], dtype=torch.float64)[None]
+    frames, probs = [], []
+    with torch.no_grad():
+        for _ in range(1500):
+            frame, state, p = model.generation_step(step, state, 1.0, gen)
+            frames.append(frame[0])
+            probs.append(p[0])
+            step = frame[:, None]
+    frames, probs = torch.stack(frames), torch.stack(probs)
+    n = frames.numel()
+    se = float((probs * (1 - probs)).sum().sqrt() / n)
+    assert abs(float(frames.mean() - probs.mean())) < 4 * se
+    cold = generate(model, jsb["test"][1][:10], 300, temperature=0.3,
+                    generator=torch.Generator().manual_seed(3))
+    assert cold.mean() < frames.mean().item()  # a low temperature keeps fewer unlikely keys
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, jsb["test"][1][:10], 3, temperature=0)
+    with pytest.raises(ValueError, match="prime"):
+        generate(model, np.zeros((0, 88)), 3)
+
+
+def test_roll_midi_round_trip_is_exact_on_the_data_sets(jsb, data_dir):
+    from linmem.data import load_polyphonic
+
+    for name, data in (("jsb", jsb), ("nottingham", load_polyphonic("nottingham",
+                                                                    root=data_dir))):
+        for roll in data["valid"][:5]:
+            midi = roll_to_midi(roll, step_seconds(name))
+            back = midi_to_roll(midi, STEP_SECONDS[name], n_steps=len(roll))
+            assert np.array_equal(back, roll)
+
+
+def test_a_file_written_by_pretty_midi_gives_the_expected_roll(tmp_path):
+    """A MIDI file made with pretty_midi alone (not by roll_to_midi), at 0.25 s per frame."""
+    midi = pretty_midi.PrettyMIDI()
+    piano = pretty_midi.Instrument(program=0)
+    piano.notes += [pretty_midi.Note(90, 60, 0.0, 0.5),      # C4, frames 0-1
+                    pretty_midi.Note(90, 64, 0.49, 1.01),    # E4, rounded to frames 2-3
+                    pretty_midi.Note(90, 21, 1.0, 1.05),     # A0, shorter than a frame: frame 4
+                    pretty_midi.Note(90, 120, 0.0, 1.0)]     # above C8: left out
+    drums = pretty_midi.Instrument(program=0, is_drum=True)
+    drums.notes.append(pretty_midi.Note(90, 40, 0.0, 2.0))
+    midi.instruments += [piano, drums]
+    midi.write(str(tmp_path / "x.mid"))
+    roll = midi_to_roll(tmp_path / "x.mid", 0.25)
+    expected = np.zeros((5, 88), np.uint8)
+    expected[0:2, 60 - 21] = 1
+    expected[2:4, 64 - 21] = 1
+    expected[4, 0] = 1
+    assert np.array_equal(roll, expected)
+    with pytest.raises(ValueError, match="roll must be"):
+        roll_to_midi(np.zeros((3, 12)), 0.25)
+
+
+def test_generate_command_writes_midi_png_wav_and_its_record(tmp_path, data_dir, capsys):
+    import json
+    import wave
+
+    from linmem.cli import main
+
+    run = tmp_path / "run"
+    main(["train", "--data", "jsb", "--data-dir", str(data_dir), "--model", "lstm", "--hidden",
+          "8", "--epochs", "1", "--batch-size", "64", "--out", str(run), "--quiet"])
+    files = {ext: tmp_path / f"sample.{ext}" for ext in ("mid", "png", "wav")}
+    args = ["generate", str(run), "--prime", "test:3", "--prime-steps", "16", "--steps", "20",
+            "--seed", "5", "--out", str(files["mid"]), "--png", str(files["png"]), "--wav",
+            str(files["wav"])]
+    main(args)
+    assert "16 prime frames + 20 generated" in capsys.readouterr().out
+    roll = midi_to_roll(files["mid"], STEP_SECONDS["jsb"], n_steps=36)
+    assert np.array_equal(roll[:16], np.asarray(__import__("linmem").load_polyphonic(
+        "jsb", root=data_dir)["test"][3][:16]))
+    record = json.loads(files["mid"].with_suffix(".json").read_text())
+    assert record["seed"] == 5 and record["prime"] == "test:3" and record["steps"] == 20
+    assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with wave.open(str(files["wav"])) as w:
+        assert w.getframerate() == 22050 and w.getnframes() > 36 * 0.5 * 22050 * 0.9
+    first = files["mid"].read_bytes()
+    main(args)  # the same seed: the same music
+    assert files["mid"].read_bytes() == first
