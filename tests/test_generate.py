@@ -136,3 +136,63 @@ def test_generate_command_writes_midi_png_wav_and_its_record(tmp_path, data_dir,
     first = files["mid"].read_bytes()
     main(args)  # the same seed: the same music
     assert files["mid"].read_bytes() == first
+
+
+def test_import_midi_makes_a_data_set_that_trains(tmp_path, jsb, capsys):
+    """Good files are imported, a corrupt one and an empty one are named and skipped, and the
+    result loads and trains like the benchmark sets."""
+    import json
+
+    from linmem.cli import main
+    from linmem.data import load_polyphonic
+
+    folder = tmp_path / "mine"
+    (folder / "sub").mkdir(parents=True)
+    songs = jsb["train"][:8]
+    for i, roll in enumerate(songs):
+        roll_to_midi(roll, 0.25).write(str(folder / ("sub" if i % 2 else ".") / f"s{i}.mid"))
+    (folder / "broken.mid").write_bytes(b"MThd\x00\x00\x00\x06garbage")
+    pretty_midi.PrettyMIDI().write(str(folder / "empty.midi"))
+    out = tmp_path / "mine.pickle"
+    main(["data", "import-midi", str(folder), "--out", str(out), "--split", "0.5,0.25,0.25"])
+    stdout, stderr = capsys.readouterr()
+    assert "4 train, 2 valid, 2 test sequences from 10 MIDI files (2 skipped)" in stdout
+    assert "skipped" in stderr and "broken.mid" in stderr and "empty.midi" in stderr
+    data = load_polyphonic(str(out))
+    got = sorted(r.tobytes() for split in data.values() for r in split)
+    assert got == sorted(np.asarray(r, np.uint8).tobytes() for r in songs)
+    main(["train", "--data", str(out), "--model", "lstm", "--hidden", "6", "--epochs", "1",
+          "--out", str(tmp_path / "run"), "--quiet"])
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["dataset"] == str(out.resolve()) and len(metrics["data_sha256"]) == 64
+    (tmp_path / "few").mkdir()
+    from linmem.data import DataError
+    from linmem.midi import import_midi_folder
+
+    with pytest.raises(DataError, match="0 usable MIDI files of 0"):
+        import_midi_folder(tmp_path / "few", tmp_path / "x.pickle")
+
+
+def test_plots_of_a_run(tmp_path, data_dir, capsys):
+    """`linmem plot RUN` draws the three training curves; `--prediction test:0` the truth, the
+    probabilities and the outcome of each key, whose counts are those of the metric."""
+    from linmem.cli import main
+    from linmem.generate import predict_sequence
+    from linmem.report import plot_run
+
+    run = tmp_path / "run"
+    main(["train", "--data", "jsb", "--data-dir", str(data_dir), "--model", "lmn-b", "--hidden",
+          "6", "--memory", "5", "--epochs", "3", "--batch-size", "64", "--out", str(run),
+          "--quiet"])
+    main(["plot", str(run)])
+    main(["plot", str(run), "--prediction", "test:0"])
+    assert "curves.png" in capsys.readouterr().out
+    for name in ("curves.png", "prediction-test-0.png"):
+        assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_run(run, tmp_path / "c.png") == [
+        "training nll", "validation NLL (nats per step)", "validation frame accuracy (%)"]
+    titles = predict_sequence(run, "test:0", tmp_path / "p.png")
+    assert titles[0] == "truth (next frames)" and titles[1] == "predicted key probabilities"
+    assert titles[2].startswith("at threshold 0.5: right")
+    with pytest.raises(FileNotFoundError, match=r"log\.jsonl"):
+        plot_run(tmp_path, tmp_path / "x.png")

@@ -19,10 +19,12 @@ from .data import (
     DataError,
     content_digest,
     data_checksum,
+    is_data_file,
     load_polyphonic,
     resolve_name,
 )
-from .generate import continue_run
+from .generate import continue_run, predict_sequence
+from .midi import DEFAULT_STEP_SECONDS, import_midi_folder
 from .models import PREDICTIONS, get_spec, model_names
 from .nn import NONLINEARITIES
 from .recipes import analyze_pretraining, pretrained_models
@@ -31,6 +33,7 @@ from .report import (
     collect_metrics,
     markdown_table,
     plot_pretraining,
+    plot_run,
     previous_frame_report,
     run_records,
     write_search_report,
@@ -121,7 +124,8 @@ def cli(ctx: click.Context) -> None:
 
 @cli.command("train")
 @click.option("--data", default=_DEFAULT.data, show_default=True,
-              help=f"Data set: {', '.join(DATASETS)} (common spellings accepted).")
+              help=f"Data set: {', '.join(DATASETS)} (common spellings accepted), or a "
+                   ".pickle file of your own (linmem data import-midi).")
 @click.option("--model", type=_ModelChoice(), default=_DEFAULT.model,
               show_default=True)
 @click.option("--hidden", type=int, default=_DEFAULT.hidden, show_default=True,
@@ -184,7 +188,8 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
             raise click.UsageError("--resume needs --out RUN_DIR")
         sizes = f"h{options['hidden']}" + (
             f"-m{options['memory']}" if get_spec(options["model"]).has_memory else "")
-        out = (f"runs/{options['data']}-{options['model']}-{sizes}-wd{options['weight_decay']:g}"
+        data = Path(options["data"]).stem if is_data_file(options["data"]) else options["data"]
+        out = (f"runs/{data}-{options['model']}-{sizes}-wd{options['weight_decay']:g}"
                f"-s{options['seed']}")
     try:
         if resume and (Path(out) / "config.json").is_file():
@@ -404,7 +409,26 @@ def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, dev
     click.echo(json.dumps(result, indent=2))
 
 
-@cli.command("data")
+class _DataGroup(click.Group):
+    """``linmem data NAME`` describes a data set (the ``describe`` command, the default);
+    ``linmem data import-midi FOLDER`` makes one."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["describe", *args]
+        return super().resolve_command(ctx, args)
+
+
+@cli.group("data", cls=_DataGroup, context_settings={"ignore_unknown_options": True},
+           invoke_without_command=True)
+@click.pass_context
+def data_group(ctx: click.Context) -> None:
+    """Describe a data set (`linmem data NAME`) or make one from MIDI files (`import-midi`)."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+@data_group.command("describe")
 @click.argument("name")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--no-download", is_flag=True, help="Fail instead of downloading.")
@@ -424,6 +448,32 @@ def data_cmd(name: str, data_dir: str | None, no_download: bool) -> None:
             for split, seqs in data.items()}
     click.echo(json.dumps({"name": name, "file_sha256": checksum,
                            "content_digest": content_digest(data), **info}, indent=2))
+
+
+@data_group.command("import-midi")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="The data set file to write (NAME.pickle).")
+@click.option("--step-seconds", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_STEP_SECONDS, show_default=True, help="Seconds per frame.")
+@click.option("--split", default="0.8,0.1,0.1", show_default=True,
+              help="Fractions of train, valid and test.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split.")
+def import_midi_cmd(folder: str, out: str, step_seconds: float, split: str, seed: int) -> None:
+    """Make a data set of the MIDI files under FOLDER: OUT, for `linmem train --data OUT`."""
+    if not out.endswith(".pickle"):
+        raise UsageFailure(f"--out {out}: the file must end in .pickle")
+    try:
+        fractions = tuple(float(v) for v in split.split(","))
+        result = import_midi_folder(folder, out, step_seconds, fractions, seed)
+    except (DataError, ValueError) as err:
+        raise UsageFailure(str(err)) from None
+    for path, why in result["skipped"].items():
+        click.echo(f"linmem: skipped {path}: {why}", err=True)
+    seqs = result["sequences"]
+    click.echo(f"{out}: {seqs['train']} train, {seqs['valid']} valid, {seqs['test']} test "
+               f"sequences from {result['files']} MIDI files ({len(result['skipped'])} "
+               "skipped)")
 
 
 @cli.command("generate")
@@ -456,6 +506,29 @@ def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
     click.echo(f"{record['model']}: {record['prime_frames']} prime frames + {steps} generated "
                f"({record['notes_per_frame']:.1f} notes per frame) -> "
                + ", ".join(str(p) for p in (out, png, wav) if p))
+
+
+@cli.command("plot")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--prediction", default=None,
+              help="SPLIT:INDEX (test:0): draw the truth and the model's key probabilities for "
+                   "that sequence instead of the training curves.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="The PNG [default: RUN_DIR/curves.png, or RUN_DIR/prediction-SPLIT-INDEX.png].")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+def plot_cmd(run_dir: str, prediction: str | None, out: str | None, data_dir: str | None
+             ) -> None:
+    """Draw a run: its training curves, or its predictions for one sequence."""
+    try:
+        if prediction is None:
+            out = out or str(Path(run_dir) / "curves.png")
+            plot_run(run_dir, out)
+        else:
+            out = out or str(Path(run_dir) / f"prediction-{prediction.replace(':', '-')}.png")
+            predict_sequence(run_dir, prediction, out, data_dir)
+    except (DataError, ValueError, FileNotFoundError) as err:
+        raise UsageFailure(str(err)) from None
+    click.echo(f"-> {out}")
 
 
 @cli.command("baseline")

@@ -39,9 +39,9 @@ from ._io import atomic_write
 
 __all__ = ["DATASETS", "HIGHEST_NOTE", "LOWEST_NOTE", "N_KEYS", "SPLITS", "Batch", "DataError",
            "DatasetInfo", "bucket_batches", "collate", "content_digest", "data_checksum",
-           "data_root", "default_root", "iterate_batches", "load_polyphonic", "next_step_pairs",
-           "padding_fraction", "read_pickle", "resolve_name", "sha256_file", "transpose",
-           "write_pickle"]
+           "data_root", "default_root", "is_data_file", "iterate_batches", "load_polyphonic",
+           "next_step_pairs", "padding_fraction", "read_pickle", "resolve_name", "sha256_file",
+           "transpose", "write_pickle"]
 
 N_KEYS = 88
 LOWEST_NOTE = 21  # MIDI number of A0, column 0
@@ -129,11 +129,24 @@ _ALIASES = {
 }
 
 
+def is_data_file(name: str | os.PathLike) -> bool:
+    """Whether ``name`` names a data set file of your own (a ``.pickle`` in the original
+    format, as ``linmem data import-midi`` writes) rather than one of the four data sets."""
+    return str(name).endswith(".pickle")
+
+
 def resolve_name(name: str) -> str:
-    """Canonical key (``jsb``, ``musedata``, ``nottingham``, ``piano``) of a data set name."""
+    """Canonical key (``jsb``, ``musedata``, ``nottingham``, ``piano``) of a data set name, or
+    the absolute path of a data set file of your own (:func:`is_data_file`), which must exist."""
+    if is_data_file(name):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ValueError(f"data set file {name}: no such file")
+        return str(path.resolve())
     key = _ALIASES.get(_normalise(str(name)))
     if key is None:
-        raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(DATASETS)}")
+        raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(DATASETS)} or "
+                         "a .pickle file")
     return key
 
 
@@ -314,7 +327,8 @@ def load_polyphonic(
 
     Args:
         name: ``jsb``, ``musedata``, ``nottingham`` or ``piano`` (common spellings such as
-            ``"JSB Chorales"`` or ``"Piano-midi.de"`` are accepted).
+            ``"JSB Chorales"`` or ``"Piano-midi.de"`` are accepted), or the path of a data set
+            file of your own in the original pickle format (``linmem data import-midi``).
         root: folder holding the ``.mat`` or pickle file. Default: ``$LINMEM_DATA``, else the
             user cache (``~/.cache/linmem``).
         download: fetch the original pickle when neither file is in ``root``. Default: ``True``.
@@ -328,6 +342,14 @@ def load_polyphonic(
         ValueError: an unknown name.
         DataError: a missing, unreadable or unverifiable file.
     """
+    if is_data_file(name):  # your own data set: read as it is, checked for shape only
+        path = Path(resolve_name(name))
+        data = read_pickle(path)
+        for split in SPLITS:
+            if not data[split]:
+                raise DataError(f"{path}: the {split} split is empty")
+        return {split: [np.ascontiguousarray(s, dtype=np.uint8) for s in data[split]]
+                for split in SPLITS}
     info = DATASETS[resolve_name(name)]
     folder = data_root(root)
     mat, pkl = folder / info.mat_file, folder / info.pickle_file
@@ -370,6 +392,8 @@ def _download_any(info: DatasetInfo, dest: Path, progress: bool) -> None:
 
 def data_checksum(name: str, root: str | os.PathLike | None = None) -> str:
     """SHA-256 of the file ``load_polyphonic`` reads for ``name`` (for provenance records)."""
+    if is_data_file(name):
+        return sha256_file(resolve_name(name))
     info = DATASETS[resolve_name(name)]
     folder = data_root(root)
     for path in (folder / info.mat_file, folder / info.pickle_file):

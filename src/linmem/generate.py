@@ -20,10 +20,10 @@ from scipy.io import wavfile
 from ._io import atomic_write, command_line, git_commit, provenance, write_json
 from .data import data_checksum, load_polyphonic, resolve_name
 from .midi import midi_to_roll, roll_to_midi, step_seconds
-from .report import plot_roll
+from .report import plot_prediction, plot_roll
 from .train import load_run_model
 
-__all__ = ["continue_run", "generate", "load_prime"]
+__all__ = ["continue_run", "generate", "load_prime", "predict_sequence"]
 
 
 @torch.no_grad()
@@ -127,3 +127,21 @@ def continue_run(run_dir: str | os.PathLike, prime: str, out: str | os.PathLike,
                            time.perf_counter() - started)}
     write_json(Path(out).with_suffix(".json"), record)
     return record
+
+
+@torch.no_grad()
+def predict_sequence(run_dir: str | os.PathLike, which: str, out: str | os.PathLike,
+                     data_dir: str | None = None) -> list[str]:
+    """``linmem plot RUN_DIR --prediction SPLIT:INDEX``: the best checkpoint's key
+    probabilities for each next frame of that sequence of the run's data set, drawn under the
+    truth (:func:`linmem.report.plot_prediction`)."""
+    model, config = load_run_model(run_dir)
+    roll, _ = load_prime(which, config.data, data_dir or config.data_dir)
+    if len(roll) < 2:
+        raise ValueError(f"{which}: a sequence of one frame has nothing to predict")
+    model.eval()
+    param = next(model.parameters())
+    inputs = torch.as_tensor(roll[:-1], dtype=param.dtype, device=param.device)[None]
+    probs = torch.sigmoid(model(inputs))[0].cpu().numpy()
+    return plot_prediction(roll[1:], probs, out, f"{config.model} ({Path(run_dir).name}): "
+                           f"{which}")

@@ -12,19 +12,33 @@ the others.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pretty_midi
 
-from .data import LOWEST_NOTE, N_KEYS, resolve_name
+from .data import (
+    LOWEST_NOTE,
+    N_KEYS,
+    SPLITS,
+    DataError,
+    is_data_file,
+    resolve_name,
+    write_pickle,
+)
 
-__all__ = ["STEP_SECONDS", "midi_to_roll", "roll_to_midi", "step_seconds"]
+__all__ = ["DEFAULT_STEP_SECONDS", "STEP_SECONDS", "import_midi_folder", "midi_to_roll",
+           "roll_to_midi", "step_seconds"]
+DEFAULT_STEP_SECONDS = 0.25  # your own files: eighth notes at 120 beats per minute
 
 STEP_SECONDS = {"jsb": 0.5, "musedata": 0.25, "nottingham": 0.25, "piano": 0.25}
 
 
 def step_seconds(dataset: str) -> float:
-    """The duration of one frame of ``dataset`` at 120 beats per minute."""
+    """The duration of one frame of ``dataset`` at 120 beats per minute (a data set file of
+    your own: an eighth note, 0.25 s)."""
+    if is_data_file(dataset):
+        return DEFAULT_STEP_SECONDS
     return STEP_SECONDS[resolve_name(dataset)]
 
 
@@ -70,3 +84,47 @@ def midi_to_roll(midi: str | os.PathLike | pretty_midi.PrettyMIDI, step_seconds:
     for start, end, pitch in spans:
         roll[start:max(end, start + 1), pitch - LOWEST_NOTE] = 1
     return roll
+
+
+def import_midi_folder(folder: str | os.PathLike, out: str | os.PathLike,
+                       step_seconds: float = DEFAULT_STEP_SECONDS,
+                       split: tuple[float, float, float] = (0.8, 0.1, 0.1), seed: int = 0
+                       ) -> dict:
+    """A data set of your own: every ``.mid``/``.midi`` file under ``folder`` as a piano roll
+    (:func:`midi_to_roll`), shuffled by ``seed`` and split into train, valid and test by the
+    fractions ``split``, written to ``out`` in the original pickle format (which
+    :func:`linmem.data.load_polyphonic` and ``linmem train --data OUT`` read). A file that cannot
+    be read, or holds no note, is skipped and named in the result (``skipped``: name -> why);
+    ``DataError`` when fewer files than splits remain. Returns the counts per split."""
+    if len(split) != 3 or any(f < 0 for f in split) or not abs(sum(split) - 1) < 1e-9:
+        raise ValueError(f"split must be three fractions summing to 1, got {split!r}")
+    paths = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in (".mid", ".midi"))
+    rolls, skipped = [], {}
+    for path in paths:
+        try:
+            roll = midi_to_roll(path, step_seconds)
+        except Exception as err:  # mido and pretty_midi raise many kinds on a bad file
+            skipped[str(path)] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            continue
+        if len(roll) < 2 or not roll.any():
+            skipped[str(path)] = "no note (or a single frame)"
+            continue
+        rolls.append(roll)
+    if len(rolls) < 3:
+        raise DataError(f"{folder}: {len(rolls)} usable MIDI files of {len(paths)}; a data set "
+                        "needs at least 3 (one per split)"
+                        + (f"; skipped: {', '.join(Path(p).name for p in skipped)}"
+                           if skipped else ""))
+    order = np.random.default_rng(seed).permutation(len(rolls))
+    n_valid = max(1, round(split[1] * len(rolls)))
+    n_test = max(1, round(split[2] * len(rolls)))
+    n_train = len(rolls) - n_valid - n_test
+    if n_train < 1:
+        raise DataError(f"{folder}: {len(rolls)} files leave no training sequence with {split}")
+    parts = np.split(order, [n_train, n_train + n_valid])
+    data = {name: [rolls[i] for i in part] for name, part in zip(SPLITS, parts, strict=True)}
+    write_pickle(data, out)
+    return {"files": len(paths), "sequences": {k: len(v) for k, v in data.items()},
+            "frames": {k: int(sum(len(r) for r in v)) for k, v in data.items()},
+            "skipped": skipped, "step_seconds": step_seconds, "split": list(split),
+            "seed": seed, "out": str(out)}

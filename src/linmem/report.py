@@ -17,8 +17,9 @@ from .metrics import previous_frame_scores
 from .models import REGISTRY
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "figure4_data", "markdown_table",
-           "plot_figure4", "plot_pretraining", "plot_roll", "previous_frame_report", "run_records",
-           "summary_records", "table2_markdown", "write_search_report"]
+           "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll", "plot_run",
+           "previous_frame_report", "run_records", "summary_records", "table2_markdown",
+           "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -315,6 +316,83 @@ def plot_roll(prime: np.ndarray, continuation: np.ndarray, path: str | os.PathLi
     with atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
+
+
+def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
+    """A run's training curves from its ``log.jsonl``: the training loss, the validation NLL and
+    the validation accuracy per epoch, the selected epoch (best validation accuracy) marked; a
+    PNG written atomically. Returns the panels' titles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    log_file = Path(run_dir) / "log.jsonl"
+    if not log_file.is_file():
+        raise FileNotFoundError(f"{log_file} does not exist: not a run directory, or no epoch "
+                                "finished yet")
+    rows = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{log_file} holds no epoch")
+    epochs = [r["epoch"] for r in rows]
+    loss_key = next(k for k in rows[0] if k.startswith("train_"))
+    nll_key = next(k for k in rows[0] if k.startswith("valid_nll"))
+    best = max(rows, key=lambda r: r["valid_acc"])["epoch"]
+    panels = [(loss_key, f"training {loss_key.removeprefix('train_').replace('_', ' ')}"),
+              (nll_key, "validation NLL (nats per step)"),
+              ("valid_acc", "validation frame accuracy (%)")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        ax.plot(epochs, [r[key] for r in rows], lw=1.2)
+        ax.axvline(best, color="tab:red", lw=1, ls="--", label=f"selected epoch {best}")
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+    axes[2].legend(fontsize=8)
+    fig.suptitle(str(Path(run_dir).name))
+    fig.tight_layout()
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+    return [title for _, title in panels]
+
+
+def plot_prediction(truth: np.ndarray, probs: np.ndarray, path: str | os.PathLike,
+                    title: str = "", threshold: float = 0.5) -> list[str]:
+    """A sequence's next frames (``truth``, ``(T, 88)``) above the model's key probabilities
+    (``probs``), and the frames' keys it got right, missed and added at ``threshold``, apart;
+    a PNG written atomically. Returns the panels' titles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    truth, pred = np.asarray(truth) > 0, np.asarray(probs) >= threshold
+    outcome = np.zeros(truth.shape)
+    outcome[truth & pred], outcome[truth & ~pred], outcome[~truth & pred] = 1, 2, 3
+    titles = ["truth (next frames)", "predicted key probabilities",
+              f"at threshold {threshold:g}: right (green), missed (red), added (blue)"]
+    fig, axes = plt.subplots(3, 1, figsize=(max(6.0, min(18.0, len(truth) / 10)), 9),
+                             sharex=True)
+    extent = (-0.5, len(truth) - 0.5, 20.5, 108.5)
+    axes[0].imshow(truth.T, origin="lower", aspect="auto", cmap="Greys", extent=extent,
+                   interpolation="nearest")
+    image = axes[1].imshow(np.asarray(probs).T, origin="lower", aspect="auto", cmap="viridis",
+                           vmin=0, vmax=1, extent=extent, interpolation="nearest")
+    fig.colorbar(image, ax=axes[1], fraction=0.02)
+    colours = ListedColormap(["white", "tab:green", "tab:red", "tab:blue"])
+    axes[2].imshow(outcome.T, origin="lower", aspect="auto", cmap=colours, vmin=0, vmax=3,
+                   extent=extent, interpolation="nearest")
+    for ax, panel in zip(axes, titles, strict=True):
+        ax.set_title(panel, fontsize=10)
+        ax.set_ylabel("MIDI note")
+    axes[2].set_xlabel("time step")
+    fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+    return titles
 
 
 def plot_figure4(data: dict, path: str | os.PathLike) -> None:
