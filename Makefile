@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -92,3 +92,18 @@ results-rnn-rbm: install
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/rnn-rbm/$$name/; \
 	  if [ -f $$run/pretraining.json ]; then cp $$run/pretraining.json results/rnn-rbm/$$name/; fi; done
 	$(VENV)/bin/linmem summarize results/rnn-rbm > results/rnn-rbm/table.md
+
+# Issue 16: one small LMN-B run per data set (early stopping with patience 20, at most 150
+# epochs) and a continuation of each data set's first test sequence, MIDI and piano roll, in
+# results/samples (the runs' best.pt is committed so that the samples can be made again).
+SAMPLE_SETS ?= jsb nottingham musedata piano
+results-samples: install
+	for d in $(SAMPLE_SETS); do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train \
+	  --data $$d --model lmn-b --hidden 100 --memory 100 --epochs 150 --patience 20 \
+	  --out runs/samples/$$d-lmn-b-h100-m100 --resume --quiet; \
+	  mkdir -p results/samples/$$d-lmn-b-h100-m100; \
+	  for f in config.json log.jsonl metrics.json best.pt; do \
+	    cp runs/samples/$$d-lmn-b-h100-m100/$$f results/samples/$$d-lmn-b-h100-m100/; done; \
+	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem generate results/samples/$$d-lmn-b-h100-m100 \
+	    --prime test:0 --prime-steps 32 --steps 64 --seed 0 --out results/samples/$$d.mid \
+	    --png results/samples/$$d.png; done

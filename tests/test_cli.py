@@ -124,3 +124,13 @@ def test_baseline_command(tmp_path, data_dir, capsys):
     assert round(result["scores"]["jsb"]["test"]["acc"], 2) == 22.20
     assert result["data_sha256"]["jsb"].startswith("ac0e6085") and "commit" in result
     assert "jsb: test acc 22.20% (per-frame mean 27.34%)" in stdout
+
+
+def test_recorded_command_names_the_tool(monkeypatch):
+    from linmem._io import command_line
+
+    monkeypatch.setattr(sys, "argv", ["/venv/lib/site-packages/linmem/__main__.py", "train",
+                                      "--out", "a b"])
+    assert command_line() == "linmem train --out 'a b'"
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/linmem", "data", "jsb"])
+    assert command_line() == "linmem data jsb"

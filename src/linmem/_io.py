@@ -93,6 +93,8 @@ def git_commit() -> str:
 def command_line() -> str:
     """The command that started this process, quoted so that it can be pasted into a shell."""
     prog = Path(sys.argv[0]).name if sys.argv else "python"
+    if prog == "__main__.py" and Path(sys.argv[0]).parent.name == "linmem":
+        prog = "linmem"  # `python -m linmem` runs the same command line
     return shlex.join([prog, *sys.argv[1:]])
 
 
