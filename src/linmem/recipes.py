@@ -34,7 +34,7 @@ from .la import LinearAutoencoder
 from .models import REGISTRY, build_model, get_spec
 from .pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
 from .rnnrbm import init_from_rnn, pretrain_rbm
-from .train import TrainConfig, evaluate, load_run_model, train
+from .train import TrainConfig, evaluate, load_run_model, train, with_data_dir
 
 __all__ = [
     "RECIPES",
@@ -194,6 +194,7 @@ def run(config: TrainConfig, run_dir: str | Path, resume: bool = False, progress
                      on_epoch_end=on_epoch_end, command=command)
     if data is None:
         data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
+        config = with_data_dir(config)
     loaded = data
     return train(config, run_dir, resume=resume, progress=progress, data=loaded,
                  on_epoch_end=on_epoch_end, command=command,

@@ -39,6 +39,7 @@ from .data import (
     content_digest,
     data_checksum,
     data_root,
+    is_data_file,
     iterate_batches,
     load_polyphonic,
     resolve_name,
@@ -56,7 +57,7 @@ from .models import (
 
 __all__ = ["BUDGET_FIELDS", "OPTIMIZERS", "CheckpointError", "TrainConfig", "TrainingDiverged",
            "check_size", "evaluate", "load_checkpoint", "load_run_model", "make_optimizer",
-           "train", "train_step"]
+           "train", "train_step", "with_data_dir"]
 
 OPTIMIZERS = ("adam", "sgd")
 # what bounds a run's length: --resume may change them; every other field is the run's identity
@@ -356,8 +357,7 @@ def train(
 
     if data is None:
         data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
-        # where the data was found, so that the run can be re-scored from anywhere
-        config = replace(config, data_dir=str(data_root(config.data_dir).resolve()))
+        config = with_data_dir(config)
     train_seqs = [s for s in data["train"] if len(s) >= 2]
     if not train_seqs:
         raise ValueError("the training split has no sequence of length >= 2")
@@ -470,6 +470,14 @@ def train(
     metrics["wall_time_s"] = elapsed_before + time.perf_counter() - started
     write_json(run_dir / "metrics.json", metrics)
     return metrics
+
+
+def with_data_dir(config: TrainConfig) -> TrainConfig:
+    """``config`` with the folder its data is read from made explicit (absolute), so that the
+    run can be re-scored from anywhere (a data set file of your own names itself)."""
+    if is_data_file(config.data):
+        return config
+    return replace(config, data_dir=str(data_root(config.data_dir).resolve()))
 
 
 def check_size(config: TrainConfig, memory_fraction: float = 0.5) -> int:
