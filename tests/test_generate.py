@@ -136,6 +136,14 @@ def test_generate_command_writes_midi_png_wav_and_its_record(tmp_path, data_dir,
     first = files["mid"].read_bytes()
     main(args)  # the same seed: the same music
     assert files["mid"].read_bytes() == first
+    # a MIDI file of your own as the prime, read at the run's data set's frame duration
+    own = tmp_path / "own.mid"
+    theirs = np.asarray(__import__("linmem").load_polyphonic("jsb", root=data_dir)["valid"][0])
+    roll_to_midi(theirs[:12], STEP_SECONDS["jsb"]).write(str(own))
+    main(["generate", str(run), "--prime", str(own), "--steps", "5", "--out",
+          str(tmp_path / "own-continued.mid")])
+    continued = midi_to_roll(tmp_path / "own-continued.mid", STEP_SECONDS["jsb"], n_steps=17)
+    assert np.array_equal(continued[:12], theirs[:12])
 
 
 def test_import_midi_makes_a_data_set_that_trains(tmp_path, jsb, capsys):
