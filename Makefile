@@ -94,8 +94,9 @@ results-rnn-rbm: install
 	$(VENV)/bin/linmem summarize results/rnn-rbm > results/rnn-rbm/table.md
 
 # Issue 16: one small LMN-B run per data set (early stopping with patience 20, at most 150
-# epochs) and a continuation of each data set's first test sequence, MIDI and piano roll, in
-# results/samples (the runs' best.pt is committed so that the samples can be made again).
+# epochs) and a continuation of each data set's first test sequence, in results/samples: the
+# MIDI holds the generated frames only (no music of the data sets is committed), the piano roll
+# shows the prime too; the runs' best.pt is committed so that the samples can be made again.
 SAMPLE_SETS ?= jsb nottingham musedata piano
 results-samples: install
 	for d in $(SAMPLE_SETS); do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train \
@@ -105,5 +106,5 @@ results-samples: install
 	  for f in config.json log.jsonl metrics.json best.pt; do \
 	    cp runs/samples/$$d-lmn-b-h100-m100/$$f results/samples/$$d-lmn-b-h100-m100/; done; \
 	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem generate results/samples/$$d-lmn-b-h100-m100 \
-	    --prime test:0 --prime-steps 32 --steps 64 --seed 0 --out results/samples/$$d.mid \
-	    --png results/samples/$$d.png; done
+	    --prime test:0 --prime-steps 32 --steps 64 --seed 0 --without-prime \
+	    --out results/samples/$$d.mid --png results/samples/$$d.png; done

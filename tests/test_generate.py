@@ -136,6 +136,10 @@ def test_generate_command_writes_midi_png_wav_and_its_record(tmp_path, data_dir,
     first = files["mid"].read_bytes()
     main(args)  # the same seed: the same music
     assert files["mid"].read_bytes() == first
+    alone = tmp_path / "alone.mid"
+    main([*args[:-6], "--out", str(alone), "--without-prime"])  # same seed, no png/wav
+    assert np.array_equal(midi_to_roll(alone, STEP_SECONDS["jsb"], n_steps=20), roll[16:])
+    assert json.loads(alone.with_suffix(".json").read_text())["midi_holds_prime"] is False
     # a MIDI file of your own as the prime, read at the run's data set's frame duration
     own = tmp_path / "own.mid"
     theirs = np.asarray(__import__("linmem").load_polyphonic("jsb", root=data_dir)["valid"][0])

@@ -90,11 +90,13 @@ def continue_run(run_dir: str | os.PathLike, prime: str, out: str | os.PathLike,
                  steps: int = 64, prime_steps: int | None = None, temperature: float = 1.0,
                  seed: int = 0, png: str | os.PathLike | None = None,
                  wav: str | os.PathLike | None = None, data_dir: str | None = None,
-                 command: str | None = None) -> dict[str, Any]:
+                 command: str | None = None, with_prime: bool = True) -> dict[str, Any]:
     """``linmem generate``: the best checkpoint of ``run_dir`` continues ``prime`` (see
     :func:`load_prime`; its first ``prime_steps`` frames) by ``steps`` frames; writes the prime
     and the continuation as MIDI to ``out`` (and a piano-roll PNG, a WAV rendered by
-    pretty_midi's sine synthesizer), with a JSON record beside ``out``; returns the record."""
+    pretty_midi's sine synthesizer), with a JSON record beside ``out``; returns the record.
+    ``with_prime=False``: the MIDI and the audio hold the generated frames only (a sample to
+    share without the data set's music; the PNG still shows the prime)."""
     started, commit = time.perf_counter(), git_commit()
     model, config = load_run_model(run_dir)
     roll, checksum = load_prime(prime, config.data, data_dir or config.data_dir)
@@ -105,8 +107,8 @@ def continue_run(run_dir: str | os.PathLike, prime: str, out: str | os.PathLike,
     continuation = generate(model, roll, steps, temperature,
                             torch.Generator().manual_seed(seed))
     seconds = step_seconds(config.data)
-    whole = np.concatenate([roll, continuation])
-    midi = roll_to_midi(whole, seconds)
+    midi = roll_to_midi(np.concatenate([roll, continuation]) if with_prime else continuation,
+                        seconds)
     with atomic_write(out) as f:
         midi.write(f)
     if png is not None:
@@ -119,7 +121,8 @@ def continue_run(run_dir: str | os.PathLike, prime: str, out: str | os.PathLike,
         with atomic_write(wav) as f:
             wavfile.write(f, rate, (0.8 * audio / peak * 32767).astype(np.int16))
     record = {"run": str(run_dir), "model": config.model, "prime": prime,
-              "prime_frames": len(roll), "steps": steps, "temperature": temperature,
+              "prime_frames": len(roll), "midi_holds_prime": with_prime, "steps": steps,
+              "temperature": temperature,
               "seconds_per_frame": seconds, "notes_per_frame": float(continuation.sum(1).mean())
               if steps else 0.0, "midi": str(out), "png": str(png) if png else None,
               "wav": str(wav) if wav else None,
