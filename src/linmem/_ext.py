@@ -59,6 +59,7 @@ def _cpu_description() -> str:
     return f"{model or platform.processor() or platform.machine()} [{flags}]"
 
 
+@functools.cache
 def _build_name() -> str:
     """The extension's name: a hash of its sources, flags and torch version. The build is the
     same on every CPU of an architecture (no ``-march=native``), so the CPU is not part of it."""

@@ -145,13 +145,14 @@ def _check_dtype(t: Tensor, weight: Tensor, what: str = "input") -> None:
                         f"one of them (input.to({weight.dtype}) or lmn.to({t.dtype}))")
 
 
-def _memory_of(state: State) -> Tensor | None:
-    """``state`` may be the memory alone or a ``(h, m)`` pair; only ``m`` carries information."""
+def _split_state(state: State) -> tuple[Tensor | None, Tensor | None]:
+    """``(h, m)`` of a state given as the memory alone or as a ``(h, m)`` pair; only ``m``
+    carries information (``h`` is checked for shape by the callers)."""
     if isinstance(state, tuple | list):
         if len(state) != 2:
             raise ValueError("state must be m_0 or a pair (h_0, m_0)")
-        return state[1]
-    return state
+        return state[0], state[1]
+    return None, state
 
 
 def _init_uniform(weight: Tensor, fan_in: int) -> None:
@@ -445,8 +446,7 @@ class LMNCell(nn.Module):
                              f"({self.input_size},), got {tuple(input.shape)}")
         _check_dtype(input, self.weight_xh)
         x = input if batched else input.unsqueeze(0)
-        h0 = state[0] if isinstance(state, tuple | list) and len(state) == 2 else None
-        m = _memory_of(state)
+        h0, m = _split_state(state)
         if m is None:
             m = x.new_zeros(x.shape[0], self.memory_size)
         elif not batched:
@@ -556,8 +556,7 @@ class LMN(nn.Module):
                              f"{self.input_size}")
         _check_dtype(x, self.weight_xh_l0)
         steps, batch = x.shape[0], x.shape[1]
-        h0 = state[0] if isinstance(state, tuple | list) and len(state) == 2 else None
-        m0 = _memory_of(state)
+        h0, m0 = _split_state(state)
         if m0 is None:
             m0 = x.new_zeros(self.num_layers, batch, self.memory_size)
         elif unbatched and m0.dim() == 2:
