@@ -186,3 +186,66 @@ def test_sgd_option_takes_plain_sgd_steps(tmp_path, small):
         TrainConfig(optimizer="rmsprop")
     with pytest.raises(ValueError, match="momentum"):
         TrainConfig(momentum=1.5)
+
+
+@pytest.mark.parametrize("model", ["lstm", "lmn-b"])
+def test_chunked_training_is_truncated_bptt(tmp_path, small, model):
+    """--chunk N: one plain SGD step per window of N steps, the state carried into the next
+    window but not differentiated through, recomputed by hand with the bare recurrent core."""
+    from linmem.data import collate
+    from linmem.metrics import masked_nll
+
+    one = {"train": small["train"][:2], "valid": small["valid"][:2], "test": small["test"][:2]}
+    cfg = config(model=model, optimizer="sgd", lr=0.01, weight_decay=0.0, epochs=1, chunk=7,
+                 batch_size=2, init_bias=False, clip=None)
+    torch.manual_seed(cfg.seed)
+    ref = build_model(model, 12, cfg.memory)
+    params = list(ref.parameters())
+    batch = collate(one["train"])
+    steps, state, windows = batch.inputs.shape[1], None, 0
+    for start in range(0, steps, 7):
+        piece = slice(start, start + 7)
+        out, new_state = ref.core(batch.inputs[:, piece], state)
+        loss = masked_nll(ref.readout(out), batch.targets[:, piece], batch.mask[:, piece])
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                p -= 0.01 * g
+        state = tuple(s.detach() for s in new_state)
+        windows += 1
+    assert windows == -(-steps // 7) > 2
+    train(cfg, tmp_path / "run", progress=False, data=one)
+    after = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["model"]
+    for name, p in ref.named_parameters():
+        assert torch.allclose(after[name], p, atol=1e-5), name
+    # a window as long as the batch is one update on the whole batch, as without --chunk
+    whole = train(config(model=model, chunk=10_000, epochs=2), tmp_path / "w", progress=False,
+                  data=small)
+    plain = train(config(model=model, epochs=2), tmp_path / "p", progress=False, data=small)
+    assert whole["valid_acc"] == pytest.approx(plain["valid_acc"], abs=1e-9)
+    assert whole["test_nll"] == pytest.approx(plain["test_nll"], rel=1e-6)
+
+
+def test_batch_windows_cover_the_batch():
+    from linmem.data import collate
+
+    rng = np.random.default_rng(0)
+    seqs = [rng.random((n, 88)) < 0.1 for n in (12, 5, 9)]
+    batch = collate(seqs)
+    parts = list(batch.windows(4))
+    assert [p.inputs.shape[1] for p in parts] == [4, 4, 3]
+    assert torch.equal(torch.cat([p.inputs for p in parts], 1), batch.inputs)
+    assert torch.equal(torch.cat([p.mask for p in parts], 1), batch.mask)
+    for p in parts:  # a window's lengths are its valid steps
+        assert torch.equal(p.lengths, p.mask.sum(1))
+    with pytest.raises(ValueError, match="size must be a positive integer"):
+        next(batch.windows(0))
+
+
+def test_chunk_needs_a_model_that_can_train_on_windows(tmp_path, small):
+    with pytest.raises(ValueError, match="chunk must be a positive integer"):
+        TrainConfig(chunk=0)
+    with pytest.raises(ValueError, match="cannot train on windows"):
+        train(config(model="rnn-rbm", hidden=8, chunk=5, epochs=1), tmp_path / "r",
+              progress=False, data=small)
+    assert not (tmp_path / "r").exists()

@@ -93,6 +93,9 @@ _RUN_OPTIONS = (
                  callback=_positive, help="Epochs without a better validation accuracy."),
     click.option("--batch-size", type=int, default=_DEFAULT.batch_size, show_default=True,
                  callback=_positive),
+    click.option("--chunk", type=int, default=_DEFAULT.chunk, callback=_positive,
+                 help="Truncated backpropagation through time: an update per window of N steps, "
+                      "the state carried between windows [default: whole sequences]."),
     click.option("--clip", default=str(_DEFAULT.clip), show_default=True, callback=_clip,
                  help="Gradient-norm clipping, or 'none'."),
     click.option("--k", type=int, default=_DEFAULT.k, show_default=True, callback=_positive,
@@ -281,7 +284,8 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
 @click.option("--model", "models", multiple=True, type=_ModelChoice(),
               default=["lmn-b"], show_default=True, help="Model (repeat for several).")
 @click.option("--grid", default="paper", show_default=True,
-              help="Named grid: paper, paper-small, quick, tiny (linmem.search.GRIDS).")
+              help="Named grid: paper, paper-small, reduced, quick, tiny "
+                   "(linmem.search.GRIDS).")
 @click.option("--storage", default=None,
               help="Optuna storage URL, e.g. postgresql://user@host/db to share the studies "
                    "between machines [default: sqlite:///OUT/search.db].")

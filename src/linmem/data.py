@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ._check import check_int
 from ._io import atomic_write
 
 __all__ = ["DATASETS", "HIGHEST_NOTE", "LOWEST_NOTE", "N_KEYS", "SPLITS", "Batch", "DataError",
@@ -421,6 +422,16 @@ class Batch:
     def to(self, device: torch.device | str) -> Batch:
         return Batch(self.inputs.to(device), self.targets.to(device), self.mask.to(device),
                      self.lengths)
+
+    def windows(self, size: int) -> Iterator[Batch]:
+        """The batch cut along time into consecutive windows of ``size`` steps (the last one
+        shorter), for truncated backpropagation through time: a sequence's ``lengths`` in a
+        window are its valid steps there (0 once it has ended)."""
+        size = check_int("size", size)
+        for start in range(0, self.inputs.shape[1], size):
+            stop = min(start + size, self.inputs.shape[1])
+            yield Batch(self.inputs[:, start:stop], self.targets[:, start:stop],
+                        self.mask[:, start:stop], (self.lengths - start).clamp(0, stop - start))
 
 
 def transpose(batch: Batch, shifts: Sequence[int]) -> Batch:

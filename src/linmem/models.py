@@ -62,8 +62,9 @@ _TORCH_RNNS: dict[str, Callable[..., nn.Module]] = {"rnn": nn.RNN, "lstm": nn.LS
 class NextStepPredictor(nn.Module):
     """``core`` (batch first) followed by a linear readout to ``n_keys`` logits.
 
-    The trainer's model protocol (:mod:`linmem.train`): :meth:`training_loss` of a batch,
-    ``forward`` giving the logits that every metric scores, :meth:`init_output_bias`, the names
+    The trainer's model protocol (:mod:`linmem.train`): :meth:`training_loss` of a batch
+    (optionally :meth:`chunk_loss`, for training on windows), ``forward`` giving the logits that
+    every metric scores, :meth:`init_output_bias`, the names
     of the logged losses (:attr:`train_loss_name`, :attr:`valid_nll_name`) and
     :meth:`finalize_metrics` for scores only the model can compute (none here).
     """
@@ -137,6 +138,14 @@ class NextStepPredictor(nn.Module):
         """The Bernoulli NLL of the batch's next frames, per valid frame."""
         return masked_nll(self(batch.inputs), batch.targets, batch.mask)
 
+    def chunk_loss(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
+        """Truncated backpropagation through time: the NLL of one window of a batch
+        (:meth:`linmem.data.Batch.windows`), the recurrence continued from ``state`` (``None``
+        for the first window); ``(loss, state)``, the state detached: the next window's
+        gradient stops at its start."""
+        logits, state = self.step(batch.inputs, state)
+        return masked_nll(logits, batch.targets, batch.mask), _detach(state)
+
     def finalize_metrics(self, metrics: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         """The run's final metrics, with what only this model can add (nothing)."""
         return metrics
@@ -152,6 +161,14 @@ class NextStepPredictor(nn.Module):
         return {"model": self.name, "hidden": self.hidden, "memory": self.memory,
                 "num_layers": self.num_layers, "input_size": self.input_size,
                 "dropout": self.dropout, "nonlinearity": self.nonlinearity, "k": self.k}
+
+
+def _detach(state: Any) -> Any:
+    """A recurrent state (a tensor, an LSTM's ``(h, c)``, an LMN's ``(h, m)``) cut from the
+    graph."""
+    if isinstance(state, Tensor):
+        return state.detach()
+    return type(state)(_detach(s) for s in state)
 
 
 # ---------------------------------------------------------------------------------- registry

@@ -76,6 +76,10 @@ GRIDS: dict[str, Grid] = {
     "paper": Grid((50, 100, 250, 500, 750), PAPER_LMN_SIZES, PAPER_WEIGHT_DECAYS),
     # the paper's grid without the sizes above 250 units: a quicker first pass
     "paper-small": Grid((50, 100, 250), PAPER_LMN_SIZES[:3], PAPER_WEIGHT_DECAYS),
+    # issue 15's reduced grid for the three larger data sets (evidence in results/search.md):
+    # each model's size selected on JSB Chorales' full grid with the paper's sizes around it,
+    # and the two weight decays selected there (1e-5: five models; 1e-7: pret-LMN-B)
+    "reduced": Grid((250, 500, 750), ((100, 250), (250, 250), (250, 500)), (1e-5, 1e-7)),
     "quick": Grid((50, 100), ((50, 50), (50, 100)), (1e-5, 0.0)),
     "tiny": Grid((4, 8), ((4, 4), (4, 8)), (1e-5, 0.0)),  # for tests
 }

@@ -21,7 +21,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,22 @@ from .models import (
     get_spec,
 )
 
-__all__ = ["BUDGET_FIELDS", "OPTIMIZERS", "CheckpointError", "TrainConfig", "TrainingDiverged",
-           "check_size", "evaluate", "load_checkpoint", "load_run_model", "make_optimizer",
-           "train", "train_step", "with_data_dir"]
+__all__ = [
+    "BUDGET_FIELDS",
+    "OPTIMIZERS",
+    "CheckpointError",
+    "TrainConfig",
+    "TrainingDiverged",
+    "check_size",
+    "chunked_steps",
+    "evaluate",
+    "load_checkpoint",
+    "load_run_model",
+    "make_optimizer",
+    "train",
+    "train_step",
+    "with_data_dir",
+]
 
 OPTIMIZERS = ("adam", "sgd")
 # what bounds a run's length: --resume may change them; every other field is the run's identity
@@ -88,6 +101,9 @@ class TrainConfig:
     # batch 4 reaches a given accuracy in ~4x fewer epochs than 8; validation accuracy keeps
     # rising long after the validation NLL bottoms out, hence the long patience.
     batch_size: int = 4
+    # truncated backpropagation through time: an update per window of `chunk` steps, the state
+    # carried (detached) from window to window of a batch; None: one update per whole batch
+    chunk: int | None = None
     epochs: int = 1000  # upper bound; early stopping ends the run first
     patience: int = 50  # epochs without a better validation accuracy before stopping
     clip: float | None = 5.0  # gradient-norm clipping; None disables it
@@ -126,6 +142,7 @@ class TrainConfig:
                      "eval_batch_size", "k", "rbm_hidden", "cd_k", "ais_chains", "ais_betas"):
             check_int(name, getattr(self, name))
         check_int("memory", self.memory, none_ok=True)
+        check_int("chunk", self.chunk, none_ok=True)
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -180,7 +197,23 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     ``training_loss(batch)`` (the masked NLL; the RNN-RBM's contrastive-divergence cost),
     backward, optional gradient-norm clipping, optimizer step. Returns the loss, or None (and no
     update) when the loss is not finite."""
-    loss = model.training_loss(batch)
+    return _update(model, optimizer, model.training_loss(batch), clip)
+
+
+def chunked_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
+                  chunk: int, clip: float | None = None) -> Iterator[tuple[float | None, Batch]]:
+    """Truncated backpropagation through time over ``batch``: one update per window of
+    ``chunk`` steps (the model's ``chunk_loss(window, state)``), the state carried from window
+    to window without gradient. Yields ``(loss or None if not finite, window)`` after each
+    update."""
+    state = None
+    for window in batch.windows(chunk):
+        loss, state = model.chunk_loss(window, state)  # state: detached by the model
+        yield _update(model, optimizer, loss, clip), window
+
+
+def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
+            clip: float | None) -> float | None:
     if not torch.isfinite(loss):
         return None
     optimizer.zero_grad(set_to_none=True)
@@ -364,6 +397,9 @@ def train(
 
     torch.manual_seed(config.seed)
     model = _build(config)
+    if config.chunk is not None and not hasattr(model, "chunk_loss"):
+        raise ValueError(f"{config.model} cannot train on windows (--chunk): it has no "
+                         "chunk_loss")
     if config.init_bias:
         model.init_output_bias(torch.from_numpy(np.concatenate(train_seqs).mean(0)))
     # the run exists once its data and model do: a start that failed before leaves nothing
@@ -402,15 +438,18 @@ def train(
             if config.transpose:
                 batch = transpose(batch, shifts[idx])
             batch = batch.to(device)
-            loss = train_step(model, optimizer, batch, config.clip)
-            if loss is None:
-                bar.close()
-                raise TrainingDiverged(
-                    f"the training loss became NaN or inf in epoch {epoch}; "
-                    f"{checkpoint} keeps epoch {state['epoch']}. Lower --lr or set --clip.")
-            n = float(batch.mask.sum())
-            loss_sum += loss * n
-            frames += n
+            steps = ([(train_step(model, optimizer, batch, config.clip), batch)]
+                     if config.chunk is None else
+                     chunked_steps(model, optimizer, batch, config.chunk, config.clip))
+            for loss, part in steps:
+                if loss is None:
+                    bar.close()
+                    raise TrainingDiverged(
+                        f"the training loss became NaN or inf in epoch {epoch}; "
+                        f"{checkpoint} keeps epoch {state['epoch']}. Lower --lr or set --clip.")
+                n = float(part.mask.sum())
+                loss_sum += loss * n
+                frames += n
             bar.set_postfix(loss=f"{loss_sum / frames:.3f}")
         valid = evaluate(model, data["valid"], config.eval_batch_size, device)
         improved = valid["acc"] > state["best_acc"]
