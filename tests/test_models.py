@@ -28,8 +28,10 @@ def test_parameter_formulas(name, x, h, m):
     arch = architecture(name)
     out = {"lmn-b": m, "ulm": 11 * h}.get(arch, h)  # the ULM reads h_t .. h_{t-10}
     biases = {"lstm": 8 * h, "gru": 6 * h, "rnn": 2 * h, "ulm": h}.get(arch, h + m)
+    # a NADE readout (H = 150 hidden units) adds U_c s + c_0 and its weights W and V
+    nade = out * 150 + 150 + 2 * 150 * x if name.endswith("-nade") else 0
     assert count_parameters(model) == recurrent_weight_count(name, x, h, m) + biases + \
-        out * x + x
+        out * x + x + nade
 
 
 def test_lmn_has_fewer_parameters_than_gated_models_with_the_same_units():

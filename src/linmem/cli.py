@@ -179,6 +179,11 @@ def cli(ctx: click.Context) -> None:
               default=_DEFAULT.rnn_pretrain_epochs, show_default=True,
               help="rnn-rbm: first train a tanh RNN next-step predictor (epoch bound) and copy "
                    "it into the RNN part.")
+@click.option("--nade-hidden", type=int, default=_DEFAULT.nade_hidden, show_default=True,
+              callback=_positive, help="*-nade: hidden units of the NADE over the keys.")
+@click.option("--nade-samples", type=int, default=_DEFAULT.nade_samples, show_default=True,
+              callback=_positive, help="*-nade: frames drawn per step for the key marginals "
+                                       "and the expected accuracy.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Run directory (default: runs/DATA-MODEL-SIZES-wdWD-sSEED).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last epoch.")

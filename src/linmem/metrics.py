@@ -9,14 +9,16 @@ over a whole split is computed over all its frames, never averaged per batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FrameScores", "frame_accuracy", "frame_counts", "frame_nll", "masked_nll",
-           "previous_frame_scores"]
+__all__ = ["FrameScores", "expected_accuracy_from_sums", "expected_frame_accuracy",
+           "frame_accuracy", "frame_counts", "frame_nll", "masked_nll", "previous_frame_scores",
+           "sample_ratio_sums"]
 
 ArrayLike = np.ndarray | torch.Tensor
 
@@ -116,6 +118,43 @@ def frame_accuracy(probs: ArrayLike, targets: ArrayLike, mask: ArrayLike | None 
     raise ValueError(f"average must be 'global' or 'frame', got {average!r}")
 
 
+def sample_ratio_sums(samples: torch.Tensor, targets: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of ``S`` sampled predictions ``samples (S, N, K)`` (0/1) of the frames
+    ``targets (N, K)``: the sum over frames of ``TP / (TP + FP + FN)`` and the number of frames
+    scored (those not silent in both), each ``(S,)`` float64 (:func:`expected_frame_accuracy`
+    over batches)."""
+    if samples.dim() != 3 or samples.shape[1:] != targets.shape:
+        raise ValueError(f"samples must be (S, {', '.join(map(str, targets.shape))}), got "
+                         f"{tuple(samples.shape)}")
+    pred, truth = samples > 0.5, (targets > 0.5).unsqueeze(0)
+    tp = (pred & truth).sum(-1).double()
+    denom = (pred | truth).sum(-1).double()  # TP + FP + FN
+    scored = denom > 0
+    return (tp / denom.clamp(min=1)).sum(-1), scored.sum(-1).double()
+
+
+def expected_accuracy_from_sums(sums: torch.Tensor, counts: torch.Tensor
+                                ) -> tuple[float, float]:
+    """The expected accuracy and its standard error from :func:`sample_ratio_sums`' totals: each
+    sample ``s`` gives a per-frame mean ``A_s``; the estimate is their mean, the error their
+    standard deviation over ``sqrt(S)``."""
+    per_sample = torch.where(counts > 0, sums / counts.clamp(min=1), torch.ones_like(sums))
+    n = len(per_sample)
+    se = float(per_sample.std() / math.sqrt(n)) if n > 1 else float("nan")
+    return float(per_sample.mean()), se
+
+
+def expected_frame_accuracy(samples: torch.Tensor, targets: torch.Tensor
+                            ) -> tuple[float, float]:
+    """Expected frame-level accuracy under a model's distribution (Boulanger-Lewandowski et al.
+    2012), estimated from ``S`` frames drawn per step, ``samples (S, N, K)`` 0/1 against
+    ``targets (N, K)``: the mean over samples and frames of ``TP / (TP + FP + FN)``, frames
+    silent in both sample and target left out (as in ``average="frame"``), and the standard
+    error of the estimate over the ``S`` samples. Fractions in [0, 1]."""
+    return expected_accuracy_from_sums(*sample_ratio_sums(samples, targets))
+
+
 def previous_frame_scores(sequences) -> dict[str, float]:
     """The "previous frame" baseline: no model, frame ``t + 1`` predicted to be frame ``t``.
 
@@ -182,8 +221,13 @@ class FrameScores:
 
     @torch.no_grad()
     def update(self, logits: torch.Tensor, targets: torch.Tensor,
-               mask: torch.Tensor | None = None) -> None:
+               mask: torch.Tensor | None = None, nll_logits: torch.Tensor | None = None
+               ) -> None:
+        """Scores ``logits`` (``(..., K)``, the key marginals' log-odds) against ``targets``;
+        the NLL is that of ``nll_logits`` when given (a joint model's conditionals, whose
+        Bernoulli NLL is its exact likelihood), else of ``logits``."""
         z, y = _flatten(logits, targets, mask, "logits")
+        zn = z if nll_logits is None else _flatten(nll_logits, targets, mask, "nll_logits")[0]
         z = z.to(torch.float64)
         probs = torch.sigmoid(z)
         tp, fp, fn = frame_counts(probs, y, None, self.threshold)
@@ -193,8 +237,8 @@ class FrameScores:
         scored = denom > 0
         self.frame_ratio_sum += float((tp[scored].double() / denom[scored].double()).sum())
         self.scored_frames += int(scored.sum())
-        self.nll_sum += float(F.binary_cross_entropy_with_logits(z, y.to(z.dtype),
-                                                                 reduction="sum"))
+        self.nll_sum += float(F.binary_cross_entropy_with_logits(
+            zn.to(torch.float64), y.to(torch.float64), reduction="sum"))
         self.frames += z.shape[0]
         if not self.grid_tp:
             self.grid_tp, self.grid_denom = [0] * len(self.grid), [0] * len(self.grid)

@@ -12,6 +12,8 @@ name              core                                        readout reads
 ``pret-lmn-a``    as ``lmn-a``, initialised by pretraining     ``h_t``
 ``pret-lmn-b``    as ``lmn-b``, initialised by pretraining     ``m_t``
 ``pret-rnn``      as ``rnn``, initialised by pretraining       ``h_t``
+``CORE-nade``     the core of ``CORE`` (lmn-a, lmn-b, rnn,     as ``CORE``; a NADE over
+                  lstm, gru), :class:`NADEPredictor`           the keys, not independent
 ================  ==========================================  ==========================
 
 Every model maps inputs ``(B, T, K)`` to logits ``(B, T, K)``; ``sigmoid(logits[:, t])`` is the
@@ -31,8 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from ._check import check_int
-from .data import N_KEYS, Batch
-from .metrics import masked_nll
+from .data import N_KEYS, Batch, iterate_batches
+from .metrics import expected_accuracy_from_sums, masked_nll, sample_ratio_sums
+from .nade import NADE
 from .nn import LMN, NONLINEARITIES, UnrolledNet
 from .rnnrbm import PREDICTIONS, RNNRBM
 
@@ -42,6 +45,7 @@ __all__ = [
     "PREDICTIONS",
     "REGISTRY",
     "ModelSpec",
+    "NADEPredictor",
     "NextStepPredictor",
     "architecture",
     "build_model",
@@ -171,6 +175,99 @@ def _detach(state: Any) -> Any:
     return type(state)(_detach(s) for s in state)
 
 
+class NADEPredictor(NextStepPredictor):
+    """The recurrent core of a :class:`NextStepPredictor` with a joint readout over the keys, a
+    :class:`linmem.nade.NADE` whose biases the state sets (RNN-NADE of Boulanger-Lewandowski et
+    al. 2012; here over any core: ``lmn-b-nade`` reads the LMN's memory ``m_t``).
+
+    Training minimises the exact NLL of the next frame (the conditionals' Bernoulli NLL, keys
+    in order); :meth:`likelihood_logits` gives the trainer's evaluation the same exact NLL.
+    ``forward`` returns the logits of the key marginals estimated by sampling (the accuracy's
+    input), and :meth:`finalize_metrics` adds the expected accuracy of Boulanger-Lewandowski et
+    al. (over samples of the model's frames).
+    """
+
+    def __init__(self, name: str, input_size: int = N_KEYS, hidden: int = 100,
+                 memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
+                 nonlinearity: str | None = None, k: int = 10, nade_hidden: int = 150,
+                 nade_samples: int = 100, seed: int = 0):
+        super().__init__(name, input_size, hidden, memory, num_layers, dropout, nonlinearity, k)
+        self.readout = NADE(input_size, nade_hidden, self.readout.in_features, nade_samples,
+                            seed)
+        self.nade_hidden, self.nade_samples, self.seed = nade_hidden, nade_samples, seed
+
+    @torch.no_grad()
+    def init_output_bias(self, key_rates: Tensor, eps: float = 1e-3) -> None:
+        """The NADE's visible bias at the log-odds of each key's rate (with ``V = 0`` at the
+        start, the conditionals are the base rates)."""
+        p = torch.as_tensor(key_rates, dtype=self.readout.W.dtype).clamp(eps, 1 - eps)
+        self.readout.visible_bias.bias.copy_(torch.log(p) - torch.log1p(-p))
+
+    def likelihood_logits(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        """Logits whose Bernoulli NLL against ``targets`` is the model's exact NLL: the NADE's
+        conditionals ``P(v_i = 1 | v_<i, past)`` of the target frames. ``(B, T, K)``."""
+        out, _ = self.core(inputs)
+        return self.readout.conditional_logits(self.drop(out), targets)
+
+    def training_loss(self, batch: Batch) -> Tensor:
+        """The exact NLL of the batch's next frames, per valid frame."""
+        return masked_nll(self.likelihood_logits(batch.inputs, batch.targets), batch.targets,
+                          batch.mask)
+
+    def chunk_loss(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
+        """:meth:`NextStepPredictor.chunk_loss` with the exact NLL."""
+        out, state = self.core(batch.inputs, state)
+        z = self.readout.conditional_logits(self.drop(out), batch.targets)
+        return masked_nll(z, batch.targets, batch.mask), _detach(state)
+
+    @torch.no_grad()
+    def generation_step(self, frames: Tensor, state: Any = None, temperature: float = 1.0,
+                        generator: torch.Generator | None = None
+                        ) -> tuple[Tensor, Any, Tensor]:
+        """Consume ``frames`` and draw the next frame from the NADE (keys jointly, ancestral):
+        ``(frame (B, K), state, conditional probabilities (B, K) along the drawn frame)``."""
+        out, state = self.core(frames, state)
+        v, p = self.readout.sample(out[:, -1], 1, temperature, generator)
+        return v[0], state, p[0]
+
+    def finalize_metrics(self, metrics: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        """Adds the expected accuracies (:func:`linmem.metrics.expected_frame_accuracy`, over
+        ``nade_samples`` frames drawn per step) of the validation and test splits, and how the
+        marginals were estimated."""
+        metrics = dict(metrics)
+        for split in ("valid", "test"):
+            acc, se = self.expected_accuracy(data[split])
+            metrics[f"{split}_acc_expected"], metrics[f"{split}_acc_expected_se"] = \
+                100 * acc, 100 * se
+        metrics["key_marginals"] = (f"mean of the conditional probabilities along "
+                                    f"{self.nade_samples} ancestral samples per step (seed "
+                                    f"{self.seed})")
+        metrics["nll_method"] = "exact (NADE)"
+        return metrics
+
+    @torch.no_grad()
+    def expected_accuracy(self, sequences: list, batch_size: int = 16) -> tuple[float, float]:
+        """Boulanger-Lewandowski et al.'s expected per-frame accuracy of next-step prediction
+        over ``sequences``, from ``nade_samples`` frames drawn per step, and its standard
+        error."""
+        was_training = self.training
+        self.eval()
+        gen = torch.Generator().manual_seed(self.seed + 1)
+        sums = counts = None
+        device = next(self.parameters()).device
+        for batch in iterate_batches(sequences, batch_size,
+                                     dtype=next(self.parameters()).dtype):
+            batch = batch.to(device)
+            out, _ = self.core(batch.inputs)
+            context = out[batch.mask]  # (N, out): valid steps only
+            v, _ = self.readout.sample(context, self.nade_samples, generator=gen)
+            ratio_sum, scored = sample_ratio_sums(v, batch.targets[batch.mask])
+            sums = ratio_sum if sums is None else sums + ratio_sum
+            counts = scored if counts is None else counts + scored
+        self.train(was_training)
+        return expected_accuracy_from_sums(sums, counts)
+
+
 # ---------------------------------------------------------------------------------- registry
 
 
@@ -246,6 +343,15 @@ def _predictor(name: str) -> Callable[..., nn.Module]:
     return build
 
 
+def _nade_predictor(name: str) -> Callable[..., nn.Module]:
+    def build(hidden: int, memory: int | None, num_layers: int, input_size: int,
+              dropout: float, nonlinearity: str, k: int, nade_hidden: int = 150,
+              nade_samples: int = 100, seed: int = 0) -> nn.Module:
+        return NADEPredictor(name, input_size, hidden, memory, num_layers, dropout,
+                             nonlinearity, k, nade_hidden, nade_samples, seed)
+    return build
+
+
 def _rnn_rbm(hidden: int, memory: int | None, num_layers: int, input_size: int,
              dropout: float, nonlinearity: str, k: int, rbm_hidden: int = 150, cd_k: int = 15,
              rbm_predict: str = "gibbs", seed: int = 0, ais_chains: int = 100,
@@ -280,6 +386,14 @@ for _spec in (
                        "ais_frames"), recipe="rnn-rbm"),
 ):
     register(_spec)
+
+# a NADE readout over the keys (issue 17) on every trainable core: rnn-nade is RNN-NADE
+for _core in ("lmn-a", "lmn-b", "rnn", "lstm", "gru"):
+    _base = REGISTRY[_core]
+    register(ModelSpec(f"{_core}-nade", f"{_base.display}-NADE", _core,
+                       _nade_predictor(f"{_core}-nade"), has_memory=_base.has_memory,
+                       nonlinearities=_base.nonlinearities,
+                       options=("nade_hidden", "nade_samples", "seed")))
 
 MODELS = model_names()  # the built-in models; model_names() also lists later registrations
 DEFAULT_MODEL = "lmn-b"  # what `linmem train` trains unless told otherwise

@@ -127,6 +127,10 @@ class TrainConfig:
     ais_frames: int | None = 500  # test NLL on this many random test frames (None: all)
     rbm_pretrain_epochs: int = 0  # CD epochs of the RBM on all frames before training (0: none)
     rnn_pretrain_epochs: int = 0  # epoch bound of the next-step RNN copied in (0: none)
+    # *-nade only (linmem.nade): the NADE's hidden units, and the ancestral samples per step
+    # of the key marginals (accuracy) and of the expected accuracy
+    nade_hidden: int = 150
+    nade_samples: int = 100
 
     def __post_init__(self) -> None:
         self.data = resolve_name(self.data)
@@ -139,7 +143,8 @@ class TrainConfig:
         if not get_spec(self.model).has_memory:
             self.memory = None
         for name in ("hidden", "num_layers", "batch_size", "epochs", "patience",
-                     "eval_batch_size", "k", "rbm_hidden", "cd_k", "ais_chains", "ais_betas"):
+                     "eval_batch_size", "k", "rbm_hidden", "cd_k", "ais_chains", "ais_betas",
+                     "nade_hidden", "nade_samples"):
             check_int(name, getattr(self, name))
         check_int("memory", self.memory, none_ok=True)
         check_int("chunk", self.chunk, none_ok=True)
@@ -233,7 +238,10 @@ def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size
     scores = FrameScores()
     for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype):
         batch = batch.to(device)
-        scores.update(model(batch.inputs), batch.targets, batch.mask)
+        # a joint readout (NADE) scores its exact likelihood, not the marginals' (protocol)
+        exact = (model.likelihood_logits(batch.inputs, batch.targets)
+                 if hasattr(model, "likelihood_logits") else None)
+        scores.update(model(batch.inputs), batch.targets, batch.mask, nll_logits=exact)
     return scores.compute()
 
 
