@@ -281,3 +281,25 @@ def test_storage_and_grids_are_usable_objects(tmp_path):
     storage = make_storage(default_storage(tmp_path), heartbeat_interval=5)
     assert storage.get_heartbeat_interval() == 5
     assert set(GRIDS) >= {"paper", "quick", "tiny"}
+
+
+def test_search_of_a_nade_model_selects_on_validation_nll(tmp_path, data_dir):
+    """--select nll: each trial's objective is minus its validation NLL (exact for a NADE), the
+    selected point is the lowest NLL, and no marginals are drawn at the epochs."""
+    config = _config(tmp_path, data_dir, models=["lstm-nade"], epochs=2)
+    config.base = TrainConfig(**{**config.base.__dict__, "select": "nll", "nade_hidden": 5,
+                                 "nade_samples": 4})
+    assert run_worker(config, command="test", log=lambda _: None) == {
+        "jsb-lstm-nade-tiny": {"done": 4}}
+    storage = default_storage(config.out_dir)
+    study = optuna.load_study(study_name="jsb-lstm-nade-tiny", storage=storage)
+    for t in study.get_trials():
+        metrics = json.loads((Path(t.user_attrs["run_dir"]) / "metrics.json").read_text())
+        assert t.value == pytest.approx(-metrics["valid_nll"])
+        assert metrics["selected_on"] == "valid nll" and "test_acc_expected" in metrics
+        log = (Path(t.user_attrs["run_dir"]) / "log.jsonl").read_text().splitlines()
+        assert all(json.loads(row)["valid_acc"] is None for row in log)
+    record = search_records(storage, "tiny")[0]
+    nlls = [t["valid_nll"] for t in record["trials_run"]]
+    assert record["selected_on"] == "valid nll" and record["valid_nll"] == min(nlls)
+    assert record["test_acc_expected"] is not None

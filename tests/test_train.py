@@ -249,3 +249,16 @@ def test_chunk_needs_a_model_that_can_train_on_windows(tmp_path, small):
         train(config(model="rnn-rbm", hidden=8, chunk=5, epochs=1), tmp_path / "r",
               progress=False, data=small)
     assert not (tmp_path / "r").exists()
+
+
+def test_select_on_nll_keeps_the_epoch_of_the_lowest_validation_nll(tmp_path, small):
+    metrics = train(config(select="nll", epochs=6, lr=0.03), tmp_path / "run", progress=False,
+                    data=small)
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    best = min(log, key=lambda r: r["valid_nll"])
+    assert metrics["best_epoch"] == best["epoch"] and metrics["selected_on"] == "valid nll"
+    assert metrics["valid_nll"] == pytest.approx(best["valid_nll"], rel=1e-6)
+    # a factorised model's accuracy costs nothing: it is still logged
+    assert all(r["valid_acc"] is not None for r in log)
+    with pytest.raises(ValueError, match="select must be one of"):
+        TrainConfig(select="loss")

@@ -38,7 +38,14 @@ from .report import (
     run_records,
     write_search_report,
 )
-from .train import OPTIMIZERS, TrainConfig, TrainingDiverged, evaluate, load_run_model
+from .train import (
+    OPTIMIZERS,
+    SELECTIONS,
+    TrainConfig,
+    TrainingDiverged,
+    evaluate,
+    load_run_model,
+)
 
 _DEFAULT = TrainConfig()
 
@@ -93,6 +100,9 @@ _RUN_OPTIONS = (
                  callback=_positive, help="Epochs without a better validation accuracy."),
     click.option("--batch-size", type=int, default=_DEFAULT.batch_size, show_default=True,
                  callback=_positive),
+    click.option("--select", type=click.Choice(SELECTIONS), default=_DEFAULT.select,
+                 show_default=True, help="The validation score that picks the best epoch: "
+                                         "accuracy (the paper's) or NLL."),
     click.option("--chunk", type=int, default=_DEFAULT.chunk, callback=_positive,
                  help="Truncated backpropagation through time: an update per window of N steps, "
                       "the state carried between windows [default: whole sequences]."),
@@ -289,7 +299,7 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
 @click.option("--model", "models", multiple=True, type=_ModelChoice(),
               default=["lmn-b"], show_default=True, help="Model (repeat for several).")
 @click.option("--grid", default="paper", show_default=True,
-              help="Named grid: paper, paper-small, reduced, quick, tiny "
+              help="Named grid: paper, paper-small, reduced, nade, quick, tiny "
                    "(linmem.search.GRIDS).")
 @click.option("--storage", default=None,
               help="Optuna storage URL, e.g. postgresql://user@host/db to share the studies "

@@ -152,7 +152,8 @@ def display_name(model: str) -> str:
     return spec.display if spec is not None else model
 
 SUMMARY_FIELDS = ("dataset", "model", "hidden", "memory", "weight_decay", "valid_acc", "test_acc",
-                  "valid_acc_frame", "test_acc_frame", "test_nll", "test_nll_se", "n_params",
+                  "valid_acc_frame", "test_acc_frame", "valid_nll", "test_nll", "test_nll_se",
+                  "test_acc_expected", "test_acc_expected_se", "selected_on", "n_params",
                   "epochs", "wall_time_s", "trials", "grid_points", "grid_complete",
                   "trials_pruned", "trials_failed", "grid", "command", "commit", "seed",
                   "data_sha256", "search_wall_time_s", "run_dir")
@@ -337,17 +338,20 @@ def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
     epochs = [r["epoch"] for r in rows]
     loss_key = next(k for k in rows[0] if k.startswith("train_"))
     nll_key = next(k for k in rows[0] if k.startswith("valid_nll"))
-    best = max(rows, key=lambda r: r["valid_acc"])["epoch"]
+    flagged = [r["epoch"] for r in rows if r.get("best")]  # the epochs that made best.pt
+    best = flagged[-1] if flagged else max(rows, key=lambda r: r["valid_acc"])["epoch"]
     panels = [(loss_key, f"training {loss_key.removeprefix('train_').replace('_', ' ')}"),
               (nll_key, "validation NLL (nats per step)"),
               ("valid_acc", "validation frame accuracy (%)")]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    if all(r.get("valid_acc") is None for r in rows):  # selected on NLL, no marginals drawn
+        panels = panels[:2]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
     for ax, (key, title) in zip(axes, panels, strict=True):
         ax.plot(epochs, [r[key] for r in rows], lw=1.2)
         ax.axvline(best, color="tab:red", lw=1, ls="--", label=f"selected epoch {best}")
         ax.set_title(title)
         ax.set_xlabel("epoch")
-    axes[2].legend(fontsize=8)
+    axes[-1].legend(fontsize=8)
     fig.suptitle(str(Path(run_dir).name))
     fig.tight_layout()
     with atomic_write(path) as f:

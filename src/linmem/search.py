@@ -80,6 +80,9 @@ GRIDS: dict[str, Grid] = {
     # each model's size selected on JSB Chorales' full grid with the paper's sizes around it,
     # and the two weight decays selected there (1e-5: five models; 1e-7: pret-LMN-B)
     "reduced": Grid((250, 500, 750), ((100, 250), (250, 250), (250, 500)), (1e-5, 1e-7)),
+    # issue 17's NADE models on JSB Chorales: RNN-NADE's sizes (Boulanger-Lewandowski et al.
+    # 2012: 150-300 recurrent units, a NADE of 150), two weight decays against overfitting
+    "nade": Grid((150, 300), ((150, 150), (150, 300)), (1e-4, 1e-5)),
     "quick": Grid((50, 100), ((50, 50), (50, 100)), (1e-5, 0.0)),
     "tiny": Grid((4, 8), ((4, 4), (4, 8)), (1e-5, 0.0)),  # for tests
 }
@@ -312,11 +315,11 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
                                hidden=hidden, memory=memory, weight_decay=weight_decay)
 
         def report(epoch: int, row: dict) -> None:  # the pruner's input, kept in any case
-            trial.report(row["valid_acc"], epoch)
+            trial.report(_score(row, train_config.select), epoch)
             if trial.should_prune():
                 trial.set_user_attr("pruned_at_epoch", epoch)
-                raise optuna.TrialPruned(f"pruned at epoch {epoch} "
-                                         f"(valid acc {row['valid_acc']:.2f}%)")
+                raise optuna.TrialPruned(f"pruned at epoch {epoch} (valid "
+                                         f"{_score_text(row, train_config.select)})")
 
         try:
             metrics = run_training(train_config, run_dir, resume=True, progress=False,
@@ -324,14 +327,24 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         except TrainingDiverged as err:
             trial.set_user_attr("error", str(err))
             raise
-        for key in ("valid_acc", "valid_nll", "test_acc", "test_nll", "test_nll_se", "n_params",
-                    "epochs", "best_epoch", "wall_time_s", "commit", "data_sha256", "seed",
-                    "command"):
+        for key in ("valid_acc", "valid_nll", "test_acc", "test_nll", "test_nll_se",
+                    "valid_acc_frame", "test_acc_frame", "test_acc_expected",
+                    "test_acc_expected_se", "n_params", "epochs", "best_epoch", "wall_time_s",
+                    "commit", "data_sha256", "seed", "command"):
             if key in metrics:  # rnn-rbm: no valid_nll (its NLL is estimated on test only)
                 trial.set_user_attr(key, metrics[key])
-        return metrics["valid_acc"]
+        return _score(metrics, train_config.select)
 
     return objective
+
+
+def _score(row: dict[str, Any], select: str) -> float:
+    """A trial's objective (maximised): its validation accuracy, or minus its NLL."""
+    return row["valid_acc"] if select == "acc" else -row["valid_nll"]
+
+
+def _score_text(row: dict[str, Any], select: str) -> str:
+    return f"acc {row['valid_acc']:.2f}%" if select == "acc" else f"nll {row['valid_nll']:.3f}"
 
 
 def _load_data(config: SearchConfig, name: str) -> dict[str, list[np.ndarray]]:
@@ -449,7 +462,8 @@ def run_search(config: SearchConfig, jobs: int = 1, command: str | None = None,
 
 
 def select(study) -> tuple[Any, dict[str, int]] | None:
-    """The complete trial with the best validation accuracy (ties: the lower trial number), and
+    """The complete trial with the best validation score (accuracy, or minus the NLL when the
+    study selects on it; ties: the lower trial number), and
     the counts of trials that were run (``complete``, ``pruned``, ``failed``); None when no trial
     is complete. Test scores play no part."""
 
@@ -481,6 +495,7 @@ def search_records(storage: str, grid: str | None = None,
         if "grid" not in attrs or (grid is not None and attrs["grid"] != grid):
             continue
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        on_acc = attrs.get("train", {}).get("select", "acc") == "acc"
         points = grid_points(attrs["model"], attrs["grid"])
         states = point_states(study, points)
         trials = []
@@ -490,9 +505,15 @@ def search_records(storage: str, grid: str | None = None,
                 continue
             trials.append({"number": t.number, "point": p.name, "hidden": p.hidden,
                            "memory": p.memory, "weight_decay": p.weight_decay,
-                           "state": t.state.name.lower(), "valid_acc": t.value,
-                           "best_intermediate_valid_acc": max(t.intermediate_values.values(),
-                                                              default=None),
+                           "state": t.state.name.lower(),
+                           "valid_acc": t.value if on_acc else t.user_attrs.get("valid_acc"),
+                           "valid_nll": t.user_attrs.get("valid_nll"),
+                           "best_intermediate_valid_acc": (
+                               max(t.intermediate_values.values(), default=None) if on_acc
+                               else None),
+                           "best_intermediate_valid_nll": (
+                               None if on_acc or not t.intermediate_values
+                               else -max(t.intermediate_values.values())),
                            "epochs": t.user_attrs.get("epochs",
                                                       t.user_attrs.get("pruned_at_epoch")),
                            "wall_time_s": (t.duration.total_seconds()
@@ -500,6 +521,7 @@ def search_records(storage: str, grid: str | None = None,
         record: dict[str, Any] = {
             "study": summary.study_name, "dataset": attrs["data"], "model": attrs["model"],
             "grid": attrs["grid"], "subset": attrs.get("subset"),
+            "selected_on": "valid acc" if on_acc else "valid nll",
             "grid_points": len(points), "points_done": sum(s == "done" for s in states.values()),
             "points_failed": sum(s == "failed" for s in states.values()),
             "grid_complete": all(s in ("done", "failed") for s in states.values()),
@@ -514,10 +536,13 @@ def search_records(storage: str, grid: str | None = None,
                 u = {**read_json(metrics_file), **u}
             record.update({
                 "hidden": p.hidden, "memory": p.memory, "weight_decay": p.weight_decay,
-                "valid_acc": u["valid_acc"], "test_acc": u["test_acc"],
+                "valid_acc": u["valid_acc"], "valid_nll": u.get("valid_nll"),
+                "test_acc": u["test_acc"],
                 "valid_acc_frame": u.get("valid_acc_frame"),
                 "test_acc_frame": u.get("test_acc_frame"), "test_nll": u["test_nll"],
                 "test_nll_se": u.get("test_nll_se"),
+                "test_acc_expected": u.get("test_acc_expected"),
+                "test_acc_expected_se": u.get("test_acc_expected_se"),
                 "n_params": u["n_params"], "epochs": u["epochs"],
                 "best_epoch": u.get("best_epoch"), "wall_time_s": u["wall_time_s"],
                 "trials": counts["complete"] + counts["pruned"] + counts["failed"],

@@ -58,6 +58,7 @@ from .models import (
 __all__ = [
     "BUDGET_FIELDS",
     "OPTIMIZERS",
+    "SELECTIONS",
     "CheckpointError",
     "TrainConfig",
     "TrainingDiverged",
@@ -73,6 +74,9 @@ __all__ = [
 ]
 
 OPTIMIZERS = ("adam", "sgd")
+# what chooses the best epoch on validation: accuracy (the paper's), or the NLL (a likelihood
+# goal; for a joint readout it also spares the sampling of the marginals at every epoch)
+SELECTIONS = ("acc", "nll")
 # what bounds a run's length: --resume may change them; every other field is the run's identity
 BUDGET_FIELDS = ("epochs", "patience")
 # neither changes the numbers: a run may continue on another device or with the data elsewhere
@@ -105,7 +109,8 @@ class TrainConfig:
     # carried (detached) from window to window of a batch; None: one update per whole batch
     chunk: int | None = None
     epochs: int = 1000  # upper bound; early stopping ends the run first
-    patience: int = 50  # epochs without a better validation accuracy before stopping
+    patience: int = 50  # epochs without a better validation score before stopping
+    select: str = "acc"  # the validation score of early stopping and of best.pt (SELECTIONS)
     clip: float | None = 5.0  # gradient-norm clipping; None disables it
     init_bias: bool = True  # readout bias from the training split's key rates
     transpose: int = 0  # augmentation: shift each training sequence by up to +-N semitones
@@ -159,6 +164,8 @@ class TrainConfig:
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"clip must be > 0 or None, got {self.clip!r}")
         check_int("la_window", self.la_window, minimum=0, none_ok=True)  # 0: full length
+        if self.select not in SELECTIONS:
+            raise ValueError(f"select must be one of {list(SELECTIONS)}, got {self.select!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, "
                              f"got {self.optimizer!r}")
@@ -231,18 +238,22 @@ def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torc
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size: int = 64,
-             device: str | torch.device = "cpu") -> dict[str, float]:
+             device: str | torch.device = "cpu", accuracy: bool = True) -> dict[str, Any]:
     """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
-    ``sequences``, accumulated over every valid frame (not averaged per batch)."""
+    ``sequences``, accumulated over every valid frame (not averaged per batch). A model with a
+    joint readout (``likelihood_logits``, the NADE models) is scored on its exact likelihood,
+    and without ``accuracy`` on that alone (``nll`` and ``frames``): no marginals drawn."""
     model.eval()
     scores = FrameScores()
+    joint = hasattr(model, "likelihood_logits")
     for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype):
         batch = batch.to(device)
-        # a joint readout (NADE) scores its exact likelihood, not the marginals' (protocol)
-        exact = (model.likelihood_logits(batch.inputs, batch.targets)
-                 if hasattr(model, "likelihood_logits") else None)
-        scores.update(model(batch.inputs), batch.targets, batch.mask, nll_logits=exact)
-    return scores.compute()
+        exact = model.likelihood_logits(batch.inputs, batch.targets) if joint else None
+        logits = model(batch.inputs) if accuracy or not joint else exact
+        scores.update(logits, batch.targets, batch.mask, nll_logits=exact)
+    result = scores.compute()
+    return result if accuracy or not joint else {"nll": result["nll"],
+                                                 "frames": result["frames"]}
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -380,11 +391,12 @@ def train(
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, "
                               "or choose another output directory")
 
-    state = {"epoch": 0, "best_acc": -1.0, "best_epoch": 0, "bad_epochs": 0, "history": [],
-             "elapsed": 0.0, "stop_reason": None, "command": command, "resumed": []}
+    state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "bad_epochs": 0,
+             "history": [], "elapsed": 0.0, "stop_reason": None, "command": command, "resumed": []}
     ckpt = _resume_checkpoint(run_dir, device) if resume else None
     if ckpt is not None:
         state = {"command": command, "resumed": [], **ckpt["state"]}
+        state.setdefault("best_score", state.pop("best_acc", -math.inf))  # older checkpoints
         if state["stop_reason"] is not None:
             if _budget_left(state, config):
                 state["stop_reason"] = None  # a larger budget: the run goes on
@@ -459,16 +471,19 @@ def train(
                 loss_sum += loss * n
                 frames += n
             bar.set_postfix(loss=f"{loss_sum / frames:.3f}")
-        valid = evaluate(model, data["valid"], config.eval_batch_size, device)
-        improved = valid["acc"] > state["best_acc"]
+        valid = evaluate(model, data["valid"], config.eval_batch_size, device,
+                         accuracy=config.select == "acc")
+        score = valid["acc"] if config.select == "acc" else -valid["nll"]
+        improved = score > state["best_score"]
         if improved:
-            state.update(best_acc=valid["acc"], best_epoch=epoch, bad_epochs=0)
+            state.update(best_score=score, best_epoch=epoch, bad_epochs=0)
             _save_torch({"model": model.state_dict(), "epoch": epoch}, run_dir / "best.pt")
         else:
             state["bad_epochs"] += 1
         row = {"epoch": epoch, model.train_loss_name: loss_sum / frames,
-               "valid_acc": 100 * valid["acc"], model.valid_nll_name: valid["nll"],
-               "epoch_time_s": time.perf_counter() - t0, "best": improved}
+               "valid_acc": 100 * valid["acc"] if "acc" in valid else None,
+               model.valid_nll_name: valid["nll"], "epoch_time_s": time.perf_counter() - t0,
+               "best": improved}
         state["history"].append(row)
         state["epoch"] = epoch
         state["stop_reason"] = _stop_reason(state, config)
@@ -478,11 +493,14 @@ def train(
                     "state": state, "rng": torch.get_rng_state()}, run_dir)
         _write_log(run_dir, state["history"])
         if progress:
+            best_text = (f"{100 * state['best_score']:.2f}%" if config.select == "acc" else
+                         f"nll {-state['best_score']:.3f}")
             since = ("  * best so far" if improved else
-                     f"  (best {100 * state['best_acc']:.2f}% at {state['best_epoch']}; "
+                     f"  (best {best_text} at {state['best_epoch']}; "
                      f"{state['bad_epochs']}/{config.patience} without a better one)")
+            acc_text = "" if row["valid_acc"] is None else f"acc {row['valid_acc']:.2f}%  "
             tqdm.write(f"epoch {epoch:4d}/{config.epochs}  train {loss_name} "
-                       f"{loss_sum / frames:.3f}  valid acc {row['valid_acc']:.2f}%  nll "
+                       f"{loss_sum / frames:.3f}  valid {acc_text}nll "
                        f"{valid['nll']:.3f}{' (marginals)' if marginal_nll else ''}  "
                        f"({row['epoch_time_s']:.1f}s){since}", file=sys.stderr)
         if on_epoch_end is not None:
@@ -501,6 +519,7 @@ def train(
         # diagnostic, not the reported score: the decision threshold chosen on validation
         "valid_threshold": (tuned := max(valid["acc_at"], key=valid["acc_at"].get)),
         "test_acc_at_valid_threshold": 100 * test["acc_at"][tuned],
+        "selected_on": f"valid {config.select}",
         "n_params": count_parameters(best), "epochs": state["epoch"],
         "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
         **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
