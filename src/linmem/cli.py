@@ -110,6 +110,11 @@ _RUN_OPTIONS = (
                  help="Gradient-norm clipping, or 'none'."),
     click.option("--k", type=int, default=_DEFAULT.k, show_default=True, callback=_positive,
                  help="Pretraining: past blocks of the unrolled network (ulm, pret-lmn-*)."),
+    click.option("--nade-hidden", type=int, default=_DEFAULT.nade_hidden, show_default=True,
+                 callback=_positive, help="*-nade: hidden units of the NADE over the keys."),
+    click.option("--nade-samples", type=int, default=_DEFAULT.nade_samples, show_default=True,
+                 callback=_positive, help="*-nade: frames drawn per step for the key marginals "
+                                          "and the expected accuracy."),
     click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True),
     click.option("--device", default=_DEFAULT.device, show_default=True,
                  help="cpu, cuda, cuda:1"),
@@ -189,11 +194,6 @@ def cli(ctx: click.Context) -> None:
               default=_DEFAULT.rnn_pretrain_epochs, show_default=True,
               help="rnn-rbm: first train a tanh RNN next-step predictor (epoch bound) and copy "
                    "it into the RNN part.")
-@click.option("--nade-hidden", type=int, default=_DEFAULT.nade_hidden, show_default=True,
-              callback=_positive, help="*-nade: hidden units of the NADE over the keys.")
-@click.option("--nade-samples", type=int, default=_DEFAULT.nade_samples, show_default=True,
-              callback=_positive, help="*-nade: frames drawn per step for the key marginals "
-                                       "and the expected accuracy.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Run directory (default: runs/DATA-MODEL-SIZES-wdWD-sSEED).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last epoch.")
@@ -328,7 +328,8 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
                storage: str | None, out: str, jobs: int, pruner: str, prune_warmup: int,
                subset: int | None, heartbeat: int, grace: int | None, poll: float, quiet: bool,
                **train_options) -> None:
-    """Grid search on validation accuracy, one Optuna study per (data set, model).
+    """Grid search on validation (--select: accuracy or NLL), one Optuna study per (data set,
+    model).
 
     Resumable: run the same command again (on any machine, with --storage) and it goes on where
     the studies stand; a trial whose worker died is retried from its run's last epoch.
