@@ -64,6 +64,12 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     scored = json.loads(stdout)
     assert scored["test"]["acc"] == pytest.approx(metrics["test_acc"], rel=1e-9)
     assert scored["test"]["nll"] == pytest.approx(metrics["test_nll"], rel=1e-9)
+    code, stdout, _ = run_cli("evaluate", str(out), "--data-dir", str(data_dir), "--split",
+                              "valid", "--expected", "20", "--seed", "4", capsys=capsys)
+    assert code == 0
+    expected = json.loads(stdout)["valid"]
+    assert 0 < expected["acc_expected"] < 100 and 0 < expected["acc_expected_se"] < 5
+    assert expected["expected_samples"] == 20 and expected["expected_seed"] == 4
     # a second run into the same directory is refused; --resume with a larger budget goes on
     code, _, err = run_cli("train", *common, "--epochs", "2", capsys=capsys)
     assert code == 2 and "--resume" in err

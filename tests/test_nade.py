@@ -216,3 +216,33 @@ def test_generation_draws_frames_from_the_nade():
         out, _ = model.core(frames)
         logp = torch.where(frame > 0, p.log(), (1 - p).log()).sum(-1)
         assert torch.allclose(logp, model.readout.log_prob(out[:, -1], frame), atol=1e-4)
+
+
+def test_expected_accuracy_of_a_factorised_model_matches_enumeration():
+    """expected_accuracy draws frames from the model's own distribution: for a factorised model
+    over 3 keys the expectation is a sum over the 8 frames of each step, computed exactly."""
+    from linmem.models import expected_accuracy
+
+    torch.manual_seed(0)
+    model = build_model("lstm", 4, input_size=3).double()
+    rng = np.random.default_rng(1)
+    seqs = [(rng.random((n, 3)) < 0.5).astype(np.float64) for n in (6, 9, 4)]
+    frames = all_frames(3)
+    ratios = []
+    with torch.no_grad():
+        for seq in seqs:
+            p = torch.sigmoid(model(torch.tensor(seq[:-1])[None])[0])  # (T-1, 3)
+            for t, target in enumerate(torch.tensor(seq[1:])):
+                probs = torch.prod(torch.where(frames > 0, p[t], 1 - p[t]), -1)  # (8,)
+                tp = (frames * target).sum(-1)
+                union = ((frames + target) > 0).sum(-1)
+                scored = union > 0
+                # E[ratio] over the frames with something to score, and P(scored)
+                ratios.append(((probs * tp / union.clamp(min=1))[scored].sum(),
+                               probs[scored].sum()))
+    # the estimator's target: per sample, the mean over its scored frames; with many samples
+    # that is sum_f E[ratio_f] / sum_f P(scored_f)
+    exact = float(sum(r for r, _ in ratios) / sum(w for _, w in ratios))
+    acc, se = expected_accuracy(model, seqs, n_samples=4000, seed=3)
+    assert abs(acc - exact) <= 4.5 * se + 1e-3 and 0 < se < 0.01
+    assert expected_accuracy(model, seqs, 50, seed=3) == expected_accuracy(model, seqs, 50, 3)

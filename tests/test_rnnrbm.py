@@ -272,3 +272,24 @@ def test_trainer_pretrains_rnn_rbm_resumably(tmp_path, jsb):
     assert torch.equal(init["rnn.weight_hh_l0"], rnn_best["core.weight_hh_l0"])
     assert torch.equal(init["W_uv.weight"], rnn_best["readout.weight"])
     assert json.loads((tmp_path / "run" / "pretraining.json").read_text()) == info
+
+
+def test_sampled_next_frames_follow_each_steps_rbm():
+    """sample_next: frames drawn by Gibbs chains at each valid step, distributed as that step's
+    RBM (enumeration of its 2^4 frames)."""
+    torch.manual_seed(1)
+    model = RNNRBM(n_visible=4, n_recurrent=3, n_hidden=3, predict_steps=30).double()
+    with torch.no_grad():
+        model.W.mul_(60)
+    x = torch.bernoulli(torch.full((2, 3, 4), 0.5, dtype=torch.float64))
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    n = 6000
+    v = model.sample_next(x, mask, n, torch.Generator().manual_seed(0))
+    assert v.shape == (n, 3, 4)
+    b_v, b_h = model.step_biases(x)
+    vs = _all_states(4)
+    for i, (b, t) in enumerate([(0, 0), (0, 1), (1, 0)]):
+        p = torch.softmax(-free_energy(vs, model.W, b_v[b, t], b_h[b, t]), 0)
+        codes = (v[:, i] @ torch.tensor([8.0, 4.0, 2.0, 1.0], dtype=torch.float64)).long()
+        freq = torch.bincount(codes, minlength=16).double() / n
+        assert ((freq - p).abs() <= 4.5 * (p * (1 - p) / n).sqrt() + 2e-3).all(), (freq, p)

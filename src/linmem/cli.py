@@ -25,7 +25,7 @@ from .data import (
 )
 from .generate import continue_run, predict_sequence
 from .midi import DEFAULT_STEP_SECONDS, import_midi_folder
-from .models import PREDICTIONS, get_spec, model_names
+from .models import PREDICTIONS, expected_accuracy, get_spec, model_names
 from .nn import NONLINEARITIES
 from .recipes import analyze_pretraining, pretrained_models
 from .recipes import run as run_training
@@ -412,7 +412,12 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
 @click.option("--which", type=click.Choice(["best", "last"]), default="best", show_default=True)
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--device", default="cpu", show_default=True)
-def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, device: str) -> None:
+@click.option("--expected", type=int, default=None, callback=_positive,
+              help="Also the expected accuracy (Boulanger-Lewandowski et al. 2012) over N frames "
+                   "drawn per step from the model, with its standard error.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --expected.")
+def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, device: str,
+                 expected: int | None, seed: int) -> None:
     """Re-score the checkpoint of RUN_DIR; prints JSON (accuracies in percent)."""
     try:
         model, config = load_run_model(run_dir, which, device)
@@ -426,6 +431,10 @@ def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, dev
         scores = evaluate(model, data[name], config.eval_batch_size, device)
         result[name] = {"acc": 100 * scores["acc"], "acc_frame": 100 * scores["acc_frame"],
                         "nll": scores["nll"], "frames": scores["frames"]}
+        if expected is not None:
+            acc, se = expected_accuracy(model, data[name], expected, seed, device=device)
+            result[name].update(acc_expected=100 * acc, acc_expected_se=100 * se,
+                                expected_samples=expected, expected_seed=seed)
     click.echo(json.dumps(result, indent=2))
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "check_options",
     "count_parameters",
     "default_nonlinearity",
+    "expected_accuracy",
     "get_spec",
     "model_names",
     "recurrent_weight_count",
@@ -137,6 +138,15 @@ class NextStepPredictor(nn.Module):
         logits, state = self.step(frames, state)
         probs = torch.sigmoid(logits[:, -1] / temperature)
         return torch.bernoulli(probs, generator=generator), state, probs
+
+    @torch.no_grad()
+    def sample_next(self, inputs: Tensor, mask: Tensor, n: int,
+                    generator: torch.Generator | None = None) -> Tensor:
+        """``n`` draws of the next frame at every valid step (``mask (B, T)``) from the model's
+        distribution: ``(n, valid steps, K)`` 0/1 (here each key from its Bernoulli)."""
+        p = torch.sigmoid(self(inputs)[mask])
+        return (torch.rand((n, *p.shape), generator=generator, dtype=p.dtype,
+                           device=p.device) < p).to(p.dtype)
 
     def training_loss(self, batch: Batch) -> Tensor:
         """The Bernoulli NLL of the batch's next frames, per valid frame."""
@@ -235,8 +245,10 @@ class NADEPredictor(NextStepPredictor):
         ``nade_samples`` frames drawn per step) of the validation and test splits, and how the
         marginals were estimated."""
         metrics = dict(metrics)
+        device = next(self.parameters()).device
         for split in ("valid", "test"):
-            acc, se = self.expected_accuracy(data[split])
+            acc, se = expected_accuracy(self, data[split], self.nade_samples, self.seed + 1,
+                                        device=device)
             metrics[f"{split}_acc_expected"], metrics[f"{split}_acc_expected_se"] = \
                 100 * acc, 100 * se
         metrics["key_marginals"] = (f"mean of the conditional probabilities along "
@@ -246,26 +258,35 @@ class NADEPredictor(NextStepPredictor):
         return metrics
 
     @torch.no_grad()
-    def expected_accuracy(self, sequences: list, batch_size: int = 16) -> tuple[float, float]:
-        """Boulanger-Lewandowski et al.'s expected per-frame accuracy of next-step prediction
-        over ``sequences``, from ``nade_samples`` frames drawn per step, and its standard
-        error."""
-        was_training = self.training
-        self.eval()
-        gen = torch.Generator().manual_seed(self.seed + 1)
-        sums = counts = None
-        device = next(self.parameters()).device
-        for batch in iterate_batches(sequences, batch_size,
-                                     dtype=next(self.parameters()).dtype):
-            batch = batch.to(device)
-            out, _ = self.core(batch.inputs)
-            context = out[batch.mask]  # (N, out): valid steps only
-            v, _ = self.readout.sample(context, self.nade_samples, generator=gen)
-            ratio_sum, scored = sample_ratio_sums(v, batch.targets[batch.mask])
-            sums = ratio_sum if sums is None else sums + ratio_sum
-            counts = scored if counts is None else counts + scored
-        self.train(was_training)
-        return expected_accuracy_from_sums(sums, counts)
+    def sample_next(self, inputs: Tensor, mask: Tensor, n: int,
+                    generator: torch.Generator | None = None) -> Tensor:
+        """``n`` joint draws of the next frame at every valid step from the NADE:
+        ``(n, valid steps, K)``."""
+        out, _ = self.core(inputs)
+        return self.readout.sample(out[mask], n, generator=generator)[0]
+
+
+@torch.no_grad()
+def expected_accuracy(model: nn.Module, sequences: list, n_samples: int = 100, seed: int = 0,
+                      batch_size: int = 16, device: str | torch.device = "cpu"
+                      ) -> tuple[float, float]:
+    """Boulanger-Lewandowski et al.'s expected frame-level accuracy of next-step prediction over
+    ``sequences`` and its standard error (fractions): ``n_samples`` frames drawn at every step
+    from the model's own distribution (its ``sample_next``), scored by
+    :func:`linmem.metrics.expected_frame_accuracy`, accumulated over every valid frame."""
+    check_int("n_samples", n_samples)
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = next(model.parameters()).dtype
+    sums = counts = torch.zeros(n_samples, dtype=torch.float64)
+    for batch in iterate_batches(sequences, batch_size, dtype=dtype):
+        batch = batch.to(device)
+        v = model.sample_next(batch.inputs, batch.mask, n_samples, gen)
+        ratio_sum, scored = sample_ratio_sums(v, batch.targets[batch.mask])
+        sums, counts = sums + ratio_sum.cpu(), counts + scored.cpu()
+    model.train(was_training)
+    return expected_accuracy_from_sums(sums, counts)
 
 
 # ---------------------------------------------------------------------------------- registry

@@ -230,6 +230,20 @@ class RNNRBM(nn.Module):
                 v = _bernoulli(p, generator=gen)
             return total / (self.predict_steps - self.burn_in)
 
+    @torch.no_grad()
+    def sample_next(self, inputs: Tensor, mask: Tensor, n: int,
+                    generator: torch.Generator | None = None) -> Tensor:
+        """``n`` draws of the next frame at every valid step (``mask (B, T)``) from its RBM:
+        independent Gibbs chains of ``predict_steps`` steps, each started at
+        ``v ~ sigmoid(b_v)``. ``(n, valid steps, n_visible)`` 0/1."""
+        b_v, b_h = self.step_biases(inputs)
+        b_v, b_h = b_v[mask], b_h[mask]
+        out = torch.empty((n, *b_v.shape), dtype=b_v.dtype, device=b_v.device)
+        for s in range(n):  # one chain per sample at a time: memory of one (N, n_visible)
+            v = _bernoulli(torch.sigmoid(b_v), generator=generator)
+            out[s] = gibbs_chain(v, self.W, b_v, b_h, self.predict_steps, generator)
+        return out
+
     def forward(self, inputs: Tensor) -> Tensor:
         """Logits of the estimated key marginals of frames 1..T (see :meth:`marginals`)."""
         p = self.marginals(inputs).clamp(1e-6, 1 - 1e-6)
