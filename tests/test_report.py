@@ -16,11 +16,13 @@ def test_table_from_run_directories(tmp_path):
             "valid_acc": acc, "test_acc": acc - 1, "test_nll": 8.123456, "n_params": 10,
             "epochs": 3, "wall_time_s": 12.6, "command": f"linmem train --out {name}",
             "commit": "abc", "seed": 0, "data_sha256": "ff"}))
-    log = [{"epoch": 1, "valid_acc": 20.0, "valid_nll": 9.0},
-           {"epoch": 2, "valid_acc": 22.5, "valid_nll": 8.5},
-           {"epoch": 3, "valid_acc": 31.25, "valid_nll": 11.0}]
+    log = [{"epoch": 1, "valid_acc": 20.0, "valid_nll": 9.0, "epoch_time_s": 30, "best": True},
+           {"epoch": 2, "valid_acc": 22.5, "valid_nll": 8.5, "epoch_time_s": 60, "best": True},
+           {"epoch": 3, "valid_acc": 31.25, "valid_nll": 11.0, "epoch_time_s": 90, "best": False}]
     (tmp_path / "runs" / "a" / "log.jsonl").write_text(
         "".join(json.dumps(e) + "\n" for e in log))
+    (tmp_path / "runs" / "a" / "config.json").write_text(json.dumps({"batch_size": 4,
+                                                                     "chunk": 100}))
     records = collect_metrics([tmp_path / "runs"])
     assert [r["run"].rsplit("/", 1)[1] for r in records] == ["a", "b"]
     assert (records[0]["valid_nll_best"], records[0]["valid_acc_at_best_nll"],
@@ -28,8 +30,11 @@ def test_table_from_run_directories(tmp_path):
     assert "valid_nll_best" not in records[1]  # no log: nothing made up
     table = markdown_table(records)
     lines = table.splitlines()
+    # the checkpoint is epoch 2's (the last flagged best): 1.5 minutes of training to it
     assert lines[2] == ("| a | jsb | lmn-b | 100 | 100 | 31.25 | 30.25 | 8.123 |  |  |  | 8.500 | "
-                        "22.50 | 10 | 3 | 13 |")
+                        "22.50 | 10 | 4 | 100 | 3 |  | 1.5 | 13 |")
+    assert "| b | jsb | lmn-b | 100 | 100 | 25.50 |" in lines[3] and lines[3].endswith(
+        "| 10 |  |  | 3 |  |  | 13 |")
     assert "`linmem train --out a` (commit abc, seed 0, data sha256 ff)" in table
     with pytest.raises(FileNotFoundError):
         collect_metrics([tmp_path / "empty"])

@@ -35,7 +35,11 @@ RUN_COLUMNS = (
     ("valid_nll_best", "best valid NLL", "{:.3f}"),
     ("valid_acc_at_best_nll", "valid acc % at best NLL", "{:.2f}"),
     ("n_params", "params", "{}"),
+    ("batch_size", "batch", "{}"),
+    ("chunk", "chunk", "{}"),
     ("epochs", "epochs", "{}"),
+    ("best_epoch", "selected epoch", "{}"),
+    ("minutes_to_best", "min to selected", "{:.1f}"),
     ("wall_time_s", "wall s", "{:.0f}"),
 )
 
@@ -46,26 +50,35 @@ def _log_fields(run_dir: Path) -> dict:
     log = run_dir / "log.jsonl"
     if not log.is_file():
         return {}
-    epochs = [e for e in map(json.loads, filter(str.strip, log.read_text().splitlines()))
-              if e.get("valid_nll") is not None and e.get("valid_acc") is not None]
-    if not epochs:
-        return {}
-    best = min(epochs, key=lambda e: e["valid_nll"])
-    return {"valid_nll_best": best["valid_nll"], "valid_acc_at_best_nll": best["valid_acc"],
-            "best_nll_epoch": best["epoch"]}
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    fields = {}
+    selected = [r["epoch"] for r in rows if r.get("best")]
+    if selected and all("epoch_time_s" in r for r in rows):  # training time to the checkpoint
+        fields["minutes_to_best"] = sum(r["epoch_time_s"] for r in rows
+                                        if r["epoch"] <= selected[-1]) / 60
+    epochs = [e for e in rows if e.get("valid_nll") is not None and e.get("valid_acc") is not None]
+    if epochs:
+        best = min(epochs, key=lambda e: e["valid_nll"])
+        fields.update(valid_nll_best=best["valid_nll"], valid_acc_at_best_nll=best["valid_acc"],
+                      best_nll_epoch=best["epoch"])
+    return fields
 
 
 def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
     """The ``metrics.json`` records under ``paths`` (run directories or folders holding them),
-    sorted by path, each with its ``run`` (the directory) and, where the run's ``log.jsonl`` is
-    there, its best validation NLL and the validation accuracy at that epoch."""
+    sorted by path, each with its ``run`` (the directory), its batch size and chunk (from
+    ``config.json``) and, where the run's ``log.jsonl`` is there, the training minutes to the
+    selected epoch, its best validation NLL and the validation accuracy at that epoch."""
     records = []
     for root in paths:
         root = Path(root)
         files = [root / "metrics.json"] if (root / "metrics.json").is_file() else sorted(
             root.rglob("metrics.json"))
         for f in files:
-            record = {**json.loads(f.read_text()), **_log_fields(f.parent)}
+            config = (json.loads((f.parent / "config.json").read_text())
+                      if (f.parent / "config.json").is_file() else {})
+            record = {**{k: config.get(k) for k in ("batch_size", "chunk")},
+                      **json.loads(f.read_text()), **_log_fields(f.parent)}
             record["run"] = str(f.parent)
             records.append(record)
     if not records:
