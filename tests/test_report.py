@@ -116,3 +116,23 @@ def test_single_runs_join_the_table_selected_on_validation(tmp_path):
     assert "| RNN-RBM* | 33.12 | **28.00‡** |" in table
     assert "rnn-rbm (2 single runs, selected `" in table
     assert summary_records(records)[0]["grid"] == "runs"
+
+
+def test_runs_selected_on_nll_are_chosen_by_their_lowest_validation_nll(tmp_path):
+    from linmem.report import collect_metrics, run_records
+
+    for name, nll, acc, selected in (("a", 6.1, 24.0, "valid nll"), ("b", 5.9, 22.0, "valid nll"),
+                                     ("c", 5.0, 30.0, "valid nll")):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.json").write_text(json.dumps({
+            "dataset": "jsb" if name != "c" else "muse", "model": "lstm-nade", "hidden": 8,
+            "valid_acc": acc, "valid_nll": nll, "test_acc": acc, "test_nll": nll,
+            "selected_on": selected, "command": name}))
+    records = {r["dataset"]: r for r in run_records(collect_metrics([tmp_path]))}
+    assert records["jsb"]["command"] == "b"  # the lower NLL, not the higher accuracy
+    other = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    other["selected_on"] = "valid acc"
+    (tmp_path / "a" / "metrics.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="selected on different scores"):
+        run_records(collect_metrics([tmp_path]))

@@ -386,7 +386,10 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
         raise UsageFailure(f"no study of grid {grid!r} in {storage}")
     if runs:
         searched = {(r["dataset"], r["model"]) for r in records}
-        singles = run_records(collect_metrics(runs))
+        try:
+            singles = run_records(collect_metrics(runs))
+        except (ValueError, FileNotFoundError) as err:
+            raise UsageFailure(str(err)) from None
         clash = [f"{r['dataset']}/{r['model']}" for r in singles
                  if (r["dataset"], r["model"]) in searched]
         if clash:

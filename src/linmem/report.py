@@ -185,13 +185,22 @@ def summary_records(records: Sequence[dict]) -> list[dict]:
 def run_records(runs: Sequence[dict]) -> list[dict]:
     """Records like :func:`linmem.search.search_records`'s from single runs (``metrics.json``
     records of :func:`collect_metrics`) of models that had no grid search: per (data set, model)
-    the run with the best validation accuracy, ``grid`` ``"runs"``, ``trials`` the runs given."""
+    the run with the best validation score, ``grid`` ``"runs"``, ``trials`` the runs given. The
+    score is the one the runs were selected on (``--select``): the accuracy, or the lowest NLL;
+    runs of one model selected on different scores are refused."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in runs:
         groups.setdefault((r["dataset"], r["model"]), []).append(r)
     records = []
     for (dataset, model), rs in groups.items():
-        best = max(rs, key=lambda r: r["valid_acc"])
+        selections = {r.get("selected_on", "valid acc") for r in rs}
+        if len(selections) > 1:
+            raise ValueError(f"runs of {model} on {dataset} were selected on different scores "
+                             f"({', '.join(sorted(selections))}): report them apart")
+        if selections == {"valid nll"}:
+            best = min(rs, key=lambda r: r["valid_nll"])
+        else:
+            best = max(rs, key=lambda r: r["valid_acc"])
         records.append({
             **{k: best.get(k) for k in SUMMARY_FIELDS}, "study": None, "dataset": dataset,
             "model": model, "grid": "runs", "grid_points": len(rs), "points_done": len(rs),
