@@ -46,7 +46,10 @@ def _record(dataset, model, test_acc, complete=True, trials=()):
             "points_failed": 0, "grid_complete": complete, "trials_pruned": 2,
             "trials_run": list(trials), "hidden": 50, "memory": 100, "weight_decay": 0.0,
             "valid_acc": test_acc + 1, "test_acc": test_acc, "test_acc_frame": test_acc + 3,
-            "test_nll": 8.0}
+            "test_nll": 8.0 + test_acc / 100,
+            # the per-frame column's own selection: another point of the grid
+            "frame_selection": {"point": "h100-m100-wd0", "valid_acc_frame": test_acc + 4,
+                                "test_acc_frame": test_acc + 2.5}}
 
 
 def test_table2_puts_ours_beside_the_paper():
@@ -55,16 +58,31 @@ def test_table2_puts_ours_beside_the_paper():
     records = [_record("jsb", "lmn-b", 35.123), _record("jsb", "lstm", 30.0, complete=False),
                {**_record("nottingham", "gru", 0.0), "test_acc": None}]
     records[2].pop("test_acc")  # nothing complete yet in that study
-    table = table2_markdown(records, command="linmem report")
-    main, per_frame = table.split("this table is for comparison only:")
+    baseline = {"scores": {"jsb": {"test": {"acc": 22.2045, "acc_frame": 27.3419}},
+                           "piano": {"test": {"acc": 35.21, "acc_frame": 36.84}}}}
+    table = table2_markdown(records, command="linmem report", baseline=baseline)
+    main, rest = table.split("selected on validation under this definition:")
+    per_frame, nll = rest.split("Test NLL in nats per time step")
     rows = {line.split(" | ")[0][2:]: line for line in main.splitlines() if line.startswith("| ")}
     # the same selected runs under the per-frame mean, beside the same published figures
     frame_rows = {line.split(" | ")[0][2:]: line for line in per_frame.splitlines()
                   if line.startswith("| ")}
     assert frame_rows["model"].startswith("| model | JSB Chorales (paper) | JSB Chorales (ours, "
                                           "per-frame mean) |")
-    assert frame_rows["LMN-B"].startswith("| LMN-B | 33.98 | **38.12** | 35.56 | – |")
-    assert frame_rows["LSTM"].startswith("| LSTM | 32.64 | 33.00† |")
+    assert frame_rows["LMN-B"].startswith("| LMN-B | 33.98 | **37.62** | 35.56 | – |")
+    assert frame_rows["LSTM"].startswith("| LSTM | 32.64 | 32.50† |")
+    # the calibration row in both tables, no published figure beside it
+    assert rows["previous frame (no training)"] == (
+        "| previous frame (no training) | – | 22.20 | – | – | – | – | – | 35.21 |")
+    assert frame_rows["previous frame (no training)"].endswith("| – | 27.34 | – | – | – | – | – "
+                                                               "| 36.84 |")
+    # the NLL of the runs of the first table, ours only, the lowest in bold
+    nll_rows = {line.split(" | ")[0][2:]: line for line in nll.splitlines()
+                if line.startswith("| ")}
+    assert nll_rows["model"].startswith("| model | JSB Chorales (ours) | MuseData (ours) |")
+    assert nll_rows["LSTM"].startswith("| LSTM | **8.30†** | – |")
+    assert nll_rows["LMN-B"].startswith("| LMN-B | 8.35 | – |")
+    assert "previous frame (no training)" not in nll_rows
     # LMN-B: paper 33.98 beside ours 35.12 (bold: the best of ours on JSB)
     assert rows["LMN-B"].startswith("| LMN-B | 33.98 | **35.12** | 35.56 | – |")
     assert rows["LSTM"].startswith("| LSTM | 32.64 | 30.00† |")  # incomplete grid marked

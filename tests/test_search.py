@@ -98,6 +98,13 @@ def test_sqlite_search_runs_each_point_once_and_selects_on_validation(tmp_path, 
     # what the trial did not store comes from its run's metrics.json: the per-frame accuracies
     selected = json.loads((Path(best.user_attrs["run_dir"]) / "metrics.json").read_text())
     assert r["test_acc_frame"] == selected["test_acc_frame"] is not None
+    # the per-frame column selects on its own validation score, among the same trials
+    per_frame = {json.loads((Path(t.user_attrs["run_dir"]) / "metrics.json").read_text())[
+        "valid_acc_frame"]: t for t in study.get_trials()}
+    top = per_frame[max(per_frame)]
+    assert r["frame_selection"]["valid_acc_frame"] == max(per_frame)
+    assert r["frame_selection"]["test_acc_frame"] == top.user_attrs["test_acc_frame"]
+    assert r["frame_selection"]["point"] == trial_point(top).name
 
     # linmem report: summary.json, table2.md, figure4 from the same studies
     from linmem.cli import main

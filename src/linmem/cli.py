@@ -370,8 +370,10 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
 @click.option("--run", "runs", multiple=True, type=click.Path(exists=True),
               help="Also report single runs (run directories or folders of them) of models "
                    "without a search study, the best on validation per (data set, model).")
+@click.option("--baseline", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The previous-frame baseline (`linmem baseline`'s JSON): a row of Table 2.")
 def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
-               runs: tuple[str, ...]) -> None:
+               runs: tuple[str, ...], baseline: str | None) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     from .search import default_storage, search_records, sqlite_path  # optuna: slow to import
@@ -396,7 +398,13 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
             raise UsageFailure(f"--run {', '.join(clash)}: these have a search study already")
         records += singles
     out_dir = Path(out)
-    write_search_report(records, out_dir, command_line(), runs_root)
+    try:
+        calibration = read_json(baseline) if baseline is not None else None
+        if calibration is not None and "scores" not in calibration:
+            raise ValueError("no 'scores' in it")
+    except ValueError as err:  # JSONDecodeError is one
+        raise UsageFailure(f"--baseline {baseline}: not a baseline file ({err})") from None
+    write_search_report(records, out_dir, command_line(), runs_root, calibration)
     for r in records:
         sel = (f"selected {r['model']} h{r['hidden']}"
                + (f" m{r['memory']}" if r.get("memory") else "")

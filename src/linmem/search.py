@@ -55,7 +55,8 @@ from .train import TrainConfig, TrainingDiverged
 
 __all__ = ["GRIDS", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
            "grid_points", "make_storage", "open_study", "point_states", "run_search",
-           "run_worker", "search_records", "select", "sqlite_path", "study_name", "trial_point"]
+           "run_worker", "search_records", "select", "select_per_frame", "sqlite_path",
+           "study_name", "trial_point"]
 
 PAPER_LMN_SIZES = ((50, 50), (50, 100), (100, 100), (100, 250), (250, 250), (250, 500))
 PAPER_WEIGHT_DECAYS = (1e-4, 1e-5, 1e-6, 1e-7, 0.0)
@@ -479,6 +480,32 @@ def select(study) -> tuple[Any, dict[str, int]] | None:
     return max(complete, key=lambda t: (t.value, -t.number)), counts
 
 
+def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any] | None:
+    """The complete trial with the best validation accuracy under the per-frame mean (ties: the
+    lower trial number) and its scores under that definition, for the per-frame column of
+    Table 2; None when a complete trial has no per-frame score (older runs whose
+    ``metrics.json`` is not under ``runs_root``): no selection from part of the grid."""
+    scored = []
+    for t in study.get_trials(deepcopy=False):
+        if (t.state != TrialState.COMPLETE or "duplicate_of" in t.user_attrs
+                or t.value is None or not math.isfinite(t.value)):
+            continue
+        u = dict(t.user_attrs)
+        if "valid_acc_frame" not in u:
+            metrics_file = Path(runs_root) / str(u.get("run_dir")) / "metrics.json"
+            if not metrics_file.is_file():
+                return None
+            u = {**read_json(metrics_file), **u}
+        scored.append((u["valid_acc_frame"], -t.number, t, u))
+    if not scored:
+        return None
+    valid, _, best, u = max(scored, key=lambda x: x[:2])
+    p = trial_point(best)
+    return {"point": p.name, "hidden": p.hidden, "memory": p.memory,
+            "weight_decay": p.weight_decay, "valid_acc_frame": valid,
+            "test_acc_frame": u["test_acc_frame"], "run_dir": u.get("run_dir")}
+
+
 def search_records(storage: str, grid: str | None = None,
                    runs_root: str | os.PathLike = ".") -> list[dict[str, Any]]:
     """One record per study in ``storage`` (of ``grid``, or every grid): the configuration
@@ -527,6 +554,8 @@ def search_records(storage: str, grid: str | None = None,
             "grid_complete": all(s in ("done", "failed") for s in states.values()),
             "trials_run": trials}
         chosen = select(study)
+        if chosen is not None and on_acc:  # the per-frame column's own selection
+            record["frame_selection"] = select_per_frame(study, runs_root)
         if chosen is not None:
             best, counts = chosen
             p = trial_point(best)
