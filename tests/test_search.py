@@ -99,10 +99,10 @@ def test_sqlite_search_runs_each_point_once_and_selects_on_validation(tmp_path, 
     selected = json.loads((Path(best.user_attrs["run_dir"]) / "metrics.json").read_text())
     assert r["test_acc_frame"] == selected["test_acc_frame"] is not None
     # the per-frame column selects on its own validation score, among the same trials
-    per_frame = {json.loads((Path(t.user_attrs["run_dir"]) / "metrics.json").read_text())[
-        "valid_acc_frame"]: t for t in study.get_trials()}
-    top = per_frame[max(per_frame)]
-    assert r["frame_selection"]["valid_acc_frame"] == max(per_frame)
+    per_frame = [(json.loads((Path(t.user_attrs["run_dir"]) / "metrics.json").read_text())[
+        "valid_acc_frame"], -t.number, t) for t in study.get_trials()]
+    best_frame, _, top = max(per_frame, key=lambda x: x[:2])  # ties: the lower trial number
+    assert r["frame_selection"]["valid_acc_frame"] == best_frame
     assert r["frame_selection"]["test_acc_frame"] == top.user_attrs["test_acc_frame"]
     assert r["frame_selection"]["point"] == trial_point(top).name
 
