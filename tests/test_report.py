@@ -61,7 +61,7 @@ def test_table2_puts_ours_beside_the_paper():
     baseline = {"scores": {"jsb": {"test": {"acc": 22.2045, "acc_frame": 27.3419}},
                            "piano": {"test": {"acc": 35.21, "acc_frame": 36.84}}}}
     table = table2_markdown(records, command="linmem report", baseline=baseline)
-    main, rest = table.split("selected on validation under this definition:")
+    main, rest = table.split("selected on validation under this definition")
     per_frame, nll = rest.split("Test NLL in nats per time step")
     rows = {line.split(" | ")[0][2:]: line for line in main.splitlines() if line.startswith("| ")}
     # the same selected runs under the per-frame mean, beside the same published figures
@@ -154,3 +154,22 @@ def test_runs_selected_on_nll_are_chosen_by_their_lowest_validation_nll(tmp_path
     (tmp_path / "a" / "metrics.json").write_text(json.dumps(other))
     with pytest.raises(ValueError, match="selected on different scores"):
         run_records(collect_metrics([tmp_path]))
+
+
+def test_records_of_an_earlier_summary_join_the_table(tmp_path):
+    from linmem.report import summary_file_records, table2_markdown
+
+    earlier = [{k: v for k, v in _record("jsb", "lmn-b", 28.0).items()
+                if k not in ("study", "points_done", "points_failed", "trials_run",
+                             "frame_selection")}]
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(earlier))
+    records = summary_file_records(path)
+    assert records[0]["points_done"] == 30 and records[0]["from_summary"] == str(path)
+    table = table2_markdown(records)
+    # no per-frame selection kept: the global selection's per-frame score, marked
+    assert "| LMN-B | 33.98 | **31.00§** |" in table
+    assert f"lmn-b (paper) 30/30 complete, 2 pruned, from `{path}`" in table
+    path.write_text("{}")
+    with pytest.raises(ValueError, match=r"not a summary\.json"):
+        summary_file_records(path)

@@ -36,6 +36,7 @@ from .report import (
     plot_run,
     previous_frame_report,
     run_records,
+    summary_file_records,
     write_search_report,
 )
 from .train import (
@@ -370,21 +371,27 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
 @click.option("--run", "runs", multiple=True, type=click.Path(exists=True),
               help="Also report single runs (run directories or folders of them) of models "
                    "without a search study, the best on validation per (data set, model).")
+@click.option("--summary", "summaries", multiple=True,
+              type=click.Path(exists=True, dir_okay=False),
+              help="Also the selections of an earlier report's summary.json (a search whose "
+                   "storage is not here), for (data set, model) pairs the storage lacks.")
 @click.option("--baseline", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The previous-frame baseline (`linmem baseline`'s JSON): a row of Table 2.")
 def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
-               runs: tuple[str, ...], baseline: str | None) -> None:
+               runs: tuple[str, ...], summaries: tuple[str, ...], baseline: str | None
+               ) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     from .search import default_storage, search_records, sqlite_path  # optuna: slow to import
 
     storage = storage or default_storage("runs/search")
     database = sqlite_path(storage)
-    if database is not None and not database.is_file():
+    if database is not None and not database.is_file() and not summaries:
         raise UsageFailure(f"no search database at {database} (run `linmem search` first, or "
                            "pass --storage)")
-    records = search_records(storage, None if grid == "all" else grid, runs_root)
-    if not records:
+    records = ([] if database is not None and not database.is_file() else
+               search_records(storage, None if grid == "all" else grid, runs_root))
+    if not records and not summaries:
         raise UsageFailure(f"no study of grid {grid!r} in {storage}")
     if runs:
         searched = {(r["dataset"], r["model"]) for r in records}
@@ -397,6 +404,13 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
         if clash:
             raise UsageFailure(f"--run {', '.join(clash)}: these have a search study already")
         records += singles
+    for path in summaries:
+        try:
+            earlier = summary_file_records(path)
+        except ValueError as err:
+            raise UsageFailure(str(err)) from None
+        have = {(r["dataset"], r["model"]) for r in records}
+        records += [r for r in earlier if (r["dataset"], r["model"]) not in have]
     out_dir = Path(out)
     try:
         calibration = read_json(baseline) if baseline is not None else None

@@ -216,6 +216,25 @@ def run_records(runs: Sequence[dict]) -> list[dict]:
     return records
 
 
+def summary_file_records(path: str | os.PathLike) -> list[dict]:
+    """Records of an earlier report's ``summary.json`` (a search whose storage is not at hand),
+    in the form of :func:`linmem.search.search_records`' for :func:`table2_markdown`; marked
+    ``from_summary``. A record without ``frame_selection`` keeps none: its per-frame cell falls
+    back to the global selection, marked as such."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a summary.json ({err})") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "dataset" in r
+                                             and "model" in r for r in rows):
+        raise ValueError(f"{path}: not a summary.json (a list of records with dataset, model)")
+    return [{**r, "study": r.get("study", f"{r['dataset']}-{r['model']}-{r.get('grid')}"),
+             "points_done": r.get("points_done", r["grid_points"] if r.get("grid_complete")
+                                  else None),
+             "points_failed": r.get("points_failed", r.get("trials_failed", 0)),
+             "trials_run": [], "from_summary": str(path)} for r in rows]
+
+
 def table2_markdown(records: Sequence[dict], command: str | None = None,
                     baseline: dict | None = None) -> str:
     """The paper's Table 2 with our test accuracy next to each published figure, under the
@@ -243,9 +262,9 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
         return f"**{text}**" if top is not None and round(value, 2) == round(top, 2) else text
 
     def score(r: dict, key: str) -> float | None:
-        if key == "test_acc_frame":  # the per-frame column's own selection
-            return (r.get("frame_selection") or {}).get("test_acc_frame")
-        return r.get(key)
+        if key == "test_acc_frame" and r.get("frame_selection"):  # the column's own selection
+            return r["frame_selection"]["test_acc_frame"]
+        return r.get(key)  # per-frame without its own selection: the global one's, marked §
 
     def table(key: str, ours_title: str, paper: bool = True) -> list[str]:
         head = "| model | " + " | ".join(
@@ -266,6 +285,8 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
                     cells.append(cell(published[d][m], top_pub[d]))
                 mark = "" if r is None else ("‡" if r["grid"] == "runs" else
                                              "" if r["grid_complete"] else "†")
+                if r is not None and key == "test_acc_frame" and not r.get("frame_selection"):
+                    mark += "§"
                 cells.append(cell(measured[d][m], top_ours[d], mark))
             rows.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
         if baseline is not None and key in ("test_acc", "test_acc_frame"):
@@ -292,7 +313,9 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
               "The per-frame mean of TP / (TP + FP + FN) (`frame_accuracy(..., "
               "average=\"frame\")`; the definition of the authors' code in the paper's period, "
               "see `results/search.md`: the figure to compare with the paper's), each "
-              "configuration selected on validation under this definition:", ""]
+              "configuration selected on validation under this definition (§: selected on the "
+              "global accuracy instead, the grid's per-frame validation scores not being kept):",
+              ""]
     lines += table("test_acc_frame", "ours, per-frame mean")
     lines += ["", "Test NLL in nats per time step of the configurations of the first table "
               "(the paper reports none; the RNN-RBM's is an AIS estimate):", ""]
@@ -313,6 +336,7 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
                  + (" complete" if r["grid_complete"] else "")
                  + (f", {r['trials_pruned']} pruned" if r.get("trials_pruned") else "")
                  + (f", {r['points_failed']} failed" if r.get("points_failed") else "")
+                 + (f", from `{r['from_summary']}`" if r.get("from_summary") else "")
                  for r in rs]
         lines.append(f"- {TABLE2_TITLES[d]}: " + "; ".join(parts) + ".")
     if command:
