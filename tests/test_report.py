@@ -164,8 +164,13 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
                              "frame_selection")}]
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(earlier))
+    trials = [{"hidden": 50, "memory": 100, "weight_decay": 0.0, "state": "complete",
+               "valid_acc": 29.0}]
+    (tmp_path / "search_trials.json").write_text(json.dumps(
+        [{"study": "jsb-lmn-b-paper", "trials_run": trials}]))
     records = summary_file_records(path)
     assert records[0]["points_done"] == 30 and records[0]["from_summary"] == str(path)
+    assert records[0]["trials_run"] == trials  # figure 4 keeps its points
     table = table2_markdown(records)
     # no per-frame selection kept: the global selection's per-frame score, marked
     assert "| LMN-B | 33.98 | **31.00§** |" in table

@@ -219,8 +219,9 @@ def run_records(runs: Sequence[dict]) -> list[dict]:
 def summary_file_records(path: str | os.PathLike) -> list[dict]:
     """Records of an earlier report's ``summary.json`` (a search whose storage is not at hand),
     in the form of :func:`linmem.search.search_records`' for :func:`table2_markdown`; marked
-    ``from_summary``. A record without ``frame_selection`` keeps none: its per-frame cell falls
-    back to the global selection, marked as such."""
+    ``from_summary``, with the trials of the ``search_trials.json`` beside it (figure 4). A
+    record without ``frame_selection`` keeps none: its per-frame cell falls back to the global
+    selection, marked as such."""
     try:
         rows = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
@@ -228,11 +229,19 @@ def summary_file_records(path: str | os.PathLike) -> list[dict]:
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "dataset" in r
                                              and "model" in r for r in rows):
         raise ValueError(f"{path}: not a summary.json (a list of records with dataset, model)")
-    return [{**r, "study": r.get("study", f"{r['dataset']}-{r['model']}-{r.get('grid')}"),
-             "points_done": r.get("points_done", r["grid_points"] if r.get("grid_complete")
-                                  else None),
-             "points_failed": r.get("points_failed", r.get("trials_failed", 0)),
-             "trials_run": [], "from_summary": str(path)} for r in rows]
+    trials_file = Path(path).parent / "search_trials.json"  # written beside it by the report
+    trials = ({t["study"]: t.get("trials_run", []) for t in json.loads(trials_file.read_text())
+               if isinstance(t, dict) and "study" in t} if trials_file.is_file() else {})
+    records = []
+    for r in rows:
+        study = r.get("study", f"{r['dataset']}-{r['model']}-{r.get('grid')}")
+        records.append({
+            **r, "study": None if r.get("grid") == "runs" else study,
+            "points_done": r.get("points_done", r["grid_points"] if r.get("grid_complete")
+                                 else None),
+            "points_failed": r.get("points_failed", r.get("trials_failed", 0)),
+            "trials_run": trials.get(study, []), "from_summary": str(path)})
+    return records
 
 
 def table2_markdown(records: Sequence[dict], command: str | None = None,
