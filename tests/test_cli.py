@@ -140,3 +140,38 @@ def test_recorded_command_names_the_tool(monkeypatch):
     assert command_line() == "linmem train --out 'a b'"
     monkeypatch.setattr(sys, "argv", ["/venv/bin/linmem", "data", "jsb"])
     assert command_line() == "linmem data jsb"
+
+
+def test_reseed_trains_the_same_configuration_with_other_seeds(tmp_path, data_dir, capsys):
+    """linmem reseed: the run's config with each seed (nothing else changed), resumable; the
+    report's seed table gives their spread."""
+    out = tmp_path / "run"
+    code, _, _ = run_cli("train", "--data", "jsb", "--data-dir", str(data_dir), "--model",
+                         "lmn-b", "--hidden", "6", "--memory", "5", "--batch-size", "64",
+                         "--epochs", "1", "--out", str(out), "--quiet", capsys=capsys)
+    assert code == 0
+    code, stdout, _ = run_cli("reseed", str(out), "--seeds", "1,2", "--quiet", capsys=capsys)
+    assert code == 0 and "seed 2: valid acc" in stdout
+    base = json.loads((out / "config.json").read_text())
+    metrics = []
+    for seed in (1, 2):
+        config = json.loads((tmp_path / "run-seeds" / f"s{seed}" / "config.json").read_text())
+        assert config == {**base, "seed": seed}
+        metrics.append(json.loads((tmp_path / "run-seeds" / f"s{seed}" / "metrics.json")
+                                  .read_text()))
+    assert metrics[0]["test_nll"] != metrics[1]["test_nll"]  # the seed changes the numbers
+    # again: both seeds are finished, nothing is trained
+    code, stdout, _ = run_cli("reseed", str(out), "--seeds", "1,2", "--quiet", capsys=capsys)
+    assert code == 0
+    assert json.loads((tmp_path / "run-seeds" / "s1" / "metrics.json").read_text()) == \
+        metrics[0]
+    code, _, err = run_cli("reseed", str(out), "--seeds", "1,x", capsys=capsys)
+    assert code == 2 and "--seeds" in err
+
+    from linmem.report import collect_metrics, seed_groups
+
+    (group,) = seed_groups(collect_metrics([tmp_path / "run-seeds"]))
+    accs = [m["test_acc"] for m in metrics]
+    assert group["seeds"] == [1, 2] and group["test_acc"]["n"] == 2
+    assert group["test_acc"]["mean"] == pytest.approx(sum(accs) / 2)
+    assert group["test_acc"]["sd"] == pytest.approx(abs(accs[0] - accs[1]) / 2 ** 0.5)

@@ -178,3 +178,27 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
     path.write_text("{}")
     with pytest.raises(ValueError, match=r"not a summary\.json"):
         summary_file_records(path)
+
+
+def test_seed_table_says_whether_pretraining_beats_the_spread():
+    from linmem.report import seed_groups, table2_markdown
+
+    def run(model, seed, acc):
+        return {"dataset": "jsb", "model": model, "hidden": 250, "memory": 250,
+                "weight_decay": 1e-5, "seed": seed, "test_acc": acc, "test_acc_frame": acc + 3,
+                "test_nll": 8.0, "valid_acc": acc, "run": f"{model}-s{seed}"}
+
+    groups = seed_groups([run("lmn-b", s, a) for s, a in ((1, 27.0), (2, 27.5), (3, 28.0))]
+                         + [run("pret-lmn-b", s, a) for s, a in ((1, 28.5), (2, 29.0), (3, 29.5))])
+    assert [g["model"] for g in groups] == ["lmn-b", "pret-lmn-b"]
+    assert groups[0]["test_acc"] == {"mean": 27.5, "sd": 0.5, "min": 27.0, "max": 28.0, "n": 3}
+    table = table2_markdown([_record("jsb", "lmn-b", 28.0)], seeds=groups)
+    assert "| JSB Chorales | LMN-B | 250, 250 | 1e-05 | 1, 2, 3 | 27.50 ± 0.50 (27.00-28.00) |" \
+        in table
+    assert "- JSB Chorales: pret-LMN-B +1.50 points against LMN-B; the ranges do not overlap" \
+        in table
+    overlapping = seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 2, 29.0),
+                               run("pret-lmn-b", 1, 28.0), run("pret-lmn-b", 2, 28.5)])
+    assert "overlap: within the spread" in table2_markdown([], seeds=overlapping)
+    with pytest.raises(ValueError, match="given twice"):
+        seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 1, 27.5)])

@@ -27,7 +27,7 @@ from .generate import continue_run, predict_sequence
 from .midi import DEFAULT_STEP_SECONDS, import_midi_folder
 from .models import PREDICTIONS, expected_accuracy, get_spec, model_names
 from .nn import NONLINEARITIES
-from .recipes import analyze_pretraining, pretrained_models
+from .recipes import analyze_pretraining, pretrained_models, reseed
 from .recipes import run as run_training
 from .report import (
     collect_metrics,
@@ -36,6 +36,7 @@ from .report import (
     plot_run,
     previous_frame_report,
     run_records,
+    seed_groups,
     summary_file_records,
     write_search_report,
 )
@@ -375,11 +376,14 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
               type=click.Path(exists=True, dir_okay=False),
               help="Also the selections of an earlier report's summary.json (a search whose "
                    "storage is not here), for (data set, model) pairs the storage lacks.")
+@click.option("--seed-runs", "seed_runs", multiple=True, type=click.Path(exists=True),
+              help="Runs of the selected configurations with other seeds (`linmem reseed`): "
+                   "their spread, a table of its own.")
 @click.option("--baseline", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The previous-frame baseline (`linmem baseline`'s JSON): a row of Table 2.")
 def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
-               runs: tuple[str, ...], summaries: tuple[str, ...], baseline: str | None
-               ) -> None:
+               runs: tuple[str, ...], summaries: tuple[str, ...], seed_runs: tuple[str, ...],
+               baseline: str | None) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     from .search import default_storage, search_records, sqlite_path  # optuna: slow to import
@@ -418,7 +422,11 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
             raise ValueError("no 'scores' in it")
     except ValueError as err:  # JSONDecodeError is one
         raise UsageFailure(f"--baseline {baseline}: not a baseline file ({err})") from None
-    write_search_report(records, out_dir, command_line(), runs_root, calibration)
+    try:
+        seeds = seed_groups(collect_metrics(seed_runs)) if seed_runs else []
+    except (ValueError, FileNotFoundError) as err:
+        raise UsageFailure(f"--seed-runs: {err}") from None
+    write_search_report(records, out_dir, command_line(), runs_root, calibration, seeds)
     for r in records:
         sel = (f"selected {r['model']} h{r['hidden']}"
                + (f" m{r['memory']}" if r.get("memory") else "")
@@ -428,6 +436,40 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                  if r["study"] else f"{r['dataset']}-{r['model']}: {r['trials']} single runs")
         click.echo(f"{where}; {sel}")
     click.echo(f"-> {out_dir}/summary.json, table2.md, figure4.png")
+
+
+@cli.command("reseed")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--seeds", default="1,2,3", show_default=True,
+              help="Comma-separated seeds to train RUN_DIR's configuration with.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Folder of the new runs, one sSEED per seed [default: RUN_DIR-seeds].")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder with the data files [default: the run's own].")
+@click.option("--quiet", is_flag=True)
+def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
+               quiet: bool) -> None:
+    """Train RUN_DIR's configuration again with other seeds (the spread between seeds); run the
+    same command again to resume."""
+    try:
+        values = [int(v) for v in seeds.split(",") if v.strip()]
+    except ValueError:
+        raise UsageFailure(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    out = out or f"{str(run_dir).rstrip('/')}-seeds"
+    try:
+        data = None
+        if data_dir is not None:
+            config = TrainConfig.from_dict(read_json(Path(run_dir) / "config.json"))
+            data = load_polyphonic(config.data, root=data_dir, progress=not quiet)
+        results = reseed(run_dir, values, out, progress=not quiet, data=data)
+    except TrainingDiverged as err:
+        click.echo(f"linmem: training diverged: {err}", err=True)
+        sys.exit(1)
+    except (DataError, ValueError, FileNotFoundError) as err:
+        raise UsageFailure(str(err)) from None
+    for seed, m in zip(values, results, strict=True):
+        click.echo(f"seed {seed}: valid acc {m['valid_acc']:.2f}%  test acc {m['test_acc']:.2f}%"
+                   f"  test nll {m['test_nll']:.3f} -> {Path(out) / f's{seed}'}")
 
 
 @cli.command("evaluate")

@@ -18,8 +18,8 @@ from .models import REGISTRY
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "figure4_data", "markdown_table",
            "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll", "plot_run",
-           "previous_frame_report", "run_records", "summary_records", "table2_markdown",
-           "write_search_report"]
+           "previous_frame_report", "run_records", "seed_groups", "summary_file_records",
+           "summary_records", "table2_markdown", "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -244,14 +244,77 @@ def summary_file_records(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+SEED_METRICS = ("test_acc", "test_acc_frame", "test_nll", "valid_acc")
+
+
+def seed_groups(runs: Sequence[dict]) -> list[dict]:
+    """Runs (``metrics.json`` records of :func:`collect_metrics`) that differ only in their seed,
+    grouped by (data set, model, sizes, weight decay): per group the seeds, and the mean,
+    standard deviation (``ddof = 1``), minimum and maximum of each of :data:`SEED_METRICS`."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        key = (r["dataset"], r["model"], r.get("hidden"), r.get("memory"), r.get("weight_decay"))
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (dataset, model, hidden, memory, wd), rs in groups.items():
+        seeds = [r.get("seed") for r in rs]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"{model} on {dataset}: seed {seeds} given twice")
+        group = {"dataset": dataset, "model": model, "hidden": hidden, "memory": memory,
+                 "weight_decay": wd, "seeds": sorted(seeds), "runs": sorted(r["run"] for r in rs)}
+        for key in SEED_METRICS:
+            values = np.array([r[key] for r in rs if r.get(key) is not None], dtype=float)
+            if len(values):
+                group[key] = {"mean": float(values.mean()),
+                              "sd": float(values.std(ddof=1)) if len(values) > 1 else None,
+                              "min": float(values.min()), "max": float(values.max()),
+                              "n": len(values)}
+        out.append(group)
+    return sorted(out, key=lambda g: (g["dataset"], g["model"]))
+
+
+def _seeds_markdown(groups: Sequence[dict]) -> list[str]:
+    def spread(g: dict, key: str) -> str:
+        v = g.get(key)
+        if v is None:
+            return "–"
+        sd = "" if v["sd"] is None else f" ± {v['sd']:.2f}"
+        return f"{v['mean']:.2f}{sd} ({v['min']:.2f}-{v['max']:.2f})"
+
+    lines = ["| data | model | size | weight decay | seeds | test acc % | test acc % (per-frame "
+             "mean) | test NLL |", "|---|---|---|---|---|---:|---:|---:|"]
+    for g in groups:
+        size = f"{g['hidden']}" + (f", {g['memory']}" if g.get("memory") else "")
+        lines.append(f"| {TABLE2_TITLES.get(g['dataset'], g['dataset'])} | "
+                     f"{display_name(g['model'])} | {size} | {g['weight_decay']:g} | "
+                     f"{', '.join(map(str, g['seeds']))} | {spread(g, 'test_acc')} | "
+                     f"{spread(g, 'test_acc_frame')} | {spread(g, 'test_nll')} |")
+    lines += ["", "Mean ± standard deviation (minimum-maximum) over the seeds of the selected "
+              "configuration. Pretraining against its absence, per data set (test accuracy, "
+              "global): the difference of the means, and whether the seeds' ranges overlap:", ""]
+    by = {(g["dataset"], g["model"]): g for g in groups}
+    for dataset in TABLE2_DATASETS:
+        plain, pret = by.get((dataset, "lmn-b")), by.get((dataset, "pret-lmn-b"))
+        if plain is None or pret is None or "test_acc" not in plain or "test_acc" not in pret:
+            continue
+        a, b = plain["test_acc"], pret["test_acc"]
+        apart = b["min"] > a["max"] or a["min"] > b["max"]
+        lines.append(f"- {TABLE2_TITLES[dataset]}: pret-LMN-B {b['mean'] - a['mean']:+.2f} "
+                     f"points against LMN-B; the ranges "
+                     + ("do not overlap: beyond the spread between seeds." if apart else
+                        "overlap: within the spread between seeds."))
+    return lines
+
+
 def table2_markdown(records: Sequence[dict], command: str | None = None,
-                    baseline: dict | None = None) -> str:
+                    baseline: dict | None = None, seeds: Sequence[dict] = ()) -> str:
     """The paper's Table 2 with our test accuracy next to each published figure, under the
     global accuracy and the per-frame mean, each column's configuration selected on validation
     under its own definition; bold marks the best of each column pair's kind (published, ours)
     per data set. Then the test NLL of the selected runs, and how much of each grid was run.
     ``baseline``: the previous-frame baseline (``results/baseline.json``, :func:`
-    previous_frame_report`), a row of its own."""
+    previous_frame_report`), a row of its own. ``seeds``: :func:`seed_groups` of the selected
+    configurations re-run with other seeds, a table of their spread."""
     ours = {(r["dataset"], r["model"]): r for r in records if "test_acc" in r}
     models = [m for m in TABLE2_MODELS if m in PAPER_TABLE2 or any(k[1] == m for k in ours)]
     models += sorted({m for _, m in ours} - set(models))
@@ -329,6 +392,10 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
     lines += ["", "Test NLL in nats per time step of the configurations of the first table "
               "(the paper reports none; the RNN-RBM's is an AIS estimate):", ""]
     lines += table("test_nll", "ours", paper=False)
+    if seeds:
+        lines += ["", "Seeds (`linmem reseed`): the selected configurations trained again with "
+                  "other seeds:", ""]
+        lines += _seeds_markdown(seeds)
     lines += ["", "Grid coverage (points run of the grid; pruned points were stopped early by the "
               "median pruner on validation accuracy):", ""]
     by_data: dict[str, list[dict]] = {}
@@ -521,8 +588,8 @@ def plot_figure4(data: dict, path: str | os.PathLike) -> None:
 
 
 def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, command: str,
-                        runs_root: str | os.PathLike = ".", baseline: dict | None = None
-                        ) -> None:
+                        runs_root: str | os.PathLike = ".", baseline: dict | None = None,
+                        seeds: Sequence[dict] = ()) -> None:
     """``out_dir``: ``summary.json``, ``table2.md``, ``figure4.json`` (and ``.png`` when it has a
     curve), ``search_trials.json`` (no test scores) and, under ``selected/``, the files of each
     selected run found (search runs under ``runs_root``, single runs where they are)."""
@@ -531,7 +598,9 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
     summary = summary_records(records)
     write_json(out_dir / "summary.json", summary)
     with atomic_write(out_dir / "table2.md", "w") as f:
-        f.write(table2_markdown(records, command, baseline))
+        f.write(table2_markdown(records, command, baseline, seeds))
+    if seeds:
+        write_json(out_dir / "seeds.json", list(seeds))
     fig = {**figure4_data(records), "command": command}
     write_json(out_dir / "figure4.json", fig)
     if fig["curves"]:
