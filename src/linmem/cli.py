@@ -390,12 +390,12 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
 
     storage = storage or default_storage("runs/search")
     database = sqlite_path(storage)
-    if database is not None and not database.is_file() and not summaries:
+    if database is not None and not database.is_file() and not (summaries or runs):
         raise UsageFailure(f"no search database at {database} (run `linmem search` first, or "
                            "pass --storage)")
     records = ([] if database is not None and not database.is_file() else
                search_records(storage, None if grid == "all" else grid, runs_root))
-    if not records and not summaries:
+    if not records and not (summaries or runs):
         raise UsageFailure(f"no study of grid {grid!r} in {storage}")
     if runs:
         searched = {(r["dataset"], r["model"]) for r in records}
