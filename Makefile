@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,31 @@ results-search: install
 # Issue 7: the RNN-RBM on JSB Chorales (RNN 100, RBM 150 hidden, CD-15), randomly initialised and
 # with both pretraining steps; the one with the better validation accuracy is the one to report.
 RBM = --data jsb --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200
+# Issue 15, item 3 (results/chunking): batch size and truncated BPTT chosen on validation for
+# LMN-B (250,250) on the two long data sets; one thread per run; resumable.
+CHUNKING = --model lmn-b --hidden 250 --memory 250 --weight-decay 1e-5 --epochs 200 --patience 50 --seed 0 --resume --quiet
+results-chunking: install
+	for d in muse piano; do \
+	  OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data $$d $(CHUNKING) --batch-size 4 --out runs/chunking/$$d-lmn-b-h250-m250-wd1e-05-b4; \
+	  OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data $$d $(CHUNKING) --batch-size 16 --chunk 100 --out runs/chunking/$$d-lmn-b-h250-m250-wd1e-05-b16-c100; \
+	  OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data $$d $(CHUNKING) --batch-size 4 --chunk 100 --out runs/chunking/$$d-lmn-b-h250-m250-wd1e-05-b4-c100; done
+	for run in runs/chunking/*/; do name=$$(basename $$run); mkdir -p results/chunking/$$name; \
+	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/chunking/$$name/; done
+	$(VENV)/bin/linmem summarize results/chunking > results/chunking/table.md
+
+# Issue 17 (results/nade): the NADE models on JSB Chorales, grid 'nade' selected on validation
+# NLL, then the regularisation of LMN-B-NADE's selected point; resumable.
+NADE2 = --data jsb --model lmn-b-nade --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --nade-samples 50 --resume --quiet
+results-nade: install
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search --data jsb --model lmn-b-nade --model lstm-nade --model rnn-nade --grid nade --select nll --patience 20 --nade-samples 50 --pruner none --jobs 2 --out runs/search-nade --quiet
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --dropout 0.3 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-d0.3
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-t6
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --dropout 0.3 --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-d0.3-t6
+	$(VENV)/bin/linmem report --storage sqlite:///runs/search-nade/search.db --grid nade --out results/nade
+	mkdir -p results/nade/stage2; for run in runs/nade-stage2/*/; do name=$$(basename $$run); \
+	  mkdir -p results/nade/stage2/$$name; cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/nade/stage2/$$name/; done
+	$(VENV)/bin/linmem summarize results/nade/selected results/nade/stage2 > results/nade/table.md
+
 results-rnn-rbm: install
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(RBM) --out runs/rnn-rbm/jsb-rnn-rbm-h100-r150 --resume --quiet
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(RBM) --rbm-pretrain-epochs 100 --rnn-pretrain-epochs 1000 --out runs/rnn-rbm/jsb-rnn-rbm-h100-r150-pretrained --resume --quiet
