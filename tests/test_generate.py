@@ -208,3 +208,21 @@ def test_plots_of_a_run(tmp_path, data_dir, capsys):
     assert titles[2].startswith("at threshold 0.5: right")
     with pytest.raises(FileNotFoundError, match=r"log\.jsonl"):
         plot_run(tmp_path, tmp_path / "x.png")
+
+
+def test_plot_of_a_nade_run_selected_on_nll(tmp_path):
+    """A run selected on NLL logs no accuracy per epoch: two panels, the selected epoch the one
+    that wrote best.pt."""
+    import json
+
+    from linmem.report import plot_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"epoch": 1, "train_nll": 9.0, "valid_acc": None, "valid_nll": 8.0, "best": True},
+            {"epoch": 2, "train_nll": 8.0, "valid_acc": None, "valid_nll": 7.5, "best": True},
+            {"epoch": 3, "train_nll": 7.0, "valid_acc": None, "valid_nll": 7.7, "best": False}]
+    (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_run(run, tmp_path / "c.png") == ["training nll",
+                                                  "validation NLL (nats per step)"]
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
