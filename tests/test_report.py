@@ -202,3 +202,19 @@ def test_seed_table_says_whether_pretraining_beats_the_spread():
     assert "overlap: within the spread" in table2_markdown([], seeds=overlapping)
     with pytest.raises(ValueError, match="given twice"):
         seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 1, 27.5)])
+
+
+def test_figure4_is_drawn_for_every_data_set_with_a_curve(tmp_path):
+    from linmem.report import write_search_report
+
+    trials = [{"hidden": h, "memory": m, "weight_decay": 0.0, "state": "complete",
+               "valid_acc": acc} for h, m, acc in ((100, 250, 60.0), (250, 250, 62.0))]
+    records = [_record("nottingham", "lmn-b", 70.0, trials=trials)]
+    write_search_report(records, tmp_path, "linmem report")
+    fig = json.loads((tmp_path / "figure4-nottingham.json").read_text())
+    assert [p["units"] for p in fig["curves"]["lmn-b"]["points"]] == [350, 500]
+    assert (tmp_path / "figure4-nottingham.png").read_bytes()[:4] == b"\x89PNG"
+    # JSB has no curve: its json says so, no picture; no other data set gets files
+    assert json.loads((tmp_path / "figure4.json").read_text())["curves"] == {}
+    assert not (tmp_path / "figure4.png").exists()
+    assert not (tmp_path / "figure4-musedata.json").exists()

@@ -479,8 +479,8 @@ def plot_roll(prime: np.ndarray, continuation: np.ndarray, path: str | os.PathLi
 
 def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
     """A run's training curves from its ``log.jsonl``: the training loss, the validation NLL and
-    the validation accuracy per epoch, the selected epoch (best validation accuracy) marked; a
-    PNG written atomically. Returns the panels' titles."""
+    (when it was measured) the validation accuracy per epoch, the selected epoch (the one
+    ``best.pt`` holds) marked; a PNG written atomically. Returns the panels' titles."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -591,8 +591,9 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
                         runs_root: str | os.PathLike = ".", baseline: dict | None = None,
                         seeds: Sequence[dict] = ()) -> None:
     """``out_dir``: ``summary.json``, ``table2.md``, ``figure4.json`` (and ``.png`` when it has a
-    curve), ``search_trials.json`` (no test scores) and, under ``selected/``, the files of each
-    selected run found (search runs under ``runs_root``, single runs where they are)."""
+    curve; JSB Chorales, as the paper's; ``figure4-DATA.json``/``.png`` for each other data set
+    with a curve), ``search_trials.json`` (no test scores) and, under ``selected/``, the files
+    of each selected run found (search runs under ``runs_root``, single runs where they are)."""
 
     out_dir = Path(out_dir)
     summary = summary_records(records)
@@ -601,10 +602,13 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
         f.write(table2_markdown(records, command, baseline, seeds))
     if seeds:
         write_json(out_dir / "seeds.json", list(seeds))
-    fig = {**figure4_data(records), "command": command}
-    write_json(out_dir / "figure4.json", fig)
-    if fig["curves"]:
-        plot_figure4(fig, out_dir / "figure4.png")
+    for dataset in TABLE2_DATASETS:  # JSB: figure4.png (the paper's); the others beside it
+        fig = {**figure4_data(records, dataset), "command": command}
+        name = "figure4" if dataset == "jsb" else f"figure4-{dataset}"
+        if dataset == "jsb" or fig["curves"]:
+            write_json(out_dir / f"{name}.json", fig)
+        if fig["curves"]:
+            plot_figure4(fig, out_dir / f"{name}.png")
     write_json(out_dir / "search_trials.json", [
         {k: v for k, v in r.items() if k in ("study", "dataset", "model", "grid", "subset",
                                               "grid_points", "points_done", "grid_complete",
