@@ -293,3 +293,23 @@ def test_sampled_next_frames_follow_each_steps_rbm():
         codes = (v[:, i] @ torch.tensor([8.0, 4.0, 2.0, 1.0], dtype=torch.float64)).long()
         freq = torch.bincount(codes, minlength=16).double() / n
         assert ((freq - p).abs() <= 4.5 * (p * (1 - p) / n).sqrt() + 2e-3).all(), (freq, p)
+
+
+def test_rnn_rbm_trains_on_windows_with_the_state_carried():
+    """--chunk: the biases of the windows, the RNN continued from the previous window's state,
+    are those of the whole sequence; the trainer runs it."""
+    from linmem.data import collate
+
+    torch.manual_seed(0)
+    model = RNNRBM(n_visible=88, n_recurrent=5, n_hidden=4, cd_k=1).double()
+    rng = torch.Generator().manual_seed(1)
+    seqs = [(torch.rand(n, 88, generator=rng) < 0.1).double().numpy() for n in (13, 7)]
+    batch = collate(seqs, dtype=torch.float64)
+    b_v, b_h = model.step_biases(batch.inputs)
+    state, pieces = None, []
+    for window in batch.windows(5):
+        pieces.append(model._biases(window.inputs, state)[:2])
+        cost, state = model.chunk_loss(window, state)
+        assert torch.isfinite(cost) and not state.requires_grad
+    assert torch.allclose(torch.cat([p[0] for p in pieces], 1), b_v, atol=1e-12)
+    assert torch.allclose(torch.cat([p[1] for p in pieces], 1), b_h, atol=1e-12)

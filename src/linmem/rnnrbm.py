@@ -161,18 +161,27 @@ class RNNRBM(nn.Module):
     def n_visible(self) -> int:
         return self.W.shape[0]
 
-    def step_biases(self, inputs: Tensor) -> tuple[Tensor, Tensor]:
-        """``(b_v^t, b_h^t)`` of the RBMs of frames 1..T, from ``u`` after frames 0..t-1."""
+    def step_biases(self, inputs: Tensor, state: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor]:
+        """``(b_v^t, b_h^t)`` of the RBMs of frames 1..T, from ``u`` after frames 0..t-1 (the
+        RNN started at ``state``, or at ``u_0``)."""
+        return self._biases(inputs, state)[:2]
+
+    def _biases(self, inputs: Tensor, state: Tensor | None = None
+                ) -> tuple[Tensor, Tensor, Tensor]:
         if inputs.dim() != 3 or inputs.shape[-1] != self.n_visible:
             raise ValueError(f"inputs must be (batch, time, {self.n_visible}), "
                              f"got {tuple(inputs.shape)}")
-        h0 = torch.tanh(self.u0).expand(1, inputs.shape[0], -1).contiguous()
-        u, _ = self.rnn(inputs, h0)  # u_t after frame t: conditions frame t + 1
-        return self.b_v + self.W_uv(u), self.b_h + self.W_uh(u)
+        h0 = (torch.tanh(self.u0).expand(1, inputs.shape[0], -1).contiguous()
+              if state is None else state)
+        u, last = self.rnn(inputs, h0)  # u_t after frame t: conditions frame t + 1
+        return self.b_v + self.W_uv(u), self.b_h + self.W_uh(u), last
 
     def cd_cost(self, inputs: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
         """Training cost: mean over valid frames of ``F_t(v_t) - F_t(v*_t)`` (CD-k)."""
-        b_v, b_h = self.step_biases(inputs)
+        return self._cd_cost(*self.step_biases(inputs), targets, mask)
+
+    def _cd_cost(self, b_v: Tensor, b_h: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
         negative = gibbs_chain(targets, self.W, b_v.detach(), b_h.detach(), self.cd_k)
         cost = (free_energy(targets, self.W, b_v, b_h) - free_energy(negative, self.W, b_v, b_h))
         return (cost * mask).sum() / mask.sum()
@@ -185,6 +194,13 @@ class RNNRBM(nn.Module):
     def training_loss(self, batch: Batch) -> Tensor:
         """The CD-k cost of the batch (:meth:`cd_cost`)."""
         return self.cd_cost(batch.inputs, batch.targets, batch.mask)
+
+    def chunk_loss(self, batch: Batch, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Truncated backpropagation through time (``--chunk``; the original code trained on
+        chunks of 100 steps): the CD-k cost of one window, the RNN continued from ``state``;
+        ``(cost, state)``, the state detached."""
+        b_v, b_h, last = self._biases(batch.inputs, state)
+        return self._cd_cost(b_v, b_h, batch.targets, batch.mask), last.detach()
 
     def finalize_metrics(self, metrics: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         """The test NLL by AIS (:func:`estimate_nll`) in place of the marginals' Bernoulli NLL,
