@@ -296,8 +296,10 @@ def test_search_of_a_nade_model_selects_on_validation_nll(tmp_path, data_dir):
     config = _config(tmp_path, data_dir, models=["lstm-nade"], epochs=2)
     config.base = TrainConfig(**{**config.base.__dict__, "select": "nll", "nade_hidden": 5,
                                  "nade_samples": 4})
-    assert run_worker(config, command="test", log=lambda _: None) == {
+    lines: list[str] = []
+    assert run_worker(config, command="test", log=lines.append) == {
         "jsb-lstm-nade-tiny": {"done": 4}}
+    assert any(", valid nll " in line for line in lines), lines  # not "valid acc -8.1%"
     storage = default_storage(config.out_dir)
     study = optuna.load_study(study_name="jsb-lstm-nade-tiny", storage=storage)
     for t in study.get_trials():

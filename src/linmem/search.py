@@ -344,6 +344,11 @@ def _score(row: dict[str, Any], select: str) -> float:
     return row["valid_acc"] if select == "acc" else -row["valid_nll"]
 
 
+def _row(value: float, select: str) -> dict[str, float]:
+    """The validation score of a trial's objective ``value`` (:func:`_score`'s inverse)."""
+    return {"valid_acc": value} if select == "acc" else {"valid_nll": -value}
+
+
 def _score_text(row: dict[str, Any], select: str) -> str:
     return f"acc {row['valid_acc']:.2f}%" if select == "acc" else f"nll {row['valid_nll']:.3f}"
 
@@ -396,9 +401,11 @@ def run_worker(config: SearchConfig, command: str | None = None,
                 t = ran[0]
                 done = sum(s == "done" for s in point_states(
                     study, points[id(study)], config.max_retry).values())
+                select = config.base.select
                 log(f"[{study.study_name}] trial {t.number} {trial_point(t).name}: "
                     f"{t.state.name.lower()}"
-                    + (f", valid acc {t.value:.2f}%" if t.value is not None else "")
+                    + (f", valid {_score_text(_row(t.value, select), select)}"
+                       if t.value is not None else "")
                     + f" ({time.perf_counter() - started:.0f}s; {done}/{len(points[id(study)])}"
                     " points done)")
             break
