@@ -457,11 +457,7 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
         raise UsageFailure(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     out = out or f"{str(run_dir).rstrip('/')}-seeds"
     try:
-        data = None
-        if data_dir is not None:
-            config = TrainConfig.from_dict(read_json(Path(run_dir) / "config.json"))
-            data = load_polyphonic(config.data, root=data_dir, progress=not quiet)
-        results = reseed(run_dir, values, out, progress=not quiet, data=data)
+        results = reseed(run_dir, values, out, progress=not quiet, data_dir=data_dir)
     except TrainingDiverged as err:
         click.echo(f"linmem: training diverged: {err}", err=True)
         sys.exit(1)

@@ -170,20 +170,20 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
 
 
 def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
-           progress: bool = True, data: Data | None = None,
+           progress: bool = True, data_dir: str | None = None,
            command: str | None = None) -> list[dict[str, Any]]:
     """The run in ``run_dir`` again with each of ``seeds`` (everything else of its
     ``config.json`` unchanged: data, model, sizes, training settings), into
-    ``out_dir/sSEED``, one after the other; resumable (a finished seed is not run again).
-    Returns the metrics of each seed's run (issue 15: the spread between seeds)."""
+    ``out_dir/sSEED``, one after the other; resumable (a finished seed is not run again). The
+    data are read from ``data_dir`` (default: the run's own folder). Returns the metrics of
+    each seed's run (issue 15: the spread between seeds)."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
     config = TrainConfig.from_dict(read_json(run_dir / "config.json"))
     if len(set(seeds)) != len(seeds) or not seeds:
         raise ValueError(f"seeds must be distinct and at least one, got {list(seeds)}")
-    if data is None:
-        data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
+    data = load_polyphonic(config.data, root=data_dir or config.data_dir, progress=progress)
     return [run(replace(config, seed=int(seed)), out_dir / f"s{seed}", resume=True,
                 progress=progress, data=data, command=command) for seed in seeds]
 
