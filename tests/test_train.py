@@ -143,6 +143,37 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, small, monk
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
+def test_non_finite_validation_outputs_are_a_divergence(tmp_path, small, monkeypatch):
+    """A finite training loss, then weights that make the validation outputs inf: the run stops
+    as diverged (a search retries or records it), not with a metrics error."""
+    calls = []
+    update = linmem.train._update
+
+    def poisoned_update(model, optimizer, loss, clip):
+        out = update(model, optimizer, loss, clip)
+        calls.append(out)
+        if len(calls) == 8:  # the last update of epoch 2 (4 batches per epoch)
+            with torch.no_grad():
+                model.readout.weight.fill_(float("inf"))
+        return out
+
+    monkeypatch.setattr(linmem.train, "_update", poisoned_update)
+    with pytest.raises(TrainingDiverged, match=r"NaN or inf .* after epoch 2; .* keeps epoch 1"):
+        train(config(epochs=5), tmp_path / "run", progress=False, data=small)
+    assert all(loss is not None for loss in calls)  # every training loss was finite
+    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert ckpt["state"]["epoch"] == 1
+
+
+def test_evaluate_rejects_non_finite_outputs(small):
+    torch.manual_seed(0)
+    model = build_model("lstm", 5)
+    with torch.no_grad():
+        model.readout.bias.fill_(float("nan"))
+    with pytest.raises(linmem.train.NonFiniteOutputs, match="NaN or inf"):
+        evaluate(model, small["valid"], batch_size=4)
+
+
 def test_evaluate_counts_every_frame(small):
     torch.manual_seed(0)
     model = build_model("rnn", 5)

@@ -60,6 +60,7 @@ __all__ = [
     "OPTIMIZERS",
     "SELECTIONS",
     "CheckpointError",
+    "NonFiniteOutputs",
     "TrainConfig",
     "TrainingDiverged",
     "check_size",
@@ -84,7 +85,13 @@ _PLACE_FIELDS = ("device", "data_dir")
 
 
 class TrainingDiverged(RuntimeError):
-    """The training loss became NaN or infinite."""
+    """The training loss, or the model's outputs on the validation sequences, became NaN or
+    infinite."""
+
+
+class NonFiniteOutputs(ValueError):
+    """A model's outputs are NaN or infinite (its weights, or its state over a long sequence,
+    diverged)."""
 
 
 @dataclass
@@ -250,6 +257,11 @@ def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size
         batch = batch.to(device)
         exact = model.likelihood_logits(batch.inputs, batch.targets) if joint else None
         logits = model(batch.inputs) if accuracy or not joint else exact
+        for out in (logits, exact):
+            if out is not None and not torch.isfinite(out).all():
+                raise NonFiniteOutputs(
+                    f"the model's outputs are NaN or inf on a batch of sequences of up to "
+                    f"{batch.mask.shape[1]} steps (its weights or its state diverged)")
         scores.update(logits, batch.targets, batch.mask, nll_logits=exact)
     result = scores.compute()
     return result if accuracy or not joint else {"nll": result["nll"],
@@ -471,8 +483,13 @@ def train(
                 loss_sum += loss * n
                 frames += n
             bar.set_postfix(loss=f"{loss_sum / frames:.3f}")
-        valid = evaluate(model, data["valid"], config.eval_batch_size, device,
-                         accuracy=config.select == "acc")
+        try:
+            valid = evaluate(model, data["valid"], config.eval_batch_size, device,
+                             accuracy=config.select == "acc")
+        except NonFiniteOutputs as err:  # a finite training loss, a diverged model all the same
+            raise TrainingDiverged(
+                f"{err} after epoch {epoch}; {checkpoint} keeps epoch {state['epoch']}. "
+                "Lower --lr or set --clip.") from None
         score = valid["acc"] if config.select == "acc" else -valid["nll"]
         improved = score > state["best_score"]
         if improved:
