@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -23,6 +24,7 @@ from linmem.search import (
     make_storage,
     open_study,
     point_states,
+    progress_records,
     run_worker,
     search_records,
     select,
@@ -175,6 +177,43 @@ def test_duplicates_are_not_run(tmp_path, data_dir):
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, data_dir):
+    config = _config(tmp_path, data_dir)
+    run_worker(config, command="test", log=lambda _: None)
+    open_study(replace(config, models=["rnn"]), "jsb", "rnn")  # a study not started yet
+    storage = default_storage(config.out_dir)
+    records = {r["model"]: r for r in progress_records(storage, "tiny")}
+    done = records["lmn-b"]
+    assert done["states"] == {"done": 4} and done["grid_points"] == 4
+    logged = sum(json.loads(line)["epoch_time_s"] for run in (tmp_path / "runs").glob("*/*")
+                 for line in (run / "log.jsonl").read_text().splitlines())
+    assert done["cpu_s"] == pytest.approx(logged) and done["cpu_s"] > 0
+    assert done["mean_point_cpu_s"] == pytest.approx(logged / 4) and done["left_cpu_s"] == 0
+    todo = records["rnn"]  # nothing finished: the data set's mean per point
+    assert todo["states"] == {"todo": 4} and todo["cpu_s"] == 0
+    assert todo["left_from"] == "data set" and todo["left_cpu_s"] == pytest.approx(logged)
+
+    from linmem.cli import main
+
+    out = tmp_path / "progress.md"
+    main(["progress", "--storage", storage, "--grid", "tiny", "--out", str(out)])
+    text = out.read_text()
+    assert "| jsb-lmn-b-tiny | 4 / 4 | 0 | 0 |" in text and "| jsb-rnn-tiny | 0 / 4 |" in text
+    assert f"CPU hours logged: **{logged / 3600:.1f}**" in text and "Made by `" in text
+
+
+def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
+    from linmem.report import run_cpu_seconds
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert run_cpu_seconds(run) == 0.0
+    (run / "log.jsonl").write_text('{"epoch": 1, "epoch_time_s": 1.5}\n'
+                                   '{"epoch": 2, "epoch_time_s": 2.25}\n')
+    (run / "pretraining.json").write_text('{"wall_time_s": 10.0, "ulm_wall_time_s": 9.0}')
+    assert run_cpu_seconds(run) == 13.75
+
+
 def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
     config = _config(tmp_path, data_dir)
     study = open_study(config, "jsb", "lmn-b")

@@ -136,8 +136,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, small, monk
 
     monkeypatch.setattr(linmem.train, "build_model", capture)
     with pytest.raises(TrainingDiverged, match="keeps epoch 2"):
-        train(config(epochs=5), tmp_path / "run", progress=False, data=small,
-              on_epoch_end=poison)
+        train(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
+              data=small, on_epoch_end=poison)
     ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert ckpt["state"]["epoch"] == 2
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
@@ -159,10 +159,50 @@ def test_non_finite_validation_outputs_are_a_divergence(tmp_path, small, monkeyp
 
     monkeypatch.setattr(linmem.train, "_update", poisoned_update)
     with pytest.raises(TrainingDiverged, match=r"NaN or inf .* after epoch 2; .* keeps epoch 1"):
-        train(config(epochs=5), tmp_path / "run", progress=False, data=small)
+        train(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
+              data=small)
     assert all(loss is not None for loss in calls)  # every training loss was finite
     ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert ckpt["state"]["epoch"] == 1
+
+
+def test_divergence_stops_the_run_with_its_best_checkpoint(tmp_path, small, monkeypatch):
+    """on_divergence="stop" (the default): the run ends at its last good epoch as early stopping
+    does; its scores are those of best.pt, and resuming does not train it again."""
+    built = {}
+
+    def capture(*args, **kwargs):
+        built["model"] = build_model(*args, **kwargs)
+        return built["model"]
+
+    def poison(epoch, row):
+        if epoch == 3:
+            with torch.no_grad():
+                built["model"].readout.weight.fill_(float("nan"))
+
+    monkeypatch.setattr(linmem.train, "build_model", capture)
+    run = tmp_path / "run"
+    metrics = train(config(epochs=6), run, progress=False, data=small, on_epoch_end=poison)
+    assert metrics["stop_reason"].startswith("diverged: the training loss became NaN or inf "
+                                             "in epoch 4")
+    assert metrics["epochs"] == 3 and metrics["best_epoch"] <= 3
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log] == [1, 2, 3]
+    assert metrics["valid_acc"] == pytest.approx(max(r["valid_acc"] for r in log))
+    best, _ = load_run_model(run, "best")
+    assert 100 * evaluate(best, small["test"])["acc"] == pytest.approx(metrics["test_acc"])
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    assert ckpt["state"]["epoch"] == 3 and ckpt["state"]["stop_reason"].startswith("diverged")
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    (run / "metrics.json").unlink()  # resumed with budget left: stays stopped, scores again
+    again = train(config(epochs=6), run, resume=True, progress=False, data=small)
+    assert again["epochs"] == 3 and again["test_acc"] == pytest.approx(metrics["test_acc"])
+
+
+def test_divergence_in_the_first_epoch_fails_the_run(tmp_path, small, monkeypatch):
+    monkeypatch.setattr(linmem.train, "_update", lambda *args: None)  # every loss NaN
+    with pytest.raises(TrainingDiverged, match=r"in epoch 1; .* keeps epoch 0"):
+        train(config(), tmp_path / "run", progress=False, data=small)
 
 
 def test_evaluate_rejects_non_finite_outputs(small):

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from ._io import command_line, read_json, write_json
+from ._io import atomic_write, command_line, read_json, write_json
 from .data import (
     DATASETS,
     DataError,
@@ -35,12 +35,15 @@ from .report import (
     plot_pretraining,
     plot_run,
     previous_frame_report,
+    progress_markdown,
+    run_cpu_seconds,
     run_records,
     seed_groups,
     summary_file_records,
     write_search_report,
 )
 from .train import (
+    DIVERGENCE,
     OPTIMIZERS,
     SELECTIONS,
     TrainConfig,
@@ -110,6 +113,10 @@ _RUN_OPTIONS = (
                       "the state carried between windows [default: whole sequences]."),
     click.option("--clip", default=str(_DEFAULT.clip), show_default=True, callback=_clip,
                  help="Gradient-norm clipping, or 'none'."),
+    click.option("--on-divergence", type=click.Choice(DIVERGENCE),
+                 default=_DEFAULT.on_divergence, show_default=True,
+                 help="A NaN/inf loss or validation output: end the run at its last good epoch "
+                      "with its best checkpoint (stop), or fail it (raise)."),
     click.option("--k", type=int, default=_DEFAULT.k, show_default=True, callback=_positive,
                  help="Pretraining: past blocks of the unrolled network (ulm, pret-lmn-*)."),
     click.option("--nade-hidden", type=int, default=_DEFAULT.nade_hidden, show_default=True,
@@ -436,6 +443,47 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                  if r["study"] else f"{r['dataset']}-{r['model']}: {r['trials']} single runs")
         click.echo(f"{where}; {sel}")
     click.echo(f"-> {out_dir}/summary.json, table2.md, figure4.png")
+
+
+@cli.command("progress")
+@click.option("--storage", default=None,
+              help="Optuna storage URL of the search [default: sqlite:///runs/search/search.db].")
+@click.option("--grid", default="all", show_default=True,
+              help="The studies of this grid ('all': every grid).")
+@click.option("--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Folder the trials' run directories are relative to (where search ran).")
+@click.option("--run", "runs", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="Also count single runs (run directories, or folders of them).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the table to this Markdown file [default: print it].")
+def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str, ...],
+                 out: str | None) -> None:
+    """Where the searches stand: points done per study, the CPU hours their runs logged, the
+    hours projected for the rest; nothing is run (safe beside running workers)."""
+    import datetime
+
+    from .search import default_storage, progress_records, sqlite_path  # optuna: slow import
+
+    storage = storage or default_storage("runs/search")
+    database = sqlite_path(storage)
+    if database is not None and not database.is_file():
+        raise UsageFailure(f"no search database at {database} (pass --storage)")
+    studies = progress_records(storage, None if grid == "all" else grid, runs_root)
+    singles = []
+    for path in map(Path, runs):
+        found = ([path] if (path / "log.jsonl").is_file() else
+                 sorted(p.parent for p in path.rglob("log.jsonl")))
+        if not found:
+            raise UsageFailure(f"--run {path}: no run (log.jsonl) there")
+        singles += [(str(p), run_cpu_seconds(p)) for p in found]
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = progress_markdown(studies, singles, command_line(), when)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        with atomic_write(out, "w") as f:
+            f.write(text)
+        click.echo(f"-> {out}")
 
 
 @cli.command("reseed")

@@ -18,8 +18,9 @@ from .models import REGISTRY
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "figure4_data", "markdown_table",
            "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll", "plot_run",
-           "previous_frame_report", "run_records", "seed_groups", "summary_file_records",
-           "summary_records", "table2_markdown", "write_search_report"]
+           "previous_frame_report", "progress_markdown", "run_cpu_seconds", "run_records",
+           "seed_groups", "summary_file_records", "summary_records", "table2_markdown",
+           "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -62,6 +63,56 @@ def _log_fields(run_dir: Path) -> dict:
         fields.update(valid_nll_best=best["valid_nll"], valid_acc_at_best_nll=best["valid_acc"],
                       best_nll_epoch=best["epoch"])
     return fields
+
+
+def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The seconds a run's training took as its files record them: the epochs' times in
+    ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not there)
+    and the pretraining's (``pretraining.json``); 0 for a run that has written neither. One
+    thread per run: CPU seconds."""
+    run_dir = Path(run_dir)
+    total = 0.0
+    if (run_dir / "log.jsonl").is_file():
+        total += sum(json.loads(line).get("epoch_time_s", 0.0)
+                     for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip())
+    if (run_dir / "pretraining.json").is_file():
+        total += json.loads((run_dir / "pretraining.json").read_text()).get("wall_time_s", 0.0)
+    return total
+
+
+def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]] = (),
+                      command: str | None = None, when: str | None = None) -> str:
+    """The progress of the searches (:func:`linmem.search.progress_records`) and of single runs
+    (``(name, cpu seconds)``) as a Markdown table with the totals: CPU hours logged, projected
+    CPU hours left."""
+
+    def hours(s: float | None) -> str:
+        return "?" if s is None else f"{s / 3600:.2f}"
+
+    lines = ["| study | points done / grid | failed | running | CPU h | CPU h per finished "
+             "point | projected CPU h left |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(studies, key=lambda r: r["study"]):
+        st = r["states"]
+        per = hours(r["mean_point_cpu_s"]) + (" (data set's)" if r["left_from"] == "data set"
+                                               else "")
+        lines.append(f"| {r['study']} | {st.get('done', 0)} / {r['grid_points']} | "
+                     f"{st.get('failed', 0)} | {st.get('running', 0) + st.get('waiting', 0)} | "
+                     f"{hours(r['cpu_s'])} | {per} | {hours(r['left_cpu_s'])} |")
+    for name, seconds in runs:
+        lines.append(f"| {name} (single run) | – | – | – | {hours(seconds)} | – | – |")
+    spent = sum(r["cpu_s"] for r in studies) + sum(s for _, s in runs)
+    unknown = [r["study"] for r in studies if r["left_cpu_s"] is None]
+    left = sum(r["left_cpu_s"] or 0.0 for r in studies)
+    lines += ["", f"CPU hours logged: **{spent / 3600:.1f}**; projected CPU hours left for the "
+              f"studies above: **{left / 3600:.1f}**"
+              + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + ".",
+              "", "CPU hours: the epochs' times in each run's `log.jsonl` and its pretraining "
+              "time (one thread per run; epochs cut short by a killed worker are not counted). "
+              "Projection: the points left at the mean of the study's finished points (complete, "
+              "pruned or failed), else of its data set's."]
+    if command:
+        lines += ["", f"Made by `{command}`" + (f" at {when}" if when else "") + "."]
+    return "\n".join(lines) + "\n"
 
 
 def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:

@@ -16,8 +16,10 @@ How workers share a study without losing or repeating work:
   older than the grace period (by any worker, which checks before each trial and while waiting);
   Optuna's retry callback (``RetryHeartbeatStaleTrialCallback``) enqueues it again, and the retry
   resumes the dead worker's run directory from its last finished epoch.
-- A point whose training raised an error (a diverged run), or whose worker died more than
-  ``max_retry`` times, is *failed*: reported, not retried.
+- A point whose training raised an error (a run that diverged with ``on_divergence="raise"``;
+  by default a diverged run ends at its last good epoch with its best checkpoint, as early
+  stopping does, and completes), or whose worker died more than ``max_retry`` times, is
+  *failed*: reported, not retried.
 - A worker leaves when every point of its studies is complete, pruned or failed; while points are
   only running elsewhere it waits, so that it can take over the trials of a worker that dies.
 
@@ -54,7 +56,8 @@ from .recipes import run as run_training
 from .train import TrainConfig, TrainingDiverged
 
 __all__ = ["GRIDS", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
-           "grid_points", "make_storage", "open_study", "point_states", "run_search",
+           "grid_points", "make_storage", "open_study", "point_states", "progress_records",
+           "run_search",
            "run_worker", "search_records", "select", "select_per_frame", "sqlite_path",
            "study_name", "trial_point"]
 
@@ -511,6 +514,51 @@ def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any
     return {"point": p.name, "hidden": p.hidden, "memory": p.memory,
             "weight_decay": p.weight_decay, "valid_acc_frame": valid,
             "test_acc_frame": u["test_acc_frame"], "run_dir": u.get("run_dir")}
+
+
+def progress_records(storage: str, grid: str | None = None,
+                     runs_root: str | os.PathLike = ".", max_retry: int = 3) -> list[dict]:
+    """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
+    points by state and the CPU seconds its points' runs logged (:func:`linmem.report.
+    run_cpu_seconds`: one thread per run), and the seconds its points left would take at the
+    mean of its finished points (complete, pruned or failed), else of its data set's finished
+    points in the same grid; a running point counts for that mean less what it has logged."""
+
+    from .report import run_cpu_seconds
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    records = []
+    for summary in optuna.get_all_study_summaries(storage):
+        attrs = summary.user_attrs
+        if "grid" not in attrs or (grid is not None and attrs["grid"] != grid):
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        points = grid_points(attrs["model"], attrs["grid"])
+        states = point_states(study, points, max_retry)
+        run_dirs = {}
+        for t in study.get_trials(deepcopy=False):
+            if "duplicate_of" not in t.user_attrs and "run_dir" in t.user_attrs:
+                run_dirs[trial_point(t)] = Path(runs_root) / t.user_attrs["run_dir"]
+        seconds = {p: run_cpu_seconds(run_dirs[p]) if p in run_dirs else 0.0 for p in points}
+        finished = [seconds[p] for p in points if states[p] in ("done", "failed")]
+        records.append({"study": summary.study_name, "dataset": attrs["data"],
+                        "model": attrs["model"], "grid": attrs["grid"],
+                        "grid_points": len(points), "states": dict(Counter(states.values())),
+                        "cpu_s": sum(seconds.values()), "finished_cpu_s": finished,
+                        "running_cpu_s": [seconds[p] for p in points
+                                          if states[p] in ("running", "waiting")],
+                        "todo": sum(s == "todo" for s in states.values())})
+    for r in records:
+        mates = [s for q in records if q["dataset"] == r["dataset"] and q["grid"] == r["grid"]
+                 for s in q["finished_cpu_s"]]
+        pool = r["finished_cpu_s"] or mates
+        mean = sum(pool) / len(pool) if pool else None
+        r["mean_point_cpu_s"] = mean
+        r["left_cpu_s"] = (None if mean is None and (r["todo"] or r["running_cpu_s"]) else
+                           0.0 if mean is None else
+                           r["todo"] * mean + sum(max(mean - s, 0.0) for s in r["running_cpu_s"]))
+        r["left_from"] = "study" if r["finished_cpu_s"] else "data set" if mates else None
+    return records
 
 
 def search_records(storage: str, grid: str | None = None,

@@ -21,7 +21,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from .models import (
 
 __all__ = [
     "BUDGET_FIELDS",
+    "DIVERGENCE",
     "OPTIMIZERS",
     "SELECTIONS",
     "CheckpointError",
@@ -78,6 +79,7 @@ OPTIMIZERS = ("adam", "sgd")
 # what chooses the best epoch on validation: accuracy (the paper's), or the NLL (a likelihood
 # goal; for a joint readout it also spares the sampling of the marginals at every epoch)
 SELECTIONS = ("acc", "nll")
+DIVERGENCE = ("stop", "raise")  # TrainConfig.on_divergence
 # what bounds a run's length: --resume may change them; every other field is the run's identity
 BUDGET_FIELDS = ("epochs", "patience")
 # neither changes the numbers: a run may continue on another device or with the data elsewhere
@@ -119,6 +121,9 @@ class TrainConfig:
     patience: int = 50  # epochs without a better validation score before stopping
     select: str = "acc"  # the validation score of early stopping and of best.pt (SELECTIONS)
     clip: float | None = 5.0  # gradient-norm clipping; None disables it
+    # a NaN/inf training loss or validation output: "stop" ends the run at its last good epoch
+    # with its best checkpoint (as early stopping; Lightning's check_finite), "raise" fails it
+    on_divergence: str = "stop"
     init_bias: bool = True  # readout bias from the training split's key rates
     transpose: int = 0  # augmentation: shift each training sequence by up to +-N semitones
     seed: int = 0
@@ -171,6 +176,9 @@ class TrainConfig:
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"clip must be > 0 or None, got {self.clip!r}")
         check_int("la_window", self.la_window, minimum=0, none_ok=True)  # 0: full length
+        if self.on_divergence not in DIVERGENCE:
+            raise ValueError(f"on_divergence must be one of {list(DIVERGENCE)}, "
+                             f"got {self.on_divergence!r}")
         if self.select not in SELECTIONS:
             raise ValueError(f"select must be one of {list(SELECTIONS)}, got {self.select!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -266,6 +274,47 @@ def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size
     result = scores.compute()
     return result if accuracy or not joint else {"nll": result["nll"],
                                                  "frames": result["frames"]}
+
+
+class _LossNotFinite(ArithmeticError):
+    """The training loss of an update was NaN or inf (inside :func:`train`)."""
+
+
+def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, bar: Iterable,
+                 train_seqs: Sequence[np.ndarray], shifts: np.ndarray, config: TrainConfig,
+                 device: torch.device, epoch: int) -> tuple[float, float]:
+    """One epoch of updates over the batches of indices ``bar``; returns the frame-weighted
+    loss sum and the frame count. Raises :class:`_LossNotFinite` at a NaN/inf loss (the update
+    is not made)."""
+    loss_sum = frames = 0.0
+    for idx in bar:
+        batch = collate([train_seqs[i] for i in idx])
+        if config.transpose:
+            batch = transpose(batch, shifts[idx])
+        batch = batch.to(device)
+        steps = ([(train_step(model, optimizer, batch, config.clip), batch)]
+                 if config.chunk is None else
+                 chunked_steps(model, optimizer, batch, config.chunk, config.clip))
+        for loss, part in steps:
+            if loss is None:
+                raise _LossNotFinite(f"the training loss became NaN or inf in epoch {epoch}")
+            n = float(part.mask.sum())
+            loss_sum += loss * n
+            frames += n
+        bar.set_postfix(loss=f"{loss_sum / frames:.3f}")
+    return loss_sum, frames
+
+
+def _stop_diverged(run_dir: Path, state: dict[str, Any], why: str,
+                   elapsed: float) -> dict[str, Any]:
+    """``on_divergence="stop"``: the run ends at its last good epoch (``state``, that of
+    ``last.pt``, whose weights stay: the diverged ones are dropped) and keeps its best
+    checkpoint, as early stopping does. Returns the new state, also written to ``last.pt``."""
+    ckpt = load_checkpoint(run_dir / "last.pt")
+    ckpt["state"] = {**state, "stop_reason": f"diverged: {why}; the best epoch before it is kept",
+                     "elapsed": elapsed}
+    _save_last(ckpt, run_dir)
+    return ckpt["state"]
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -410,7 +459,7 @@ def train(
         state = {"command": command, "resumed": [], **ckpt["state"]}
         state.setdefault("best_score", state.pop("best_acc", -math.inf))  # older checkpoints
         if state["stop_reason"] is not None:
-            if _budget_left(state, config):
+            if _budget_left(state, config) and not state["stop_reason"].startswith("diverged"):
                 state["stop_reason"] = None  # a larger budget: the run goes on
             elif (run_dir / "metrics.json").is_file():
                 return read_json(run_dir / "metrics.json")  # finished: nothing is rewritten
@@ -461,35 +510,25 @@ def train(
         batches = bucket_batches(lengths, config.batch_size, shuffle=True, seed=epoch_seed)
         shifts = np.random.default_rng(epoch_seed).integers(
             -config.transpose, config.transpose + 1, size=len(train_seqs))
-        loss_sum = frames = 0.0
         # the bar only on a terminal (None); the per-epoch line below is printed everywhere
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
                    disable=None if progress else True, file=sys.stderr, dynamic_ncols=True)
-        for idx in bar:
-            batch = collate([train_seqs[i] for i in idx])
-            if config.transpose:
-                batch = transpose(batch, shifts[idx])
-            batch = batch.to(device)
-            steps = ([(train_step(model, optimizer, batch, config.clip), batch)]
-                     if config.chunk is None else
-                     chunked_steps(model, optimizer, batch, config.chunk, config.clip))
-            for loss, part in steps:
-                if loss is None:
-                    bar.close()
-                    raise TrainingDiverged(
-                        f"the training loss became NaN or inf in epoch {epoch}; "
-                        f"{checkpoint} keeps epoch {state['epoch']}. Lower --lr or set --clip.")
-                n = float(part.mask.sum())
-                loss_sum += loss * n
-                frames += n
-            bar.set_postfix(loss=f"{loss_sum / frames:.3f}")
         try:
+            loss_sum, frames = _train_epoch(model, optimizer, bar, train_seqs, shifts, config,
+                                            device, epoch)
             valid = evaluate(model, data["valid"], config.eval_batch_size, device,
                              accuracy=config.select == "acc")
-        except NonFiniteOutputs as err:  # a finite training loss, a diverged model all the same
-            raise TrainingDiverged(
-                f"{err} after epoch {epoch}; {checkpoint} keeps epoch {state['epoch']}. "
-                "Lower --lr or set --clip.") from None
+        except (_LossNotFinite, NonFiniteOutputs) as err:  # NonFinite: a finite training loss,
+            bar.close()                                     # a diverged model all the same
+            why = str(err) if isinstance(err, _LossNotFinite) else f"{err} after epoch {epoch}"
+            if config.on_divergence == "raise" or state["epoch"] == 0:
+                raise TrainingDiverged(f"{why}; {checkpoint} keeps epoch {state['epoch']}. "
+                                       "Lower --lr or set --clip.") from None
+            state = _stop_diverged(run_dir, state, why,
+                                   elapsed_before + time.perf_counter() - started)
+            if progress:
+                tqdm.write(f"linmem: {state['stop_reason']}", file=sys.stderr)
+            break
         score = valid["acc"] if config.select == "acc" else -valid["nll"]
         improved = score > state["best_score"]
         if improved:
