@@ -65,11 +65,22 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     assert scored["test"]["acc"] == pytest.approx(metrics["test_acc"], rel=1e-9)
     assert scored["test"]["nll"] == pytest.approx(metrics["test_nll"], rel=1e-9)
     code, stdout, _ = run_cli("evaluate", str(out), "--data-dir", str(data_dir), "--split",
-                              "valid", "--expected", "20", "--seed", "4", capsys=capsys)
+                              "valid", "--expected", "20", "--seed", "4", "--out",
+                              str(out / "expected.json"), capsys=capsys)
     assert code == 0
-    expected = json.loads(stdout)["valid"]
+    written = json.loads((out / "expected.json").read_text())
+    assert written == json.loads(stdout)
+    expected = written["valid"]
     assert 0 < expected["acc_expected"] < 100 and 0 < expected["acc_expected_se"] < 5
     assert expected["expected_samples"] == 20 and expected["expected_seed"] == 4
+    assert written["seed"] == 4 and written["data_sha256"] == metrics["data_sha256"]
+    assert written["command"] and written["wall_time_s"] > 0  # (in-process: pytest's argv)
+    assert written["commit"] == metrics["commit"]
+    from linmem.report import collect_metrics
+
+    (record,) = collect_metrics([out])  # what linmem report reads from the run
+    assert record["valid_acc_expected"] == expected["acc_expected"]
+    assert record["valid_acc_expected_se"] == expected["acc_expected_se"]
     # a second run into the same directory is refused; --resume with a larger budget goes on
     code, _, err = run_cli("train", *common, "--epochs", "2", capsys=capsys)
     assert code == 2 and "--resume" in err

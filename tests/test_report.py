@@ -130,8 +130,14 @@ def test_single_runs_join_the_table_selected_on_validation(tmp_path):
     records = run_records(collect_metrics([tmp_path]))
     assert len(records) == 1 and records[0]["test_acc"] == 28.0  # a: the better validation
     assert records[0]["trials"] == 2 and records[0]["command"] == "train a"
+    (tmp_path / "a" / "expected.json").write_text(json.dumps({  # linmem evaluate --out
+        "checkpoint": "best",
+        "test": {"acc": 28.0, "acc_expected": 27.3, "acc_expected_se": 0.02}}))
+    records = run_records(collect_metrics([tmp_path]))
+    assert records[0]["test_acc_expected"] == 27.3
     table = table2_markdown(records)
     assert "| RNN-RBM* | 33.12 | **28.00‡** |" in table
+    assert "| RNN-RBM* | 33.12 | 27.30 ± 0.02 | 34.02 | – |" in table  # the expected accuracy
     assert "rnn-rbm (2 single runs, selected `" in table
     assert summary_records(records)[0]["grid"] == "runs"
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
-from ._io import atomic_write, command_line, read_json, write_json
+from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
 from .data import (
     DATASETS,
     DataError,
@@ -527,12 +528,18 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
               help="Also the expected accuracy (Boulanger-Lewandowski et al. 2012) over N frames "
                    "drawn per step from the model, with its standard error.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --expected.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the JSON to this file (atomically; RUN_DIR/expected.json is "
+                   "what `linmem report` reads the expected accuracy from).")
 def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, device: str,
-                 expected: int | None, seed: int) -> None:
-    """Re-score the checkpoint of RUN_DIR; prints JSON (accuracies in percent)."""
+                 expected: int | None, seed: int, out: str | None) -> None:
+    """Re-score the checkpoint of RUN_DIR; prints JSON (accuracies in percent) with the command,
+    commit, seed, data checksum and wall time."""
+    started = time.perf_counter()
     try:
         model, config = load_run_model(run_dir, which, device)
         data = load_polyphonic(config.data, root=data_dir or config.data_dir)
+        checksum = data_checksum(config.data, data_dir or config.data_dir)
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     splits = ["train", "valid", "test"] if split == "all" else [split]
@@ -546,6 +553,10 @@ def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, dev
             acc, se = expected_accuracy(model, data[name], expected, seed, device=device)
             result[name].update(acc_expected=100 * acc, acc_expected_se=100 * se,
                                 expected_samples=expected, expected_seed=seed)
+    result.update(provenance(command_line(), git_commit(), seed if expected else None, checksum,
+                             time.perf_counter() - started))
+    if out is not None:
+        write_json(out, result)
     click.echo(json.dumps(result, indent=2))
 
 

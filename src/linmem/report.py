@@ -16,11 +16,11 @@ from .data import data_checksum, load_polyphonic
 from .metrics import previous_frame_scores
 from .models import REGISTRY
 
-__all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "figure4_data", "markdown_table",
-           "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll", "plot_run",
-           "previous_frame_report", "progress_markdown", "run_cpu_seconds", "run_records",
-           "seed_groups", "summary_file_records", "summary_records", "table2_markdown",
-           "write_search_report"]
+__all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields", "figure4_data",
+           "markdown_table", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
+           "plot_run", "previous_frame_report", "progress_markdown", "run_cpu_seconds",
+           "run_records", "seed_groups", "summary_file_records", "summary_records",
+           "table2_markdown", "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -115,6 +115,21 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
     return "\n".join(lines) + "\n"
 
 
+def expected_fields(run_dir: str | os.PathLike) -> dict:
+    """The expected accuracy (Boulanger-Lewandowski et al. 2012) of a run's best checkpoint
+    where ``linmem evaluate RUN --expected N --out RUN/expected.json`` wrote it:
+    ``test_acc_expected`` and its standard error (and the validation's); {} otherwise."""
+    path = Path(run_dir) / "expected.json"
+    if not path.is_file():
+        return {}
+    scores = json.loads(path.read_text())
+    if scores.get("checkpoint", "best") != "best":
+        return {}
+    return {f"{split}_acc_expected{suffix}": scores[split][f"acc_expected{suffix}"]
+            for split in ("valid", "test") if "acc_expected" in scores.get(split, {})
+            for suffix in ("", "_se")}
+
+
 def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
     """The ``metrics.json`` records under ``paths`` (run directories or folders holding them),
     sorted by path, each with its ``run`` (the directory), its batch size and chunk (from
@@ -129,7 +144,8 @@ def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
             config = (json.loads((f.parent / "config.json").read_text())
                       if (f.parent / "config.json").is_file() else {})
             record = {**{k: config.get(k) for k in ("batch_size", "chunk")},
-                      **json.loads(f.read_text()), **_log_fields(f.parent)}
+                      **json.loads(f.read_text()), **_log_fields(f.parent),
+                      **expected_fields(f.parent)}
             record["run"] = str(f.parent)
             records.append(record)
     if not records:
@@ -440,6 +456,26 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
               "global accuracy instead, the grid's per-frame validation scores not being kept):",
               ""]
     lines += table("test_acc_frame", "ours, per-frame mean")
+    expected = [m for m in models if any(ours.get((d, m), {}).get("test_acc_expected")
+                                         is not None for d in TABLE2_DATASETS)]
+    if expected:
+        lines += ["", "Expected accuracy (Boulanger-Lewandowski et al. 2012: the mean over frames "
+                  "drawn from the model at each step of TP / (TP + FP + FN), the definition of "
+                  "the RNN-RBM figures the paper quotes; `linmem evaluate RUN --expected N`), "
+                  "test, ± its standard error over the draws, of the configurations of the "
+                  "first table:", "",
+                  "| model | " + " | ".join(f"{TABLE2_TITLES[d]} (quoted) | {TABLE2_TITLES[d]} "
+                                           "(ours, expected)" for d in TABLE2_DATASETS) + " |",
+                  "|---|" + "---:|" * (2 * len(TABLE2_DATASETS))]
+        for m in expected:
+            cells = []
+            for d in TABLE2_DATASETS:
+                r = ours.get((d, m), {})
+                quoted = published[d][m] if m == "rnn-rbm" else None
+                cells.append("–" if quoted is None else f"{quoted:.2f}")
+                cells.append("–" if r.get("test_acc_expected") is None else
+                             f"{r['test_acc_expected']:.2f} ± {r['test_acc_expected_se']:.2f}")
+            lines.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
     lines += ["", "Test NLL in nats per time step of the configurations of the first table "
               "(the paper reports none; the RNN-RBM's is an AIS estimate):", ""]
     lines += table("test_nll", "ours", paper=False)
@@ -669,7 +705,8 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
         if run.is_dir():
             dest = out_dir / "selected" / f"{r['dataset']}-{r['model']}"
             dest.mkdir(parents=True, exist_ok=True)
-            for name in ("config.json", "log.jsonl", "metrics.json", "pretraining.json"):
+            for name in ("config.json", "log.jsonl", "metrics.json", "pretraining.json",
+                         "expected.json"):
                 if (run / name).is_file():
                     shutil.copyfile(run / name, dest / name)
 

@@ -53,6 +53,7 @@ from ._threads import usable_cpus
 from .data import load_polyphonic, resolve_name
 from .models import get_spec
 from .recipes import run as run_training
+from .report import expected_fields, run_cpu_seconds
 from .train import TrainConfig, TrainingDiverged
 
 __all__ = ["GRIDS", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
@@ -524,8 +525,6 @@ def progress_records(storage: str, grid: str | None = None,
     mean of its finished points (complete, pruned or failed), else of its data set's finished
     points in the same grid; a running point counts for that mean less what it has logged."""
 
-    from .report import run_cpu_seconds
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     records = []
     for summary in optuna.get_all_study_summaries(storage):
@@ -617,7 +616,7 @@ def search_records(storage: str, grid: str | None = None,
             u = dict(best.user_attrs)
             metrics_file = Path(runs_root) / str(u.get("run_dir")) / "metrics.json"
             if metrics_file.is_file():  # fields a trial did not store (older trials: command)
-                u = {**read_json(metrics_file), **u}
+                u = {**read_json(metrics_file), **expected_fields(metrics_file.parent), **u}
             record.update({
                 "hidden": p.hidden, "memory": p.memory, "weight_decay": p.weight_decay,
                 "valid_acc": u["valid_acc"], "valid_nll": u.get("valid_nll"),
