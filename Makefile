@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +96,46 @@ results-chunking: install
 	for run in runs/chunking/*/; do name=$$(basename $$run); mkdir -p results/chunking/$$name; \
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/chunking/$$name/; done
 	$(VENV)/bin/linmem summarize results/chunking > results/chunking/table.md
+
+# Issue 15: Table 2 on the four data sets. The reduced grid (results/search.md) of seven models
+# per data set, the long data sets on windows of 100 steps (results/chunking), pret-RNN on JSB's
+# paper grid, the RNN-RBM's single configuration on each set with its expected accuracy, the
+# selected LMN-B, pret-LMN-B and LSTM with seeds 1-3, then the report (JSB's other studies come
+# from the committed results/summary.json). Resumable: run it again. About 60 CPU hours; the
+# background scripts that ran it here split the same commands over two one-thread workers.
+T2_JOBS ?= 2
+T2_RUN = OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem
+T2_SEARCH = $(T2_RUN) search --model lmn-b --model lstm --model lmn-a --model gru --model rnn \
+	--model pret-lmn-b --model pret-rnn --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet
+LONG = --batch-size 4 --chunk 100
+RBM_ALL = --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
+SELECTED = $(PY) -c "import json, sys; print(next(r['run_dir'] for r in json.load(open('results/summary.json')) if (r['dataset'], r['model']) == tuple(sys.argv[1:])))"
+results-table2: install
+	$(T2_SEARCH) --data nottingham
+	$(T2_SEARCH) --data piano $(LONG)
+	$(T2_SEARCH) --data muse $(LONG)
+	$(T2_RUN) search --data jsb --model pret-rnn --grid paper --jobs $(T2_JOBS) --out runs/search --quiet
+	$(T2_RUN) train --data nottingham $(RBM_ALL) --out runs/rnn-rbm/nottingham-rnn-rbm-h100-r150
+	for d in piano musedata; do $(T2_RUN) train --data $$d $(RBM_ALL) $(LONG) --out runs/rnn-rbm/$$d-rnn-rbm-h100-r150; done
+	for d in nottingham piano musedata; do run=runs/rnn-rbm/$$d-rnn-rbm-h100-r150; \
+	  [ -f $$run/expected.json ] || $(T2_RUN) evaluate $$run --split test --expected 100 --seed 0 --out $$run/expected.json > /dev/null; \
+	  mkdir -p results/rnn-rbm/$$d-rnn-rbm-h100-r150; \
+	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json $$run/expected.json results/rnn-rbm/$$d-rnn-rbm-h100-r150/; done
+	$(MAKE) results-report
+	for d in nottingham piano musedata; do for m in lmn-b pret-lmn-b lstm; do \
+	  $(T2_RUN) reseed $$($(SELECTED) $$d $$m) --seeds 1,2,3 --out runs/seeds/$$d-$$m --data-dir $(DATA) --quiet; done; done
+	for m in lmn-b pret-lmn-b lstm; do \
+	  $(T2_RUN) reseed results/selected/jsb-$$m --seeds 1,2,3 --out runs/seeds/jsb-$$m --data-dir $(DATA) --quiet; done
+	for run in runs/seeds/*/s*/; do name=$$(basename $$(dirname $$run))-$$(basename $$run); \
+	  mkdir -p results/seeds/$$name; cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/seeds/$$name/; done
+	$(MAKE) results-report results-progress
+results-report: install
+	$(VENV)/bin/linmem report --storage sqlite:///runs/search/search.db --grid all --runs-root . \
+	  --summary results/summary.json --baseline results/baseline.json --run results/rnn-rbm \
+	  $$(ls -d results/seeds 2>/dev/null | sed 's/^/--seed-runs /') --out results
+results-progress: install
+	$(VENV)/bin/linmem progress --storage sqlite:///runs/search/search.db --runs-root . --summary results/summary.json \
+	  $$(ls -d results/rnn-rbm results/seeds 2>/dev/null | sed 's/^/--run /') --out results/progress.md
 
 # Issue 17 (results/nade): the NADE models on JSB Chorales, grid 'nade' selected on validation
 # NLL, then the regularisation of LMN-B-NADE's selected point; resumable.

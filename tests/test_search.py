@@ -185,8 +185,8 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     records = {r["model"]: r for r in progress_records(storage, "tiny")}
     done = records["lmn-b"]
     assert done["states"] == {"done": 4} and done["grid_points"] == 4
-    logged = sum(json.loads(line)["epoch_time_s"] for run in (tmp_path / "runs").glob("*/*")
-                 for line in (run / "log.jsonl").read_text().splitlines())
+    logged = sum(json.loads((run / "metrics.json").read_text())["wall_time_s"]
+                 for run in (tmp_path / "runs").glob("*/*"))
     assert done["cpu_s"] == pytest.approx(logged) and done["cpu_s"] > 0
     assert done["mean_point_cpu_s"] == pytest.approx(logged / 4) and done["left_cpu_s"] == 0
     todo = records["rnn"]  # nothing finished: the data set's mean per point
@@ -196,10 +196,18 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     from linmem.cli import main
 
     out = tmp_path / "progress.md"
-    main(["progress", "--storage", storage, "--grid", "tiny", "--out", str(out)])
+    earlier = tmp_path / "summary.json"  # a search whose storage is gone: its trials' time
+    earlier.write_text(json.dumps([
+        {"dataset": "jsb", "model": "gru", "grid": "paper", "grid_points": 25,
+         "grid_complete": True, "search_wall_time_s": 7200.0},
+        {"dataset": "jsb", "model": "lmn-b", "grid": "paper", "grid_points": 30,
+         "grid_complete": True, "search_wall_time_s": 1e6}]))  # in the storage: left out
+    main(["progress", "--storage", storage, "--grid", "tiny", "--summary", str(earlier),
+          "--out", str(out)])
     text = out.read_text()
     assert "| jsb-lmn-b-tiny | 4 / 4 | 0 | 0 |" in text and "| jsb-rnn-tiny | 0 / 4 |" in text
-    assert f"CPU hours logged: **{logged / 3600:.1f}**" in text and "Made by `" in text
+    assert "| jsb-gru-paper (earlier: trial wall time) | 25 / 25 | 0 | 0 | 2.00 |" in text
+    assert f"CPU hours logged: **{(logged + 7200) / 3600:.1f}**" in text and "Made by `" in text
 
 
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
@@ -211,7 +219,9 @@ def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
     (run / "log.jsonl").write_text('{"epoch": 1, "epoch_time_s": 1.5}\n'
                                    '{"epoch": 2, "epoch_time_s": 2.25}\n')
     (run / "pretraining.json").write_text('{"wall_time_s": 10.0, "ulm_wall_time_s": 9.0}')
-    assert run_cpu_seconds(run) == 13.75
+    assert run_cpu_seconds(run) == 13.75  # a run still training: its epochs
+    (run / "metrics.json").write_text('{"wall_time_s": 5.0}')
+    assert run_cpu_seconds(run) == 15.0  # a finished one: its whole wall time
 
 
 def test_point_states_count_deaths_and_errors(tmp_path, data_dir):

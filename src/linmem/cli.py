@@ -455,10 +455,14 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
               help="Folder the trials' run directories are relative to (where search ran).")
 @click.option("--run", "runs", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Also count single runs (run directories, or folders of them).")
+@click.option("--summary", "summaries", multiple=True,
+              type=click.Path(exists=True, dir_okay=False),
+              help="Also the searches of an earlier report's summary.json that the storage "
+                   "lacks (their trials' wall time).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the table to this Markdown file [default: print it].")
 def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str, ...],
-                 out: str | None) -> None:
+                 summaries: tuple[str, ...], out: str | None) -> None:
     """Where the searches stand: points done per study, the CPU hours their runs logged, the
     hours projected for the rest; nothing is run (safe beside running workers)."""
     import datetime
@@ -470,6 +474,18 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
     if database is not None and not database.is_file():
         raise UsageFailure(f"no search database at {database} (pass --storage)")
     studies = progress_records(storage, None if grid == "all" else grid, runs_root)
+    for path in summaries:
+        try:
+            earlier = summary_file_records(path)
+        except ValueError as err:
+            raise UsageFailure(str(err)) from None
+        here = {(r["dataset"], r["model"]) for r in studies}
+        studies += [{"study": f"{r['study']} (earlier: trial wall time)", "dataset": r["dataset"],
+                     "model": r["model"], "grid": r["grid"], "grid_points": r["grid_points"],
+                     "states": {"done": r["points_done"] or 0},
+                     "cpu_s": r.get("search_wall_time_s") or 0.0, "mean_point_cpu_s": None,
+                     "left_cpu_s": 0.0, "left_from": None}
+                    for r in earlier if r["study"] and (r["dataset"], r["model"]) not in here]
     singles = []
     for path in map(Path, runs):
         found = ([path] if (path / "log.jsonl").is_file() else

@@ -66,13 +66,16 @@ def _log_fields(run_dir: Path) -> dict:
 
 
 def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The seconds a run's training took as its files record them: the epochs' times in
-    ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not there)
-    and the pretraining's (``pretraining.json``); 0 for a run that has written neither. One
-    thread per run: CPU seconds."""
+    """The seconds a run's training took as its files record them: a finished run's wall time
+    (``metrics.json``: every session's training and the final scoring), else the epochs' times
+    in ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
+    there), plus the pretraining's (``pretraining.json``); 0 for a run that has written
+    neither. One thread per run: CPU seconds."""
     run_dir = Path(run_dir)
     total = 0.0
-    if (run_dir / "log.jsonl").is_file():
+    if (run_dir / "metrics.json").is_file():
+        total += json.loads((run_dir / "metrics.json").read_text()).get("wall_time_s", 0.0)
+    elif (run_dir / "log.jsonl").is_file():
         total += sum(json.loads(line).get("epoch_time_s", 0.0)
                      for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip())
     if (run_dir / "pretraining.json").is_file():
@@ -106,8 +109,9 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
     lines += ["", f"CPU hours logged: **{spent / 3600:.1f}**; projected CPU hours left for the "
               f"studies above: **{left / 3600:.1f}**"
               + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + ".",
-              "", "CPU hours: the epochs' times in each run's `log.jsonl` and its pretraining "
-              "time (one thread per run; epochs cut short by a killed worker are not counted). "
+              "", "CPU hours: each finished run's wall time (`metrics.json`), else the epochs' "
+              "times in its `log.jsonl`, and its pretraining time (one thread per run; epochs "
+              "cut short by a killed worker are not counted). "
               "Projection: the points left at the mean of the study's finished points (complete, "
               "pruned or failed), else of its data set's."]
     if command:
