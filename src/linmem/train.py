@@ -430,7 +430,10 @@ def train(
             :mod:`linmem.recipes` initialise the model's weights through it.
 
     Raises:
-        TrainingDiverged: the loss became NaN/inf; ``last.pt`` keeps the last good epoch.
+        TrainingDiverged: the loss or the validation outputs became NaN/inf with
+            ``config.on_divergence == "raise"``, or in the first epoch (no good epoch to keep);
+            ``last.pt`` keeps the last good epoch. With ``"stop"`` the run ends there instead
+            and stays ended on ``resume``.
     """
     run_dir = Path(run_dir)
     started = time.perf_counter()
