@@ -127,6 +127,9 @@ def test_single_runs_join_the_table_selected_on_validation(tmp_path):
             "weight_decay": 1e-5, "valid_acc": valid, "test_acc": test, "test_nll": 7.5,
             "n_params": 5, "epochs": 9, "wall_time_s": 1.0, "command": f"train {name}",
             "commit": "c", "seed": 0, "data_sha256": "d"}))
+    (tmp_path / "a" / "rnn").mkdir()  # a step inside run a (its RNN pretraining): not a run
+    (tmp_path / "a" / "rnn" / "metrics.json").write_text(json.dumps({
+        "dataset": "jsb", "model": "rnn", "valid_acc": 20.0, "test_acc": 20.0}))
     records = run_records(collect_metrics([tmp_path]))
     assert len(records) == 1 and records[0]["test_acc"] == 28.0  # a: the better validation
     assert records[0]["trials"] == 2 and records[0]["command"] == "train a"

@@ -135,7 +135,8 @@ def expected_fields(run_dir: str | os.PathLike) -> dict:
 
 
 def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
-    """The ``metrics.json`` records under ``paths`` (run directories or folders holding them),
+    """The ``metrics.json`` records under ``paths`` (run directories or folders holding them;
+    a run's own steps, such as a pretraining run inside it, are not runs of their own),
     sorted by path, each with its ``run`` (the directory), its batch size and chunk (from
     ``config.json``) and, where the run's ``log.jsonl`` is there, the training minutes to the
     selected epoch, its best validation NLL and the validation accuracy at that epoch."""
@@ -143,7 +144,9 @@ def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
     for root in paths:
         root = Path(root)
         files = [root / "metrics.json"] if (root / "metrics.json").is_file() else sorted(
-            root.rglob("metrics.json"))
+            f for f in root.rglob("metrics.json")  # not the steps inside a run (pretraining)
+            if not any((d / "metrics.json").is_file() for d in f.parent.parents
+                       if d.is_relative_to(root) and d != root))
         for f in files:
             config = (json.loads((f.parent / "config.json").read_text())
                       if (f.parent / "config.json").is_file() else {})
