@@ -516,14 +516,18 @@ def train(
         # the bar only on a terminal (None); the per-epoch line below is printed everywhere
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
                    disable=None if progress else True, file=sys.stderr, dynamic_ncols=True)
+        why = None  # set when the epoch diverged
         try:
             loss_sum, frames = _train_epoch(model, optimizer, bar, train_seqs, shifts, config,
                                             device, epoch)
             valid = evaluate(model, data["valid"], config.eval_batch_size, device,
                              accuracy=config.select == "acc")
-        except (_LossNotFinite, NonFiniteOutputs) as err:  # NonFinite: a finite training loss,
-            bar.close()                                     # a diverged model all the same
-            why = str(err) if isinstance(err, _LossNotFinite) else f"{err} after epoch {epoch}"
+        except _LossNotFinite as err:
+            why = str(err)
+        except NonFiniteOutputs as err:  # a finite training loss, a diverged model all the same
+            why = f"{err} after epoch {epoch}"
+        if why is not None:
+            bar.close()
             if config.on_divergence == "raise" or state["epoch"] == 0:
                 raise TrainingDiverged(f"{why}; {checkpoint} keeps epoch {state['epoch']}. "
                                        "Lower --lr or set --clip.") from None
