@@ -189,7 +189,7 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
         summary_file_records(path)
 
 
-def test_seed_table_says_whether_pretraining_beats_the_spread():
+def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
     from linmem.report import seed_groups, table2_markdown
 
     def run(model, seed, acc):
@@ -206,6 +206,11 @@ def test_seed_table_says_whether_pretraining_beats_the_spread():
         in table
     assert "- JSB Chorales: pret-LMN-B +1.50 points against LMN-B; the ranges do not overlap" \
         in table
+    assert "against LSTM" not in table  # no LSTM seeds: no claim
+    lstm = seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 2, 27.5),
+                        run("lstm", 1, 26.0), run("lstm", 2, 27.2)])
+    assert ("- JSB Chorales: LMN-B +0.65 points against LSTM; the ranges overlap"
+            in table2_markdown([], seeds=lstm))
     overlapping = seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 2, 29.0),
                                run("pret-lmn-b", 1, 28.0), run("pret-lmn-b", 2, 28.5)])
     assert "overlap: within the spread" in table2_markdown([], seeds=overlapping)
