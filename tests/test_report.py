@@ -232,3 +232,29 @@ def test_figure4_is_drawn_for_every_data_set_with_a_curve(tmp_path):
     assert json.loads((tmp_path / "figure4.json").read_text())["curves"] == {}
     assert not (tmp_path / "figure4.png").exists()
     assert not (tmp_path / "figure4-musedata.json").exists()
+
+
+def test_memory_radii_and_table(tmp_path):
+    import torch
+
+    from linmem.models import build_model
+    from linmem.report import memory_markdown, memory_radii
+
+    torch.manual_seed(0)
+    model = build_model("lmn-b", 6, memory=3, num_layers=2)
+    with torch.no_grad():  # eigenvalues 0.5, -2, 0.1 (triangular); then 0.3 +- 0.4i, 0.2
+        model.core.weight_mm_l0.copy_(torch.tensor([[0.5, 0.0, 0.0], [0.0, -2.0, 1.0],
+                                                    [0.0, 0.0, 0.1]]))
+        model.core.weight_mm_l1.copy_(torch.tensor([[0.3, -0.4, 0.0], [0.4, 0.3, 0.0],
+                                                    [0.0, 0.0, 0.2]]))
+    run = tmp_path / "search" / "run"
+    run.mkdir(parents=True)
+    torch.save({"model": model.state_dict(), "epoch": 3}, run / "best.pt")
+    assert memory_radii(run / "best.pt") == pytest.approx([2.0, 0.5])
+    torch.save({"model": build_model("lstm", 4).state_dict()}, tmp_path / "lstm.pt")
+    assert memory_radii(tmp_path / "lstm.pt") == []
+    record = {"run": str(run), "model": "lmn-b", "batch_size": 4, "chunk": None, "epochs": 5,
+              "best_epoch": 3, "valid_acc": 28.0, "stop_reason": "diverged: in epoch 6; kept"}
+    table = memory_markdown([record], command="linmem memory x")
+    assert "| search/run | lmn-b | 4 | whole | 5 | 3 | 28.00 | diverged: in epoch 6 | 2.000, " \
+           "0.500 | – |" in table and "Made by `linmem memory x`." in table

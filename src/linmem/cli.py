@@ -33,6 +33,7 @@ from .recipes import run as run_training
 from .report import (
     collect_metrics,
     markdown_table,
+    memory_markdown,
     plot_pretraining,
     plot_run,
     previous_frame_report,
@@ -719,6 +720,17 @@ def baseline_cmd(datasets: tuple[str, ...], data_dir: str | None, out: str) -> N
         click.echo(f"{name}: test acc {splits['test']['acc']:.2f}% (per-frame mean "
                    f"{splits['test']['acc_frame']:.2f}%), valid acc {splits['valid']['acc']:.2f}%")
     click.echo(f"-> {out}")
+
+
+@cli.command("memory")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+def memory_cmd(paths: tuple[str, ...]) -> None:
+    """Markdown table of the runs under PATHS with the spectral radius of their linear memory
+    (W^mm, eq. 7) at the selected and the last epoch, and how they stopped."""
+    try:
+        click.echo(memory_markdown(collect_metrics(paths), command_line()), nl=False)
+    except FileNotFoundError as err:
+        raise UsageFailure(str(err)) from None
 
 
 @cli.command("summarize")

@@ -17,10 +17,11 @@ from .metrics import previous_frame_scores
 from .models import REGISTRY
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields", "figure4_data",
-           "markdown_table", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
-           "plot_run", "previous_frame_report", "progress_markdown", "run_cpu_seconds",
-           "run_records", "seed_groups", "summary_file_records", "summary_records",
-           "table2_markdown", "write_search_report"]
+           "markdown_table", "memory_markdown", "memory_radii", "plot_figure4",
+           "plot_prediction", "plot_pretraining", "plot_roll", "plot_run",
+           "previous_frame_report", "progress_markdown", "run_cpu_seconds", "run_records",
+           "seed_groups", "summary_file_records", "summary_records", "table2_markdown",
+           "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -132,6 +133,41 @@ def expected_fields(run_dir: str | os.PathLike) -> dict:
     return {f"{split}_acc_expected{suffix}": scores[split][f"acc_expected{suffix}"]
             for split in ("valid", "test") if "acc_expected" in scores.get(split, {})
             for suffix in ("", "_se")}
+
+
+def memory_radii(checkpoint: str | os.PathLike) -> list[float]:
+    """The spectral radius ``max |eig(W^mm)|`` of each LMN layer's memory-to-memory matrix in a
+    checkpoint (``best.pt`` or ``last.pt``; eq. 7's ``W^mm``), in layer order; [] for a model
+    without a linear memory. Above 1, the memory's state grows geometrically along a sequence."""
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
+    layers = sorted((int(k.rsplit("_l", 1)[1]), v) for k, v in state.items()
+                    if k.rsplit(".", 1)[-1].startswith("weight_mm_l"))
+    return [float(torch.linalg.eigvals(w.double()).abs().max()) for _, w in layers]
+
+
+def memory_markdown(runs: Sequence[dict], command: str | None = None) -> str:
+    """A Markdown table of finished runs (``metrics.json`` records of :func:`collect_metrics`)
+    with how they stopped and the spectral radius of their memory (:func:`
+    memory_radii`) at the selected epoch and at the last one: the evidence for a divergence."""
+
+    def radius(path: Path) -> str:
+        return ", ".join(f"{r:.3f}" for r in memory_radii(path)) if path.is_file() else "–"
+
+    lines = ["| run | model | batch | chunk | epochs | selected epoch | valid acc % | stop | "
+             "ρ(W^mm) selected | ρ(W^mm) last |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for r in runs:
+        run = Path(r["run"])
+        stop = str(r.get("stop_reason") or "–").split(";")[0]
+        lines.append(f"| {run.parent.name}/{run.name} | {r.get('model')} | {r.get('batch_size')} | "
+                     f"{r.get('chunk') or 'whole'} | {r.get('epochs')} | {r.get('best_epoch')} | "
+                     f"{r['valid_acc']:.2f} | {stop} | {radius(run / 'best.pt')} | "
+                     f"{radius(run / 'last.pt')} |")
+    if command:
+        lines += ["", f"Made by `{command}`."]
+    return "\n".join(lines) + "\n"
 
 
 def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
