@@ -134,6 +134,15 @@ _RUN_OPTIONS = (
 )
 
 
+# the search storage and where its runs are, for `linmem report` and `linmem progress`
+_storage_option = click.option(
+    "--storage", default=None,
+    help="Optuna storage URL of the search [default: sqlite:///runs/search/search.db].")
+_runs_root_option = click.option(
+    "--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
+    help="Folder the trials' run directories are relative to (where search ran).")
+
+
 def _run_options(command):
     """Adds :data:`_RUN_OPTIONS` to a command, in their order in ``--help``."""
     for option in reversed(_RUN_OPTIONS):
@@ -370,13 +379,19 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
         click.echo(f"{name}: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items())))
 
 
+def _summary_files(paths: tuple[str, ...]) -> list[list[dict]]:
+    """The records of each earlier summary.json (``--summary``); a usage error for a bad one."""
+    try:
+        return [summary_file_records(path) for path in paths]
+    except ValueError as err:
+        raise UsageFailure(str(err)) from None
+
+
 @cli.command("report")
-@click.option("--storage", default=None,
-              help="Optuna storage URL of the search [default: sqlite:///runs/search/search.db].")
+@_storage_option
 @click.option("--grid", default="paper", show_default=True,
               help="Report the studies of this grid ('all': every grid).")
-@click.option("--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
-              help="Folder the trials' run directories are relative to (where search ran).")
+@_runs_root_option
 @click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
 @click.option("--run", "runs", multiple=True, type=click.Path(exists=True),
               help="Also report single runs (run directories or folders of them) of models "
@@ -417,11 +432,7 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
         if clash:
             raise UsageFailure(f"--run {', '.join(clash)}: these have a search study already")
         records += singles
-    for path in summaries:
-        try:
-            earlier = summary_file_records(path)
-        except ValueError as err:
-            raise UsageFailure(str(err)) from None
+    for earlier in _summary_files(summaries):
         have = {(r["dataset"], r["model"]) for r in records}
         records += [r for r in earlier if (r["dataset"], r["model"]) not in have]
     out_dir = Path(out)
@@ -448,12 +459,10 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
 
 
 @cli.command("progress")
-@click.option("--storage", default=None,
-              help="Optuna storage URL of the search [default: sqlite:///runs/search/search.db].")
+@_storage_option
 @click.option("--grid", default="all", show_default=True,
               help="The studies of this grid ('all': every grid).")
-@click.option("--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
-              help="Folder the trials' run directories are relative to (where search ran).")
+@_runs_root_option
 @click.option("--run", "runs", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Also count single runs (run directories, or folders of them).")
 @click.option("--summary", "summaries", multiple=True,
@@ -475,11 +484,7 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
     if database is not None and not database.is_file():
         raise UsageFailure(f"no search database at {database} (pass --storage)")
     studies = progress_records(storage, None if grid == "all" else grid, runs_root)
-    for path in summaries:
-        try:
-            earlier = summary_file_records(path)
-        except ValueError as err:
-            raise UsageFailure(str(err)) from None
+    for earlier in _summary_files(summaries):
         here = {(r["dataset"], r["model"]) for r in studies}
         studies += [{"study": f"{r['study']} (earlier: trial wall time)", "dataset": r["dataset"],
                      "model": r["model"], "grid": r["grid"], "grid_points": r["grid_points"],

@@ -37,7 +37,7 @@ import sys
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -517,6 +517,16 @@ def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any
             "test_acc_frame": u["test_acc_frame"], "run_dir": u.get("run_dir")}
 
 
+def _grid_studies(storage: str, grid: str | None) -> Iterator[tuple[dict[str, Any], Any]]:
+    """``(user attributes, study)`` of each search study of ``grid`` (None: every grid) in
+    ``storage``."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for summary in optuna.get_all_study_summaries(storage):
+        attrs = summary.user_attrs
+        if "grid" in attrs and (grid is None or attrs["grid"] == grid):
+            yield attrs, optuna.load_study(study_name=summary.study_name, storage=storage)
+
+
 def progress_records(storage: str, grid: str | None = None,
                      runs_root: str | os.PathLike = ".", max_retry: int = 3) -> list[dict]:
     """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
@@ -525,13 +535,8 @@ def progress_records(storage: str, grid: str | None = None,
     mean of its finished points (complete, pruned or failed), else of its data set's finished
     points in the same grid; a running point counts for that mean less what it has logged."""
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     records = []
-    for summary in optuna.get_all_study_summaries(storage):
-        attrs = summary.user_attrs
-        if "grid" not in attrs or (grid is not None and attrs["grid"] != grid):
-            continue
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    for attrs, study in _grid_studies(storage, grid):
         points = grid_points(attrs["model"], attrs["grid"])
         states = point_states(study, points, max_retry)
         run_dirs = {}
@@ -540,7 +545,7 @@ def progress_records(storage: str, grid: str | None = None,
                 run_dirs[trial_point(t)] = Path(runs_root) / t.user_attrs["run_dir"]
         seconds = {p: run_cpu_seconds(run_dirs[p]) if p in run_dirs else 0.0 for p in points}
         finished = [seconds[p] for p in points if states[p] in ("done", "failed")]
-        records.append({"study": summary.study_name, "dataset": attrs["data"],
+        records.append({"study": study.study_name, "dataset": attrs["data"],
                         "model": attrs["model"], "grid": attrs["grid"],
                         "grid_points": len(points), "states": dict(Counter(states.values())),
                         "cpu_s": sum(seconds.values()), "finished_cpu_s": finished,
@@ -569,13 +574,8 @@ def search_records(storage: str, grid: str | None = None,
     ``metrics.json`` under ``runs_root`` when that is there.
     """
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     records = []
-    for summary in optuna.get_all_study_summaries(storage):
-        attrs = summary.user_attrs
-        if "grid" not in attrs or (grid is not None and attrs["grid"] != grid):
-            continue
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    for attrs, study in _grid_studies(storage, grid):
         on_acc = attrs.get("train", {}).get("select", "acc") == "acc"
         points = grid_points(attrs["model"], attrs["grid"])
         states = point_states(study, points)
@@ -600,7 +600,7 @@ def search_records(storage: str, grid: str | None = None,
                            "wall_time_s": (t.duration.total_seconds()
                                            if t.duration is not None else None)})
         record: dict[str, Any] = {
-            "study": summary.study_name, "dataset": attrs["data"], "model": attrs["model"],
+            "study": study.study_name, "dataset": attrs["data"], "model": attrs["model"],
             "grid": attrs["grid"], "subset": attrs.get("subset"),
             "selected_on": "valid acc" if on_acc else "valid nll",
             "grid_points": len(points), "points_done": sum(s == "done" for s in states.values()),
