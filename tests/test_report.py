@@ -102,6 +102,7 @@ def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
                    "valid_acc": 25.0})
     data = figure4_data([_record("jsb", "lmn-b", 30.0, trials=trials),
                          _record("jsb", "lmn-a", 30.0, trials=trials),
+                         _record("jsb", "lstm", 30.0, complete=False),  # nothing finished yet
                          _record("piano", "rnn", 30.0, trials=trials)])
     assert list(data["curves"]) == ["lmn-b"]  # lmn-a is not in the figure; piano is not jsb
     points = data["curves"]["lmn-b"]["points"]

@@ -561,7 +561,8 @@ def figure4_data(records: Sequence[dict], dataset: str = "jsb",
     """Validation accuracy against total hidden units (LMN: functional + memory), the best over
     weight decays of the complete trials at each size, per model (the paper's Figure 4). Sizes
     whose every trial was pruned are listed apart (``pruned``), at the best validation accuracy
-    reached before the pruner stopped them: a lower bound, not a final score."""
+    reached before the pruner stopped them: a lower bound, not a final score. A model with no
+    finished trial has no curve."""
     curves = {}
     for r in records:
         if r["dataset"] != dataset or r["model"] not in models:
@@ -579,6 +580,8 @@ def figure4_data(records: Sequence[dict], dataset: str = "jsb",
                 acc = t["best_intermediate_valid_acc"]
                 if units not in stopped or acc > stopped[units]["valid_acc"]:
                     stopped[units] = {**point, "valid_acc": acc, "epochs": t.get("epochs")}
+        if not best and not stopped:
+            continue  # nothing finished yet: no curve (nor a legend entry)
         curves[r["model"]] = {"grid": r["grid"], "grid_complete": r["grid_complete"],
                               "points": [best[u] for u in sorted(best)],
                               "pruned": [stopped[u] for u in sorted(stopped) if u not in best]}
