@@ -10,11 +10,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from ._io import atomic_write, command_line, git_commit, provenance, write_json
+from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
 from .data import data_checksum, load_polyphonic
 from .metrics import previous_frame_scores
 from .models import REGISTRY
+from .train import load_checkpoint
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields", "figure4_data",
            "markdown_table", "memory_markdown", "memory_radii", "plot_figure4",
@@ -46,13 +48,20 @@ RUN_COLUMNS = (
 )
 
 
+def _log_rows(run_dir: str | os.PathLike) -> list[dict]:
+    """The per-epoch rows of a run's ``log.jsonl``; [] when it has none."""
+    log = Path(run_dir) / "log.jsonl"
+    if not log.is_file():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
 def _log_fields(run_dir: Path) -> dict:
     """From a run's per-epoch ``log.jsonl``: the best validation NLL of any epoch and the
     validation accuracy at that epoch (the selected checkpoint maximises accuracy instead)."""
-    log = run_dir / "log.jsonl"
-    if not log.is_file():
+    rows = _log_rows(run_dir)
+    if not rows:
         return {}
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     fields = {}
     selected = [r["epoch"] for r in rows if r.get("best")]
     if selected and all("epoch_time_s" in r for r in rows):  # training time to the checkpoint
@@ -75,12 +84,11 @@ def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
     run_dir = Path(run_dir)
     total = 0.0
     if (run_dir / "metrics.json").is_file():
-        total += json.loads((run_dir / "metrics.json").read_text()).get("wall_time_s", 0.0)
-    elif (run_dir / "log.jsonl").is_file():
-        total += sum(json.loads(line).get("epoch_time_s", 0.0)
-                     for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip())
+        total += read_json(run_dir / "metrics.json").get("wall_time_s", 0.0)
+    else:
+        total += sum(row.get("epoch_time_s", 0.0) for row in _log_rows(run_dir))
     if (run_dir / "pretraining.json").is_file():
-        total += json.loads((run_dir / "pretraining.json").read_text()).get("wall_time_s", 0.0)
+        total += read_json(run_dir / "pretraining.json").get("wall_time_s", 0.0)
     return total
 
 
@@ -127,7 +135,7 @@ def expected_fields(run_dir: str | os.PathLike) -> dict:
     path = Path(run_dir) / "expected.json"
     if not path.is_file():
         return {}
-    scores = json.loads(path.read_text())
+    scores = read_json(path)
     if scores.get("checkpoint", "best") != "best":
         return {}
     return {f"{split}_acc_expected{suffix}": scores[split][f"acc_expected{suffix}"]
@@ -139,9 +147,7 @@ def memory_radii(checkpoint: str | os.PathLike) -> list[float]:
     """The spectral radius ``max |eig(W^mm)|`` of each LMN layer's memory-to-memory matrix in a
     checkpoint (``best.pt`` or ``last.pt``; eq. 7's ``W^mm``), in layer order; [] for a model
     without a linear memory. Above 1, the memory's state grows geometrically along a sequence."""
-    import torch
-
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
+    state = load_checkpoint(checkpoint)["model"]
     layers = sorted((int(k.rsplit("_l", 1)[1]), v) for k, v in state.items()
                     if k.rsplit(".", 1)[-1].startswith("weight_mm_l"))
     return [float(torch.linalg.eigvals(w.double()).abs().max()) for _, w in layers]
@@ -625,7 +631,7 @@ def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
     if not log_file.is_file():
         raise FileNotFoundError(f"{log_file} does not exist: not a run directory, or no epoch "
                                 "finished yet")
-    rows = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
+    rows = _log_rows(run_dir)
     if not rows:
         raise ValueError(f"{log_file} holds no epoch")
     epochs = [r["epoch"] for r in rows]
