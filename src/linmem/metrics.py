@@ -46,10 +46,11 @@ def _flatten(values: ArrayLike, targets: ArrayLike, mask: ArrayLike | None, name
     v, y = _as_tensor(values, name), _as_tensor(targets, "targets")
     if v.shape != y.shape or v.dim() < 1:
         raise ValueError(f"{name} {tuple(v.shape)} and targets {tuple(y.shape)} must match")
+    shape = tuple(v.shape)
     v, y = v.reshape(-1, v.shape[-1]), y.reshape(-1, y.shape[-1])
     if mask is not None:
         m = torch.as_tensor(mask).to(torch.bool).to(v.device)
-        if tuple(m.shape) != tuple(_as_tensor(values, name).shape[:-1]):
+        if tuple(m.shape) != shape[:-1]:
             raise ValueError(f"mask {tuple(m.shape)} must have the shape of {name} without "
                              "the last dimension")
         m = m.reshape(-1)
