@@ -53,6 +53,7 @@ from linmem.data import (
     load_polyphonic,
     padding_fraction,
 )
+from linmem.metrics import masked_nll
 from linmem.models import build_model
 from linmem.nn import lmn_recurrence, measure_cpu_paths, use_cpu_kernel
 from linmem.train import train_step
@@ -62,7 +63,14 @@ from linmem.train import train_step
 ISA_VARIABLES = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", KERNEL_ENV)
 
 
-class NaiveLMN(nn.Module):
+class _Wrapped(nn.Module):
+    """A predictor's forward pass replaced (below); trained on the same NLL as the model."""
+
+    def training_loss(self, batch: Batch) -> torch.Tensor:
+        return masked_nll(self(batch.inputs), batch.targets, batch.mask)
+
+
+class NaiveLMN(_Wrapped):
     """The LMN-B predictor as a straightforward autograd loop: every term of eqs. (6)-(7) is its
     own operation at every step. Shares the parameters of ``model``."""
 
@@ -82,7 +90,7 @@ class NaiveLMN(nn.Module):
         return self.model.readout(torch.stack(ms, 1))
 
 
-class PathLMN(nn.Module):
+class PathLMN(_Wrapped):
     """``model`` with its recurrence forced onto one CPU path: a variant of the compiled kernel
     (``"avx2"``, ...) or, with ``False``, the PyTorch loop of ``linmem.nn._Recurrence`` (forward
     and backward). Shares the parameters."""

@@ -1,0 +1,54 @@
+"""The benchmark scripts: their reference models agree with the library's, and they run."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from linmem.data import collate
+from linmem.models import build_model
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_throughput_models_match_the_library():
+    """The naive loop (every term of eqs. 6-7 its own operation) and the PyTorch-loop path give
+    the model's own outputs and training loss: the benchmark times the same function."""
+    bench = _load("throughput")
+    torch.manual_seed(0)
+    lmn = build_model("lmn-b", 7, 5)
+    g = torch.Generator().manual_seed(1)
+    seqs = [(torch.rand(n, 88, generator=g) < 0.1).float().numpy() for n in (9, 6)]
+    batch = collate(seqs)
+    expected = lmn(batch.inputs)
+    for wrapped in (bench.NaiveLMN(lmn), bench.PathLMN(lmn, False)):
+        torch.testing.assert_close(wrapped(batch.inputs), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(wrapped.training_loss(batch), lmn.training_loss(batch),
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_throughput_script_runs(tmp_path):
+    """The whole script at a tiny size: every model trains and infers, the ratios it prints are
+    the ratios of the rates it records."""
+    out = tmp_path / "t.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "throughput.py"), "--sizes", "8x8",
+                    "--batches", "2", "--steps", "6", "--rounds", "1", "--min-time", "0.01",
+                    "--epochs", "--json", str(out)], check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    (row,) = result["sizes"]
+    for name in ("lmn", "torch-loop", "naive-loop", "rnn", "lstm", "gru"):
+        assert row[f"{name}_train_fps"] > 0 and row[f"{name}_infer_fps"] > 0
+    assert row["train_vs_lstm"] == pytest.approx(row["lmn_train_fps"] / row["lstm_train_fps"])
+    assert result["cpu"] and result["commit"]
