@@ -101,19 +101,22 @@ results-chunking: install
 # per data set, batch 4 on whole sequences everywhere (results/chunking), pret-RNN on JSB's
 # paper grid, the RNN-RBM's single configuration on each set with its expected accuracy, the
 # selected LMN-B, pret-LMN-B and LSTM with seeds 1-3, then the report (JSB's other studies come
-# from the committed results/summary.json). Resumable: run it again. About 60 CPU hours; the
-# background scripts that ran it here split the same commands over two one-thread workers.
+# from the committed results/summary.json). Resumable: run it again, on any machine: the finished
+# trials are exported to results/search-studies.jsonl after each data set and imported first.
+# About 60 CPU hours; the background scripts that ran it here split the same commands over two
+# one-thread workers.
 T2_JOBS ?= 2
 T2_RUN = OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem
 T2_SEARCH = $(T2_RUN) search --model lmn-b --model lstm --model lmn-a --model gru --model rnn \
 	--model pret-lmn-b --model pret-rnn --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet
 RBM_ALL = --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
 SELECTED = $(PY) -c "import json, sys; print(next(r['run_dir'] for r in json.load(open('results/summary.json')) if (r['dataset'], r['model']) == tuple(sys.argv[1:])))"
+STUDIES = results/search-studies.jsonl
 results-table2: install
-	$(T2_SEARCH) --data nottingham
-	$(T2_SEARCH) --data piano
-	$(T2_SEARCH) --data muse
+	[ ! -f $(STUDIES) ] || $(T2_RUN) search-import $(STUDIES)
+	for d in nottingham piano muse; do $(T2_SEARCH) --data $$d && $(T2_RUN) search-export $(STUDIES); done
 	$(T2_RUN) search --data jsb --model pret-rnn --grid paper --jobs $(T2_JOBS) --out runs/search --quiet
+	$(T2_RUN) search-export $(STUDIES)
 	for d in nottingham piano musedata; do $(T2_RUN) train --data $$d $(RBM_ALL) --out runs/rnn-rbm/$$d-rnn-rbm-h100-r150; done
 	for d in nottingham piano musedata; do run=runs/rnn-rbm/$$d-rnn-rbm-h100-r150; \
 	  [ -f $$run/expected.json ] || $(T2_RUN) evaluate $$run --split test --expected 100 --seed 0 --out $$run/expected.json > /dev/null; \

@@ -361,3 +361,76 @@ def test_search_of_a_nade_model_selects_on_validation_nll(tmp_path, data_dir):
     nlls = [t["valid_nll"] for t in record["trials_run"]]
     assert record["selected_on"] == "valid nll" and record["valid_nll"] == min(nlls)
     assert record["test_acc_expected"] is not None
+
+
+def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
+    """The finished trials go through a text journal into a fresh storage; there, with the runs
+    gone, the report's records are the same, the search runs nothing again, a second import adds
+    nothing, the CPU time is the trials' own, and a point whose trial was still running is run
+    again."""
+    import shutil
+
+    from linmem.cli import main
+    from linmem.search import export_studies, import_studies
+
+    config = _config(tmp_path, data_dir, models=["lmn-b"])
+    run_worker(config, command="test", log=lambda _: None)
+    storage = default_storage(config.out_dir)
+    rnn = open_study(replace(config, models=["rnn"]), "jsb", "rnn")
+    point = grid_points("rnn", "tiny")[0]
+    rnn.enqueue_trial(point.params)
+    running = rnn.ask()  # a trial in flight on the first machine: not exported
+    assert trial_point(rnn.get_trials()[0]) == point
+    before = search_records(storage, "tiny")
+    export = tmp_path / "export" / "studies.jsonl"
+    assert export_studies(storage, export) == {"jsb-lmn-b-tiny": 4, "jsb-rnn-tiny": 0}
+    assert all(isinstance(json.loads(line), dict) for line in export.read_text().splitlines())
+    again = tmp_path / "again.jsonl"  # the same trials give the same text (a file to commit)
+    export_studies(storage, again)
+    assert again.read_bytes() == export.read_bytes()
+    rnn.tell(running, state=TrialState.FAIL)
+    for run in (tmp_path / "runs").glob("jsb-*"):  # the runs stay on the first machine
+        shutil.rmtree(run)
+
+    elsewhere = tmp_path / "elsewhere"
+    storage2 = default_storage(elsewhere / "runs")
+    assert import_studies(export, make_storage(storage2)) == {"jsb-lmn-b-tiny": 4,
+                                                              "jsb-rnn-tiny": 0}
+    assert import_studies(export, make_storage(storage2)) == {"jsb-lmn-b-tiny": 0,
+                                                              "jsb-rnn-tiny": 0}
+    after = search_records(storage2, "tiny", runs_root=elsewhere)
+    for a, b in zip(before, after, strict=True):
+        assert a["trials_run"] == b["trials_run"] or a["model"] == "rnn"
+        for key in ("study", "hidden", "memory", "weight_decay", "valid_acc", "test_acc",
+                    "test_nll", "frame_selection", "command", "search_wall_time_s"):
+            assert a.get(key) == b.get(key), key
+    # CPU time: the trials' stored wall times, their runs being on the first machine
+    progress = {r["model"]: r for r in progress_records(storage2, "tiny", runs_root=elsewhere)}
+    moved_study = optuna.load_study(study_name="jsb-lmn-b-tiny", storage=storage2)
+    stored = sum(t.user_attrs["wall_time_s"] for t in moved_study.get_trials())
+    assert progress["lmn-b"]["cpu_s"] == pytest.approx(stored) and stored > 0
+    assert progress["lmn-b"]["points_from_trials"] == 4
+    out = tmp_path / "progress.md"
+    main(["progress", "--storage", storage2, "--grid", "tiny", "--runs-root", str(elsewhere),
+          "--out", str(out)])
+    assert "| jsb-lmn-b-tiny (4 points: trial wall time) | 4 / 4 |" in out.read_text()
+    # the search goes on from the import: the finished points are not run again, every point
+    # of the other study is (the one in flight included)
+    moved = replace(config, models=["lmn-b", "rnn"], out_dir=str(elsewhere / "runs"))
+    assert run_worker(moved, command="test", log=lambda _: None) == {
+        "jsb-lmn-b-tiny": {"done": 4}, "jsb-rnn-tiny": {"done": 4}}
+    assert not (elsewhere / "runs" / "jsb-lmn-b-tiny").exists()
+    assert len(moved_study.get_trials()) == 4
+    assert (elsewhere / "runs" / "jsb-rnn-tiny" / point.name / "metrics.json").is_file()
+
+    # the command line, and a file that is not an export
+    export2 = tmp_path / "cli.jsonl"
+    main(["search-export", str(export2), "--storage", storage2, "--grid", "tiny"])
+    storage3 = default_storage(tmp_path / "third")
+    main(["search-import", str(export2), "--storage", storage3])
+    assert [r["points_done"] for r in search_records(storage3, "tiny")] == [4, 4]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op_code": 0, "worker_id": "x"\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["search-import", str(bad), "--storage", storage3])
+    assert exc.value.code == 2

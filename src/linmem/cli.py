@@ -509,6 +509,42 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
         click.echo(f"-> {out}")
 
 
+@cli.command("search-export")
+@click.argument("file", type=click.Path(dir_okay=False))
+@_storage_option
+@click.option("--grid", default="all", show_default=True,
+              help="The studies of this grid ('all': every grid).")
+def search_export_cmd(file: str, storage: str | None, grid: str) -> None:
+    """Write the searches' finished trials to FILE (a text Optuna journal) for `linmem
+    search-import` on another machine; trials still running are left out (they run again).
+    Safe beside running workers."""
+    from .search import default_storage, export_studies, sqlite_path  # optuna: slow import
+
+    storage = storage or default_storage("runs/search")
+    database = sqlite_path(storage)
+    if database is not None and not database.is_file():
+        raise UsageFailure(f"no search database at {database} (pass --storage)")
+    counts = export_studies(storage, file, None if grid == "all" else grid)
+    click.echo(f"{sum(counts.values())} finished trials of {len(counts)} studies -> {file}")
+
+
+@cli.command("search-import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@_storage_option
+def search_import_cmd(file: str, storage: str | None) -> None:
+    """Add the studies of FILE (written by `linmem search-export`) to the storage; `linmem
+    search` then goes on from them. Points the storage has finished are kept as they are."""
+    from .search import default_storage, import_studies, make_storage  # optuna: slow import
+
+    storage = storage or default_storage("runs/search")
+    try:
+        added = import_studies(file, make_storage(storage))
+    except ValueError as err:
+        raise UsageFailure(str(err)) from None
+    for name, n in sorted(added.items()):
+        click.echo(f"{name}: {n} trials added")
+
+
 @cli.command("reseed")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--seeds", default="1,2,3", show_default=True,

@@ -107,7 +107,9 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
         st = r["states"]
         per = hours(r["mean_point_cpu_s"]) + (" (data set's)" if r["left_from"] == "data set"
                                                else "")
-        lines.append(f"| {r['study']} | {st.get('done', 0)} / {r['grid_points']} | "
+        name = r["study"] + (f" ({r['points_from_trials']} points: trial wall time)"
+                             if r.get("points_from_trials") else "")
+        lines.append(f"| {name} | {st.get('done', 0)} / {r['grid_points']} | "
                      f"{st.get('failed', 0)} | {st.get('running', 0) + st.get('waiting', 0)} | "
                      f"{hours(r['cpu_s'])} | {per} | {hours(r['left_cpu_s'])} |")
     for name, seconds in runs:
@@ -120,7 +122,8 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + ".",
               "", "CPU hours: each finished run's wall time (`metrics.json`), else the epochs' "
               "times in its `log.jsonl`, and its pretraining time (one thread per run; epochs "
-              "cut short by a killed worker are not counted). "
+              "cut short by a killed worker are not counted; a study imported from another machine "
+              "counts its finished trials' wall time where their runs are not here). "
               "Projection: the points left at the mean of the study's finished points (complete, "
               "pruned or failed), else of its data set's."]
     if command:

@@ -25,15 +25,22 @@ How workers share a study without losing or repeating work:
 
 Selection is on validation accuracy only (:func:`select`); the test scores of the other trials are
 stored with them but never used to choose.
+
+A search moves between machines as a text file: :func:`export_studies` writes the finished trials
+(complete, pruned, failed) of every study into an Optuna journal (JSON lines), and
+:func:`import_studies` adds them to another storage, where the search goes on from them. Trials
+still running or waiting are left out: their points are run again.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
 import socket
 import sys
+import tempfile
 import time
 import warnings
 from collections import Counter
@@ -48,7 +55,7 @@ import torch
 from optuna.trial import TrialState
 
 from ._check import check_int
-from ._io import command_line, read_json
+from ._io import atomic_write, command_line, read_json
 from ._threads import usable_cpus
 from .data import load_polyphonic, resolve_name
 from .models import get_spec
@@ -57,11 +64,11 @@ from .report import expected_fields, run_cpu_seconds
 from .train import TrainConfig, TrainingDiverged
 
 __all__ = ["GRIDS", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
-           "grid_points", "make_storage", "open_study", "point_states", "progress_records",
-           "run_search",
-           "run_worker", "search_records", "select", "select_per_frame", "sqlite_path",
-           "study_name", "trial_point"]
+           "export_studies", "grid_points", "import_studies", "make_storage", "open_study",
+           "point_states", "progress_records", "run_search", "run_worker", "search_records",
+           "select", "select_per_frame", "sqlite_path", "study_name", "trial_point"]
 
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 PAPER_LMN_SIZES = ((50, 50), (50, 100), (100, 100), (100, 250), (250, 250), (250, 500))
 PAPER_WEIGHT_DECAYS = (1e-4, 1e-5, 1e-6, 1e-7, 0.0)
 
@@ -533,17 +540,24 @@ def progress_records(storage: str, grid: str | None = None,
     points by state and the CPU seconds its points' runs logged (:func:`linmem.report.
     run_cpu_seconds`: one thread per run), and the seconds its points left would take at the
     mean of its finished points (complete, pruned or failed), else of its data set's finished
-    points in the same grid; a running point counts for that mean less what it has logged."""
+    points in the same grid; a running point counts for that mean less what it has logged. A
+    finished point whose run is not under ``runs_root`` (a study imported from another machine,
+    :func:`import_studies`) counts its trial's wall time (``points_from_trials``)."""
 
     records = []
     for attrs, study in _grid_studies(storage, grid):
         points = grid_points(attrs["model"], attrs["grid"])
         states = point_states(study, points, max_retry)
-        run_dirs = {}
+        seconds = dict.fromkeys(points, 0.0)
+        from_trials = set()
         for t in study.get_trials(deepcopy=False):
-            if "duplicate_of" not in t.user_attrs and "run_dir" in t.user_attrs:
-                run_dirs[trial_point(t)] = Path(runs_root) / t.user_attrs["run_dir"]
-        seconds = {p: run_cpu_seconds(run_dirs[p]) if p in run_dirs else 0.0 for p in points}
+            p = trial_point(t)
+            if "duplicate_of" in t.user_attrs or "run_dir" not in t.user_attrs or p not in seconds:
+                continue
+            seconds[p] = run_cpu_seconds(Path(runs_root) / t.user_attrs["run_dir"])
+            if seconds[p] == 0.0 and t.state in FINISHED:  # its run is on another machine
+                seconds[p] = _trial_seconds(t)
+                from_trials.add(p)
         finished = [seconds[p] for p in points if states[p] in ("done", "failed")]
         records.append({"study": study.study_name, "dataset": attrs["data"],
                         "model": attrs["model"], "grid": attrs["grid"],
@@ -551,7 +565,8 @@ def progress_records(storage: str, grid: str | None = None,
                         "cpu_s": sum(seconds.values()), "finished_cpu_s": finished,
                         "running_cpu_s": [seconds[p] for p in points
                                           if states[p] in ("running", "waiting")],
-                        "todo": sum(s == "todo" for s in states.values())})
+                        "todo": sum(s == "todo" for s in states.values()),
+                        "points_from_trials": len(from_trials)})
     for r in records:
         mates = [s for q in records if q["dataset"] == r["dataset"] and q["grid"] == r["grid"]
                  for s in q["finished_cpu_s"]]
@@ -563,6 +578,14 @@ def progress_records(storage: str, grid: str | None = None,
                            r["todo"] * mean + sum(max(mean - s, 0.0) for s in r["running_cpu_s"]))
         r["left_from"] = "study" if r["finished_cpu_s"] else "data set" if mates else None
     return records
+
+
+def _trial_seconds(trial) -> float:
+    """A finished trial's time as the storage holds it: its run's wall time where the trial
+    stored it (complete), else the trial's own duration (pruned, failed)."""
+    if "wall_time_s" in trial.user_attrs:
+        return float(trial.user_attrs["wall_time_s"])
+    return trial.duration.total_seconds() if trial.duration is not None else 0.0
 
 
 def search_records(storage: str, grid: str | None = None,
@@ -636,3 +659,81 @@ def search_records(storage: str, grid: str | None = None,
                 "search_wall_time_s": sum(t["wall_time_s"] or 0.0 for t in trials)})
         records.append(record)
     return records
+
+
+def _journal(path: str | os.PathLike):
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
+
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+
+
+def _finished_trials(study) -> list:
+    """The finished trials of a study's grid points, duplicates left out, by number."""
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state in FINISHED and "duplicate_of" not in t.user_attrs
+            and trial_point(t) is not None]
+
+
+def export_studies(storage: str, path: str | os.PathLike,
+                   grid: str | None = None) -> dict[str, int]:
+    """Write the finished trials (complete, pruned, failed: scores, attributes, the pruner's
+    intermediate values, wall times) of every search study of ``grid`` (None: every grid) in
+    ``storage`` to the Optuna journal file ``path`` (JSON lines), replaced atomically; the
+    number of trials written per study. Running and waiting trials are left out."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        journal_file = Path(tmp) / path.name
+        journal = _journal(journal_file)
+        for attrs, study in sorted(_grid_studies(storage, grid), key=lambda x: x[1].study_name):
+            copy = optuna.create_study(storage=journal, study_name=study.study_name,
+                                       direction=study.direction)
+            for key, value in attrs.items():
+                copy.set_user_attr(key, value)
+            trials = _finished_trials(study)
+            copy.add_trials(trials)
+            counts[study.study_name] = len(trials)
+        journal_file.touch()  # no study: an empty journal
+        lines = [json.loads(line) for line in journal_file.read_text().splitlines()]
+        with atomic_write(path, "w") as f:  # one writer's name: the same trials, the same text
+            f.writelines(json.dumps({**e, "worker_id": "linmem-export"}, separators=(",", ":"))
+                         + "\n" for e in lines)
+    return counts
+
+
+def import_studies(path: str | os.PathLike,
+                   storage: str | optuna.storages.BaseStorage) -> dict[str, int]:
+    """Add the studies of a journal written by :func:`export_studies` to ``storage``: a study
+    missing there is created with its attributes; into each, the journal's trials of the points
+    that have no finished trial there (so importing twice adds nothing). The number of trials
+    added per study."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no search export at {path}")
+    for n, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
+        try:  # Optuna would skip a cut line silently (a write in progress)
+            entry = json.loads(line) if line.endswith(b"\n") else None
+        except ValueError:
+            entry = None
+        if not (isinstance(entry, dict) and "op_code" in entry):
+            raise ValueError(f"{path}, line {n}: not a search export (Optuna journal lines)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    journal = _journal(path)
+    summaries = optuna.get_all_study_summaries(journal)
+    added = {}
+    for summary in summaries:
+        source = optuna.load_study(study_name=summary.study_name, storage=journal)
+        target = optuna.create_study(storage=storage, study_name=summary.study_name,
+                                     direction=source.direction, load_if_exists=True)
+        if not target.user_attrs:
+            for key, value in source.user_attrs.items():
+                target.set_user_attr(key, value)
+        elif target.user_attrs != source.user_attrs:
+            raise ValueError(f"study {summary.study_name!r} in the storage was made with other "
+                             f"settings than the one in {path}")
+        there = {trial_point(t) for t in _finished_trials(target)}
+        new = [t for t in _finished_trials(source) if trial_point(t) not in there]
+        target.add_trials(new)
+        added[summary.study_name] = len(new)
+    return added
