@@ -185,6 +185,12 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
     # no per-frame selection kept: the global selection's per-frame score, marked
     assert "| LMN-B | 33.98 | **31.00§** |" in table
     assert f"lmn-b (paper) 30/30 complete, 2 pruned, from `{path}`" in table
+    # a trial failed by a killed worker and done again is no failed point
+    path.write_text(json.dumps([{**earlier[0], "trials_failed": 2}]))
+    assert summary_file_records(path)[0]["points_failed"] == 0
+    path.write_text(json.dumps([{**earlier[0], "trials_failed": 2, "points_done": 29,
+                                 "grid_complete": True}]))
+    assert summary_file_records(path)[0]["points_failed"] == 1
     path.write_text("{}")
     with pytest.raises(ValueError, match=r"not a summary\.json"):
         summary_file_records(path)

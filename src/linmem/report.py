@@ -288,7 +288,8 @@ SUMMARY_FIELDS = ("dataset", "model", "hidden", "memory", "weight_decay", "valid
                   "test_acc_expected", "test_acc_expected_se", "selected_on", "frame_selection",
                   "n_params",
                   "epochs", "wall_time_s", "trials", "grid_points", "grid_complete",
-                  "trials_pruned", "trials_failed", "grid", "command", "commit", "seed",
+                  "points_done", "points_failed", "trials_pruned", "trials_failed", "grid",
+                  "command", "commit", "seed",
                   "data_sha256", "search_wall_time_s", "run_dir")
 
 
@@ -354,11 +355,14 @@ def summary_file_records(path: str | os.PathLike) -> list[dict]:
     records = []
     for r in rows:
         study = r.get("study", f"{r['dataset']}-{r['model']}-{r.get('grid')}")
+        done = r.get("points_done", r["grid_points"] if r.get("grid_complete") else None)
+        # older files: no point count; a failed trial whose point was done again is no failure
+        failed = r.get("points_failed", r.get("trials_failed") or 0)
+        if "points_failed" not in r and done is not None:
+            failed = min(failed, r["grid_points"] - done)
         records.append({
             **r, "study": None if r.get("grid") == "runs" else study,
-            "points_done": r.get("points_done", r["grid_points"] if r.get("grid_complete")
-                                 else None),
-            "points_failed": r.get("points_failed", r.get("trials_failed", 0)),
+            "points_done": done, "points_failed": failed,
             "trials_run": trials.get(study, []), "from_summary": str(path)})
     return records
 
