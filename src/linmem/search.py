@@ -706,8 +706,9 @@ def import_studies(path: str | os.PathLike,
                    storage: str | optuna.storages.BaseStorage) -> dict[str, int]:
     """Add the studies of a journal written by :func:`export_studies` to ``storage``: a study
     missing there is created with its attributes; into each, the journal's trials of the points
-    that have no finished trial there (so importing twice adds nothing). The number of trials
-    added per study."""
+    that have no finished trial there (so importing twice adds nothing). Import before the
+    workers start: a point running there meanwhile would end with two finished trials. The
+    number of trials added per study."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no search export at {path}")
