@@ -388,14 +388,15 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
     again = tmp_path / "again.jsonl"  # the same trials give the same text (a file to commit)
     export_studies(storage, again)
     assert again.read_bytes() == export.read_bytes()
-    rnn.tell(running, state=TrialState.FAIL)
+    rnn.tell(running, state=TrialState.FAIL)  # its worker died: a finished trial, exported
+    assert export_studies(storage, export) == {"jsb-lmn-b-tiny": 4, "jsb-rnn-tiny": 1}
     for run in (tmp_path / "runs").glob("jsb-*"):  # the runs stay on the first machine
         shutil.rmtree(run)
 
     elsewhere = tmp_path / "elsewhere"
     storage2 = default_storage(elsewhere / "runs")
     assert import_studies(export, make_storage(storage2)) == {"jsb-lmn-b-tiny": 4,
-                                                              "jsb-rnn-tiny": 0}
+                                                              "jsb-rnn-tiny": 1}
     assert import_studies(export, make_storage(storage2)) == {"jsb-lmn-b-tiny": 0,
                                                               "jsb-rnn-tiny": 0}
     after = search_records(storage2, "tiny", runs_root=elsewhere)
@@ -422,6 +423,8 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
     assert not (elsewhere / "runs" / "jsb-lmn-b-tiny").exists()
     assert len(moved_study.get_trials()) == 4
     assert (elsewhere / "runs" / "jsb-rnn-tiny" / point.name / "metrics.json").is_file()
+    moved_rnn = optuna.load_study(study_name="jsb-rnn-tiny", storage=storage2)
+    assert sorted(t.state.name for t in moved_rnn.get_trials()) == ["COMPLETE"] * 4 + ["FAIL"]
 
     # the command line, and a file that is not an export
     export2 = tmp_path / "cli.jsonl"

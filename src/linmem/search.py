@@ -702,13 +702,19 @@ def export_studies(storage: str, path: str | os.PathLike,
     return counts
 
 
+def _trial_key(trial) -> tuple:
+    """A trial's identity across storages: its point and start time."""
+    start = trial.datetime_start
+    return trial_point(trial), None if start is None else round(start.timestamp(), 3)
+
+
 def import_studies(path: str | os.PathLike,
                    storage: str | optuna.storages.BaseStorage) -> dict[str, int]:
     """Add the studies of a journal written by :func:`export_studies` to ``storage``: a study
     missing there is created with its attributes; into each, the journal's trials of the points
-    that have no finished trial there (so importing twice adds nothing). Import before the
-    workers start: a point running there meanwhile would end with two finished trials. The
-    number of trials added per study."""
+    that are still to do there (not done, running, waiting or failed), each trial once (so
+    importing twice adds nothing, and a point a worker runs there is left to it). The number of
+    trials added per study."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no search export at {path}")
@@ -733,8 +739,11 @@ def import_studies(path: str | os.PathLike,
         elif target.user_attrs != source.user_attrs:
             raise ValueError(f"study {summary.study_name!r} in the storage was made with other "
                              f"settings than the one in {path}")
-        there = {trial_point(t) for t in _finished_trials(target)}
-        new = [t for t in _finished_trials(source) if trial_point(t) not in there]
+        attrs = target.user_attrs
+        states = point_states(target, grid_points(attrs["model"], attrs["grid"]))
+        there = {_trial_key(t) for t in target.get_trials(deepcopy=False)}
+        new = [t for t in _finished_trials(source)
+               if states.get(trial_point(t)) == "todo" and _trial_key(t) not in there]
         target.add_trials(new)
         added[summary.study_name] = len(new)
     return added
