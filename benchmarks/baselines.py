@@ -1,0 +1,108 @@
+"""The RNN and GRU baselines: linmem.rnns against PyTorch's own modules, side by side in one run.
+
+:class:`linmem.rnns.RNN` and :class:`linmem.rnns.GRU` are ``torch.nn.RNN`` and ``torch.nn.GRU``
+with an explicit backward through time on the CPU. For each hidden size and batch size, on random
+piano-roll-like sequences of ``--steps`` steps, this measures training frames per second
+(the next-step model of ``linmem.models``: forward, masked NLL, backward, Adam step) of the model
+built on each, from the same weights, with ``torch.nn.LSTM`` for reference, in interleaved rounds
+(median reported), after checking that the two give the same logits.
+
+    OMP_NUM_THREADS=1 python benchmarks/baselines.py --json results/speed/baselines.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from linmem._ext import _cpu_description
+from linmem._io import command_line, git_commit, provenance, write_json
+from linmem.data import N_KEYS, collate
+from linmem.models import build_model
+from linmem.train import train_step
+
+TORCH = {"rnn": nn.RNN, "gru": nn.GRU}
+
+
+def random_batch(batch: int, steps: int):
+    g = torch.Generator().manual_seed(0)
+    return collate([(torch.rand(steps + 1, N_KEYS, generator=g) < 0.05).float().numpy()
+                    for _ in range(batch)])
+
+
+def with_torch_core(model: nn.Module, name: str) -> nn.Module:
+    """A copy of ``model`` whose core is PyTorch's own module with the same weights."""
+    other = build_model(name, model.core.hidden_size)
+    core = model.core
+    other.core = TORCH[name](core.input_size, core.hidden_size, core.num_layers,
+                             batch_first=True)
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+def train_fps(model: nn.Module, batch, min_time: float) -> float:
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    frames = int(batch.mask.sum())
+    train_step(model, optimizer, batch)  # warm-up
+    n, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < min_time or n < 2:
+        train_step(model, optimizer, batch)
+        n += 1
+    return frames * n / elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", nargs="+", type=int, default=[50, 250, 750])
+    p.add_argument("--batches", nargs="+", type=int, default=[4])
+    p.add_argument("--steps", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; median reported")
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds per measurement")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    started, commit = time.perf_counter(), git_commit()
+    cpu = _cpu_description().split(" [", 1)[0]
+    print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    rows = []
+    for hidden in args.sizes:
+        for batch_size in args.batches:
+            batch = random_batch(batch_size, args.steps)
+            models = {}
+            for name in ("rnn", "gru"):
+                torch.manual_seed(0)
+                models[name] = build_model(name, hidden)
+                models[f"{name}-torch"] = with_torch_core(models[name], name)
+                with torch.no_grad():
+                    torch.testing.assert_close(models[name](batch.inputs),
+                                               models[f"{name}-torch"](batch.inputs),
+                                               rtol=1e-4, atol=1e-5)
+            torch.manual_seed(0)
+            models["lstm"] = build_model("lstm", hidden)
+            runs = {name: [] for name in models}
+            for _ in range(args.rounds):
+                for name, model in models.items():
+                    runs[name].append(train_fps(model, batch, args.min_time))
+            row = {"hidden": hidden, "batch": batch_size, "steps": args.steps,
+                   **{f"{name}_train_fps": statistics.median(v) for name, v in runs.items()}}
+            for name in ("rnn", "gru"):
+                row[f"{name}_vs_torch"] = row[f"{name}_train_fps"] / row[f"{name}-torch_train_fps"]
+            rows.append(row)
+            print(f"hidden {hidden}, batch {batch_size}: training frames/s  "
+                  + "  ".join(f"{n} {row[f'{n}_train_fps'] / 1e3:.1f}k" for n in models)
+                  + f" | rnn/torch {row['rnn_vs_torch']:.2f}x  gru/torch "
+                    f"{row['gru_vs_torch']:.2f}x", flush=True)
+    if args.json:
+        write_json(args.json, {
+            **provenance(command_line(), commit, 0, None, time.perf_counter() - started),
+            "threads": torch.get_num_threads(), "cpu": cpu, "sizes": rows,
+            "units": "frames per second; a frame is one time step of one sequence"})
+    print(json.dumps({"wall_time_s": round(time.perf_counter() - started, 1)}))
+
+
+if __name__ == "__main__":
+    main()

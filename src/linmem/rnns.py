@@ -1,0 +1,204 @@
+"""``torch.nn.RNN`` and ``torch.nn.GRU`` with an explicit backward through time on the CPU (the
+baselines' speed).
+
+The RNN and GRU of the paper's comparison are PyTorch's; :class:`RNN` and :class:`GRU` are those
+modules (subclasses: the same parameters, initialisation, ``state_dict`` keys and results),
+trained faster on the CPU. PyTorch's CPU RNN and GRU (unlike its LSTM, which oneDNN fuses) run
+their backward step by step through autograd, and at every step they form and add a gradient of
+``W_hh`` (``H x H``, ``3H x H``) from a product of inner dimension ``B``: memory-bound work that
+dominates at the batch sizes and widths of the searches. Here, as in the LMN's recurrence
+(:mod:`linmem.nn`), the input products of all steps are one matrix product before the loop, the
+loop and its backward keep only the products with ``W_hh``, and the weight gradients are one
+large product over all steps after it.
+
+Equations (PyTorch's), per step: the RNN ``h_t = sigma(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)``
+with ``sigma`` tanh or relu; the GRU::
+
+    r_t = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)
+    z_t = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
+    n_t = tanh(W_in x_t + b_in + r_t * (W_hn h_{t-1} + b_hn))
+    h_t = (1 - z_t) * n_t + z_t * h_{t-1}
+
+The fast path takes a non-empty tensor input on the CPU (float32 or float64), one direction,
+biases on (and no LSTM-style projection); anything else (a ``PackedSequence``, CUDA where cuDNN
+is fast, a bidirectional layer) is PyTorch's own forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+__all__ = ["GRU", "RNN", "gru_recurrence", "rnn_recurrence"]
+
+
+class _GRURecurrence(torch.autograd.Function):
+    """The recurrence of one layer given its input products ``gi = x W_ih^T + b_ih`` ``(T, B,
+    3H)``: ``hs (T, B, H)``. Backward: what does not depend on ``dh`` for all steps at once, then
+    per step the gates' gradients and ``dh_{t-1} = dh_t z_t + dgh_t W_hh``, then ``dW_hh =
+    sum_t dgh_t^T h_{t-1}`` in one product."""
+
+    @staticmethod
+    def forward(ctx, gi, h0, weight_hh, bias_hh):
+        steps, batch, width = gi.shape
+        hidden = width // 3
+        hs = gi.new_empty(steps, batch, hidden)
+        gates = gi.new_empty(steps, batch, width)  # r, z, n of every step
+        gh = gi.new_empty(steps, batch, width)  # h_{t-1} W_hh^T + b_hh of every step
+        w_t = weight_hh.t().contiguous()
+        rz, h = slice(0, 2 * hidden), h0
+        for t in range(steps):
+            torch.addmm(bias_hh, h, w_t, out=gh[t])
+            g = gates[t]
+            torch.add(gi[t, :, rz], gh[t, :, rz], out=g[:, rz]).sigmoid_()
+            n = g[:, 2 * hidden:]
+            torch.addcmul(gi[t, :, 2 * hidden:], g[:, :hidden], gh[t, :, 2 * hidden:],
+                          out=n).tanh_()
+            h = torch.addcmul(n, g[:, hidden:2 * hidden], h - n, out=hs[t])  # (1-z) n + z h
+        ctx.save_for_backward(h0, hs, gates, gh, weight_hh)
+        ctx.set_materialize_grads(False)
+        return hs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_hs):
+        h0, hs, gates, gh, weight_hh = ctx.saved_tensors
+        steps, batch, hidden = hs.shape
+        r, z, n = gates[..., :hidden], gates[..., hidden:2 * hidden], gates[..., 2 * hidden:]
+        h_prev = torch.cat([h0.unsqueeze(0), hs[:-1]], 0)
+        # every step's local derivatives at once: dh to n's and z's pre-activations, n's to r's
+        to_n = (1 - z) * (1 - n * n)
+        to_z = (h_prev - n) * z * (1 - z)
+        to_r = gh[..., 2 * hidden:] * r * (1 - r)
+        d_gh = torch.empty_like(gates)  # dL/d(h_{t-1} W_hh^T + b_hh)
+        d_n = torch.empty_like(n)  # dL/d(pre-activation of n)
+        dh = h0.new_zeros(batch, hidden)
+        for t in range(steps - 1, -1, -1):
+            if grad_hs is not None:
+                dh += grad_hs[t]
+            db = d_gh[t]
+            torch.mul(dh, to_n[t], out=d_n[t])
+            torch.mul(dh, to_z[t], out=db[:, hidden:2 * hidden])
+            torch.mul(d_n[t], to_r[t], out=db[:, :hidden])
+            torch.mul(d_n[t], r[t], out=db[:, 2 * hidden:])
+            dh = torch.addmm(dh * z[t], db, weight_hh)
+        need = ctx.needs_input_grad
+        flat = d_gh.reshape(-1, d_gh.shape[2])
+        return (torch.cat([d_gh[..., :2 * hidden], d_n], 2) if need[0] else None,
+                dh if need[1] else None,
+                flat.t() @ h_prev.reshape(-1, hidden) if need[2] else None,
+                flat.sum(0) if need[3] else None)
+
+
+def gru_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> Tensor:
+    """One GRU layer's states ``(T, B, H)`` from its input products ``gi = x W_ih^T + b_ih``
+    ``(T, B, 3H)`` and initial state ``h0 (B, H)``, differentiable in all four."""
+    return _GRURecurrence.apply(gi, h0, weight_hh, bias_hh)
+
+
+class _RNNRecurrence(torch.autograd.Function):
+    """The recurrence of one RNN layer given its input products ``gi = x W_ih^T + b_ih`` ``(T,
+    B, H)``: ``hs (T, B, H)``. Backward: per step ``da_t = dh_t sigma'`` and ``dh_{t-1} = da_t
+    W_hh``, then ``dW_hh = sum_t da_t^T h_{t-1}`` in one product."""
+
+    @staticmethod
+    def forward(ctx, gi, h0, weight_hh, bias_hh, nonlinearity):
+        hs = torch.empty_like(gi, memory_format=torch.contiguous_format)
+        w_t, h = weight_hh.t().contiguous(), h0
+        for t in range(gi.shape[0]):
+            h = torch.addmm(bias_hh, h, w_t, out=hs[t]).add_(gi[t])
+            if nonlinearity == "tanh":
+                h.tanh_()
+            else:
+                h.clamp_min_(0.0)
+        ctx.nonlinearity = nonlinearity
+        ctx.save_for_backward(h0, hs, weight_hh)
+        ctx.set_materialize_grads(False)
+        return hs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_hs):
+        h0, hs, weight_hh = ctx.saved_tensors
+        steps, batch, hidden = hs.shape
+        slope = 1 - hs * hs if ctx.nonlinearity == "tanh" else (hs > 0).to(hs.dtype)
+        d_a = torch.empty_like(hs)  # dL/d(pre-activation)
+        dh = h0.new_zeros(batch, hidden)
+        for t in range(steps - 1, -1, -1):
+            if grad_hs is not None:
+                dh += grad_hs[t]
+            dh = torch.mm(torch.mul(dh, slope[t], out=d_a[t]), weight_hh)
+        need = ctx.needs_input_grad
+        flat = d_a.reshape(-1, hidden)
+        h_prev = torch.cat([h0.unsqueeze(0), hs[:-1]], 0).reshape(-1, hidden)
+        return (d_a if need[0] else None, dh if need[1] else None,
+                flat.t() @ h_prev if need[2] else None, flat.sum(0) if need[3] else None, None)
+
+
+def rnn_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor,
+                   nonlinearity: str = "tanh") -> Tensor:
+    """One RNN layer's states ``(T, B, H)`` from its input products ``gi = x W_ih^T + b_ih``
+    ``(T, B, H)`` and initial state ``h0 (B, H)``, differentiable in all four."""
+    if nonlinearity not in ("tanh", "relu"):
+        raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+    return _RNNRecurrence.apply(gi, h0, weight_hh, bias_hh, nonlinearity)
+
+
+class _FastForward:
+    """The forward of :class:`RNN` and :class:`GRU`: PyTorch's module layer by layer, each
+    layer's input products one matrix product and its recurrence :meth:`_recurrence`."""
+
+    def _fast(self, input) -> bool:
+        return (isinstance(input, Tensor) and input.device.type == "cpu"
+                and input.dtype in (torch.float32, torch.float64) and not self.bidirectional
+                and self.bias and not self.proj_size and input.dim() in (2, 3)
+                and input.numel() > 0)
+
+    def forward(self, input, hx=None):  # torch's argument names
+        if not self._fast(input):
+            return super().forward(input, hx)
+        unbatched = input.dim() == 2
+        x = input.unsqueeze(1) if unbatched else (input.transpose(0, 1) if self.batch_first
+                                                   else input)
+        batch = x.shape[1]
+        if x.shape[2] != self.input_size:
+            raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected "
+                               f"{self.input_size}, got {x.shape[2]}")
+        if hx is None:
+            hx = x.new_zeros(self.num_layers, batch, self.hidden_size)
+        elif unbatched:
+            hx = hx.unsqueeze(1)
+        if hx.shape != (self.num_layers, batch, self.hidden_size):
+            raise RuntimeError(f"Expected hidden size {(self.num_layers, batch, self.hidden_size)}"
+                               f", got {tuple(hx.shape)}")
+        last = []
+        for layer in range(self.num_layers):
+            w_ih, w_hh, b_ih, b_hh = (getattr(self, f"{name}_l{layer}") for name in
+                                      ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+            x = self._recurrence(nn.functional.linear(x, w_ih, b_ih), hx[layer], w_hh, b_hh)
+            last.append(x[-1])
+            if layer < self.num_layers - 1 and self.dropout and self.training:
+                x = nn.functional.dropout(x, self.dropout, training=True)
+        h_n = torch.stack(last, 0)
+        out = x.transpose(0, 1) if self.batch_first and not unbatched else x
+        if unbatched:
+            out, h_n = out.squeeze(1), h_n.squeeze(1)
+        return out, h_n
+
+
+class RNN(_FastForward, nn.RNN):
+    """``torch.nn.RNN`` (same arguments, parameters and results; tanh or relu), with the fast
+    CPU path of this module. Shapes as ``torch.nn.RNN``'s: input ``(T, B, I)`` (``(B, T, I)``
+    with ``batch_first``), ``h_0``/``h_n`` ``(num_layers, B, H)``; returns ``(output, h_n)``."""
+
+    def _recurrence(self, gi, h0, w_hh, b_hh):
+        return rnn_recurrence(gi, h0, w_hh, b_hh, self.nonlinearity)
+
+
+class GRU(_FastForward, nn.GRU):
+    """``torch.nn.GRU`` (same arguments, parameters and results), with the fast CPU path of this
+    module. Shapes as ``torch.nn.GRU``'s: input ``(T, B, I)`` (``(B, T, I)`` with
+    ``batch_first``), ``h_0``/``h_n`` ``(num_layers, B, H)``; returns ``(output, h_n)``."""
+
+    _recurrence = staticmethod(gru_recurrence)

@@ -1,0 +1,93 @@
+"""linmem.rnns.RNN and GRU against torch.nn.RNN and GRU with the same weights: outputs, final
+states and every gradient; and torch's autograd check of the explicit backward."""
+
+import pytest
+import torch
+from torch import nn
+
+from linmem.rnns import GRU, RNN, gru_recurrence, rnn_recurrence
+
+KINDS = [(GRU, nn.GRU, {}), (RNN, nn.RNN, {"nonlinearity": "tanh"}),
+         (RNN, nn.RNN, {"nonlinearity": "relu"})]
+IDS = ["gru", "rnn-tanh", "rnn-relu"]
+
+
+def _pair(kind, seed: int, **kw):
+    ours_cls, ref_cls, extra = kind
+    torch.manual_seed(seed)
+    ours = ours_cls(**extra, **kw)
+    torch.manual_seed(seed)
+    ref = ref_cls(**extra, **kw)
+    return ours, ref
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_equals_torch(kind, batch_first, num_layers):
+    ours, ref = _pair(kind, 0, input_size=5, hidden_size=7, num_layers=num_layers,
+                      batch_first=batch_first)
+    for (a, pa), (b, pb) in zip(ours.named_parameters(), ref.named_parameters(), strict=True):
+        assert a == b and torch.equal(pa, pb)  # same parameters, same initialisation
+    g = torch.Generator().manual_seed(1)
+    shape = (3, 9, 5) if batch_first else (9, 3, 5)
+    x = torch.randn(shape, generator=g, requires_grad=True)
+    h0 = torch.randn(num_layers, 3, 7, generator=g, requires_grad=True)
+    weights = torch.randn((*shape[:2], 7), generator=g)
+    results = []
+    for model in (ours, ref):
+        out, h_n = model(x, h0)
+        loss = (out * weights).sum() + (h_n ** 2).sum()
+        grads = torch.autograd.grad(loss, [x, h0, *model.parameters()])
+        results.append((out, h_n, grads))
+    (out, h_n, grads), (out_r, h_n_r, grads_r) = results
+    torch.testing.assert_close(out, out_r, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h_n, h_n_r, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, grads_r, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_no_initial_state_unbatched_and_fallbacks(kind):
+    ours, ref = _pair(kind, 2, input_size=4, hidden_size=6, batch_first=True)
+    x = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(3))
+    for a, b in zip(ours(x), ref(x), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ours(x[0]), ref(x[0]), strict=True):  # unbatched (T, I)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([8, 5]), batch_first=True)
+    out, _ = ours(packed)  # torch's own path
+    ref_out, _ = ref(packed)
+    torch.testing.assert_close(out.data, ref_out.data)
+    with pytest.raises(RuntimeError, match="input_size"):
+        ours(torch.zeros(2, 8, 3))
+    with pytest.raises(RuntimeError, match="hidden size"):
+        ours(x, torch.zeros(1, 3, 6))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_dropout_between_layers_is_torchs(kind):
+    ours, ref = _pair(kind, 4, input_size=3, hidden_size=5, num_layers=2, dropout=0.5)
+    x = torch.randn(6, 2, 3, generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(6)
+    out, _ = ours(x)
+    torch.manual_seed(6)
+    ref_out, _ = ref(x)
+    assert not torch.equal(out, ours.eval()(x)[0])  # dropout acted in training mode
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+
+
+def test_recurrences_gradcheck():
+    g = torch.Generator().manual_seed(7)
+
+    def args(width):
+        return [torch.randn(*s, dtype=torch.float64, generator=g, requires_grad=True)
+                for s in ((5, 2, width), (2, 3), (width, 3), (width,))]
+
+    gru_args, rnn_args = args(9), args(3)
+    assert torch.autograd.gradcheck(gru_recurrence, gru_args)
+    assert torch.autograd.gradcheck(lambda *a: gru_recurrence(*a)[2], gru_args)  # some steps
+    assert torch.autograd.gradcheck(rnn_recurrence, rnn_args)
+    assert torch.autograd.gradcheck(lambda *a: rnn_recurrence(*a, "relu")[2], rnn_args)
+    with pytest.raises(ValueError, match="nonlinearity"):
+        rnn_recurrence(*rnn_args, "selu")
