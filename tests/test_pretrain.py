@@ -59,6 +59,49 @@ def test_unrolled_net_matches_equations(nonlinearity):
     torch.testing.assert_close(bf(x.transpose(0, 1))[0], lagged.transpose(0, 1))
 
 
+def _brute_force_unrolled(net, x, past):
+    """Eq. (10) step by step with autograd (the reference for the explicit backward)."""
+    act = {"selu": torch.selu, "tanh": torch.tanh, "relu": torch.relu}[net.nonlinearity]
+    blocks = list(past.split(net.hidden_size, 1))  # h_{t-1}, ..., h_{t-k}
+    hs = []
+    for t in range(x.shape[0]):
+        h = act(net.weight_xh @ x[t].T + net.bias_h[:, None]
+                + net.weight_hh @ torch.cat(blocks, 1).T).T
+        hs.append(h)
+        blocks = [h, *blocks[:-1]]
+    return torch.stack(hs)
+
+
+@pytest.mark.usefixtures("float64")
+@pytest.mark.parametrize("nonlinearity", ["selu", "tanh", "relu"])
+def test_unrolled_net_gradients_match_autograd_loop(nonlinearity):
+    """The explicit backward through time: every gradient (weights, inputs, the past states)
+    equals autograd's through the step-by-step loop; and torch's gradcheck."""
+    torch.manual_seed(0)
+    k, h = 3, 4
+    net = randomise(UnrolledNet(5, h, k, nonlinearity), 2)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 2, 5, generator=g, requires_grad=True)
+    past = torch.randn(2, k * h, generator=g, requires_grad=True)
+    weights = torch.randn(7, 2, (k + 1) * h, generator=g)
+    lagged, hs = net(x, past)
+    ref = _brute_force_unrolled(net, x, past)
+    torch.testing.assert_close(hs, ref)
+    params = [x, past, *net.parameters()]
+    ours = torch.autograd.grad((lagged * weights).sum() + (hs ** 2).sum(), params)
+    ref_lagged = torch.cat([torch.cat([past.unflatten(1, (k, h)).flip(1).transpose(0, 1), ref])[
+        k - i: k - i + 7] for i in range(k + 1)], 2)
+    theirs = torch.autograd.grad((ref_lagged * weights).sum() + (ref ** 2).sum(), params)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+    from linmem.nn import _UnrolledRecurrence
+
+    x_proj = torch.randn(7, 2, h, generator=g, requires_grad=True)
+    weight_hh = net.weight_hh.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda *a: _UnrolledRecurrence.apply(*a, nonlinearity), (x_proj, past, weight_hh))
+
+
 def ulm_and_states(k=2, h=3, keys=6, seed=0):
     ulm = randomise(build_model("ulm", h, input_size=keys, k=k), seed)
     seqs = rolls(8, keys, seed)

@@ -611,6 +611,81 @@ class LMN(nn.Module):
         return s
 
 
+def _activation_slope(h: Tensor, nonlinearity: str) -> Tensor:
+    """``sigma'(a)`` from ``h = sigma(a)``: ``1 - h^2`` (tanh), ``h > 0`` (relu), ``scale`` above
+    zero and ``h + scale * alpha`` below (selu)."""
+    if nonlinearity == "tanh":
+        return 1 - h * h
+    if nonlinearity == "relu":
+        return (h > 0).to(h.dtype)
+    return torch.where(h > 0, _SELU_SCALE, h + _SELU_SCALE * _SELU_ALPHA)
+
+
+class _UnrolledRecurrence(torch.autograd.Function):
+    """Eq. (10) over all steps given ``x_proj = W^xh x_t + b^h`` ``(T, B, H)`` and the states
+    before the start ``past`` ``(B, k H)`` (``[h_0, h_{-1}, ...]``): ``hs (T, B, H)``.
+
+    The states live in one batch-major buffer ``(B, k + T, H)`` in time order, so that the ``k``
+    states before step ``t`` are one strided ``(B, k H)`` matrix: each step is one product with
+    the lag blocks in time order, ``[W^hh_k ... W^hh_1]``. Backward: per step ``da_t = dh_t
+    sigma'`` and the window's gradient ``+= da_t [W^hh_k ... W^hh_1]``; the weight gradient is
+    then a few large products over all steps (not a ``H x k H`` product per step, as autograd
+    would form)."""
+
+    @staticmethod
+    def forward(ctx, x_proj, past, weight_hh, nonlinearity):
+        steps, batch, hidden = x_proj.shape
+        k = weight_hh.shape[1] // hidden
+        buf = x_proj.new_empty(batch, k + steps, hidden)
+        buf[:, :k] = past.unflatten(1, (k, hidden)).flip(1)
+        w_time = weight_hh.unflatten(1, (k, hidden)).flip(1).flatten(1)  # [W_k ... W_1]
+        w_t = w_time.t().contiguous()
+        row = (k + steps) * hidden
+        h_t = torch.empty_like(x_proj[0])
+        for t in range(steps):
+            window = buf.as_strided((batch, k * hidden), (row, 1), t * hidden)
+            torch.addmm(x_proj[t], window, w_t, out=h_t)                          # (10)
+            if nonlinearity == "tanh":
+                h_t.tanh_()
+            elif nonlinearity == "relu":
+                h_t.clamp_min_(0.0)
+            else:
+                torch.selu_(h_t)
+            buf[:, k + t] = h_t
+        ctx.nonlinearity, ctx.k = nonlinearity, k
+        ctx.save_for_backward(buf, w_time)
+        ctx.set_materialize_grads(False)
+        return buf[:, k:].transpose(0, 1).clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_hs):
+        buf, w_time = ctx.saved_tensors
+        k, (batch, total, hidden) = ctx.k, buf.shape
+        steps, row = total - k, total * hidden
+        d_buf = torch.zeros_like(buf)  # dL/dh of every state, the past's included
+        if grad_hs is not None:
+            d_buf[:, k:] = grad_hs.transpose(0, 1)
+        slope = _activation_slope(buf[:, k:], ctx.nonlinearity)  # (B, T, H)
+        d_a = torch.empty_like(slope)  # dL/d(pre-activation), batch-major
+        for t in range(steps - 1, -1, -1):
+            da = torch.mul(d_buf[:, k + t], slope[:, t], out=d_a[:, t])
+            d_buf.as_strided((batch, k * hidden), (row, 1), t * hidden).addmm_(da, w_time)
+        need = ctx.needs_input_grad
+        grad_w = None
+        if need[2]:
+            grad_time = w_time.new_zeros(w_time.shape)
+            chunk = max(1, 2 ** 22 // max(1, batch * k * hidden))  # windows copied per product
+            for start in range(0, steps, chunk):
+                n = min(chunk, steps - start)
+                windows = buf.as_strided((batch, n, k * hidden), (row, hidden, 1),
+                                         start * hidden).reshape(-1, k * hidden)
+                grad_time.addmm_(d_a[:, start:start + n].reshape(-1, hidden).t(), windows)
+            grad_w = grad_time.unflatten(1, (k, hidden)).flip(1).flatten(1)
+        return (d_a.transpose(0, 1) if need[0] else None,
+                d_buf[:, :k].flip(1).flatten(1) if need[1] else None, grad_w, None)
+
+
 class UnrolledNet(nn.Module):
     r"""The LMN unrolled for ``k`` steps (ULM, paper eqs. 10-11): the memory is replaced by the
     last ``k`` functional states, each with its own weight block.
@@ -677,22 +752,16 @@ class UnrolledNet(nn.Module):
                              f"(batch first: (B, T, ...)), got {tuple(input.shape)}")
         x = input.transpose(0, 1) if self.batch_first else input
         steps, batch = x.shape[:2]
-        act = _FUNCTIONS[self.nonlinearity]
         x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
         if past is None:
             past = x_proj.new_zeros(batch, self.k * self.hidden_size)
         if tuple(past.shape) != (batch, self.k * self.hidden_size):
             raise ValueError(f"past must have shape ({batch}, {self.k * self.hidden_size}), "
                              f"got {tuple(past.shape)}")
-        blocks = list(past.split(self.hidden_size, 1))  # h_{t-1}, ..., h_{t-k}
-        before = torch.stack(blocks[::-1])  # (k, B, H) in time order
-        hs = []
-        for t in range(steps):
-            h = act(torch.addmm(x_proj[t], torch.cat(blocks, 1), self.weight_hh.t()))  # (10)
-            hs.append(h)
-            blocks = [h, *blocks[:-1]]
-        hs = torch.stack(hs) if hs else x_proj.new_zeros(0, batch, self.hidden_size)
-        padded = torch.cat([before, hs])
+        before = past.unflatten(1, (self.k, self.hidden_size)).flip(1).transpose(0, 1)
+        hs = (_UnrolledRecurrence.apply(x_proj, past, self.weight_hh, self.nonlinearity)
+              if steps else x_proj.new_zeros(0, batch, self.hidden_size))
+        padded = torch.cat([before, hs])  # (k + T, B, H) in time order
         lagged = torch.cat([padded[self.k - i: self.k - i + steps] for i in range(self.k + 1)],
                            2)
         if self.batch_first:
