@@ -1,11 +1,14 @@
-"""The RNN and GRU baselines: linmem.rnns against PyTorch's own modules, side by side in one run.
+"""The RNN and GRU baselines and the pretraining's unrolled network against their autograd
+forms, side by side in one run.
 
 :class:`linmem.rnns.RNN` and :class:`linmem.rnns.GRU` are ``torch.nn.RNN`` and ``torch.nn.GRU``
-with an explicit backward through time on the CPU. For each hidden size and batch size, on random
-piano-roll-like sequences of ``--steps`` steps, this measures training frames per second
-(the next-step model of ``linmem.models``: forward, masked NLL, backward, Adam step) of the model
-built on each, from the same weights, with ``torch.nn.LSTM`` for reference, in interleaved rounds
-(median reported), after checking that the two give the same logits.
+with an explicit backward through time on the CPU; :class:`linmem.UnrolledNet` (the ULM of the
+pretraining, eq. 10, ``k = 10``) has one too. For each hidden size and batch size, on random
+piano-roll-like sequences of ``--steps`` steps, this measures training frames per second (the
+next-step model of ``linmem.models``: forward, masked NLL, backward, Adam step) of the model built
+on each and on its reference from the same weights (PyTorch's module; the ULM as a step-by-step
+autograd loop), with ``torch.nn.LSTM`` for scale, in interleaved rounds (median reported), after
+checking that the two give the same logits.
 
     OMP_NUM_THREADS=1 python benchmarks/baselines.py --json results/speed/baselines.json
 """
@@ -27,6 +30,39 @@ from linmem.models import build_model
 from linmem.train import train_step
 
 TORCH = {"rnn": nn.RNN, "gru": nn.GRU}
+ACTIVATIONS = {"selu": torch.selu, "tanh": torch.tanh, "relu": torch.relu}
+
+
+class AutogradULM(nn.Module):
+    """The ULM's core (eq. 10) as a step-by-step autograd loop, sharing ``core``'s parameters:
+    the reference the explicit backward replaces."""
+
+    def __init__(self, core: nn.Module):
+        super().__init__()
+        self.core = core
+
+    def forward(self, inputs: torch.Tensor, past=None):
+        c = self.core
+        x_proj = nn.functional.linear(inputs.transpose(0, 1), c.weight_xh, c.bias_h)
+        blocks = [x_proj.new_zeros(inputs.shape[0], c.hidden_size)] * c.k  # h_{t-1}, ...
+        hs = []
+        for x_t in x_proj:
+            h = ACTIVATIONS[c.nonlinearity](torch.addmm(x_t, torch.cat(blocks, 1),
+                                                        c.weight_hh.t()))
+            hs.append(h)
+            blocks = [h, *blocks[:-1]]
+        padded = torch.cat([x_proj.new_zeros(c.k, *hs[0].shape), torch.stack(hs)])
+        steps = len(hs)
+        lagged = torch.cat([padded[c.k - i: c.k - i + steps] for i in range(c.k + 1)], 2)
+        return lagged.transpose(0, 1), None
+
+
+def with_autograd_ulm(model: nn.Module) -> nn.Module:
+    """A copy of the ULM ``model`` whose core runs as :class:`AutogradULM`, same weights."""
+    other = build_model("ulm", model.hidden, k=model.k)
+    other.load_state_dict(model.state_dict())
+    other.core = AutogradULM(other.core)
+    return other
 
 
 def random_batch(batch: int, steps: int):
@@ -58,7 +94,10 @@ def train_fps(model: nn.Module, batch, min_time: float) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", nargs="+", type=int, default=[50, 250, 750])
+    p.add_argument("--sizes", nargs="+", type=int, default=[50, 250, 750],
+                   help="hidden sizes of the RNN and GRU")
+    p.add_argument("--ulm-sizes", nargs="+", type=int, default=[100, 250],
+                   help="hidden sizes of the ULM (the grids' functional sizes)")
     p.add_argument("--batches", nargs="+", type=int, default=[4])
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; median reported")
@@ -69,18 +108,22 @@ def main() -> None:
     cpu = _cpu_description().split(" [", 1)[0]
     print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     rows = []
-    for hidden in args.sizes:
+    for hidden in sorted({*args.sizes, *args.ulm_sizes}):
         for batch_size in args.batches:
             batch = random_batch(batch_size, args.steps)
             models = {}
-            for name in ("rnn", "gru"):
+            names = [n for n, sizes in (("rnn", args.sizes), ("gru", args.sizes),
+                                        ("ulm", args.ulm_sizes)) if hidden in sizes]
+            for name in names:
                 torch.manual_seed(0)
                 models[name] = build_model(name, hidden)
-                models[f"{name}-torch"] = with_torch_core(models[name], name)
+                models[f"{name}-{'autograd' if name == 'ulm' else 'torch'}"] = (
+                    with_autograd_ulm(models[name]) if name == "ulm"
+                    else with_torch_core(models[name], name))
+                reference = models[f"{name}-{'autograd' if name == 'ulm' else 'torch'}"]
                 with torch.no_grad():
                     torch.testing.assert_close(models[name](batch.inputs),
-                                               models[f"{name}-torch"](batch.inputs),
-                                               rtol=1e-4, atol=1e-5)
+                                               reference(batch.inputs), rtol=1e-4, atol=1e-5)
             torch.manual_seed(0)
             models["lstm"] = build_model("lstm", hidden)
             runs = {name: [] for name in models}
@@ -89,13 +132,16 @@ def main() -> None:
                     runs[name].append(train_fps(model, batch, args.min_time))
             row = {"hidden": hidden, "batch": batch_size, "steps": args.steps,
                    **{f"{name}_train_fps": statistics.median(v) for name, v in runs.items()}}
-            for name in ("rnn", "gru"):
-                row[f"{name}_vs_torch"] = row[f"{name}_train_fps"] / row[f"{name}-torch_train_fps"]
+            ratios = []
+            for name in names:
+                ref = "autograd" if name == "ulm" else "torch"
+                row[f"{name}_vs_{ref}"] = (row[f"{name}_train_fps"]
+                                           / row[f"{name}-{ref}_train_fps"])
+                ratios.append(f"{name}/{ref} {row[f'{name}_vs_{ref}']:.2f}x")
             rows.append(row)
             print(f"hidden {hidden}, batch {batch_size}: training frames/s  "
                   + "  ".join(f"{n} {row[f'{n}_train_fps'] / 1e3:.1f}k" for n in models)
-                  + f" | rnn/torch {row['rnn_vs_torch']:.2f}x  gru/torch "
-                    f"{row['gru_vs_torch']:.2f}x", flush=True)
+                  + " | " + "  ".join(ratios), flush=True)
     if args.json:
         write_json(args.json, {
             **provenance(command_line(), commit, 0, None, time.perf_counter() - started),
