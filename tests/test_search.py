@@ -379,7 +379,8 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
     rnn = open_study(replace(config, models=["rnn"]), "jsb", "rnn")
     point = grid_points("rnn", "tiny")[0]
     rnn.enqueue_trial(point.params)
-    running = rnn.ask()  # a trial in flight on the first machine: not exported
+    with pytest.warns(UserWarning, match="Heartbeat"):  # (Optuna: ask() outside optimize())
+        running = rnn.ask()  # a trial in flight on the first machine: not exported
     assert trial_point(rnn.get_trials()[0]) == point
     before = search_records(storage, "tiny")
     export = tmp_path / "export" / "studies.jsonl"
