@@ -38,6 +38,7 @@ __all__ = [
     "NONLINEARITIES",
     "LMNCell",
     "UnrolledNet",
+    "activation_slope",
     "lmn_recurrence",
     "measure_cpu_paths",
     "use_cpu_kernel",
@@ -611,7 +612,7 @@ class LMN(nn.Module):
         return s
 
 
-def _activation_slope(h: Tensor, nonlinearity: str) -> Tensor:
+def activation_slope(h: Tensor, nonlinearity: str) -> Tensor:
     """``sigma'(a)`` from ``h = sigma(a)``: ``1 - h^2`` (tanh), ``h > 0`` (relu), ``scale`` above
     zero and ``h + scale * alpha`` below (selu)."""
     if nonlinearity == "tanh":
@@ -666,7 +667,7 @@ class _UnrolledRecurrence(torch.autograd.Function):
         d_buf = torch.zeros_like(buf)  # dL/dh of every state, the past's included
         if grad_hs is not None:
             d_buf[:, k:] = grad_hs.transpose(0, 1)
-        slope = _activation_slope(buf[:, k:], ctx.nonlinearity)  # (B, T, H)
+        slope = activation_slope(buf[:, k:], ctx.nonlinearity)  # (B, T, H)
         d_a = torch.empty_like(slope)  # dL/d(pre-activation), batch-major
         for t in range(steps - 1, -1, -1):
             da = torch.mul(d_buf[:, k + t], slope[:, t], out=d_a[:, t])

@@ -30,6 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from .nn import activation_slope
+
 __all__ = ["GRU", "RNN", "gru_recurrence", "rnn_recurrence"]
 
 
@@ -122,7 +124,7 @@ class _RNNRecurrence(torch.autograd.Function):
     def backward(ctx, grad_hs):
         h0, hs, weight_hh = ctx.saved_tensors
         steps, batch, hidden = hs.shape
-        slope = 1 - hs * hs if ctx.nonlinearity == "tanh" else (hs > 0).to(hs.dtype)
+        slope = activation_slope(hs, ctx.nonlinearity)
         d_a = torch.empty_like(hs)  # dL/d(pre-activation)
         dh = h0.new_zeros(batch, hidden)
         for t in range(steps - 1, -1, -1):
