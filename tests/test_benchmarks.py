@@ -56,11 +56,12 @@ def test_throughput_script_runs(tmp_path):
 
 @pytest.mark.slow
 def test_baselines_script_runs(tmp_path):
-    """linmem.rnns' RNN and GRU against PyTorch's at a tiny size (the script checks that both
-    give the same logits before it times them)."""
+    """linmem.rnns' RNN and GRU against PyTorch's, the ULM against its autograd loop, at a tiny
+    size (the script checks that both give the same logits before it times them)."""
     out = tmp_path / "b.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "baselines.py"), "--sizes", "8", "--ulm-sizes", "8",
-                    "--steps", "6", "--rounds", "1", "--min-time", "0.01", "--json", str(out)],
+    subprocess.run([sys.executable, str(BENCHMARKS / "baselines.py"), "--sizes", "8",
+                    "--ulm-sizes", "8", "--steps", "6", "--rounds", "1", "--min-time", "0.01",
+                    "--json", str(out)],
                    check=True, capture_output=True)
     (row,) = json.loads(out.read_text())["sizes"]
     assert row["gru_vs_torch"] == pytest.approx(row["gru_train_fps"] / row["gru-torch_train_fps"])

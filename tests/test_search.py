@@ -221,7 +221,9 @@ def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
     (run / "pretraining.json").write_text('{"wall_time_s": 10.0, "ulm_wall_time_s": 9.0}')
     assert run_cpu_seconds(run) == 13.75  # a run still training: its epochs
     (run / "metrics.json").write_text('{"wall_time_s": 5.0}')
-    assert run_cpu_seconds(run) == 15.0  # a finished one: its whole wall time
+    assert run_cpu_seconds(run) == 15.0  # finished, pretrained in an earlier session: both
+    (run / "metrics.json").write_text('{"wall_time_s": 14.0}')
+    assert run_cpu_seconds(run) == 14.0  # one session did both: the pretraining counted once
 
 
 def test_point_states_count_deaths_and_errors(tmp_path, data_dir):

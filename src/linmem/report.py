@@ -79,17 +79,18 @@ def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
     """The seconds a run's training took as its files record them: a finished run's wall time
     (``metrics.json``: every session's training and the final scoring), else the epochs' times
     in ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
-    there), plus the pretraining's (``pretraining.json``); 0 for a run that has written
+    there), and the pretraining's (``pretraining.json``) once; 0 for a run that has written
     neither. One thread per run: CPU seconds."""
     run_dir = Path(run_dir)
-    total = 0.0
-    if (run_dir / "metrics.json").is_file():
-        total += read_json(run_dir / "metrics.json").get("wall_time_s", 0.0)
-    else:
-        total += sum(row.get("epoch_time_s", 0.0) for row in _log_rows(run_dir))
-    if (run_dir / "pretraining.json").is_file():
-        total += read_json(run_dir / "pretraining.json").get("wall_time_s", 0.0)
-    return total
+    epochs = sum(row.get("epoch_time_s", 0.0) for row in _log_rows(run_dir))
+    pretraining = (read_json(run_dir / "pretraining.json").get("wall_time_s", 0.0)
+                   if (run_dir / "pretraining.json").is_file() else 0.0)
+    if not (run_dir / "metrics.json").is_file():
+        return epochs + pretraining
+    total = read_json(run_dir / "metrics.json").get("wall_time_s", 0.0)
+    # the pretraining runs inside the training's clock when one session did both (its wall
+    # time then exceeds the pretraining's and the epochs'); otherwise it is added
+    return total if total >= pretraining + epochs else total + pretraining
 
 
 def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]] = (),
