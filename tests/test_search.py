@@ -226,6 +226,7 @@ def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
     assert run_cpu_seconds(run) == 14.0  # one session did both: the pretraining counted once
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
 def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
     config = _config(tmp_path, data_dir)
     study = open_study(config, "jsb", "lmn-b")
