@@ -125,6 +125,9 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "times in its `log.jsonl`, and its pretraining time (one thread per run; epochs "
               "cut short by a killed worker are not counted; a study imported from another machine "
               "counts its finished trials' wall time where their runs are not here). "
+              "A study marked 'earlier' counts its trials' durations from `summary.json` (its "
+              "storage and runs are gone): an upper bound, a trial whose worker died lasting "
+              "until it was found dead. "
               "Projection: the points left at the mean of the study's finished points (complete, "
               "pruned or failed), else of its data set's."]
     if command:
