@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .nn import activation_slope
+from .nn import _lagged_product, activation_slope
 
 __all__ = ["GRU", "RNN", "gru_recurrence", "rnn_recurrence"]
 
@@ -132,10 +132,9 @@ class _RNNRecurrence(torch.autograd.Function):
                 dh += grad_hs[t]
             dh = torch.mm(torch.mul(dh, slope[t], out=d_a[t]), weight_hh)
         need = ctx.needs_input_grad
-        flat = d_a.reshape(-1, hidden)
-        h_prev = torch.cat([h0.unsqueeze(0), hs[:-1]], 0).reshape(-1, hidden)
         return (d_a if need[0] else None, dh if need[1] else None,
-                flat.t() @ h_prev if need[2] else None, flat.sum(0) if need[3] else None, None)
+                _lagged_product(d_a, hs, h0, batch_major=False) if need[2] else None,
+                d_a.reshape(-1, hidden).sum(0) if need[3] else None, None)
 
 
 def rnn_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor,
