@@ -211,16 +211,23 @@ def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
     table = table2_markdown([_record("jsb", "lmn-b", 28.0)], seeds=groups)
     assert "| JSB Chorales | LMN-B | 250, 250 | 1e-05 | 1, 2, 3 | 27.50 ± 0.50 (27.00-28.00) |" \
         in table
-    assert "- JSB Chorales: pret-LMN-B +1.50 points against LMN-B; the ranges do not overlap" \
-        in table
+    assert ("- JSB Chorales: pret-LMN-B against LMN-B: +1.50 points global, the ranges do not "
+            "overlap (beyond the spread between seeds); +1.50 points per-frame mean, the ranges "
+            "do not overlap (beyond the spread between seeds).") in table
     assert "against LSTM" not in table  # no LSTM seeds: no claim
     lstm = seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 2, 27.5),
                         run("lstm", 1, 26.0), run("lstm", 2, 27.2)])
-    assert ("- JSB Chorales: LMN-B +0.65 points against LSTM; the ranges overlap"
+    assert ("- JSB Chorales: LMN-B against LSTM: +0.65 points global, the ranges overlap"
             in table2_markdown([], seeds=lstm))
     overlapping = seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 2, 29.0),
                                run("pret-lmn-b", 1, 28.0), run("pret-lmn-b", 2, 28.5)])
-    assert "overlap: within the spread" in table2_markdown([], seeds=overlapping)
+    assert "overlap (within the spread" in table2_markdown([], seeds=overlapping)
+    frame_apart = seed_groups([dict(run("lmn-b", 1, 27.0), test_acc_frame=20.0),
+                               dict(run("lmn-b", 2, 29.0), test_acc_frame=20.5),
+                               run("pret-lmn-b", 1, 28.0), run("pret-lmn-b", 2, 28.5)])
+    assert ("+0.25 points global, the ranges overlap (within the spread between seeds); +11.00 "
+            "points per-frame mean, the ranges do not overlap" in
+            table2_markdown([], seeds=frame_apart))
     with pytest.raises(ValueError, match="given twice"):
         seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 1, 27.5)])
 
