@@ -102,6 +102,34 @@ def test_rnn_part_is_torch_rnn_and_biases_are_causal():
     assert torch.equal(b_v2[:, :4], b_v[:, :4]) and not torch.allclose(b_v2[:, 4], b_v[:, 4])
 
 
+
+def test_rnn_part_has_torch_rnn_gradients():
+    """The RNN part (linmem.rnns.RNN: an explicit backward) against torch.nn.RNN with the same
+    weights: the same CD cost and the same gradient of every parameter."""
+    from torch import nn
+
+    from linmem import rnns
+
+    model = RNNRBM(n_visible=10, n_recurrent=7, n_hidden=5, cd_k=3).double()
+    assert isinstance(model.rnn, rnns.RNN)
+    x = torch.bernoulli(torch.full((3, 9, 10), 0.3, dtype=torch.float64),
+                        generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 8, dtype=torch.float64)
+    mask[0, 5:] = 0
+    grads = []
+    for rnn in (model.rnn, nn.RNN(10, 7, batch_first=True).double()):
+        rnn.load_state_dict(model.rnn.state_dict())
+        model.rnn = rnn
+        model.zero_grad()
+        torch.manual_seed(0)  # the same Gibbs chains
+        cost = model.cd_cost(x[:, :-1], x[:, 1:], mask)
+        cost.backward()
+        grads.append((cost.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.allclose(grads[0][0], grads[1][0], atol=1e-12)
+    for ours, ref in zip(grads[0][1], grads[1][1], strict=True):
+        assert torch.allclose(ours, ref, atol=1e-12)
+        assert ref.abs().max() > 0
+
 def test_marginals_match_enumeration():
     torch.manual_seed(0)
     model = RNNRBM(n_visible=6, n_recurrent=3, n_hidden=4, predict_steps=4000, burn_in=50).double()

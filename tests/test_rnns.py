@@ -80,11 +80,13 @@ def test_dropout_between_layers_is_torchs(kind):
 def test_recurrences_gradcheck():
     g = torch.Generator().manual_seed(7)
 
-    def args(width):
+    def args(width, steps=5):
         return [torch.randn(*s, dtype=torch.float64, generator=g, requires_grad=True)
-                for s in ((5, 2, width), (2, 3), (width, 3), (width,))]
+                for s in ((steps, 2, width), (2, 3), (width, 3), (width,))]
 
     gru_args, rnn_args = args(9), args(3)
+    assert torch.autograd.gradcheck(gru_recurrence, args(9, steps=1))  # no lagged states
+    assert torch.autograd.gradcheck(rnn_recurrence, args(3, steps=1))
     assert torch.autograd.gradcheck(gru_recurrence, gru_args)
     assert torch.autograd.gradcheck(lambda *a: gru_recurrence(*a)[2], gru_args)  # some steps
     assert torch.autograd.gradcheck(rnn_recurrence, rnn_args)

@@ -1,7 +1,8 @@
 """RNN-RBM (Boulanger-Lewandowski, Bengio & Vincent, ICML 2012): a conditional RBM per time step
 whose biases an RNN drives, the paper's strongest comparison model (its Table 2 quotes it).
 
-With ``v_t`` the frame at step t and ``u`` the RNN state (a ``torch.nn.RNN`` with tanh)::
+With ``v_t`` the frame at step t and ``u`` the RNN state (a ``torch.nn.RNN`` with tanh, as
+:class:`linmem.rnns.RNN`: its explicit backward through time on the CPU)::
 
     u_t   = tanh(b_u + W_uu u_{t-1} + W_vu v_t)
     b_v^t = b_v + W_uv u_{t-1},    b_h^t = b_h + W_uh u_{t-1}
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .data import N_KEYS, Batch, iterate_batches
+from .rnns import RNN
 
 __all__ = [
     "PREDICTIONS",
@@ -150,7 +152,7 @@ class RNNRBM(nn.Module):
         self.W = nn.Parameter(0.01 * torch.randn(n_visible, n_hidden))
         self.b_v = nn.Parameter(torch.zeros(n_visible))
         self.b_h = nn.Parameter(torch.zeros(n_hidden))
-        self.rnn = nn.RNN(n_visible, n_recurrent, batch_first=True)  # u_t (W_vu, W_uu, b_u)
+        self.rnn = RNN(n_visible, n_recurrent, batch_first=True)  # u_t (W_vu, W_uu, b_u)
         self.W_uv = nn.Linear(n_recurrent, n_visible, bias=False)
         self.W_uh = nn.Linear(n_recurrent, n_hidden, bias=False)
         self.u0 = nn.Parameter(torch.zeros(n_recurrent))

@@ -39,7 +39,7 @@ class _GRURecurrence(torch.autograd.Function):
     """The recurrence of one layer given its input products ``gi = x W_ih^T + b_ih`` ``(T, B,
     3H)``: ``hs (T, B, H)``. Backward: what does not depend on ``dh`` for all steps at once, then
     per step the gates' gradients and ``dh_{t-1} = dh_t z_t + dgh_t W_hh``, then ``dW_hh =
-    sum_t dgh_t^T h_{t-1}`` in one product."""
+    sum_t dgh_t^T h_{t-1}`` in large products over all steps."""
 
     @staticmethod
     def forward(ctx, gi, h0, weight_hh, bias_hh):
@@ -68,10 +68,12 @@ class _GRURecurrence(torch.autograd.Function):
         h0, hs, gates, gh, weight_hh = ctx.saved_tensors
         steps, batch, hidden = hs.shape
         r, z, n = gates[..., :hidden], gates[..., hidden:2 * hidden], gates[..., 2 * hidden:]
-        h_prev = torch.cat([h0.unsqueeze(0), hs[:-1]], 0)
         # every step's local derivatives at once: dh to n's and z's pre-activations, n's to r's
         to_n = (1 - z) * (1 - n * n)
-        to_z = (h_prev - n) * z * (1 - z)
+        to_z = torch.empty_like(n)  # (h_{t-1} - n_t) z_t (1 - z_t)
+        torch.sub(h0, n[0], out=to_z[0])
+        torch.sub(hs[:-1], n[1:], out=to_z[1:])
+        to_z *= z * (1 - z)
         to_r = gh[..., 2 * hidden:] * r * (1 - r)
         d_gh = torch.empty_like(gates)  # dL/d(h_{t-1} W_hh^T + b_hh)
         d_n = torch.empty_like(n)  # dL/d(pre-activation of n)
@@ -89,7 +91,7 @@ class _GRURecurrence(torch.autograd.Function):
         flat = d_gh.reshape(-1, d_gh.shape[2])
         return (torch.cat([d_gh[..., :2 * hidden], d_n], 2) if need[0] else None,
                 dh if need[1] else None,
-                flat.t() @ h_prev.reshape(-1, hidden) if need[2] else None,
+                _lagged_product(d_gh, hs, h0, batch_major=False) if need[2] else None,
                 flat.sum(0) if need[3] else None)
 
 
@@ -102,7 +104,7 @@ def gru_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor) -
 class _RNNRecurrence(torch.autograd.Function):
     """The recurrence of one RNN layer given its input products ``gi = x W_ih^T + b_ih`` ``(T,
     B, H)``: ``hs (T, B, H)``. Backward: per step ``da_t = dh_t sigma'`` and ``dh_{t-1} = da_t
-    W_hh``, then ``dW_hh = sum_t da_t^T h_{t-1}`` in one product."""
+    W_hh``, then ``dW_hh = sum_t da_t^T h_{t-1}`` in large products over all steps."""
 
     @staticmethod
     def forward(ctx, gi, h0, weight_hh, bias_hh, nonlinearity):
