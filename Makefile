@@ -128,7 +128,8 @@ results-table2: install
 	for m in lmn-b pret-lmn-b lstm; do \
 	  $(T2_RUN) reseed results/selected/jsb-$$m --seeds 1,2,3 --out runs/seeds/jsb-$$m --data-dir $(DATA) --quiet; done
 	for run in runs/seeds/*/s*/; do name=$$(basename $$(dirname $$run))-$$(basename $$run); \
-	  mkdir -p results/seeds/$$name; cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/seeds/$$name/; done
+	  mkdir -p results/seeds/$$name; cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/seeds/$$name/; \
+	  [ ! -f $$run/pretraining.json ] || cp $$run/pretraining.json results/seeds/$$name/; done
 	$(MAKE) results-report results-progress
 results-report: install
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search/search.db --grid all --runs-root . \
