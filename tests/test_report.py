@@ -215,19 +215,29 @@ def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
             "overlap (beyond the spread between seeds); +1.50 points per-frame mean, the ranges "
             "do not overlap (beyond the spread between seeds).") in table
     assert "against LSTM" not in table  # no LSTM seeds: no claim
-    lstm = seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 2, 27.5),
-                        run("lstm", 1, 26.0), run("lstm", 2, 27.2)])
-    assert ("- JSB Chorales: LMN-B against LSTM: +0.65 points global, the ranges overlap"
+    lstm = seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 2, 27.5), run("lmn-b", 3, 27.6),
+                        run("lstm", 1, 26.0), run("lstm", 2, 27.2), run("lstm", 3, 27.8)])
+    assert ("- JSB Chorales: LMN-B against LSTM: +0.37 points global, the ranges overlap"
             in table2_markdown([], seeds=lstm))
-    overlapping = seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 2, 29.0),
-                               run("pret-lmn-b", 1, 28.0), run("pret-lmn-b", 2, 28.5)])
+    overlapping = seed_groups([run("lmn-b", s, a) for s, a in ((1, 27.0), (2, 29.0), (3, 28))]
+                              + [run("pret-lmn-b", s, a) for s, a in ((1, 28.0), (2, 28.5),
+                                                                       (3, 28.2))])
     assert "overlap (within the spread" in table2_markdown([], seeds=overlapping)
     frame_apart = seed_groups([dict(run("lmn-b", 1, 27.0), test_acc_frame=20.0),
                                dict(run("lmn-b", 2, 29.0), test_acc_frame=20.5),
-                               run("pret-lmn-b", 1, 28.0), run("pret-lmn-b", 2, 28.5)])
+                               dict(run("lmn-b", 3, 28.0), test_acc_frame=20.25),
+                               run("pret-lmn-b", 1, 28.0), run("pret-lmn-b", 2, 28.5),
+                               run("pret-lmn-b", 3, 28.25)])
     assert ("+0.25 points global, the ranges overlap (within the spread between seeds); +11.00 "
             "points per-frame mean, the ranges do not overlap" in
             table2_markdown([], seeds=frame_apart))
+    # fewer than three seeds of either model: the table says so and gives no verdict
+    early = table2_markdown([], seeds=seed_groups([run("lmn-b", 1, 27.0),
+                                                   run("pret-lmn-b", 1, 30.0),
+                                                   run("pret-lmn-b", 2, 30.5)]))
+    assert ("- JSB Chorales: pret-LMN-B against LMN-B: 2 and 1 seeds so far; no verdict under 3 "
+            "each.") in early
+    assert "overlap" not in early.split("seeds' ranges overlap:")[1]
     with pytest.raises(ValueError, match="given twice"):
         seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 1, 27.5)])
 

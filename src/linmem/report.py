@@ -400,6 +400,9 @@ def seed_groups(runs: Sequence[dict]) -> list[dict]:
     return sorted(out, key=lambda g: (g["dataset"], g["model"]))
 
 
+MIN_CLAIM_SEEDS = 3  # seeds per model before the seeds' table says whether a claim holds
+
+
 def _seeds_markdown(groups: Sequence[dict]) -> list[str]:
     def spread(g: dict, key: str) -> str:
         v = g.get(key)
@@ -425,6 +428,11 @@ def _seeds_markdown(groups: Sequence[dict]) -> list[str]:
         for model, other in (("pret-lmn-b", "lmn-b"), ("lmn-b", "lstm")):
             a, b = by.get((dataset, other)), by.get((dataset, model))
             if a is None or b is None or "test_acc" not in a or "test_acc" not in b:
+                continue
+            if min(len(a["seeds"]), len(b["seeds"])) < MIN_CLAIM_SEEDS:
+                lines.append(f"- {TABLE2_TITLES[dataset]}: {display_name(model)} against "
+                             f"{display_name(other)}: {len(b['seeds'])} and {len(a['seeds'])} "
+                             f"seeds so far; no verdict under {MIN_CLAIM_SEEDS} each.")
                 continue
             parts = []
             for key, metric in (("test_acc", "global"), ("test_acc_frame", "per-frame mean")):
