@@ -235,8 +235,8 @@ def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
     early = table2_markdown([], seeds=seed_groups([run("lmn-b", 1, 27.0),
                                                    run("pret-lmn-b", 1, 30.0),
                                                    run("pret-lmn-b", 2, 30.5)]))
-    assert ("- JSB Chorales: pret-LMN-B against LMN-B: 2 and 1 seeds so far; no verdict under 3 "
-            "each.") in early
+    assert ("- JSB Chorales: pret-LMN-B against LMN-B: 2 seed(s) of pret-LMN-B and 1 of LMN-B "
+            "so far; no verdict under 3 each.") in early
     assert "overlap" not in early.split("seeds' ranges overlap:")[1]
     with pytest.raises(ValueError, match="given twice"):
         seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 1, 27.5)])

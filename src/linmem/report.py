@@ -431,8 +431,10 @@ def _seeds_markdown(groups: Sequence[dict]) -> list[str]:
                 continue
             if min(len(a["seeds"]), len(b["seeds"])) < MIN_CLAIM_SEEDS:
                 lines.append(f"- {TABLE2_TITLES[dataset]}: {display_name(model)} against "
-                             f"{display_name(other)}: {len(b['seeds'])} and {len(a['seeds'])} "
-                             f"seeds so far; no verdict under {MIN_CLAIM_SEEDS} each.")
+                             f"{display_name(other)}: {len(b['seeds'])} seed(s) of "
+                             f"{display_name(model)} and {len(a['seeds'])} of "
+                             f"{display_name(other)} so far; no verdict under "
+                             f"{MIN_CLAIM_SEEDS} each.")
                 continue
             parts = []
             for key, metric in (("test_acc", "global"), ("test_acc_frame", "per-frame mean")):
