@@ -102,7 +102,6 @@ def test_rnn_part_is_torch_rnn_and_biases_are_causal():
     assert torch.equal(b_v2[:, :4], b_v[:, :4]) and not torch.allclose(b_v2[:, 4], b_v[:, 4])
 
 
-
 def test_rnn_part_has_torch_rnn_gradients():
     """The RNN part (linmem.rnns.RNN: an explicit backward) against torch.nn.RNN with the same
     weights: the same CD cost and the same gradient of every parameter."""
@@ -129,6 +128,7 @@ def test_rnn_part_has_torch_rnn_gradients():
     for ours, ref in zip(grads[0][1], grads[1][1], strict=True):
         assert torch.allclose(ours, ref, atol=1e-12)
         assert ref.abs().max() > 0
+
 
 def test_marginals_match_enumeration():
     torch.manual_seed(0)

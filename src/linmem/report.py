@@ -429,12 +429,12 @@ def _seeds_markdown(groups: Sequence[dict]) -> list[str]:
             a, b = by.get((dataset, other)), by.get((dataset, model))
             if a is None or b is None or "test_acc" not in a or "test_acc" not in b:
                 continue
+            head = (f"- {TABLE2_TITLES[dataset]}: {display_name(model)} against "
+                    f"{display_name(other)}: ")
             if min(len(a["seeds"]), len(b["seeds"])) < MIN_CLAIM_SEEDS:
-                lines.append(f"- {TABLE2_TITLES[dataset]}: {display_name(model)} against "
-                             f"{display_name(other)}: {len(b['seeds'])} seed(s) of "
-                             f"{display_name(model)} and {len(a['seeds'])} of "
-                             f"{display_name(other)} so far; no verdict under "
-                             f"{MIN_CLAIM_SEEDS} each.")
+                lines.append(f"{head}{len(b['seeds'])} seed(s) of {display_name(model)} and "
+                             f"{len(a['seeds'])} of {display_name(other)} so far; no verdict "
+                             f"under {MIN_CLAIM_SEEDS} each.")
                 continue
             parts = []
             for key, metric in (("test_acc", "global"), ("test_acc_frame", "per-frame mean")):
@@ -445,8 +445,7 @@ def _seeds_markdown(groups: Sequence[dict]) -> list[str]:
                 parts.append(f"{y['mean'] - x['mean']:+.2f} points {metric}, the ranges "
                              + ("do not overlap (beyond the spread between seeds)" if apart
                                 else "overlap (within the spread between seeds)"))
-            lines.append(f"- {TABLE2_TITLES[dataset]}: {display_name(model)} against "
-                         f"{display_name(other)}: " + "; ".join(parts) + ".")
+            lines.append(head + "; ".join(parts) + ".")
     return lines
 
 
