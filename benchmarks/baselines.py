@@ -23,8 +23,7 @@ import time
 import torch
 from torch import nn
 
-from linmem._ext import _cpu_description
-from linmem._io import command_line, git_commit, provenance, write_json
+from linmem._io import command_line, cpu_description, git_commit, provenance, write_json
 from linmem.data import N_KEYS, collate
 from linmem.models import build_model
 from linmem.train import train_step
@@ -105,7 +104,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     started, commit = time.perf_counter(), git_commit()
-    cpu = _cpu_description().split(" [", 1)[0]
+    cpu = cpu_description().split(" [", 1)[0]
     print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     rows = []
     for hidden in sorted({*args.sizes, *args.ulm_sizes}):

@@ -11,6 +11,7 @@ from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 
 from linmem import LMN, LMNCell, _ext
 from linmem import nn as lmn_nn
+from linmem._io import cpu_description
 from linmem.nn import lmn_recurrence, use_cpu_kernel
 
 
@@ -180,7 +181,7 @@ def test_cpu_kernel_is_built():
     assert _ext.load_cpu_kernel() is not None
     assert VARIANTS[-1] == "generic"
     if platform.machine() == "x86_64":
-        flags = _ext._cpu_description()
+        flags = cpu_description()
         expected = [name for name, needs in (("avx512", ("avx512f", "avx512bw", "avx512vl")),
                                              ("avx2", ("avx2", "fma")))
                     if all(f" {flag} " in f" {flags[:-1]} " for flag in needs)]

@@ -199,6 +199,7 @@ def test_pretrain_command_runs_every_step_and_resumes(tmp_path, data_dir):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["model"] == "pret-lmn-b" and metrics["pretraining"]["la_components"] == 20
     assert metrics["pretraining"]["la_window"] == 4
+    assert metrics["pretraining"]["machine"] == metrics["machine"]  # the same process: the same
     ulm_log = (out / "ulm" / "log.jsonl").read_text()
     init = torch.load(out / "init.pt", weights_only=True)
     for name in ("init.pt", "pretraining.json", "last.pt", "best.pt", "metrics.json",

@@ -1,6 +1,7 @@
 """The trainer: metrics file, early stopping, resume after an interruption, divergence."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -32,6 +33,14 @@ def test_metrics_file_and_scores(tmp_path, small):
                 "wall_time_s", "seed", "commit", "command", "data_digest"):
         assert key in saved
     assert saved["command"] == "test" and saved["epochs"] == 4
+    # the machine of the timings, against an independent read of /proc/cpuinfo (Linux: CI's)
+    info = dict(line.split(":", 1) for line in open("/proc/cpuinfo").read().splitlines()
+                if ":" in line)
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    assert saved["machine"] == {"cpu": info["model name"],
+                                "avx512": "avx512f" in info["flags"].split(),
+                                "cpus": len(os.sched_getaffinity(0)),
+                                "threads": torch.get_num_threads()}
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in log] == [1, 2, 3, 4]
     best_epoch = max(log, key=lambda r: r["valid_acc"])["epoch"]
@@ -106,6 +115,11 @@ def test_resume_with_a_larger_budget_continues_the_run(tmp_path, small):
     for key in ("valid_acc", "test_acc", "test_nll", "best_epoch", "epochs", "stop_reason"):
         assert longer[key] == straight[key], key
     assert longer["command"] == "first" and longer["resumed_with"] == ["second"]
+    # the CPU time sums the sessions': every epoch's, the final scoring's on top of it
+    rows = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert all(r["epoch_cpu_s"] > 0 for r in rows)
+    assert longer["cpu_time_s"] > sum(r["epoch_cpu_s"] for r in rows)
+    assert longer["cpu_time_s"] > short["cpu_time_s"]
     log = (tmp_path / "run" / "log.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in log] == [1, 2, 3, 4, 5, 6]
     a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)["model"]

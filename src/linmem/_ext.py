@@ -33,7 +33,7 @@ from types import ModuleType
 import torch
 from torch.utils import cpp_extension
 
-from linmem._io import write_json
+from linmem._io import cpu_description, write_json
 
 __all__ = ["KERNEL_ENV", "cpu_path", "kernel_variants", "load_cpu_kernel"]
 
@@ -43,20 +43,6 @@ HEADERS = ("lmn_kernel.h", "lmn_kernel_api.h")
 CFLAGS = ("-O3", "-fopenmp")
 KERNEL_ENV = "LINMEM_CPU_KERNEL"
 LOOP = "loop"
-
-
-def _cpu_description() -> str:
-    """The CPU's model name and feature flags (what decides which variant is fastest)."""
-    model, flags = "", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if not model and line.startswith(("model name", "Model", "CPU part")):
-                model = line.split(":", 1)[-1].strip()
-            if not flags and line.startswith(("flags", "Features")):
-                flags = line.split(":", 1)[-1].strip()
-    except OSError:
-        pass
-    return f"{model or platform.processor() or platform.machine()} [{flags}]"
 
 
 @functools.cache
@@ -125,7 +111,7 @@ def _choice_file() -> Path | None:
     directory = _build_directory(_build_name())
     if directory is None:
         return None
-    cpu = hashlib.sha256(_cpu_description().encode()).hexdigest()[:12]
+    cpu = hashlib.sha256(cpu_description().encode()).hexdigest()[:12]
     return directory / f"choice-{cpu}.json"
 
 
@@ -162,7 +148,7 @@ def cpu_path(measure: Measure | None = None) -> str:
     if measure is None:
         return variants[0]
     record = measure(variants)
-    record["cpu"] = _cpu_description().split(" [", 1)[0]
+    record["cpu"] = cpu_description().split(" [", 1)[0]
     if path is not None:
         try:
             write_json(path, record)

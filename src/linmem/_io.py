@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -15,8 +16,8 @@ import torch
 
 from . import __version__
 
-__all__ = ["atomic_write", "command_line", "git_commit", "provenance", "read_json",
-           "write_json"]
+__all__ = ["atomic_write", "command_line", "cpu_description", "git_commit", "machine",
+           "provenance", "read_json", "write_json"]
 
 
 class atomic_write:
@@ -98,10 +99,39 @@ def command_line() -> str:
     return shlex.join([prog, *sys.argv[1:]])
 
 
+def cpu_description() -> str:
+    """The CPU's model name and feature flags (what decides which variant is fastest)."""
+    model, flags = "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not model and line.startswith(("model name", "Model", "CPU part")):
+                model = line.split(":", 1)[-1].strip()
+            if not flags and line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[-1].strip()
+    except OSError:
+        pass
+    return f"{model or platform.processor() or platform.machine()} [{flags}]"
+
+
+def machine(device: str | torch.device | None = None) -> dict[str, Any]:
+    """Where a timing was taken (machines differ between sessions): the CPU's model name,
+    whether it has AVX-512 (which the LMN kernel's fastest variant needs), the CPUs this process
+    may run on and torch's threads; on a CUDA ``device`` the GPU's name too."""
+    name, _, flags = cpu_description().partition(" [")
+    cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count())
+    info: dict[str, Any] = {"cpu": name, "avx512": "avx512f" in flags.rstrip("]").split(),
+                            "cpus": cpus, "threads": torch.get_num_threads()}
+    if device is not None and torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
 def provenance(command: str, commit: str, seed: int | None, data_sha256: str | dict | None,
-               wall_time_s: float) -> dict[str, Any]:
+               wall_time_s: float, device: str | torch.device | None = None) -> dict[str, Any]:
     """What every result file records (training runs, the pretraining analysis, the
-    benchmarks): the command, the commit it ran at, the seed, the data's checksum, the wall time
-    and the versions of linmem and torch."""
+    benchmarks): the command, the commit it ran at, the seed, the data's checksum, the wall time,
+    the machine it was measured on (:func:`machine`) and the versions of linmem and torch."""
     return {"wall_time_s": wall_time_s, "seed": seed, "commit": commit, "command": command,
-            "data_sha256": data_sha256, "linmem": __version__, "torch": torch.__version__}
+            "data_sha256": data_sha256, "machine": machine(device), "linmem": __version__,
+            "torch": torch.__version__}

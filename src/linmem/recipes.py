@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
+from ._io import atomic_write, command_line, git_commit, machine, provenance, read_json, write_json
 from .data import data_checksum, load_polyphonic
 from .la import LinearAutoencoder
 from .models import REGISTRY, build_model, get_spec
@@ -162,7 +162,7 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
         raise ValueError(f"{config.model} has no pretraining recipe")
     started = time.perf_counter()
     info = RECIPES[recipe].apply(model, config, data, run_dir, progress)
-    info["wall_time_s"] = time.perf_counter() - started
+    info["wall_time_s"], info["machine"] = time.perf_counter() - started, machine(config.device)
     with atomic_write(init_path) as f:
         torch.save(model.state_dict(), f)
     write_json(info_path, info)
@@ -293,6 +293,6 @@ def analyze_pretraining(data: str = "jsb", hidden: int = 50, k: int = 10,
                         data_checksum(config.data, data_dir), time.perf_counter() - started)
     return {**result, "dataset": config.data, "ulm_run": str(ulm_run),
             **{k: record[k] for k in ("command", "commit", "seed", "data_sha256",
-                                      "wall_time_s")},
+                                      "wall_time_s", "machine")},
             "units": "accuracy in percent; errors: mean squared error per value (a), "
                      "relative squared error (c)"}

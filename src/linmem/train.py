@@ -3,10 +3,12 @@
 A run lives in one directory::
 
     config.json     the TrainConfig of the run
-    log.jsonl       one line per epoch: train loss, validation accuracy and NLL, epoch time
+    log.jsonl       one line per epoch: train loss, validation accuracy and NLL, epoch wall
+                    and CPU time
     last.pt         model, optimizer and loop state after the last finished epoch (for --resume)
     best.pt         model weights of the best validation accuracy so far
-    metrics.json    final validation and test scores of best.pt, with provenance
+    metrics.json    final validation and test scores of best.pt, with provenance (the
+                    machine of the timings included)
 
 Every file is written atomically, so a run killed at any moment resumes from its last finished
 epoch. The batch order of epoch ``e`` depends only on ``(seed, e)`` and the model and optimizer
@@ -305,14 +307,14 @@ def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, bar: 
     return loss_sum, frames
 
 
-def _stop_diverged(run_dir: Path, state: dict[str, Any], why: str,
-                   elapsed: float) -> dict[str, Any]:
+def _stop_diverged(run_dir: Path, state: dict[str, Any], why: str, elapsed: float,
+                   cpu_elapsed: float) -> dict[str, Any]:
     """``on_divergence="stop"``: the run ends at its last good epoch (``state``, that of
     ``last.pt``, whose weights stay: the diverged ones are dropped) and keeps its best
     checkpoint, as early stopping does. Returns the new state, also written to ``last.pt``."""
     ckpt = load_checkpoint(run_dir / "last.pt")
     ckpt["state"] = {**state, "stop_reason": f"diverged: {why}; the best epoch before it is kept",
-                     "elapsed": elapsed}
+                     "elapsed": elapsed, "cpu_elapsed": cpu_elapsed}
     _save_last(ckpt, run_dir)
     return ckpt["state"]
 
@@ -436,7 +438,7 @@ def train(
             and stays ended on ``resume``.
     """
     run_dir = Path(run_dir)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
     command = command or command_line()
     device = torch.device(config.device)
@@ -456,7 +458,8 @@ def train(
                               "or choose another output directory")
 
     state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "bad_epochs": 0,
-             "history": [], "elapsed": 0.0, "stop_reason": None, "command": command, "resumed": []}
+             "history": [], "elapsed": 0.0, "cpu_elapsed": 0.0, "stop_reason": None,
+             "command": command, "resumed": []}
     ckpt = _resume_checkpoint(run_dir, device) if resume else None
     if ckpt is not None:
         state = {"command": command, "resumed": [], **ckpt["state"]}
@@ -499,6 +502,7 @@ def train(
         if "rng" in ckpt:
             torch.set_rng_state(ckpt["rng"])
     elapsed_before = state["elapsed"]
+    cpu_before = state.get("cpu_elapsed", 0.0)  # older checkpoints did not keep it
     if state["stop_reason"] is None and not _budget_left(state, config):
         state["stop_reason"] = _stop_reason(state, config)  # a smaller budget: stop here
 
@@ -507,7 +511,7 @@ def train(
     marginal_nll = model.valid_nll_name != "valid_nll"
     while state["stop_reason"] is None:
         epoch = state["epoch"] + 1
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         model.train()
         epoch_seed = _epoch_seed(config.seed, epoch)
         batches = bucket_batches(lengths, config.batch_size, shuffle=True, seed=epoch_seed)
@@ -532,7 +536,8 @@ def train(
                 raise TrainingDiverged(f"{why}; {checkpoint} keeps epoch {state['epoch']}. "
                                        "Lower --lr or set --clip.") from None
             state = _stop_diverged(run_dir, state, why,
-                                   elapsed_before + time.perf_counter() - started)
+                                   elapsed_before + time.perf_counter() - started,
+                                   cpu_before + time.process_time() - cpu_started)
             if progress:
                 tqdm.write(f"linmem: {state['stop_reason']}", file=sys.stderr)
             break
@@ -546,11 +551,12 @@ def train(
         row = {"epoch": epoch, model.train_loss_name: loss_sum / frames,
                "valid_acc": 100 * valid["acc"] if "acc" in valid else None,
                model.valid_nll_name: valid["nll"], "epoch_time_s": time.perf_counter() - t0,
-               "best": improved}
+               "epoch_cpu_s": time.process_time() - c0, "best": improved}
         state["history"].append(row)
         state["epoch"] = epoch
         state["stop_reason"] = _stop_reason(state, config)
         state["elapsed"] = elapsed_before + time.perf_counter() - started
+        state["cpu_elapsed"] = cpu_before + time.process_time() - cpu_started
         # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it
         _save_last({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "state": state, "rng": torch.get_rng_state()}, run_dir)
@@ -586,7 +592,7 @@ def train(
         "n_params": count_parameters(best), "epochs": state["epoch"],
         "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
         **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
-                     elapsed_before + time.perf_counter() - started),
+                     elapsed_before + time.perf_counter() - started, device),
         "data_digest": content_digest(data), "device": str(device),
         "pretraining": (read_json(run_dir / "pretraining.json")
                         if (run_dir / "pretraining.json").is_file() else None),
@@ -597,6 +603,8 @@ def train(
         metrics["resumed_with"] = state["resumed"]
     metrics = best.finalize_metrics(metrics, data)  # what only the model can score
     metrics["wall_time_s"] = elapsed_before + time.perf_counter() - started
+    # the CPU time of every thread: below the wall time when other processes share the cores
+    metrics["cpu_time_s"] = cpu_before + time.process_time() - cpu_started
     write_json(run_dir / "metrics.json", metrics)
     return metrics
 
