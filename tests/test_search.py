@@ -185,7 +185,7 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     records = {r["model"]: r for r in progress_records(storage, "tiny")}
     done = records["lmn-b"]
     assert done["states"] == {"done": 4} and done["grid_points"] == 4
-    logged = sum(json.loads((run / "metrics.json").read_text())["wall_time_s"]
+    logged = sum(json.loads((run / "metrics.json").read_text())["cpu_time_s"]
                  for run in (tmp_path / "runs").glob("*/*"))
     assert done["cpu_s"] == pytest.approx(logged) and done["cpu_s"] > 0
     assert done["mean_point_cpu_s"] == pytest.approx(logged / 4) and done["left_cpu_s"] == 0
@@ -224,6 +224,14 @@ def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
     assert run_cpu_seconds(run) == 15.0  # finished, pretrained in an earlier session: both
     (run / "metrics.json").write_text('{"wall_time_s": 14.0}')
     assert run_cpu_seconds(run) == 14.0  # one session did both: the pretraining counted once
+    # the CPU time where a run recorded it (beside the wall time), else the wall time
+    (run / "log.jsonl").write_text('{"epoch": 1, "epoch_time_s": 3.0, "epoch_cpu_s": 1.5}\n'
+                                   '{"epoch": 2, "epoch_time_s": 2.25}\n')
+    (run / "pretraining.json").write_text('{"wall_time_s": 10.0, "cpu_time_s": 4.0}')
+    (run / "metrics.json").unlink()
+    assert run_cpu_seconds(run) == 7.75
+    (run / "metrics.json").write_text('{"wall_time_s": 20.0, "cpu_time_s": 9.0}')
+    assert run_cpu_seconds(run) == 9.0
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()

@@ -160,9 +160,10 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
     recipe = get_spec(config.model).recipe
     if recipe is None:
         raise ValueError(f"{config.model} has no pretraining recipe")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     info = RECIPES[recipe].apply(model, config, data, run_dir, progress)
     info["wall_time_s"], info["machine"] = time.perf_counter() - started, machine(config.device)
+    info["cpu_time_s"] = time.process_time() - cpu_started
     with atomic_write(init_path) as f:
         torch.save(model.state_dict(), f)
     write_json(info_path, info)

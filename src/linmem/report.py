@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,19 +76,26 @@ def _log_fields(run_dir: Path) -> dict:
     return fields
 
 
+def _seconds(record: dict[str, Any], cpu: str, wall: str) -> float:
+    """The CPU time ``record[cpu]`` where it was recorded (runs from commit 8b4fc25 on), else
+    the wall time ``record[wall]`` (one thread per run: not below the CPU time, above it when
+    other processes shared the cores)."""
+    return record.get(cpu, record.get(wall, 0.0))
+
+
 def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The seconds a run's training took as its files record them: a finished run's wall time
-    (``metrics.json``: every session's training and the final scoring), else the epochs' times
-    in ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
+    """The CPU seconds a run's training took as its files record them: a finished run's
+    (``metrics.json``: every session's training and the final scoring), else its epochs' in
+    ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
     there), and the pretraining's (``pretraining.json``) once; 0 for a run that has written
-    neither. One thread per run: CPU seconds."""
+    neither. The CPU time where it is recorded, else the wall time (one thread per run)."""
     run_dir = Path(run_dir)
-    epochs = sum(row.get("epoch_time_s", 0.0) for row in _log_rows(run_dir))
-    pretraining = (read_json(run_dir / "pretraining.json").get("wall_time_s", 0.0)
+    epochs = sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in _log_rows(run_dir))
+    pretraining = (_seconds(read_json(run_dir / "pretraining.json"), "cpu_time_s", "wall_time_s")
                    if (run_dir / "pretraining.json").is_file() else 0.0)
     if not (run_dir / "metrics.json").is_file():
         return epochs + pretraining
-    total = read_json(run_dir / "metrics.json").get("wall_time_s", 0.0)
+    total = _seconds(read_json(run_dir / "metrics.json"), "cpu_time_s", "wall_time_s")
     # the pretraining runs inside the training's clock when one session did both (its wall
     # time then exceeds the pretraining's and the epochs'); otherwise it is added
     return total if total >= pretraining + epochs else total + pretraining
@@ -121,10 +129,12 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
     lines += ["", f"CPU hours logged: **{spent / 3600:.1f}**; projected CPU hours left for the "
               f"studies above: **{left / 3600:.1f}**"
               + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + ".",
-              "", "CPU hours: each finished run's wall time (`metrics.json`), else the epochs' "
-              "times in its `log.jsonl`, and its pretraining time (one thread per run; epochs "
-              "cut short by a killed worker are not counted; a study imported from another machine "
-              "counts its finished trials' wall time where their runs are not here). "
+              "", "CPU hours: each finished run's time (`metrics.json`), else the epochs' "
+              "times in its `log.jsonl`, and its pretraining time: the CPU time where the run "
+              "recorded it (from commit 8b4fc25 on), else the wall time, which is above it when "
+              "processes shared the cores (one thread per run; epochs cut short by a killed "
+              "worker are not counted; a study imported from another machine counts its finished "
+              "trials' wall time where their runs are not here). "
               "A study marked 'earlier' counts its trials' durations from `summary.json` (its "
               "storage and runs are gone): an upper bound, a trial whose worker died lasting "
               "until it was found dead. "
