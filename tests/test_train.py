@@ -95,6 +95,23 @@ def test_resume_after_interruption_gives_the_same_result(tmp_path, small, model)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resume_of_a_checkpoint_without_cpu_time_counts_its_wall_time(tmp_path, small):
+    """Checkpoints written before the CPU time was kept: their sessions' wall time stands in."""
+    def interrupt(epoch, row):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config(), tmp_path / "run", progress=False, data=small, on_epoch_end=interrupt)
+    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=False)
+    del ckpt["state"]["cpu_elapsed"]
+    ckpt["state"]["elapsed"] = 1000.0
+    torch.save(ckpt, tmp_path / "run" / "last.pt")
+    metrics = train(config(), tmp_path / "run", resume=True, progress=False, data=small)
+    this_session = metrics["cpu_time_s"] - 1000.0  # on top of the earlier session's 1000 s
+    assert 0 < this_session <= (metrics["wall_time_s"] - 1000.0) * torch.get_num_threads() + 1
+
+
 def test_resume_with_a_larger_budget_continues_the_run(tmp_path, small):
     """A finished run resumed with more epochs (or patience) goes on, and ends with the numbers
     of a run given that budget from the start; the model or data may not change; a finished run

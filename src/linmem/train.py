@@ -502,7 +502,8 @@ def train(
         if "rng" in ckpt:
             torch.set_rng_state(ckpt["rng"])
     elapsed_before = state["elapsed"]
-    cpu_before = state.get("cpu_elapsed", 0.0)  # older checkpoints did not keep it
+    # older checkpoints did not keep the CPU time: their wall time stands in (an upper bound)
+    cpu_before = state.get("cpu_elapsed", elapsed_before)
     if state["stop_reason"] is None and not _budget_left(state, config):
         state["stop_reason"] = _stop_reason(state, config)  # a smaller budget: stop here
 
