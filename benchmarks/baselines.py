@@ -23,7 +23,7 @@ import time
 import torch
 from torch import nn
 
-from linmem._io import command_line, cpu_description, git_commit, provenance, write_json
+from linmem._io import command_line, git_commit, machine, provenance, write_json
 from linmem.data import N_KEYS, collate
 from linmem.models import build_model
 from linmem.train import train_step
@@ -104,7 +104,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     started, commit = time.perf_counter(), git_commit()
-    cpu = cpu_description().split(" [", 1)[0]
+    cpu = machine()["cpu"]
     print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     rows = []
     for hidden in sorted({*args.sizes, *args.ulm_sizes}):

@@ -113,11 +113,11 @@ def main() -> None:
         return
 
     from linmem._ext import cpu_path
-    from linmem._io import command_line, cpu_description, git_commit, provenance, write_json
+    from linmem._io import command_line, git_commit, machine, provenance, write_json
     from linmem.nn import measure_cpu_paths
 
     started, commit = time.perf_counter(), git_commit()
-    cpu = cpu_description().split(" [", 1)[0]
+    cpu = machine()["cpu"]
     path = cpu_path(measure_cpu_paths)  # measured (or read) before any timing
     print(f"CPU: {cpu}, {os.cpu_count()} CPUs; LMN CPU path: {path}", flush=True)
     cases = [(m, p, load) for m in args.models for p in args.policies for load in args.loads]

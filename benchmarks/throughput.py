@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from linmem._ext import KERNEL_ENV, cpu_path, kernel_variants, load_cpu_kernel
-from linmem._io import command_line, cpu_description, git_commit, provenance, write_json
+from linmem._io import command_line, git_commit, machine, provenance, write_json
 from linmem.data import (
     N_KEYS,
     Batch,
@@ -321,7 +321,7 @@ def main() -> None:
     # every other variant this CPU runs, each its own column (LINMEM_CPU_KERNEL=v: only v)
     forced = os.environ.get(KERNEL_ENV, "") not in ("", "auto")
     args.variants = [] if forced else [v for v in kernel_variants() if v != args.path]
-    cpu = cpu_description().split(" [", 1)[0]
+    cpu = machine()["cpu"]
     isa = {k: os.environ[k] for k in ISA_VARIABLES if k in os.environ}
     print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads; compiled "
           f"CPU kernel: {'yes' if kernel else 'NO (the PyTorch loop runs in its place)'}; "

@@ -33,7 +33,7 @@ from types import ModuleType
 import torch
 from torch.utils import cpp_extension
 
-from linmem._io import cpu_description, write_json
+from linmem._io import cpu_description, machine, write_json
 
 __all__ = ["KERNEL_ENV", "cpu_path", "kernel_variants", "load_cpu_kernel"]
 
@@ -148,7 +148,7 @@ def cpu_path(measure: Measure | None = None) -> str:
     if measure is None:
         return variants[0]
     record = measure(variants)
-    record["cpu"] = cpu_description().split(" [", 1)[0]
+    record["cpu"] = machine()["cpu"]
     if path is not None:
         try:
             write_json(path, record)

@@ -504,6 +504,12 @@ def train(
     elapsed_before = state["elapsed"]
     # older checkpoints did not keep the CPU time: their wall time stands in (an upper bound)
     cpu_before = state.get("cpu_elapsed", elapsed_before)
+
+    def spent() -> tuple[float, float]:
+        """The wall and CPU seconds of the run so far, every session's."""
+        return (elapsed_before + time.perf_counter() - started,
+                cpu_before + time.process_time() - cpu_started)
+
     if state["stop_reason"] is None and not _budget_left(state, config):
         state["stop_reason"] = _stop_reason(state, config)  # a smaller budget: stop here
 
@@ -536,9 +542,7 @@ def train(
             if config.on_divergence == "raise" or state["epoch"] == 0:
                 raise TrainingDiverged(f"{why}; {checkpoint} keeps epoch {state['epoch']}. "
                                        "Lower --lr or set --clip.") from None
-            state = _stop_diverged(run_dir, state, why,
-                                   elapsed_before + time.perf_counter() - started,
-                                   cpu_before + time.process_time() - cpu_started)
+            state = _stop_diverged(run_dir, state, why, *spent())
             if progress:
                 tqdm.write(f"linmem: {state['stop_reason']}", file=sys.stderr)
             break
@@ -556,8 +560,7 @@ def train(
         state["history"].append(row)
         state["epoch"] = epoch
         state["stop_reason"] = _stop_reason(state, config)
-        state["elapsed"] = elapsed_before + time.perf_counter() - started
-        state["cpu_elapsed"] = cpu_before + time.process_time() - cpu_started
+        state["elapsed"], state["cpu_elapsed"] = spent()
         # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it
         _save_last({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "state": state, "rng": torch.get_rng_state()}, run_dir)
@@ -593,7 +596,7 @@ def train(
         "n_params": count_parameters(best), "epochs": state["epoch"],
         "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
         **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
-                     elapsed_before + time.perf_counter() - started, device),
+                     spent()[0], device),
         "data_digest": content_digest(data), "device": str(device),
         "pretraining": (read_json(run_dir / "pretraining.json")
                         if (run_dir / "pretraining.json").is_file() else None),
@@ -603,9 +606,8 @@ def train(
     if state["resumed"]:
         metrics["resumed_with"] = state["resumed"]
     metrics = best.finalize_metrics(metrics, data)  # what only the model can score
-    metrics["wall_time_s"] = elapsed_before + time.perf_counter() - started
     # the CPU time of every thread: below the wall time when other processes share the cores
-    metrics["cpu_time_s"] = cpu_before + time.process_time() - cpu_started
+    metrics["wall_time_s"], metrics["cpu_time_s"] = spent()
     write_json(run_dir / "metrics.json", metrics)
     return metrics
 
