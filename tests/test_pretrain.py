@@ -212,6 +212,35 @@ def test_pretrain_command_runs_every_step_and_resumes(tmp_path, data_dir):
         torch.testing.assert_close(again[key], value, rtol=0, atol=0)
 
 
+def test_ulm_activation_apart_from_the_lmns(tmp_path, data_dir):
+    """--ulm-nonlinearity selu --nonlinearity tanh (the paper's text): the unrolled network
+    trains with SELU, the LMN starts from the same transferred weights as the all-SELU run but
+    computes with tanh; the choice is recorded; other models refuse the option."""
+    common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "6", "--memory", "20",
+              "--k", "3", "--batch-size", "32", "--epochs", "1", "--quiet"]
+    assert run_cli("pretrain", *common, "--out", str(tmp_path / "selu")) == 0
+    assert run_cli("pretrain", *common, "--ulm-nonlinearity", "selu", "--nonlinearity", "tanh",
+                   "--out", str(tmp_path / "tanh")) == 0
+    selu, tanh = (json.loads((tmp_path / n / "metrics.json").read_text())["pretraining"]
+                  for n in ("selu", "tanh"))
+    assert (selu["ulm_nonlinearity"], selu["lmn_nonlinearity"]) == ("selu", "selu")
+    assert (tanh["ulm_nonlinearity"], tanh["lmn_nonlinearity"]) == ("selu", "tanh")
+    assert json.loads((tmp_path / "tanh" / "ulm" / "config.json").read_text())[
+        "nonlinearity"] == "selu"
+    assert json.loads((tmp_path / "tanh" / "config.json").read_text())["nonlinearity"] == "tanh"
+    # the same ULM (same seed, same activation), so the same initial weights
+    a, b = (torch.load(tmp_path / n / "init.pt", weights_only=True) for n in ("selu", "tanh"))
+    for key, value in a.items():
+        torch.testing.assert_close(b[key], value, rtol=0, atol=0)
+    # ... computed with tanh: the fine-tuned LMN of the second run is a tanh LMN
+    from linmem.train import load_run_model
+    model, _ = load_run_model(tmp_path / "tanh", "best")
+    assert model.nonlinearity == "tanh" and model.core.nonlinearity == "tanh"
+    assert run_cli("train", "--model", "lmn-b", "--ulm-nonlinearity", "selu", *common,
+                   "--out", str(tmp_path / "refused")) == 2
+    assert not (tmp_path / "refused").exists()
+
+
 def test_pret_rnn_command(tmp_path, data_dir):
     out = tmp_path / "prnn"
     assert run_cli("pretrain", "--model", "pret-rnn", "--data", "jsb", "--data-dir",

@@ -188,6 +188,9 @@ def cli(ctx: click.Context) -> None:
               help="Start the readout bias at the training split's key rates.")
 @click.option("--nonlinearity", type=click.Choice(NONLINEARITIES), default=None,
               help="Recurrent activation [default: selu for ulm and pret-lmn-*, else tanh].")
+@click.option("--ulm-nonlinearity", type=click.Choice(NONLINEARITIES), default=None,
+              help="pret-lmn-*: the unrolled network's activation [default: the LMN's, an exact "
+                   "transfer]; selu with --nonlinearity tanh is the paper's text.")
 @click.option("--la-window", type=click.IntRange(min=0), default=None,
               help="Pretraining: the linear autoencoder's window [default: k + 1 for pret-lmn-*, "
                    "full length for pret-rnn; 0: full length].")

@@ -17,7 +17,9 @@ directory, so that an interrupted run resumes). pret-LMN, three steps:
 
    When the memory is exact (``n_components`` = the rank of the windowed state matrix) the LMN
    computes exactly what the ULM computed; below that rank it is the best linear compression.
-   The LMN uses the ULM's activation (SELU by default) so that the two are the same function.
+   The LMN uses the ULM's activation (SELU by default) so that the two are the same function,
+   unless ``ulm_nonlinearity`` sets the ULM's apart: the paper's text trains the unrolled model
+   with SELU and the final LMN with tanh (the same weights; the transfer is then approximate).
    With the LMN-A readout (``pret-lmn-a``) only ``W^o_0`` can be transferred (its readout sees
    ``h_t`` alone): an approximation.
 

@@ -65,9 +65,12 @@ class Recipe:
 
 def ulm_config(config: TrainConfig) -> TrainConfig:
     """The trainer settings of the unrolled network: the LMN's, for the model ``ulm`` of the same
-    functional size (``pretrain_epochs`` bounds its epochs when set)."""
+    functional size (``pretrain_epochs`` bounds its epochs when set, ``ulm_nonlinearity`` sets
+    its activation when it differs from the LMN's)."""
     return replace(config, model="ulm", memory=None,
-                   epochs=config.pretrain_epochs or config.epochs, pretrain_epochs=None)
+                   epochs=config.pretrain_epochs or config.epochs, pretrain_epochs=None,
+                   nonlinearity=config.ulm_nonlinearity or config.nonlinearity,
+                   ulm_nonlinearity=None)
 
 
 def lmn_window(config: TrainConfig) -> int | None:
@@ -102,7 +105,8 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
     ulm_metrics = read_json(ulm_dir / "metrics.json")
     return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
             "la_window": window, "la_components": int(la.n_components_),
-            "la_solver": la.solver_, "ulm_valid_acc": ulm_metrics["valid_acc"],
+            "la_solver": la.solver_, "ulm_nonlinearity": ulm.nonlinearity,
+            "lmn_nonlinearity": model.nonlinearity, "ulm_valid_acc": ulm_metrics["valid_acc"],
             "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
             "ulm_wall_time_s": ulm_metrics["wall_time_s"]}
 
@@ -210,6 +214,9 @@ def run(config: TrainConfig, run_dir: str | Path, resume: bool = False, progress
         The run's final metrics (also in ``run_dir/metrics.json``).
     """
     recipe = get_spec(config.model).recipe
+    if config.ulm_nonlinearity is not None and recipe != "ulm-transfer":
+        raise ValueError(f"ulm_nonlinearity applies to the models pretrained from the unrolled "
+                         f"network (pret-lmn-*), not to {config.model}")
     if recipe is None or not RECIPES[recipe].needed(config):
         return train(config, run_dir, resume=resume, progress=progress, data=data,
                      on_epoch_end=on_epoch_end, command=command)

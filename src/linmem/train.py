@@ -50,6 +50,7 @@ from .data import (
 from .metrics import FrameScores
 from .models import (
     DEFAULT_MODEL,
+    NONLINEARITIES,
     PREDICTIONS,
     build_model,
     check_options,
@@ -137,6 +138,10 @@ class TrainConfig:
     k: int = 10  # past blocks of the unrolled network
     la_window: int | None = None  # None: k + 1 for pret-lmn, full length for pret-rnn; 0: full
     pretrain_epochs: int | None = None  # epoch bound of the unrolled network (default: epochs)
+    # pret-lmn-* only: the unrolled network's activation; None: the LMN's (the transfer is then
+    # exact); "selu" with nonlinearity "tanh" is the paper's text (SELU for the unrolled model
+    # only, tanh for the final LMN): the same weights, an approximate transfer
+    ulm_nonlinearity: str | None = None
     # rnn-rbm only (linmem.rnnrbm): hidden is the RNN's units
     rbm_hidden: int = 150  # hidden units of each step's RBM
     cd_k: int = 15  # Gibbs steps of contrastive divergence
@@ -195,6 +200,9 @@ class TrainConfig:
         for name in ("rbm_pretrain_epochs", "rnn_pretrain_epochs"):
             check_int(name, getattr(self, name), minimum=0)
         check_int("pretrain_epochs", self.pretrain_epochs, none_ok=True)
+        if self.ulm_nonlinearity not in (None, *NONLINEARITIES):  # which models: recipes.run
+            raise ValueError(f"ulm_nonlinearity must be one of {list(NONLINEARITIES)}, "
+                             f"got {self.ulm_nonlinearity!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
