@@ -231,8 +231,12 @@ def test_divergence_stops_the_run_with_its_best_checkpoint(tmp_path, small, monk
 
 def test_divergence_in_the_first_epoch_fails_the_run(tmp_path, small, monkeypatch):
     monkeypatch.setattr(linmem.train, "_update", lambda *args: None)  # every loss NaN
-    with pytest.raises(TrainingDiverged, match=r"in epoch 1; .* keeps epoch 0"):
+    with pytest.raises(TrainingDiverged, match=r"in epoch 1; no epoch had finished: nothing "
+                                               r"is kept .*\. Lower --lr\.$"):
         train(config(), tmp_path / "run", progress=False, data=small)
+    with pytest.raises(TrainingDiverged, match=r"Lower --lr or set --clip\.$"):
+        train(config(clip=None), tmp_path / "run2", progress=False, data=small)
+    assert not (tmp_path / "run" / "last.pt").exists()
 
 
 def test_evaluate_rejects_non_finite_outputs(small):

@@ -548,8 +548,11 @@ def train(
         if why is not None:
             bar.close()
             if config.on_divergence == "raise" or state["epoch"] == 0:
-                raise TrainingDiverged(f"{why}; {checkpoint} keeps epoch {state['epoch']}. "
-                                       "Lower --lr or set --clip.") from None
+                kept = (f"{checkpoint} keeps epoch {state['epoch']}" if state["epoch"] else
+                        "no epoch had finished: nothing is kept (the initial weights, "
+                        "pretrained ones included, may diverge on long sequences already)")
+                hint = "Lower --lr" + (" or set --clip" if config.clip is None else "")
+                raise TrainingDiverged(f"{why}; {kept}. {hint}.") from None
             state = _stop_diverged(run_dir, state, why, *spent())
             if progress:
                 tqdm.write(f"linmem: {state['stop_reason']}", file=sys.stderr)
