@@ -242,6 +242,48 @@ def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
         seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 1, 27.5)])
 
 
+def test_seed_groups_keep_activations_apart(tmp_path, capsys):
+    """pret-LMN-B with tanh (the paper's text) beside the default SELU one: two groups, each
+    against LMN-B; `linmem summarize --seeds` prints the same from run directories."""
+    from linmem.report import seed_groups, seeds_markdown
+
+    def run(model, seed, acc, act=None):
+        return {"dataset": "jsb", "model": model, "hidden": 250, "memory": 250,
+                "weight_decay": 1e-7, "seed": seed, "test_acc": acc, "test_acc_frame": acc + 3,
+                "test_nll": 8.0, "valid_acc": acc, "run": f"{model}-{act}-s{seed}",
+                "nonlinearity": act}
+
+    runs = ([run("lmn-b", s, 28.0 + s / 10) for s in (1, 2, 3)]
+            + [run("pret-lmn-b", s, 27.0 + s / 10) for s in (1, 2, 3)]
+            + [run("pret-lmn-b", s, 27.5 + s / 10, "tanh") for s in (1, 2, 3)]
+            + [run("lmn-b", 1, 20.0, "tanh")])  # tanh is LMN-B's default: the same group
+    groups = seed_groups(runs[:-1])
+    assert [(g["model"], g["nonlinearity"], g["seeds"]) for g in groups] == [
+        ("lmn-b", "tanh", [1, 2, 3]), ("pret-lmn-b", "selu", [1, 2, 3]),
+        ("pret-lmn-b", "tanh", [1, 2, 3])]
+    text = seeds_markdown(groups)
+    assert "| JSB Chorales | pret-LMN-B | 250, 250 | 1e-07 | 1, 2, 3 | 27.20 ± 0.10" in text
+    assert "| JSB Chorales | pret-LMN-B (tanh) | 250, 250 | 1e-07 | 1, 2, 3 | 27.70 ± 0.10" in text
+    assert "- JSB Chorales: pret-LMN-B against LMN-B: -1.00 points global" in text
+    assert "- JSB Chorales: pret-LMN-B (tanh) against LMN-B: -0.50 points global" in text
+    with pytest.raises(ValueError, match="given twice"):  # LMN-B's tanh is its default
+        seed_groups(runs)
+    for r in runs:
+        d = tmp_path / r["run"]
+        d.mkdir()
+        (d / "metrics.json").write_text(json.dumps({k: v for k, v in r.items()
+                                                    if k not in ("run", "nonlinearity")}))
+        (d / "config.json").write_text(json.dumps({"nonlinearity": r["nonlinearity"]}))
+    from linmem.cli import main
+
+    main(["summarize", "--seeds", *(str(tmp_path / r["run"]) for r in runs[:-1])])
+    out = capsys.readouterr().out
+    assert out.count("| pret-lmn-b-tanh-s") == 3 and text in out
+    with pytest.raises(SystemExit) as exit_:  # a seed twice: one line, exit 2
+        main(["summarize", "--seeds", str(tmp_path)])
+    assert exit_.value.code == 2 and "given twice" in capsys.readouterr().err
+
+
 def test_figure4_is_drawn_for_every_data_set_with_a_curve(tmp_path):
     from linmem.report import write_search_report
 

@@ -41,6 +41,7 @@ from .report import (
     run_cpu_seconds,
     run_records,
     seed_groups,
+    seeds_markdown,
     summary_file_records,
     write_search_report,
 )
@@ -779,11 +780,17 @@ def memory_cmd(paths: tuple[str, ...]) -> None:
 
 @cli.command("summarize")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
-def summarize_cmd(paths: tuple[str, ...]) -> None:
+@click.option("--seeds", is_flag=True,
+              help="Then the runs that differ only in their seed, grouped: mean ± sd, and the "
+                   "paper's two claims where both sides are there (as table2.md's seeds).")
+def summarize_cmd(paths: tuple[str, ...], seeds: bool) -> None:
     """Markdown table of the runs (metrics.json files) under PATHS, with their commands."""
     try:
-        click.echo(markdown_table(collect_metrics(paths)), nl=False)
-    except FileNotFoundError as err:
+        records = collect_metrics(paths)
+        click.echo(markdown_table(records), nl=False)
+        if seeds:
+            click.echo("\n" + seeds_markdown(seed_groups(records)))
+    except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None
 
 

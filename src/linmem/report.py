@@ -23,8 +23,8 @@ __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields",
            "markdown_table", "memory_markdown", "memory_radii", "plot_figure4",
            "plot_prediction", "plot_pretraining", "plot_roll", "plot_run",
            "previous_frame_report", "progress_markdown", "run_cpu_seconds", "run_records",
-           "seed_groups", "summary_file_records", "summary_records", "table2_markdown",
-           "write_search_report"]
+           "seed_groups", "seeds_markdown", "summary_file_records", "summary_records",
+           "table2_markdown", "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -209,7 +209,7 @@ def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
         for f in files:
             config = (json.loads((f.parent / "config.json").read_text())
                       if (f.parent / "config.json").is_file() else {})
-            record = {**{k: config.get(k) for k in ("batch_size", "chunk")},
+            record = {**{k: config.get(k) for k in ("batch_size", "chunk", "nonlinearity")},
                       **json.loads(f.read_text()), **_log_fields(f.parent),
                       **expected_fields(f.parent)}
             record["run"] = str(f.parent)
@@ -384,21 +384,38 @@ def summary_file_records(path: str | os.PathLike) -> list[dict]:
 SEED_METRICS = ("test_acc", "test_acc_frame", "test_nll", "valid_acc")
 
 
+def _activation(record: dict) -> str | None:
+    """The run's recurrent activation (its ``config.json``'s, else its model's default)."""
+    spec = REGISTRY.get(record.get("model"))
+    return record.get("nonlinearity") or (spec.default_nonlinearity if spec else None)
+
+
+def _label(group: dict) -> str:
+    """The model's display name, with its activation when not the model's default."""
+    spec = REGISTRY.get(group["model"])
+    act = group.get("nonlinearity")
+    other = spec is not None and act is not None and act != spec.default_nonlinearity
+    return display_name(group["model"]) + (f" ({act})" if other else "")
+
+
 def seed_groups(runs: Sequence[dict]) -> list[dict]:
     """Runs (``metrics.json`` records of :func:`collect_metrics`) that differ only in their seed,
-    grouped by (data set, model, sizes, weight decay): per group the seeds, and the mean,
-    standard deviation (``ddof = 1``), minimum and maximum of each of :data:`SEED_METRICS`."""
+    grouped by (data set, model, activation, sizes, weight decay): per group the seeds, and the
+    mean, standard deviation (``ddof = 1``), minimum and maximum of each of
+    :data:`SEED_METRICS`."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        key = (r["dataset"], r["model"], r.get("hidden"), r.get("memory"), r.get("weight_decay"))
+        key = (r["dataset"], r["model"], _activation(r), r.get("hidden"), r.get("memory"),
+               r.get("weight_decay"))
         groups.setdefault(key, []).append(r)
     out = []
-    for (dataset, model, hidden, memory, wd), rs in groups.items():
+    for (dataset, model, act, hidden, memory, wd), rs in groups.items():
         seeds = [r.get("seed") for r in rs]
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"{model} on {dataset}: seed {seeds} given twice")
-        group = {"dataset": dataset, "model": model, "hidden": hidden, "memory": memory,
-                 "weight_decay": wd, "seeds": sorted(seeds), "runs": sorted(r["run"] for r in rs)}
+        group = {"dataset": dataset, "model": model, "nonlinearity": act, "hidden": hidden,
+                 "memory": memory, "weight_decay": wd, "seeds": sorted(seeds),
+                 "runs": sorted(r["run"] for r in rs)}
         for key in SEED_METRICS:
             values = np.array([r[key] for r in rs if r.get(key) is not None], dtype=float)
             if len(values):
@@ -407,13 +424,19 @@ def seed_groups(runs: Sequence[dict]) -> list[dict]:
                               "min": float(values.min()), "max": float(values.max()),
                               "n": len(values)}
         out.append(group)
-    return sorted(out, key=lambda g: (g["dataset"], g["model"]))
+    return sorted(out, key=lambda g: (g["dataset"], g["model"], _label(g)))
 
 
 MIN_CLAIM_SEEDS = 3  # seeds per model before the seeds' table says whether a claim holds
 
 
-def _seeds_markdown(groups: Sequence[dict]) -> list[str]:
+def seeds_markdown(groups: Sequence[dict]) -> str:
+    """The table of :func:`seed_groups` (mean ± sd, range) and the paper's two claims where
+    both sides of one are among the groups."""
+    return "\n".join(_seeds_lines(groups)) + "\n"
+
+
+def _seeds_lines(groups: Sequence[dict]) -> list[str]:
     def spread(g: dict, key: str) -> str:
         v = g.get(key)
         if v is None:
@@ -426,37 +449,41 @@ def _seeds_markdown(groups: Sequence[dict]) -> list[str]:
     for g in groups:
         size = f"{g['hidden']}" + (f", {g['memory']}" if g.get("memory") else "")
         lines.append(f"| {TABLE2_TITLES.get(g['dataset'], g['dataset'])} | "
-                     f"{display_name(g['model'])} | {size} | {g['weight_decay']:g} | "
+                     f"{_label(g)} | {size} | {g['weight_decay']:g} | "
                      f"{', '.join(map(str, g['seeds']))} | {spread(g, 'test_acc')} | "
                      f"{spread(g, 'test_acc_frame')} | {spread(g, 'test_nll')} |")
     lines += ["", "Mean ± standard deviation (minimum-maximum) over the seeds of the selected "
               "configuration. The paper's two claims per data set (test accuracy, global and "
               "per-frame mean): the difference of the means, and whether the seeds' ranges "
               "overlap:", ""]
-    by = {(g["dataset"], g["model"]): g for g in groups}
+    # against the model run as the paper's Table 2 has it (its default activation); the
+    # challenger in each of its activations
+    by = {(g["dataset"], g["model"]): g for g in groups if _label(g) == display_name(g["model"])}
     for dataset in TABLE2_DATASETS:
         for model, other in (("pret-lmn-b", "lmn-b"), ("lmn-b", "lstm")):
-            a, b = by.get((dataset, other)), by.get((dataset, model))
-            if a is None or b is None or "test_acc" not in a or "test_acc" not in b:
-                continue
-            head = (f"- {TABLE2_TITLES[dataset]}: {display_name(model)} against "
-                    f"{display_name(other)}: ")
-            if min(len(a["seeds"]), len(b["seeds"])) < MIN_CLAIM_SEEDS:
-                lines.append(f"{head}{len(b['seeds'])} seed(s) of {display_name(model)} and "
-                             f"{len(a['seeds'])} of {display_name(other)} so far; no verdict "
-                             f"under {MIN_CLAIM_SEEDS} each.")
-                continue
-            parts = []
-            for key, metric in (("test_acc", "global"), ("test_acc_frame", "per-frame mean")):
-                if key not in a or key not in b:
-                    continue
-                x, y = a[key], b[key]
-                apart = y["min"] > x["max"] or x["min"] > y["max"]
-                parts.append(f"{y['mean'] - x['mean']:+.2f} points {metric}, the ranges "
-                             + ("do not overlap (beyond the spread between seeds)" if apart
-                                else "overlap (within the spread between seeds)"))
-            lines.append(head + "; ".join(parts) + ".")
+            a = by.get((dataset, other))
+            for b in [g for g in groups if (g["dataset"], g["model"]) == (dataset, model)]:
+                if a is not None and "test_acc" in a and "test_acc" in b:
+                    lines.append(_claim_line(TABLE2_TITLES[dataset], b, a))
     return lines
+
+
+def _claim_line(title: str, b: dict, a: dict) -> str:
+    """One of the paper's claims on one data set: seed group ``b`` against ``a``."""
+    head = f"- {title}: {_label(b)} against {_label(a)}: "
+    if min(len(a["seeds"]), len(b["seeds"])) < MIN_CLAIM_SEEDS:
+        return (f"{head}{len(b['seeds'])} seed(s) of {_label(b)} and {len(a['seeds'])} of "
+                f"{_label(a)} so far; no verdict under {MIN_CLAIM_SEEDS} each.")
+    parts = []
+    for key, metric in (("test_acc", "global"), ("test_acc_frame", "per-frame mean")):
+        if key not in a or key not in b:
+            continue
+        x, y = a[key], b[key]
+        apart = y["min"] > x["max"] or x["min"] > y["max"]
+        parts.append(f"{y['mean'] - x['mean']:+.2f} points {metric}, the ranges "
+                     + ("do not overlap (beyond the spread between seeds)" if apart
+                        else "overlap (within the spread between seeds)"))
+    return head + "; ".join(parts) + "."
 
 
 def table2_markdown(records: Sequence[dict], command: str | None = None,
@@ -568,7 +595,7 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
     if seeds:
         lines += ["", "Seeds (`linmem reseed`): the selected configurations trained again with "
                   "other seeds:", ""]
-        lines += _seeds_markdown(seeds)
+        lines += _seeds_lines(seeds)
     lines += ["", "Grid coverage (points run of the grid; pruned points were stopped early by the "
               "median pruner on validation accuracy):", ""]
     by_data: dict[str, list[dict]] = {}
