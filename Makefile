@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,21 @@ results-pretraining: install
 	for run in runs/pret-compare/*/; do name=$$(basename $$run); mkdir -p results/pretraining/$$name; \
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/pretraining/$$name/; done
 	$(VENV)/bin/linmem summarize results/pretraining > results/pretraining/table.md
+
+# The paper's text: SELU for the unrolled network only, tanh for the final LMN (our pret-lmn-b
+# keeps SELU, an exact transfer). JSB's selected pret-LMN-B (results/selected/jsb-pret-lmn-b:
+# 250, 250, weight decay 1e-7), seeds 1-3, each from the unrolled network and memory of the SELU
+# seed run of results-table2 where it is there (the same computation), so that the pair differs
+# in the LMN's activation only; then the seeds' table against results/seeds.
+results-pretraining-activation: install
+	for s in 1 2 3; do run=runs/pretraining-activation/jsb-pret-lmn-b-tanh-s$$s; src=runs/seeds/jsb-pret-lmn-b/s$$s; \
+	  mkdir -p $$run; [ -d $$run/ulm ] || [ ! -f $$src/memory.npz ] || cp -r $$src/ulm $$src/memory.npz $$run/; \
+	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem pretrain --data jsb --hidden 250 --memory 250 --weight-decay 1e-7 \
+	    --seed $$s --ulm-nonlinearity selu --nonlinearity tanh --out $$run --resume --quiet; \
+	  mkdir -p results/pretraining-activation/$$(basename $$run); \
+	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json $$run/pretraining.json results/pretraining-activation/$$(basename $$run)/; done
+	$(VENV)/bin/linmem summarize --seeds results/pretraining-activation results/seeds/jsb-pret-lmn-b-s? \
+	  results/seeds/jsb-lmn-b-s? > results/pretraining-activation/table.md
 
 # Issue 5: the paper's grid searches (validation accuracy, median pruning) on JSB Chorales, two
 # worker processes of one thread each, in an Optuna study in runs/search/search.db; run it again
