@@ -74,19 +74,25 @@ results-pretraining: install
 	$(VENV)/bin/linmem summarize results/pretraining > results/pretraining/table.md
 
 # The paper's text: SELU for the unrolled network only, tanh for the final LMN (our pret-lmn-b
-# keeps SELU, an exact transfer). JSB's selected pret-LMN-B (results/selected/jsb-pret-lmn-b:
-# 250, 250, weight decay 1e-7), seeds 1-3, each from the unrolled network and memory of the SELU
-# seed run of results-table2 where it is there (the same computation), so that the pair differs
-# in the LMN's activation only; then the seeds' table against results/seeds.
+# keeps SELU, an exact transfer). The selected pret-LMN-B of JSB and Piano-midi.de
+# (results/selected/DATA-pret-lmn-b: sizes and weight decay below, the rest the defaults), seeds
+# 1-3, each from the unrolled network and memory of the SELU seed run of results-table2 where it
+# is there (the same computation), so that each pair differs in the LMN's activation only; then
+# the seeds' table against results/seeds.
+ACTIVATION_RUNS ?= jsb:250:250:1e-7 piano:100:250:1e-7
 results-pretraining-activation: install
-	for s in 1 2 3; do run=runs/pretraining-activation/jsb-pret-lmn-b-tanh-s$$s; src=runs/seeds/jsb-pret-lmn-b/s$$s; \
+	for spec in $(ACTIVATION_RUNS); do set -- $$(echo $$spec | tr : ' '); d=$$1 h=$$2 m=$$3 wd=$$4; \
+	  for s in 1 2 3; do \
+	  run=runs/pretraining-activation/$$d-pret-lmn-b-tanh-s$$s; src=runs/seeds/$$d-pret-lmn-b/s$$s; \
 	  mkdir -p $$run; [ -d $$run/ulm ] || [ ! -f $$src/memory.npz ] || cp -r $$src/ulm $$src/memory.npz $$run/; \
-	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem pretrain --data jsb --hidden 250 --memory 250 --weight-decay 1e-7 \
-	    --seed $$s --ulm-nonlinearity selu --nonlinearity tanh --out $$run --resume --quiet; \
+	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem pretrain --data $$d --hidden $$h --memory $$m --weight-decay $$wd \
+	    --seed $$s --ulm-nonlinearity selu --nonlinearity tanh --out $$run --resume --quiet || exit 1; \
 	  mkdir -p results/pretraining-activation/$$(basename $$run); \
-	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json $$run/pretraining.json results/pretraining-activation/$$(basename $$run)/; done
+	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json $$run/pretraining.json results/pretraining-activation/$$(basename $$run)/; \
+	done; done
 	$(VENV)/bin/linmem summarize --seeds results/pretraining-activation results/seeds/jsb-pret-lmn-b-s? \
-	  results/seeds/jsb-lmn-b-s? > results/pretraining-activation/table.md
+	  results/seeds/jsb-lmn-b-s? results/seeds/piano-pret-lmn-b-s? results/seeds/piano-lmn-b-s? \
+	  > results/pretraining-activation/table.md
 
 # Issue 5: the paper's grid searches (validation accuracy, median pruning) on JSB Chorales, two
 # worker processes of one thread each, in an Optuna study in runs/search/search.db; run it again
