@@ -10,6 +10,7 @@ import torch
 from linmem import LinearAutoencoder, UnrolledNet
 from linmem.models import build_model
 from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, transfer
+from linmem.train import load_run_model
 
 
 @pytest.fixture
@@ -233,7 +234,6 @@ def test_ulm_activation_apart_from_the_lmns(tmp_path, data_dir):
     for key, value in a.items():
         torch.testing.assert_close(b[key], value, rtol=0, atol=0)
     # ... computed with tanh: the fine-tuned LMN of the second run is a tanh LMN
-    from linmem.train import load_run_model
     model, _ = load_run_model(tmp_path / "tanh", "best")
     assert model.nonlinearity == "tanh" and model.core.nonlinearity == "tanh"
     assert run_cli("train", "--model", "lmn-b", "--ulm-nonlinearity", "selu", *common,

@@ -390,12 +390,16 @@ def _activation(record: dict) -> str | None:
     return record.get("nonlinearity") or (spec.default_nonlinearity if spec else None)
 
 
+def _other_activation(group: dict) -> str | None:
+    """The seed group's activation where it is not its model's default, else None."""
+    act = group.get("nonlinearity")
+    return None if act == _activation({"model": group["model"]}) else act
+
+
 def _label(group: dict) -> str:
     """The model's display name, with its activation when not the model's default."""
-    spec = REGISTRY.get(group["model"])
-    act = group.get("nonlinearity")
-    other = spec is not None and act is not None and act != spec.default_nonlinearity
-    return display_name(group["model"]) + (f" ({act})" if other else "")
+    act = _other_activation(group)
+    return display_name(group["model"]) + (f" ({act})" if act else "")
 
 
 def seed_groups(runs: Sequence[dict]) -> list[dict]:
@@ -458,7 +462,7 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
               "overlap:", ""]
     # against the model run as the paper's Table 2 has it (its default activation); the
     # challenger in each of its activations
-    by = {(g["dataset"], g["model"]): g for g in groups if _label(g) == display_name(g["model"])}
+    by = {(g["dataset"], g["model"]): g for g in groups if _other_activation(g) is None}
     for dataset in TABLE2_DATASETS:
         for model, other in (("pret-lmn-b", "lmn-b"), ("lmn-b", "lstm")):
             a = by.get((dataset, other))
