@@ -144,7 +144,7 @@ def main() -> None:
     if args.json:
         write_json(args.json, {
             **provenance(command_line(), commit, 0, None, time.perf_counter() - started),
-            "threads": torch.get_num_threads(), "cpu": cpu, "sizes": rows,
+            "sizes": rows,
             "units": "frames per second; a frame is one time step of one sequence"})
     print(json.dumps({"wall_time_s": round(time.perf_counter() - started, 1)}))
 

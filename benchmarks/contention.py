@@ -143,7 +143,7 @@ def main() -> None:
     if args.json:
         write_json(args.json, {
             **provenance(command_line(), commit, 0, None, time.perf_counter() - started),
-            "cpu": cpu, "cpu_count": os.cpu_count(), "lmn_cpu_path": path, "rows": rows,
+            "cpu_count": os.cpu_count(), "lmn_cpu_path": path, "rows": rows,
             "units": "training frames per second (batch 32, 128 steps, Adam)"})
 
 

@@ -342,8 +342,7 @@ def main() -> None:
         checksums = {row["dataset"]: row["data_sha256"] for row in epochs} or None
         write_json(args.json, {
             **provenance(command_line(), commit, 0, checksums, time.perf_counter() - started),
-            "threads": torch.get_num_threads(), "cpu_kernel": kernel,
-            "cpu": cpu, "default_path": args.path, "variants": args.variants,
+            "cpu_kernel": kernel, "default_path": args.path, "variants": args.variants,
             "isa_limits": isa,
             "gemm_gflops": args.gemm_rate / 1e9, "gemm_gflops_end": gemm_after / 1e9,
             "sizes": sizes, "epochs": epochs,

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from linmem.metrics import expected_frame_accuracy, masked_nll
+from linmem.data import iterate_batches
+from linmem.metrics import FrameScores, expected_frame_accuracy, masked_nll
 from linmem.models import build_model
 from linmem.nade import NADE
-from linmem.train import TrainConfig, load_run_model, train
+from linmem.train import TrainConfig, evaluate, load_run_model, train
 
 
 def small_nade(d=5, h=4, s=3, seed=0, dtype=torch.float64):
@@ -162,6 +163,34 @@ def test_nade_model_with_v_zero_is_the_factorised_model(core):
     mask = torch.ones(3, 9, dtype=torch.bool)
     assert torch.allclose(masked_nll(joint.likelihood_logits(x, y), y, mask),
                           masked_nll(plain(x), y, mask), atol=1e-6)
+
+
+def test_evaluation_runs_the_core_once_per_batch_and_scores_as_two_passes():
+    """evaluate() takes the marginals and the exact NLL from one pass of the core; its figures
+    are those of scoring ``forward`` and ``likelihood_logits`` separately."""
+    torch.manual_seed(0)
+    model = build_model("lmn-b-nade", 6, 5, nade_hidden=4, nade_samples=7).eval()
+    with torch.no_grad():
+        model.readout.V.normal_(0, 0.5)
+    rng = np.random.default_rng(2)
+    seqs = [(rng.random((n, 88)) < 0.1).astype(np.float32) for n in (7, 5, 9)]
+    calls = []
+    hook = model.core.register_forward_hook(lambda *a: calls.append(1))
+    got = evaluate(model, seqs, batch_size=2)
+    assert len(calls) == 2  # two batches
+    nll_only = evaluate(model, seqs, batch_size=2, accuracy=False)
+    hook.remove()
+    expected = FrameScores()
+    with torch.no_grad():
+        for batch in iterate_batches(seqs, 2):
+            expected.update(model(batch.inputs), batch.targets, batch.mask,
+                            nll_logits=model.likelihood_logits(batch.inputs, batch.targets))
+    expected = expected.compute()
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-6), key  # acc_at: a flat dict
+    assert nll_only == pytest.approx({"nll": expected["nll"], "frames": expected["frames"]},
+                                     rel=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -222,6 +222,16 @@ class NADEPredictor(NextStepPredictor):
         out, _ = self.core(inputs)
         return self.readout.conditional_logits(self.drop(out), targets)
 
+    def evaluation_logits(self, inputs: Tensor, targets: Tensor, marginals: bool = True
+                          ) -> tuple[Tensor | None, Tensor]:
+        """What the trainer's evaluation scores, from one pass of the core: the logits of
+        ``forward`` (the sampled key marginals; ``None`` without ``marginals``) and those of
+        :meth:`likelihood_logits` (the exact NLL). Each ``(B, T, K)``."""
+        out, _ = self.core(inputs)
+        out = self.drop(out)
+        exact = self.readout.conditional_logits(out, targets)
+        return (self.readout(out) if marginals else None), exact
+
     def training_loss(self, batch: Batch) -> Tensor:
         """The exact NLL of the batch's next frames, per valid frame."""
         return masked_nll(self.likelihood_logits(batch.inputs, batch.targets), batch.targets,

@@ -266,15 +266,18 @@ def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size
              device: str | torch.device = "cpu", accuracy: bool = True) -> dict[str, Any]:
     """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
     ``sequences``, accumulated over every valid frame (not averaged per batch). A model with a
-    joint readout (``likelihood_logits``, the NADE models) is scored on its exact likelihood,
+    joint readout (``evaluation_logits``, the NADE models) is scored on its exact likelihood,
     and without ``accuracy`` on that alone (``nll`` and ``frames``): no marginals drawn."""
     model.eval()
     scores = FrameScores()
-    joint = hasattr(model, "likelihood_logits")
+    joint = hasattr(model, "evaluation_logits")
     for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype):
         batch = batch.to(device)
-        exact = model.likelihood_logits(batch.inputs, batch.targets) if joint else None
-        logits = model(batch.inputs) if accuracy or not joint else exact
+        if joint:  # one pass of the core for both
+            logits, exact = model.evaluation_logits(batch.inputs, batch.targets, accuracy)
+            logits = exact if logits is None else logits
+        else:
+            logits, exact = model(batch.inputs), None
         for out in (logits, exact):
             if out is not None and not torch.isfinite(out).all():
                 raise NonFiniteOutputs(
