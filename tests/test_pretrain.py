@@ -10,7 +10,7 @@ import torch
 from linmem import LinearAutoencoder, UnrolledNet
 from linmem.models import build_model
 from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, transfer
-from linmem.train import load_run_model
+from linmem.train import TrainConfig, load_run_model
 
 
 @pytest.fixture
@@ -239,6 +239,15 @@ def test_ulm_activation_apart_from_the_lmns(tmp_path, data_dir):
     assert run_cli("train", "--model", "lmn-b", "--ulm-nonlinearity", "selu", *common,
                    "--out", str(tmp_path / "refused")) == 2
     assert not (tmp_path / "refused").exists()
+
+
+def test_only_models_whose_recipe_reads_ulm_nonlinearity_take_it():
+    """The check is in TrainConfig, so a library call to train() refuses it as the CLI does."""
+    assert TrainConfig(model="pret-lmn-a", ulm_nonlinearity="selu").ulm_nonlinearity == "selu"
+    for model in ("lmn-b", "ulm", "pret-rnn", "lstm-nade"):
+        with pytest.raises(ValueError, match=f"applies to pret-lmn-a, pret-lmn-b .*not to {model}"):
+            TrainConfig(model=model, ulm_nonlinearity="tanh")
+    assert TrainConfig(model="lmn-b").ulm_nonlinearity is None
 
 
 def test_pret_rnn_command(tmp_path, data_dir):

@@ -324,6 +324,9 @@ class ModelSpec:
         options: :class:`~linmem.train.TrainConfig` fields passed to ``build`` as keywords.
         recipe: the name of its initialisation in :data:`linmem.recipes.RECIPES` (pretraining),
             or ``None``.
+        recipe_options: the optional :class:`~linmem.train.TrainConfig` fields (those whose
+            default is ``None``, in :data:`linmem.train.RECIPE_OPTIONS`) that its recipe reads;
+            a model without a field here refuses a value for it.
     """
 
     name: str
@@ -337,6 +340,7 @@ class ModelSpec:
     dropout: bool = True
     options: tuple[str, ...] = ()
     recipe: str | None = None
+    recipe_options: tuple[str, ...] = ()
 
 
 REGISTRY: dict[str, ModelSpec] = {}
@@ -409,10 +413,10 @@ for _spec in (
               default_nonlinearity="selu", single_layer=True),
     ModelSpec("pret-lmn-a", "pret-LMN-A", "lmn-a", _predictor("pret-lmn-a"), has_memory=True,
               nonlinearities=NONLINEARITIES, default_nonlinearity="selu",
-              recipe="ulm-transfer"),
+              recipe="ulm-transfer", recipe_options=("ulm_nonlinearity",)),
     ModelSpec("pret-lmn-b", "pret-LMN-B", "lmn-b", _predictor("pret-lmn-b"), has_memory=True,
               nonlinearities=NONLINEARITIES, default_nonlinearity="selu",
-              recipe="ulm-transfer"),
+              recipe="ulm-transfer", recipe_options=("ulm_nonlinearity",)),
     ModelSpec("pret-rnn", "pret-RNN", "rnn", _predictor("pret-rnn"),
               nonlinearities=("tanh", "relu"), recipe="la-rnn"),
     ModelSpec("rnn-rbm", "RNN-RBM*", "rnn-rbm", _rnn_rbm, single_layer=True, dropout=False,

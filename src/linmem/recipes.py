@@ -214,9 +214,6 @@ def run(config: TrainConfig, run_dir: str | Path, resume: bool = False, progress
         The run's final metrics (also in ``run_dir/metrics.json``).
     """
     recipe = get_spec(config.model).recipe
-    if config.ulm_nonlinearity is not None and recipe != "ulm-transfer":
-        raise ValueError(f"ulm_nonlinearity applies to the models pretrained from the unrolled "
-                         f"network (pret-lmn-*), not to {config.model}")
     if recipe is None or not RECIPES[recipe].needed(config):
         return train(config, run_dir, resume=resume, progress=progress, data=data,
                      on_epoch_end=on_epoch_end, command=command)

@@ -56,12 +56,14 @@ from .models import (
     check_options,
     count_parameters,
     get_spec,
+    model_names,
 )
 
 __all__ = [
     "BUDGET_FIELDS",
     "DIVERGENCE",
     "OPTIMIZERS",
+    "RECIPE_OPTIONS",
     "SELECTIONS",
     "CheckpointError",
     "NonFiniteOutputs",
@@ -87,6 +89,9 @@ DIVERGENCE = ("stop", "raise")  # TrainConfig.on_divergence
 BUDGET_FIELDS = ("epochs", "patience")
 # neither changes the numbers: a run may continue on another device or with the data elsewhere
 _PLACE_FIELDS = ("device", "data_dir")
+# optional fields (None: unset) that only some models' pretraining reads
+# (ModelSpec.recipe_options); any other model refuses a value for them
+RECIPE_OPTIONS = ("ulm_nonlinearity",)
 
 
 class TrainingDiverged(RuntimeError):
@@ -200,9 +205,15 @@ class TrainConfig:
         for name in ("rbm_pretrain_epochs", "rnn_pretrain_epochs"):
             check_int(name, getattr(self, name), minimum=0)
         check_int("pretrain_epochs", self.pretrain_epochs, none_ok=True)
-        if self.ulm_nonlinearity not in (None, *NONLINEARITIES):  # which models: recipes.run
+        if self.ulm_nonlinearity not in (None, *NONLINEARITIES):
             raise ValueError(f"ulm_nonlinearity must be one of {list(NONLINEARITIES)}, "
                              f"got {self.ulm_nonlinearity!r}")
+        spec = get_spec(self.model)
+        for name in RECIPE_OPTIONS:
+            if getattr(self, name) is not None and name not in spec.recipe_options:
+                takers = [m for m in model_names() if name in get_spec(m).recipe_options]
+                raise ValueError(f"{name} applies to {', '.join(takers) or 'no model'} "
+                                 f"(its pretraining recipe reads it), not to {self.model}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
