@@ -192,6 +192,21 @@ def test_evaluation_runs_the_core_once_per_batch_and_scores_as_two_passes():
     assert nll_only == pytest.approx({"nll": expected["nll"], "frames": expected["frames"]},
                                      rel=1e-6)
 
+    class TwoPasses(torch.nn.Module):  # a joint model of the older protocol: no evaluation_logits
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, inputs):
+            return self.inner(inputs)
+
+        def likelihood_logits(self, inputs, targets):
+            return self.inner.likelihood_logits(inputs, targets)
+
+    older = evaluate(TwoPasses(model), seqs, batch_size=2)
+    assert older["nll"] == pytest.approx(expected["nll"], rel=1e-6)
+    assert older["acc"] == pytest.approx(expected["acc"], rel=1e-6)
+
 
 @pytest.fixture(scope="module")
 def small(jsb):

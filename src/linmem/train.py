@@ -277,18 +277,22 @@ def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size
              device: str | torch.device = "cpu", accuracy: bool = True) -> dict[str, Any]:
     """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
     ``sequences``, accumulated over every valid frame (not averaged per batch). A model with a
-    joint readout (``evaluation_logits``, the NADE models) is scored on its exact likelihood,
-    and without ``accuracy`` on that alone (``nll`` and ``frames``): no marginals drawn."""
+    joint readout (``likelihood_logits``, the NADE models) is scored on its exact likelihood,
+    and without ``accuracy`` on that alone (``nll`` and ``frames``): no marginals drawn. Its
+    ``evaluation_logits``, when it has one, gives both from one pass of the core."""
     model.eval()
     scores = FrameScores()
-    joint = hasattr(model, "evaluation_logits")
+    joint = hasattr(model, "likelihood_logits")
     for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype):
         batch = batch.to(device)
-        if joint:  # one pass of the core for both
+        if hasattr(model, "evaluation_logits"):
             logits, exact = model.evaluation_logits(batch.inputs, batch.targets, accuracy)
-            logits = exact if logits is None else logits
+        elif joint:
+            exact = model.likelihood_logits(batch.inputs, batch.targets)
+            logits = model(batch.inputs) if accuracy else None
         else:
             logits, exact = model(batch.inputs), None
+        logits = exact if logits is None else logits
         for out in (logits, exact):
             if out is not None and not torch.isfinite(out).all():
                 raise NonFiniteOutputs(
