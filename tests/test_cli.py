@@ -186,3 +186,34 @@ def test_reseed_trains_the_same_configuration_with_other_seeds(tmp_path, data_di
     assert group["seeds"] == [1, 2] and group["test_acc"]["n"] == 2
     assert group["test_acc"]["mean"] == pytest.approx(sum(accs) / 2)
     assert group["test_acc"]["sd"] == pytest.approx(abs(accs[0] - accs[1]) / 2 ** 0.5)
+
+
+def test_reseed_runs_every_seed_when_one_diverges(tmp_path, data_dir, capsys, monkeypatch):
+    """A seed that diverges with nothing kept does not cost the seeds after it: they run, the
+    command prints them, names the diverged seed and exits 1."""
+    import dataclasses
+
+    from linmem import recipes
+    from linmem.train import TrainConfig, TrainingDiverged
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = TrainConfig(data="jsb", model="lmn-b", hidden=6, memory=5, data_dir=str(data_dir))
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
+    ran = []
+
+    def fake_run(config, run_dir, **kwargs):
+        ran.append(config.seed)
+        if config.seed == 2:
+            raise TrainingDiverged("the training loss became NaN or inf in epoch 1")
+        return {"valid_acc": 10.0 + config.seed, "test_acc": 20.0, "test_nll": 5.0}
+
+    monkeypatch.setattr(recipes, "run", fake_run)
+    code, stdout, err = run_cli("reseed", str(run_dir), "--seeds", "1,2,3", "--quiet",
+                                capsys=capsys)
+    assert ran == [1, 2, 3] and code == 1
+    assert "seed 1: valid acc 11.00%" in stdout and "seed 3: valid acc 13.00%" in stdout
+    assert "seed 2:" not in stdout and "seed 2: the training loss became NaN" in err
+    with pytest.raises(recipes.SeedsDiverged) as caught:
+        recipes.reseed(run_dir, [2, 3], tmp_path / "again", progress=False)
+    assert list(caught.value.finished) == [3]

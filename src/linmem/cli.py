@@ -28,7 +28,7 @@ from .generate import continue_run, predict_sequence
 from .midi import DEFAULT_STEP_SECONDS, import_midi_folder
 from .models import PREDICTIONS, expected_accuracy, get_spec, model_names
 from .nn import NONLINEARITIES
-from .recipes import analyze_pretraining, pretrained_models, reseed
+from .recipes import SeedsDiverged, analyze_pretraining, pretrained_models, reseed
 from .recipes import run as run_training
 from .report import (
     collect_metrics,
@@ -568,15 +568,23 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
         raise UsageFailure(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     out = out or f"{str(run_dir).rstrip('/')}-seeds"
     try:
-        results = reseed(run_dir, values, out, progress=not quiet, data_dir=data_dir)
+        results = dict(zip(values, reseed(run_dir, values, out, progress=not quiet,
+                                          data_dir=data_dir), strict=True))
+    except SeedsDiverged as err:
+        results, diverged = err.finished, err
     except TrainingDiverged as err:
         click.echo(f"linmem: training diverged: {err}", err=True)
         sys.exit(1)
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
-    for seed, m in zip(values, results, strict=True):
+    else:
+        diverged = None
+    for seed, m in results.items():
         click.echo(f"seed {seed}: valid acc {m['valid_acc']:.2f}%  test acc {m['test_acc']:.2f}%"
                    f"  test nll {m['test_nll']:.3f} -> {Path(out) / f's{seed}'}")
+    if diverged is not None:
+        click.echo(f"linmem: training diverged: {diverged}", err=True)
+        sys.exit(1)
 
 
 @cli.command("evaluate")

@@ -34,11 +34,19 @@ from .la import LinearAutoencoder
 from .models import REGISTRY, build_model, get_spec
 from .pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
 from .rnnrbm import init_from_rnn, pretrain_rbm
-from .train import TrainConfig, evaluate, load_run_model, train, with_data_dir
+from .train import (
+    TrainConfig,
+    TrainingDiverged,
+    evaluate,
+    load_run_model,
+    train,
+    with_data_dir,
+)
 
 __all__ = [
     "RECIPES",
     "Recipe",
+    "SeedsDiverged",
     "analyze",
     "analyze_pretraining",
     "lmn_window",
@@ -181,7 +189,11 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     ``config.json`` unchanged: data, model, sizes, training settings), into
     ``out_dir/sSEED``, one after the other; resumable (a finished seed is not run again). The
     data are read from ``data_dir`` (default: the run's own folder). Returns the metrics of
-    each seed's run (issue 15: the spread between seeds)."""
+    each seed's run (issue 15: the spread between seeds).
+
+    A seed whose training diverges with no epoch to keep does not stop the others: they all
+    run, then :class:`SeedsDiverged` names the diverged seeds and carries the finished ones'
+    metrics."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
@@ -189,8 +201,27 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     if len(set(seeds)) != len(seeds) or not seeds:
         raise ValueError(f"seeds must be distinct and at least one, got {list(seeds)}")
     data = load_polyphonic(config.data, root=data_dir or config.data_dir, progress=progress)
-    return [run(replace(config, seed=int(seed)), out_dir / f"s{seed}", resume=True,
-                progress=progress, data=data, command=command) for seed in seeds]
+    finished: dict[int, dict[str, Any]] = {}
+    diverged: dict[int, str] = {}
+    for seed in seeds:
+        try:
+            finished[seed] = run(replace(config, seed=int(seed)), out_dir / f"s{seed}",
+                                 resume=True, progress=progress, data=data, command=command)
+        except TrainingDiverged as err:
+            diverged[seed] = str(err)
+    if diverged:
+        raise SeedsDiverged("; ".join(f"seed {s}: {why}" for s, why in diverged.items()),
+                            finished)
+    return [finished[seed] for seed in seeds]
+
+
+class SeedsDiverged(TrainingDiverged):
+    """Seeds of :func:`reseed` whose training diverged with nothing kept; ``finished`` holds
+    the metrics of the seeds that ran to the end."""
+
+    def __init__(self, message: str, finished: dict[int, dict[str, Any]]):
+        super().__init__(message)
+        self.finished = finished
 
 
 def run(config: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
