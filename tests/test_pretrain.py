@@ -1,7 +1,9 @@
 """Pretraining: the unrolled network against a brute-force loop, the ULM -> LMN transfer
 (exact at full rank: the equivalence of the paper's section 3, executable), pret-RNN."""
 
+import fcntl
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch
 from linmem import LinearAutoencoder, UnrolledNet
 from linmem.models import build_model
 from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, transfer
+from linmem.recipes import ulm_key
 from linmem.train import TrainConfig, load_run_model
 
 
@@ -239,6 +242,77 @@ def test_ulm_activation_apart_from_the_lmns(tmp_path, data_dir):
     assert run_cli("train", "--model", "lmn-b", "--ulm-nonlinearity", "selu", *common,
                    "--out", str(tmp_path / "refused")) == 2
     assert not (tmp_path / "refused").exists()
+
+
+def test_ulm_key_names_the_unrolled_network_not_the_memory():
+    base = TrainConfig(model="pret-lmn-b", hidden=6, memory=20, k=3)
+    key = ulm_key(base)
+    assert key.startswith("jsb-h6-selu-s0-")
+    for same in (dict(memory=12), dict(data_dir="/elsewhere"), dict(model="pret-lmn-a"),
+                 dict(nonlinearity="selu"),
+                 dict(nonlinearity="tanh", ulm_nonlinearity="selu"), dict(ulm_cache="/c")):
+        assert ulm_key(replace(base, **same)) == key, same
+    for other in (dict(hidden=7), dict(weight_decay=1e-3), dict(seed=1), dict(epochs=5),
+                  dict(patience=3), dict(k=4), dict(ulm_nonlinearity="tanh"), dict(lr=0.01)):
+        assert ulm_key(replace(base, **other)) != key, other
+
+
+def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir):
+    """Two runs that differ in memory size alone train one ULM between them, and the second
+    starts from the weights it would get from a ULM of its own. A run that finds the entry
+    locked by another process trains its own; a finished ULM of its own is copied into the
+    cache."""
+    common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "6", "--k", "3",
+              "--batch-size", "32", "--epochs", "1", "--quiet"]
+    cache = tmp_path / "cache"
+
+    def entries(folder):
+        return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+    assert run_cli("pretrain", *common, "--memory", "20", "--ulm-cache", str(cache),
+                   "--out", str(tmp_path / "a")) == 0
+    (entry,) = entries(cache)
+    assert not (tmp_path / "a" / "ulm").exists()
+    log = (entry / "log.jsonl").read_text()
+    assert run_cli("pretrain", *common, "--memory", "12", "--ulm-cache", str(cache),
+                   "--out", str(tmp_path / "b")) == 0
+    assert entries(cache) == [entry] and (entry / "log.jsonl").read_text() == log
+    for run in ("a", "b"):
+        info = json.loads((tmp_path / run / "pretraining.json").read_text())
+        assert info["ulm_run"] == str(entry)
+    assert run_cli("pretrain", *common, "--memory", "12", "--out", str(tmp_path / "own")) == 0
+    def scores(log_text):  # a log without its timings
+        return [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}
+                for line in log_text.splitlines()]
+
+    assert scores((tmp_path / "own" / "ulm" / "log.jsonl").read_text()) == scores(log)
+    shared, own = (torch.load(tmp_path / n / "init.pt", weights_only=True) for n in ("b", "own"))
+    for key, value in own.items():
+        torch.testing.assert_close(shared[key], value, rtol=0, atol=0)
+
+    # the entry in training elsewhere (its lock held): the run trains its own
+    busy = TrainConfig(data="jsb", model="pret-lmn-b", hidden=6, memory=12, k=3, batch_size=32,
+                       epochs=1, seed=1)
+    with open(cache / f".{ulm_key(busy)}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert run_cli("pretrain", *common, "--memory", "12", "--seed", "1", "--ulm-cache",
+                       str(cache), "--out", str(tmp_path / "busy")) == 0
+    assert (tmp_path / "busy" / "ulm" / "metrics.json").is_file()
+    assert entries(cache) == [entry]
+    # a run whose own ULM was begun, resumed with the cache: it is finished there (here only
+    # its final scores were missing) and joins the cache
+    for name in ("init.pt", "pretraining.json", "last.pt", "best.pt", "metrics.json",
+                 "ulm/metrics.json"):
+        (tmp_path / "busy" / name).unlink()
+    assert run_cli("pretrain", *common, "--memory", "12", "--seed", "1", "--ulm-cache",
+                   str(cache), "--out", str(tmp_path / "busy"), "--resume") == 0
+    adopted = cache / ulm_key(busy)
+    assert entries(cache) == sorted([entry, adopted]) and (adopted / "metrics.json").is_file()
+    assert (adopted / "log.jsonl").read_text() == \
+        (tmp_path / "busy" / "ulm" / "log.jsonl").read_text()
+    # models whose recipe does not read it refuse the option
+    assert run_cli("train", *common, "--model", "lstm", "--ulm-cache", str(cache),
+                   "--out", str(tmp_path / "refused")) == 2
 
 
 def test_only_models_whose_recipe_reads_ulm_nonlinearity_take_it():

@@ -158,6 +158,33 @@ def test_other_settings_are_refused(tmp_path, data_dir):
         open_study(_config(tmp_path, data_dir, base_cd_k=3), "jsb", "lmn-b")
 
 
+def test_pret_lmn_points_that_differ_in_memory_share_their_unrolled_network(tmp_path,
+                                                                             data_dir):
+    """The tiny grid's 4 pret-LMN-B points have 2 unrolled networks (hidden 4 with each weight
+    decay): the search trains those 2, in OUT/ulm-cache."""
+    config = _config(tmp_path, data_dir, models=["pret-lmn-b", "lmn-b"], epochs=1)
+    counts = run_worker(config, command="test", log=lambda _: None)
+    assert counts["jsb-pret-lmn-b-tiny"] == {"done": 4}
+    cache = tmp_path / "runs" / "ulm-cache"
+    entries = sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
+    assert len(entries) == 2
+    study = optuna.load_study(study_name="jsb-pret-lmn-b-tiny", storage=default_storage(
+        config.out_dir))
+    used = {}
+    for t in study.get_trials(states=(TrialState.COMPLETE,)):
+        run_dir = Path(t.user_attrs["run_dir"])
+        assert not (run_dir / "ulm").exists()
+        ulm_run = json.loads((run_dir / "pretraining.json").read_text())["ulm_run"]
+        used.setdefault(t.params["weight_decay"], set()).add(Path(ulm_run).name)
+        assert json.loads((run_dir / "config.json").read_text())["ulm_cache"] == str(cache)
+    assert sorted(n for names in used.values() for n in names) == entries
+    assert all(len(names) == 1 for names in used.values())
+    # the LMN-B study beside it takes no cache
+    lmn = optuna.load_study(study_name="jsb-lmn-b-tiny", storage=default_storage(config.out_dir))
+    run_dir = Path(lmn.get_trials()[0].user_attrs["run_dir"])
+    assert json.loads((run_dir / "config.json").read_text())["ulm_cache"] is None
+
+
 def test_duplicates_are_not_run(tmp_path, data_dir):
     """Two workers that enqueue the same point at once: the lower trial number runs it."""
     config = _config(tmp_path, data_dir)

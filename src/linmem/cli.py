@@ -192,6 +192,10 @@ def cli(ctx: click.Context) -> None:
 @click.option("--ulm-nonlinearity", type=click.Choice(NONLINEARITIES), default=None,
               help="pret-lmn-*: the unrolled network's activation [default: the LMN's, an exact "
                    "transfer]; selu with --nonlinearity tanh is the paper's text.")
+@click.option("--ulm-cache", type=click.Path(file_okay=False), default=None,
+              help="pret-lmn-*: a folder of unrolled networks shared between runs (those of "
+                   "one grid's memory sizes are the same: trained once) [default: each run "
+                   "trains its own in RUN_DIR/ulm; linmem search: OUT/ulm-cache].")
 @click.option("--la-window", type=click.IntRange(min=0), default=None,
               help="Pretraining: the linear autoencoder's window [default: k + 1 for pret-lmn-*, "
                    "full length for pret-rnn; 0: full length].")

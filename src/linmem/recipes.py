@@ -5,7 +5,8 @@ model of the registry (:mod:`linmem.models`) with :func:`linmem.train.train`, af
 initialising it by the model's recipe (:attr:`~linmem.models.ModelSpec.recipe`) when it has one:
 
 - ``ulm-transfer`` (pret-LMN-A/B, paper section "Training and pretraining algorithm"): train the
-  unrolled network (``RUN_DIR/ulm``), fit the linear autoencoder of its states
+  unrolled network (``RUN_DIR/ulm``, or an entry of ``ulm_cache`` shared by the runs whose
+  unrolled network is the same), fit the linear autoencoder of its states
   (``RUN_DIR/memory.npz``), initialise the LMN by eqs. (12)-(15) (:mod:`linmem.pretrain`);
 - ``la-rnn`` (pret-RNN, Pasa & Sperduti 2014): the Elman RNN from an autoencoder of the inputs;
 - ``rnn-rbm`` (Boulanger-Lewandowski et al. 2012): the RBM by CD on all frames and the RNN from
@@ -18,14 +19,23 @@ stays in :mod:`linmem.pretrain` and :mod:`linmem.rnnrbm`; this module only order
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs do not share their unrolled networks
+    fcntl = None
 from tqdm.auto import tqdm
 
 from ._io import atomic_write, command_line, git_commit, machine, provenance, read_json, write_json
@@ -55,6 +65,7 @@ __all__ = [
     "reseed",
     "run",
     "ulm_config",
+    "ulm_key",
 ]
 
 Data = dict[str, list[np.ndarray]]
@@ -78,7 +89,7 @@ def ulm_config(config: TrainConfig) -> TrainConfig:
     return replace(config, model="ulm", memory=None,
                    epochs=config.pretrain_epochs or config.epochs, pretrain_epochs=None,
                    nonlinearity=config.ulm_nonlinearity or config.nonlinearity,
-                   ulm_nonlinearity=None)
+                   ulm_nonlinearity=None, ulm_cache=None)
 
 
 def lmn_window(config: TrainConfig) -> int | None:
@@ -93,14 +104,58 @@ def lmn_window(config: TrainConfig) -> int | None:
     return config.la_window
 
 
+def ulm_key(config: TrainConfig) -> str:
+    """The name of the unrolled network of pret-LMN ``config`` in a ``ulm_cache`` folder: the
+    same for every run whose ULM has the same settings (a grid's memory sizes), as the ULM does
+    not depend on the memory size. It hashes every field of :func:`ulm_config` but where it runs
+    (device, data folder)."""
+    ulm = ulm_config(config)
+    ulm = replace(ulm, nonlinearity=ulm.nonlinearity or get_spec("ulm").default_nonlinearity)
+    fields = {k: v for k, v in asdict(ulm).items() if k not in ("device", "data_dir")}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{ulm.data}-h{ulm.hidden}-{ulm.nonlinearity}-s{ulm.seed}-{digest}"
+
+
+def _train_ulm(config: TrainConfig, data: Data, run_dir: Path, progress: bool) -> Path:
+    """The finished run of pret-LMN ``config``'s unrolled network: ``run_dir/ulm``, or with
+    ``config.ulm_cache`` the cache entry :func:`ulm_key` names, trained by the first run that
+    needs it and read by the others. A run that finds the entry in training by another process
+    trains its own in ``run_dir/ulm`` (nobody waits); a ``run_dir/ulm`` begun before (a run
+    started without the cache, or beside a busy entry) is finished there and copied into the
+    cache when the entry is not there yet."""
+    own = run_dir / "ulm"
+    if config.ulm_cache is None or fcntl is None:
+        if not (own / "metrics.json").is_file():
+            train(ulm_config(config), own, resume=True, progress=progress, data=data)
+        return own
+    entry = Path(config.ulm_cache) / ulm_key(config)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.parent / f".{entry.name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process trains it
+            return _train_ulm(replace(config, ulm_cache=None), data, run_dir, progress)
+        if (entry / "metrics.json").is_file():
+            return entry
+        if own.is_dir():
+            if not (own / "metrics.json").is_file():
+                train(ulm_config(config), own, resume=True, progress=progress, data=data)
+            tmp = entry.parent / f".{entry.name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(own, tmp)
+            shutil.rmtree(entry, ignore_errors=True)  # an unfinished entry
+            os.replace(tmp, entry)
+            return entry
+        train(ulm_config(config), entry, resume=True, progress=progress, data=data)
+        return entry
+
+
 def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: Path,
                   progress: bool) -> dict[str, Any]:
     """pret-LMN: the ULM, the memory on its states, the transfer (eqs. 10-15); the ULM run and
     the memory are kept for resuming."""
     window = lmn_window(config)
-    ulm_dir = run_dir / "ulm"
-    if not (ulm_dir / "metrics.json").is_file():
-        train(ulm_config(config), ulm_dir, resume=True, progress=progress, data=data)
+    ulm_dir = _train_ulm(config, data, run_dir, progress)
     ulm, _ = load_run_model(ulm_dir, "best", "cpu")
     ulm = ulm.double()
     memory_path = run_dir / "memory.npz"
@@ -116,7 +171,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
             "la_solver": la.solver_, "ulm_nonlinearity": ulm.nonlinearity,
             "lmn_nonlinearity": model.nonlinearity, "ulm_valid_acc": ulm_metrics["valid_acc"],
             "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
-            "ulm_wall_time_s": ulm_metrics["wall_time_s"]}
+            "ulm_wall_time_s": ulm_metrics["wall_time_s"], "ulm_run": str(ulm_dir)}
 
 
 def _la_rnn(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: Path,

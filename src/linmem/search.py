@@ -261,7 +261,7 @@ class SearchConfig:
 
 def _study_attrs(config: SearchConfig, data: str, model: str) -> dict[str, Any]:
     base = asdict(replace(config.base, data=data, model=model))
-    for key in ("hidden", "memory", "weight_decay", "device", "data_dir"):
+    for key in ("hidden", "memory", "weight_decay", "device", "data_dir", "ulm_cache"):
         base.pop(key)
     return {"grid": config.grid, "data": data, "model": model, "subset": config.subset,
             "train": base}
@@ -323,8 +323,12 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         run_dir = Path(config.out_dir) / study.study_name / point.name
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        # the points that differ in memory size alone share their unrolled network (pret-lmn)
+        cache = (config.base.ulm_cache or str(Path(config.out_dir) / "ulm-cache")
+                 if "ulm_cache" in get_spec(model).recipe_options else None)
         train_config = replace(config.base, data=study.user_attrs["data"], model=model,
-                               hidden=hidden, memory=memory, weight_decay=weight_decay)
+                               hidden=hidden, memory=memory, weight_decay=weight_decay,
+                               ulm_cache=cache)
 
         def report(epoch: int, row: dict) -> None:  # the pruner's input, kept in any case
             trial.report(_score(row, train_config.select), epoch)

@@ -88,10 +88,10 @@ DIVERGENCE = ("stop", "raise")  # TrainConfig.on_divergence
 # what bounds a run's length: --resume may change them; every other field is the run's identity
 BUDGET_FIELDS = ("epochs", "patience")
 # neither changes the numbers: a run may continue on another device or with the data elsewhere
-_PLACE_FIELDS = ("device", "data_dir")
+_PLACE_FIELDS = ("device", "data_dir", "ulm_cache")
 # optional fields (None: unset) that only some models' pretraining reads
 # (ModelSpec.recipe_options); any other model refuses a value for them
-RECIPE_OPTIONS = ("ulm_nonlinearity",)
+RECIPE_OPTIONS = ("ulm_nonlinearity", "ulm_cache")
 
 
 class TrainingDiverged(RuntimeError):
@@ -147,6 +147,9 @@ class TrainConfig:
     # exact); "selu" with nonlinearity "tanh" is the paper's text (SELU for the unrolled model
     # only, tanh for the final LMN): the same weights, an approximate transfer
     ulm_nonlinearity: str | None = None
+    # pret-lmn-* only: a folder of unrolled networks shared between runs (linmem.recipes.ulm_key:
+    # a grid's memory sizes need one); None: each run trains its own in RUN_DIR/ulm
+    ulm_cache: str | None = None
     # rnn-rbm only (linmem.rnnrbm): hidden is the RNN's units
     rbm_hidden: int = 150  # hidden units of each step's RBM
     cd_k: int = 15  # Gibbs steps of contrastive divergence
