@@ -31,11 +31,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: runs do not share their unrolled networks
-    fcntl = None
 from tqdm.auto import tqdm
 
 from ._io import atomic_write, command_line, git_commit, machine, provenance, read_json, write_json
@@ -52,6 +47,11 @@ from .train import (
     train,
     with_data_dir,
 )
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs do not share their unrolled networks
+    fcntl = None
 
 __all__ = [
     "RECIPES",
