@@ -571,6 +571,7 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
     except ValueError:
         raise UsageFailure(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     out = out or f"{str(run_dir).rstrip('/')}-seeds"
+    diverged = None
     try:
         results = dict(zip(values, reseed(run_dir, values, out, progress=not quiet,
                                           data_dir=data_dir), strict=True))
@@ -581,8 +582,6 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
         sys.exit(1)
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
-    else:
-        diverged = None
     for seed, m in results.items():
         click.echo(f"seed {seed}: valid acc {m['valid_acc']:.2f}%  test acc {m['test_acc']:.2f}%"
                    f"  test nll {m['test_nll']:.3f} -> {Path(out) / f's{seed}'}")

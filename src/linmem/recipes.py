@@ -123,30 +123,31 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path, progress: bool) -
     trains its own in ``run_dir/ulm`` (nobody waits); a ``run_dir/ulm`` begun before (a run
     started without the cache, or beside a busy entry) is finished there and copied into the
     cache when the entry is not there yet."""
+
+    def finished(folder: Path) -> Path:
+        if not (folder / "metrics.json").is_file():
+            train(ulm_config(config), folder, resume=True, progress=progress, data=data)
+        return folder
+
     own = run_dir / "ulm"
     if config.ulm_cache is None or fcntl is None:
-        if not (own / "metrics.json").is_file():
-            train(ulm_config(config), own, resume=True, progress=progress, data=data)
-        return own
+        return finished(own)
     entry = Path(config.ulm_cache) / ulm_key(config)
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(entry.parent / f".{entry.name}.lock", "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another process trains it
-            return _train_ulm(replace(config, ulm_cache=None), data, run_dir, progress)
+            return finished(own)
         if (entry / "metrics.json").is_file():
             return entry
-        if own.is_dir():
-            if not (own / "metrics.json").is_file():
-                train(ulm_config(config), own, resume=True, progress=progress, data=data)
-            tmp = entry.parent / f".{entry.name}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(own, tmp)
-            shutil.rmtree(entry, ignore_errors=True)  # an unfinished entry
-            os.replace(tmp, entry)
-            return entry
-        train(ulm_config(config), entry, resume=True, progress=progress, data=data)
+        if not own.is_dir():
+            return finished(entry)
+        tmp = entry.parent / f".{entry.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(finished(own), tmp)
+        shutil.rmtree(entry, ignore_errors=True)  # an unfinished entry
+        os.replace(tmp, entry)
         return entry
 
 

@@ -61,7 +61,7 @@ from .data import load_polyphonic, resolve_name
 from .models import get_spec
 from .recipes import run as run_training
 from .report import expected_fields, run_cpu_seconds
-from .train import TrainConfig, TrainingDiverged
+from .train import PLACE_FIELDS, TrainConfig, TrainingDiverged
 
 __all__ = ["GRIDS", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
            "export_studies", "grid_points", "import_studies", "make_storage", "open_study",
@@ -261,7 +261,7 @@ class SearchConfig:
 
 def _study_attrs(config: SearchConfig, data: str, model: str) -> dict[str, Any]:
     base = asdict(replace(config.base, data=data, model=model))
-    for key in ("hidden", "memory", "weight_decay", "device", "data_dir", "ulm_cache"):
+    for key in ("hidden", "memory", "weight_decay", *PLACE_FIELDS):
         base.pop(key)
     return {"grid": config.grid, "data": data, "model": model, "subset": config.subset,
             "train": base}

@@ -63,6 +63,7 @@ __all__ = [
     "BUDGET_FIELDS",
     "DIVERGENCE",
     "OPTIMIZERS",
+    "PLACE_FIELDS",
     "RECIPE_OPTIONS",
     "SELECTIONS",
     "CheckpointError",
@@ -88,7 +89,7 @@ DIVERGENCE = ("stop", "raise")  # TrainConfig.on_divergence
 # what bounds a run's length: --resume may change them; every other field is the run's identity
 BUDGET_FIELDS = ("epochs", "patience")
 # neither changes the numbers: a run may continue on another device or with the data elsewhere
-_PLACE_FIELDS = ("device", "data_dir", "ulm_cache")
+PLACE_FIELDS = ("device", "data_dir", "ulm_cache")
 # optional fields (None: unset) that only some models' pretraining reads
 # (ModelSpec.recipe_options); any other model refuses a value for them
 RECIPE_OPTIONS = ("ulm_nonlinearity", "ulm_cache")
@@ -227,7 +228,7 @@ class TrainConfig:
         """The fields that define the run's numbers: all but the budget (:data:`BUDGET_FIELDS`)
         and where it runs (device, data folder). ``--resume`` refuses a change of these."""
         return {k: v for k, v in asdict(self).items()
-                if k not in BUDGET_FIELDS and k not in _PLACE_FIELDS}
+                if k not in BUDGET_FIELDS and k not in PLACE_FIELDS}
 
     def model_options(self) -> dict[str, Any]:
         """The fields the model's registry entry takes as its own options."""
