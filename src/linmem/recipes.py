@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from ._io import atomic_write, command_line, git_commit, machine, provenance, read_json, write_json
 from .data import data_checksum, load_polyphonic
 from .la import LinearAutoencoder
-from .models import REGISTRY, build_model, get_spec
+from .models import REGISTRY, build_model, default_nonlinearity, get_spec
 from .pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
 from .rnnrbm import init_from_rnn, pretrain_rbm
 from .train import (
@@ -110,7 +110,7 @@ def ulm_key(config: TrainConfig) -> str:
     not depend on the memory size. It hashes every field of :func:`ulm_config` but where it runs
     (device, data folder)."""
     ulm = ulm_config(config)
-    ulm = replace(ulm, nonlinearity=ulm.nonlinearity or get_spec("ulm").default_nonlinearity)
+    ulm = replace(ulm, nonlinearity=ulm.nonlinearity or default_nonlinearity("ulm"))
     fields = {k: v for k, v in asdict(ulm).items() if k not in ("device", "data_dir")}
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     return f"{ulm.data}-h{ulm.hidden}-{ulm.nonlinearity}-s{ulm.seed}-{digest}"
