@@ -1,7 +1,6 @@
 """Pretraining: the unrolled network against a brute-force loop, the ULM -> LMN transfer
 (exact at full rank: the equivalence of the paper's section 3, executable), pret-RNN."""
 
-import fcntl
 import json
 from dataclasses import replace
 
@@ -13,6 +12,7 @@ from linmem import LinearAutoencoder, UnrolledNet
 from linmem.models import build_model
 from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, transfer
 from linmem.recipes import ulm_key
+from linmem.report import run_cpu_seconds
 from linmem.train import TrainConfig, load_run_model
 
 
@@ -262,6 +262,7 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
     starts from the weights it would get from a ULM of its own. A run that finds the entry
     locked by another process trains its own; a finished ULM of its own is copied into the
     cache."""
+    fcntl = pytest.importorskip("fcntl", reason="the ULM cache's lock is POSIX's (flock)")
     common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "6", "--k", "3",
               "--batch-size", "32", "--epochs", "1", "--quiet"]
     cache = tmp_path / "cache"
@@ -277,9 +278,12 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
     assert run_cli("pretrain", *common, "--memory", "12", "--ulm-cache", str(cache),
                    "--out", str(tmp_path / "b")) == 0
     assert entries(cache) == [entry] and (entry / "log.jsonl").read_text() == log
-    for run in ("a", "b"):
-        info = json.loads((tmp_path / run / "pretraining.json").read_text())
-        assert info["ulm_run"] == str(entry)
+    infos = [json.loads((tmp_path / run / "pretraining.json").read_text()) for run in "ab"]
+    assert [info["ulm_run"] for info in infos] == [str(entry)] * 2
+    # the ULM's CPU time counts for the run that trained it, not for the one that read it
+    ulm_cpu = json.loads((entry / "metrics.json").read_text())["cpu_time_s"]
+    assert infos[0]["ulm_cpu_time_s"] == ulm_cpu > 0 and infos[0]["ulm_cpu_here_s"] > 0
+    assert infos[1]["ulm_cpu_time_s"] == infos[1]["ulm_cpu_here_s"] == 0.0
     assert run_cli("pretrain", *common, "--memory", "12", "--out", str(tmp_path / "own")) == 0
     def scores(log_text):  # a log without its timings
         return [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}
@@ -310,6 +314,12 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
     assert entries(cache) == sorted([entry, adopted]) and (adopted / "metrics.json").is_file()
     assert (adopted / "log.jsonl").read_text() == \
         (tmp_path / "busy" / "ulm" / "log.jsonl").read_text()
+    # its ULM's epoch ran in the earlier process: counted beside this one's recipe clock
+    info = json.loads((tmp_path / "busy" / "pretraining.json").read_text())
+    ulm_cpu = json.loads((adopted / "metrics.json").read_text())["cpu_time_s"]
+    assert info["ulm_cpu_time_s"] == ulm_cpu > info["ulm_cpu_here_s"] > 0
+    assert run_cpu_seconds(tmp_path / "busy") >= ulm_cpu + info["cpu_time_s"] - \
+        info["ulm_cpu_here_s"]
     # models whose recipe does not read it refuse the option
     assert run_cli("train", *common, "--model", "lstm", "--ulm-cache", str(cache),
                    "--out", str(tmp_path / "refused")) == 2

@@ -229,12 +229,19 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
          "grid_complete": True, "search_wall_time_s": 7200.0},
         {"dataset": "jsb", "model": "lmn-b", "grid": "paper", "grid_points": 30,
          "grid_complete": True, "search_wall_time_s": 1e6}]))  # in the storage: left out
+    seed = tmp_path / "seeds" / "s1"  # a pretrained single run: its ULM counts inside it
+    (seed / "ulm").mkdir(parents=True)
+    (seed / "log.jsonl").write_text('{"epoch": 1, "epoch_cpu_s": 3600.0}\n')
+    (seed / "ulm" / "log.jsonl").write_text('{"epoch": 1, "epoch_cpu_s": 1800.0}\n')
+    (seed / "pretraining.json").write_text('{"cpu_time_s": 1800.0}')
     main(["progress", "--storage", storage, "--grid", "tiny", "--summary", str(earlier),
-          "--out", str(out)])
+          "--run", str(tmp_path / "seeds"), "--out", str(out)])
     text = out.read_text()
+    assert f"| {seed} (single run) | – | – | – | 1.50 |" in text and "ulm (single" not in text
     assert "| jsb-lmn-b-tiny | 4 / 4 | 0 | 0 |" in text and "| jsb-rnn-tiny | 0 / 4 |" in text
     assert "| jsb-gru-paper (earlier: trial wall time) | 25 / 25 | 0 | 0 | 2.00 |" in text
-    assert f"CPU hours logged: **{(logged + 7200) / 3600:.1f}**" in text and "Made by `" in text
+    assert f"CPU hours logged: **{(logged + 7200 + 5400) / 3600:.1f}**" in text
+    assert "Made by `" in text
 
 
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
@@ -259,6 +266,31 @@ def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
     assert run_cpu_seconds(run) == 7.75
     (run / "metrics.json").write_text('{"wall_time_s": 20.0, "cpu_time_s": 9.0}')
     assert run_cpu_seconds(run) == 9.0
+
+
+def test_run_cpu_seconds_counts_a_killed_ulm_stage_for_the_run_that_trained_it(tmp_path):
+    from linmem.report import run_cpu_seconds
+
+    run, ulm = tmp_path / "run", tmp_path / "run" / "ulm"
+    ulm.mkdir(parents=True)
+    (ulm / "log.jsonl").write_text('{"epoch": 1, "epoch_time_s": 3.0, "epoch_cpu_s": 2.5}\n')
+    assert run_cpu_seconds(run) == 2.5  # the ULM stage in flight
+    (ulm / "metrics.json").write_text('{"wall_time_s": 30.0, "cpu_time_s": 12.0}')
+    # an earlier record (no ulm_cpu fields), its own ULM: the part beyond the recipe's clock
+    (run / "pretraining.json").write_text('{"cpu_time_s": 4.0}')
+    assert run_cpu_seconds(run) == 12.0
+    (run / "pretraining.json").write_text('{"cpu_time_s": 13.0, "ulm_run": "x/run/ulm"}')
+    assert run_cpu_seconds(run) == 13.0  # one process trained it: counted once
+    (run / "pretraining.json").write_text(
+        '{"cpu_time_s": 4.0, "ulm_run": "cache/jsb-h6-selu-s0-0123456789ab"}')
+    assert run_cpu_seconds(run) == 4.0  # read from a cache entry another run trained
+    # recorded: the ULM's whole CPU time less the part inside the recipe's clock
+    (run / "pretraining.json").write_text(
+        '{"cpu_time_s": 4.0, "ulm_cpu_time_s": 10.0, "ulm_cpu_here_s": 3.0}')
+    assert run_cpu_seconds(run) == 11.0
+    (run / "log.jsonl").write_text('{"epoch": 1, "epoch_time_s": 2.0, "epoch_cpu_s": 1.0}\n')
+    (run / "metrics.json").write_text('{"wall_time_s": 6.0, "cpu_time_s": 5.5}')
+    assert run_cpu_seconds(run) == 12.5  # the recipe inside the training's clock: 7 + 5.5
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()

@@ -506,7 +506,9 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
                  sorted(p.parent for p in path.rglob("log.jsonl")))
         if not found:
             raise UsageFailure(f"--run {path}: no run (log.jsonl) there")
-        singles += [(str(p), run_cpu_seconds(p)) for p in found]
+        # a run's pretraining runs (RUN/ulm, RUN/rnn) count in their run's figure
+        singles += [(str(p), run_cpu_seconds(p)) for p in found
+                    if not any(q in p.parents for q in found)]
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = progress_markdown(studies, singles, command_line(), when)
     if out is None:

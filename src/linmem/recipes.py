@@ -116,47 +116,57 @@ def ulm_key(config: TrainConfig) -> str:
     return f"{ulm.data}-h{ulm.hidden}-{ulm.nonlinearity}-s{ulm.seed}-{digest}"
 
 
-def _train_ulm(config: TrainConfig, data: Data, run_dir: Path, progress: bool) -> Path:
+def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
+               progress: bool) -> tuple[Path, bool]:
     """The finished run of pret-LMN ``config``'s unrolled network: ``run_dir/ulm``, or with
     ``config.ulm_cache`` the cache entry :func:`ulm_key` names, trained by the first run that
-    needs it and read by the others. A run that finds the entry in training by another process
-    trains its own in ``run_dir/ulm`` (nobody waits); a ``run_dir/ulm`` begun before (a run
-    started without the cache, or beside a busy entry) is finished there and copied into the
-    cache when the entry is not there yet."""
+    needs it and read by the others; and whether this call trained it (its last part at least).
+    A run that finds the entry in training by another process trains its own in
+    ``run_dir/ulm`` (nobody waits); a ``run_dir/ulm`` begun before (a run started without the
+    cache, or beside a busy entry) is finished there and copied into the cache when the entry
+    is not there yet."""
+    trained = False
 
     def finished(folder: Path) -> Path:
+        nonlocal trained
         if not (folder / "metrics.json").is_file():
             train(ulm_config(config), folder, resume=True, progress=progress, data=data)
+            trained = True
         return folder
 
     own = run_dir / "ulm"
     if config.ulm_cache is None or fcntl is None:
-        return finished(own)
+        return finished(own), trained
     entry = Path(config.ulm_cache) / ulm_key(config)
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(entry.parent / f".{entry.name}.lock", "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another process trains it
-            return finished(own)
+            return finished(own), trained
         if (entry / "metrics.json").is_file():
-            return entry
+            return entry, trained
         if not own.is_dir():
-            return finished(entry)
+            return finished(entry), trained
         tmp = entry.parent / f".{entry.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(finished(own), tmp)
         shutil.rmtree(entry, ignore_errors=True)  # an unfinished entry
         os.replace(tmp, entry)
-        return entry
+        return entry, trained
 
 
 def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: Path,
                   progress: bool) -> dict[str, Any]:
     """pret-LMN: the ULM, the memory on its states, the transfer (eqs. 10-15); the ULM run and
-    the memory are kept for resuming."""
+    the memory are kept for resuming. The CPU time of the ULM's training is recorded for the
+    run that trained it (``ulm_cpu_time_s``, every session's; 0 for a run that read it), with
+    the part spent in this process (``ulm_cpu_here_s``, inside the recipe's ``cpu_time_s``): a
+    ULM stage cut by a killed process counts in full (:func:`linmem.report.run_cpu_seconds`)."""
     window = lmn_window(config)
-    ulm_dir = _train_ulm(config, data, run_dir, progress)
+    cpu_started = time.process_time()
+    ulm_dir, trained = _train_ulm(config, data, run_dir, progress)
+    ulm_here = time.process_time() - cpu_started
     ulm, _ = load_run_model(ulm_dir, "best", "cpu")
     ulm = ulm.double()
     memory_path = run_dir / "memory.npz"
@@ -172,7 +182,9 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
             "la_solver": la.solver_, "ulm_nonlinearity": ulm.nonlinearity,
             "lmn_nonlinearity": model.nonlinearity, "ulm_valid_acc": ulm_metrics["valid_acc"],
             "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
-            "ulm_wall_time_s": ulm_metrics["wall_time_s"], "ulm_run": str(ulm_dir)}
+            "ulm_wall_time_s": ulm_metrics["wall_time_s"], "ulm_run": str(ulm_dir),
+            "ulm_cpu_time_s": ulm_metrics.get("cpu_time_s", ulm_metrics["wall_time_s"])
+            if trained else 0.0, "ulm_cpu_here_s": ulm_here if trained else 0.0}
 
 
 def _la_rnn(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: Path,

@@ -88,17 +88,41 @@ def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
     (``metrics.json``: every session's training and the final scoring), else its epochs' in
     ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
     there), and the pretraining's (``pretraining.json``) once; 0 for a run that has written
-    neither. The CPU time where it is recorded, else the wall time (one thread per run)."""
+    neither. The CPU time where it is recorded, else the wall time (one thread per run).
+
+    The unrolled network of a pret-LMN run counts for the run that trained it, every session's
+    (:func:`_ulm_before_seconds`): in flight, ``run_dir/ulm``'s epochs; once pretrained, what
+    its earlier, killed processes spent on it beside the recipe's own clock."""
     run_dir = Path(run_dir)
     epochs = sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in _log_rows(run_dir))
-    pretraining = (_seconds(read_json(run_dir / "pretraining.json"), "cpu_time_s", "wall_time_s")
-                   if (run_dir / "pretraining.json").is_file() else 0.0)
+    if (run_dir / "pretraining.json").is_file():
+        record = read_json(run_dir / "pretraining.json")
+        pretraining = _seconds(record, "cpu_time_s", "wall_time_s")
+        before = _ulm_before_seconds(run_dir, record)
+    else:  # not pretrained, or a ULM stage in flight
+        ulm = run_dir / "ulm"
+        pretraining, before = 0.0, run_cpu_seconds(ulm) if ulm.is_dir() else 0.0
     if not (run_dir / "metrics.json").is_file():
-        return epochs + pretraining
+        return epochs + pretraining + before
     total = _seconds(read_json(run_dir / "metrics.json"), "cpu_time_s", "wall_time_s")
     # the pretraining runs inside the training's clock when one session did both (its wall
     # time then exceeds the pretraining's and the epochs'); otherwise it is added
-    return total if total >= pretraining + epochs else total + pretraining
+    return before + (total if total >= pretraining + epochs else total + pretraining)
+
+
+def _ulm_before_seconds(run_dir: Path, record: dict[str, Any]) -> float:
+    """The CPU seconds a pret-LMN run spent on its unrolled network in processes that ended
+    before its pretraining did (the recipe's ``cpu_time_s`` holds the last one's): recorded
+    since the fields ``ulm_cpu_time_s`` and ``ulm_cpu_here_s`` were; for earlier records whose
+    ULM is the run's own (``run_dir/ulm``), the ULM's logged CPU time beyond the recipe's (a
+    lower bound: the recipe's time also holds the autoencoder's fit); else 0."""
+    if "ulm_cpu_time_s" in record:
+        return max(record["ulm_cpu_time_s"] - record["ulm_cpu_here_s"], 0.0)
+    own = run_dir / "ulm"  # a cache entry is named by its key (:func:`linmem.recipes.ulm_key`)
+    if Path(record.get("ulm_run", "ulm")).name != "ulm" or not (own / "metrics.json").is_file():
+        return 0.0
+    ulm = _seconds(read_json(own / "metrics.json"), "cpu_time_s", "wall_time_s")
+    return max(ulm - _seconds(record, "cpu_time_s", "wall_time_s"), 0.0)
 
 
 def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]] = (),
