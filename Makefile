@@ -75,21 +75,20 @@ results-pretraining: install
 
 # The paper's text: SELU for the unrolled network only, tanh for the final LMN (our pret-lmn-b
 # keeps SELU, an exact transfer). The selected pret-LMN-B of JSB and Piano-midi.de
-# (results/selected/DATA-pret-lmn-b: sizes and weight decay below, the rest the defaults), seeds
-# 1-3, each from the unrolled network and memory of the SELU seed run of results-table2 where it
-# is there (the same computation), so that each pair differs in the LMN's activation only; then
-# the seeds' table against results/seeds.
-ACTIVATION_RUNS ?= jsb:250:250:1e-7 piano:100:250:1e-7
+# (results/selected/DATA-pret-lmn-b) again with seeds 1-3 and a tanh LMN (`linmem reseed
+# --set`), each from the unrolled network and memory of the SELU seed run of results-table2 where
+# it is there (the same computation), so that each pair differs in the LMN's activation only;
+# then the seeds' table against results/seeds.
+ACTIVATION_DATA ?= jsb piano
 results-pretraining-activation: install
-	for spec in $(ACTIVATION_RUNS); do set -- $$(echo $$spec | tr : ' '); d=$$1 h=$$2 m=$$3 wd=$$4; \
-	  for s in 1 2 3; do \
-	  run=runs/pretraining-activation/$$d-pret-lmn-b-tanh-s$$s; src=runs/seeds/$$d-pret-lmn-b/s$$s; \
-	  mkdir -p $$run; [ -d $$run/ulm ] || [ ! -f $$src/memory.npz ] || cp -r $$src/ulm $$src/memory.npz $$run/; \
-	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem pretrain --data $$d --hidden $$h --memory $$m --weight-decay $$wd \
-	    --seed $$s --ulm-nonlinearity selu --nonlinearity tanh --out $$run --resume --quiet || exit 1; \
-	  mkdir -p results/pretraining-activation/$$(basename $$run); \
-	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json $$run/pretraining.json results/pretraining-activation/$$(basename $$run)/; \
-	done; done
+	for d in $(ACTIVATION_DATA); do out=runs/pretraining-activation/$$d-pret-lmn-b-tanh; \
+	  for s in 1 2 3; do src=runs/seeds/$$d-pret-lmn-b/s$$s; mkdir -p $$out/s$$s; \
+	    [ -d $$out/s$$s/ulm ] || [ ! -f $$src/memory.npz ] || cp -r $$src/ulm $$src/memory.npz $$out/s$$s/; done; \
+	  $(VENV)/bin/linmem reseed results/selected/$$d-pret-lmn-b --seeds 1,2,3 --data-dir $(DATA) \
+	    --set nonlinearity=tanh --set ulm_nonlinearity=selu --out $$out --quiet || exit 1; \
+	  for s in 1 2 3; do dest=results/pretraining-activation/$$d-pret-lmn-b-tanh-s$$s; mkdir -p $$dest; \
+	    cp $$out/s$$s/config.json $$out/s$$s/log.jsonl $$out/s$$s/metrics.json $$out/s$$s/pretraining.json $$dest/; done; \
+	done
 	$(VENV)/bin/linmem summarize --seeds results/pretraining-activation results/seeds/jsb-pret-lmn-b-s? \
 	  results/seeds/jsb-lmn-b-s? results/seeds/piano-pret-lmn-b-s? results/seeds/piano-lmn-b-s? \
 	  > results/pretraining-activation/table.md

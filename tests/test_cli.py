@@ -217,3 +217,38 @@ def test_reseed_runs_every_seed_when_one_diverges(tmp_path, data_dir, capsys, mo
     with pytest.raises(recipes.SeedsDiverged) as caught:
         recipes.reseed(run_dir, [2, 3], tmp_path / "again", progress=False)
     assert list(caught.value.finished) == [3]
+
+
+def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkeypatch):
+    """--set FIELD=VALUE: the seeds train the run's config with those fields changed (values
+    read as JSON, else text); unknown fields, the seed and invalid values are refused."""
+    import dataclasses
+
+    from linmem import recipes
+    from linmem.train import TrainConfig
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = TrainConfig(data="jsb", model="pret-lmn-b", hidden=6, memory=5, weight_decay=1e-5,
+                         data_dir=str(data_dir))
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
+    ran = []
+
+    def fake_run(config, run_dir, **kwargs):
+        ran.append(config)
+        return {"valid_acc": 1.0, "test_acc": 2.0, "test_nll": 3.0}
+
+    monkeypatch.setattr(recipes, "run", fake_run)
+    code, _, _ = run_cli("reseed", str(run_dir), "--seeds", "1,2", "--set", "nonlinearity=tanh",
+                         "--set", "ulm_nonlinearity=selu", "--set", "weight_decay=1e-7",
+                         "--set", "chunk=null", "--quiet", capsys=capsys)
+    assert code == 0
+    assert ran == [dataclasses.replace(config, seed=s, nonlinearity="tanh",
+                                       ulm_nonlinearity="selu", weight_decay=1e-7)
+                   for s in (1, 2)]
+    for bad, said in (("colour=red", "cannot set colour"), ("seed=4", "cannot set seed"),
+                      ("hidden=1.5", "hidden"), ("nonlinearity=cosh", "cosh"),
+                      ("hidden", "FIELD=VALUE")):
+        code, _, err = run_cli("reseed", str(run_dir), "--set", bad, "--quiet", capsys=capsys)
+        assert code == 2 and said in err, (bad, err)
+    assert len(ran) == 2

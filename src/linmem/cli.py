@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -555,6 +557,20 @@ def search_import_cmd(file: str, storage: str | None) -> None:
         click.echo(f"{name}: {n} trials added")
 
 
+def _field_values(pairs: Sequence[str]) -> dict[str, Any]:
+    """``FIELD=VALUE`` options as a dict, each VALUE read as JSON where it parses."""
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.strip():
+            raise UsageFailure(f"--set takes FIELD=VALUE, got {pair!r}")
+        try:
+            values[name.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            values[name.strip()] = text
+    return values
+
+
 @cli.command("reseed")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--seeds", default="1,2,3", show_default=True,
@@ -563,11 +579,15 @@ def search_import_cmd(file: str, storage: str | None) -> None:
               help="Folder of the new runs, one sSEED per seed [default: RUN_DIR-seeds].")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder with the data files [default: the run's own].")
+@click.option("--set", "changes", multiple=True, metavar="FIELD=VALUE",
+              help="Change a field of RUN_DIR's config.json (repeatable), e.g. "
+                   "nonlinearity=tanh; VALUE is read as JSON where it parses (1e-7, 250, null), "
+                   "else as text.")
 @click.option("--quiet", is_flag=True)
 def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
-               quiet: bool) -> None:
-    """Train RUN_DIR's configuration again with other seeds (the spread between seeds); run the
-    same command again to resume."""
+               changes: tuple[str, ...], quiet: bool) -> None:
+    """Train RUN_DIR's configuration again with other seeds (the spread between seeds), with
+    the fields --set changes; run the same command again to resume."""
     try:
         values = [int(v) for v in seeds.split(",") if v.strip()]
     except ValueError:
@@ -576,7 +596,8 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
     diverged = None
     try:
         results = dict(zip(values, reseed(run_dir, values, out, progress=not quiet,
-                                          data_dir=data_dir), strict=True))
+                                          data_dir=data_dir, changes=_field_values(changes)),
+                           strict=True))
     except SeedsDiverged as err:
         results, diverged = err.finished, err
     except TrainingDiverged as err:

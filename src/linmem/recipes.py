@@ -24,8 +24,8 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -252,12 +252,14 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
 
 def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
            progress: bool = True, data_dir: str | None = None,
-           command: str | None = None) -> list[dict[str, Any]]:
+           command: str | None = None,
+           changes: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """The run in ``run_dir`` again with each of ``seeds`` (everything else of its
-    ``config.json`` unchanged: data, model, sizes, training settings), into
-    ``out_dir/sSEED``, one after the other; resumable (a finished seed is not run again). The
-    data are read from ``data_dir`` (default: the run's own folder). Returns the metrics of
-    each seed's run (issue 15: the spread between seeds).
+    ``config.json`` unchanged: data, model, sizes, training settings, but the fields
+    ``changes`` sets, e.g. ``{"nonlinearity": "tanh"}``), into ``out_dir/sSEED``, one after
+    the other; resumable (a finished seed is not run again). The data are read from
+    ``data_dir`` (default: the run's own folder). Returns the metrics of each seed's run
+    (issue 15: the spread between seeds).
 
     A seed whose training diverges with no epoch to keep does not stop the others: they all
     run, then :class:`SeedsDiverged` names the diverged seeds and carries the finished ones'
@@ -266,6 +268,12 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
     config = TrainConfig.from_dict(read_json(run_dir / "config.json"))
+    changes = dict(changes or {})
+    unknown = sorted(set(changes) - {f.name for f in fields(TrainConfig)})
+    if unknown or "seed" in changes:
+        raise ValueError(f"cannot set {', '.join(unknown) or 'seed (pass the seeds)'}: the "
+                         f"fields are {', '.join(f.name for f in fields(TrainConfig))}")
+    config = replace(config, **changes)  # validated as any TrainConfig
     if len(set(seeds)) != len(seeds) or not seeds:
         raise ValueError(f"seeds must be distinct and at least one, got {list(seeds)}")
     data = load_polyphonic(config.data, root=data_dir or config.data_dir, progress=progress)
