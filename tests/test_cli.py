@@ -225,12 +225,12 @@ def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkey
     import dataclasses
 
     from linmem import recipes
-    from linmem.train import TrainConfig
+    from linmem.train import TrainConfig, with_data_dir
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    config = TrainConfig(data="jsb", model="pret-lmn-b", hidden=6, memory=5, weight_decay=1e-5,
-                         data_dir=str(data_dir))
+    config = with_data_dir(TrainConfig(data="jsb", model="pret-lmn-b", hidden=6, memory=5,
+                                       weight_decay=1e-5, data_dir=str(data_dir)))
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
     ran = []
 
@@ -252,3 +252,9 @@ def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkey
         code, _, err = run_cli("reseed", str(run_dir), "--set", bad, "--quiet", capsys=capsys)
         assert code == 2 and said in err, (bad, err)
     assert len(ran) == 2
+    # a run that did not name its data folder (results/selected): the seeds name --data-dir
+    (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config),
+                                                     "data_dir": None}))
+    assert run_cli("reseed", str(run_dir), "--seeds", "3", "--data-dir", str(data_dir),
+                   "--quiet", capsys=capsys)[0] == 0
+    assert ran[-1] == dataclasses.replace(config, seed=3)

@@ -276,7 +276,9 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     config = replace(config, **changes)  # validated as any TrainConfig
     if len(set(seeds)) != len(seeds) or not seeds:
         raise ValueError(f"seeds must be distinct and at least one, got {list(seeds)}")
-    data = load_polyphonic(config.data, root=data_dir or config.data_dir, progress=progress)
+    # the seeds' configs name the folder their data came from
+    config = with_data_dir(replace(config, data_dir=data_dir or config.data_dir))
+    data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
     finished: dict[int, dict[str, Any]] = {}
     diverged: dict[int, str] = {}
     for seed in seeds:
