@@ -50,3 +50,30 @@ def test_readme_examples_run_and_say_what_they_give(data_dir, tmp_path, monkeypa
         unregister("my-rnn")
     metrics = json.loads((tmp_path / "runs" / "my-rnn" / "metrics.json").read_text())
     assert metrics["model"] == "my-rnn" and metrics["epochs"] == 1
+
+
+def test_readme_command_line_names_real_commands_and_options():
+    """Every ``linmem ...`` line of the README's command-line summary names a command that
+    exists, and every ``--option`` on it (or on its continuation lines) is one that command
+    takes (``pretrain`` takes ``train``'s)."""
+    import click
+
+    from linmem.cli import cli, train_cmd
+
+    block = README.read_text().split("## Command line", 1)[1]
+    block = block.split("```bash\n", 1)[1].split("```", 1)[0]
+    entries: list[tuple[list[str], set[str]]] = []
+    for line in block.splitlines():
+        code = line.split("#", 1)[0]  # a comment says what the line does
+        if code.startswith("linmem "):
+            entries.append((code.split()[1:], set()))
+        entries[-1][1].update(re.findall(r"--[a-z][a-z0-9-]*", code))
+    assert len(entries) >= 15
+    for words, options in entries:
+        command = cli
+        while isinstance(command, click.Group) and words:
+            _, command, words = command.resolve_command(click.Context(command), words)
+        taken = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+        if command.name == "pretrain":
+            taken |= {o for p in train_cmd.params for o in (*p.opts, *p.secondary_opts)}
+        assert options <= taken, (command.name, options - taken)
