@@ -77,3 +77,11 @@ def test_readme_command_line_names_real_commands_and_options():
         if command.name == "pretrain":
             taken |= {o for p in train_cmd.params for o in (*p.opts, *p.secondary_opts)}
         assert options <= taken, (command.name, options - taken)
+
+
+def test_every_make_target_the_docs_name_is_in_the_makefile():
+    root = README.parent
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", (root / "Makefile").read_text(), re.M))
+    docs = [README, *sorted((root / "results").rglob("*.md"))]
+    named = {t for doc in docs for t in re.findall(r"`make ([a-z][a-z0-9-]*)", doc.read_text())}
+    assert len(named) >= 10 and named <= targets, sorted(named - targets)
