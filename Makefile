@@ -147,9 +147,12 @@ results-table2: install
 	  $(T2_RUN) reseed $$($(SELECTED) $$d $$m) --seeds 1,2,3 --out runs/seeds/$$d-$$m --data-dir $(DATA) --quiet; done; done
 	for m in lmn-b pret-lmn-b lstm; do \
 	  $(T2_RUN) reseed results/selected/jsb-$$m --seeds 1,2,3 --out runs/seeds/jsb-$$m --data-dir $(DATA) --quiet; done
+	# a seed that ended, scored (metrics.json) or diverged (diverged.json: it counts as run)
 	for run in runs/seeds/*/s*/; do name=$$(basename $$(dirname $$run))-$$(basename $$run); \
-	  mkdir -p results/seeds/$$name; cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/seeds/$$name/; \
-	  [ ! -f $$run/pretraining.json ] || cp $$run/pretraining.json results/seeds/$$name/; done
+	  [ -f $$run/metrics.json ] || [ -f $$run/diverged.json ] || continue; \
+	  rm -rf results/seeds/$$name; mkdir -p results/seeds/$$name; \
+	  for f in config.json log.jsonl metrics.json diverged.json pretraining.json; do \
+	    [ ! -f $$run/$$f ] || cp $$run/$$f results/seeds/$$name/; done; done
 	$(MAKE) results-report results-progress
 results-report: install
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search/search.db --grid all --runs-root . \

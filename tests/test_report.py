@@ -242,6 +242,49 @@ def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
         seed_groups([run("lmn-b", 1, 27.0), run("lmn-b", 1, 27.5)])
 
 
+def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
+    """A seed whose training diverged (``diverged.json``, no scores) is read with the seeds,
+    named in the table and in the claim, and left out of the means; the claim needs three seeds
+    run and two finished per model."""
+    from linmem.report import collect_metrics, seed_groups, table2_markdown
+
+    def run(model, seed, acc=None):
+        folder = tmp_path / f"{model}-s{seed}"
+        (folder / "ulm").mkdir(parents=True, exist_ok=True)  # a step inside: not a run
+        (folder / "ulm" / "metrics.json").write_text(json.dumps({"model": "ulm"}))
+        record = {"dataset": "nottingham", "model": model, "hidden": 250, "memory": 250,
+                  "weight_decay": 1e-5, "seed": seed}
+        if acc is None:
+            name, record = "diverged.json", {**record, "diverged": "NaN in epoch 1"}
+        else:
+            name, record = "metrics.json", {**record, "test_acc": acc, "test_acc_frame": acc,
+                                            "test_nll": 3.0, "valid_acc": acc}
+        (folder / name).write_text(json.dumps(record))
+
+    for seed, acc in ((1, 71.5), (2, 71.7), (3, 71.6)):
+        run("lmn-b", seed, acc)
+    run("pret-lmn-b", 1)
+    run("pret-lmn-b", 2, 73.0)
+    run("pret-lmn-b", 3, 73.4)
+    assert len(collect_metrics([tmp_path])) == 5  # scores only: the diverged seed left out
+    records = collect_metrics([tmp_path], diverged=True)
+    assert len(records) == 6 and all(r["model"] != "ulm" for r in records)
+    groups = seed_groups(records)
+    assert groups[1]["seeds"] == [2, 3] and groups[1]["diverged_seeds"] == [1]
+    assert groups[1]["test_acc"]["n"] == 2 and groups[1]["test_acc"]["mean"] == 73.2
+    table = table2_markdown([], seeds=groups)
+    assert "| Nottingham | pret-LMN-B | 250, 250 | 1e-05 | 2, 3 (1 diverged) | 73.20 ± " in table
+    assert ("- Nottingham: pret-LMN-B against LMN-B: +1.60 points global, the ranges do not "
+            "overlap (beyond the spread between seeds); +1.60 points per-frame mean, the ranges "
+            "do not overlap (beyond the spread between seeds) (pret-LMN-B's seed 1 diverged (no "
+            "score): the means and ranges are over the seeds that finished).") in table
+    (tmp_path / "pret-lmn-b-s3" / "metrics.json").unlink()
+    run("pret-lmn-b", 3)  # two of three diverged: no verdict
+    table = table2_markdown([], seeds=seed_groups(collect_metrics([tmp_path], diverged=True)))
+    assert ("- Nottingham: pret-LMN-B against LMN-B: fewer than 2 seeds of one finished; no "
+            "verdict (pret-LMN-B's seeds 1, 3 diverged (no score)") in table
+
+
 def test_seed_groups_keep_activations_apart(tmp_path, capsys):
     """pret-LMN-B with tanh (the paper's text) beside the default SELU one: two groups, each
     against LMN-B; `linmem summarize --seeds` prints the same from run directories."""

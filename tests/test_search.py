@@ -234,13 +234,18 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     (seed / "log.jsonl").write_text('{"epoch": 1, "epoch_cpu_s": 3600.0}\n')
     (seed / "ulm" / "log.jsonl").write_text('{"epoch": 1, "epoch_cpu_s": 1800.0}\n')
     (seed / "pretraining.json").write_text('{"cpu_time_s": 1800.0}')
+    failed = tmp_path / "seeds" / "s2"  # diverged in its first epoch: no log, counted all the same
+    failed.mkdir()
+    (failed / "pretraining.json").write_text('{"cpu_time_s": 1800.0}')
+    (failed / "diverged.json").write_text('{"cpu_time_s": 1900.0}')
     main(["progress", "--storage", storage, "--grid", "tiny", "--summary", str(earlier),
           "--run", str(tmp_path / "seeds"), "--out", str(out)])
     text = out.read_text()
     assert f"| {seed} (single run) | – | – | – | 1.50 |" in text and "ulm (single" not in text
+    assert f"| {failed} (single run) | – | – | – | 0.53 |" in text
     assert "| jsb-lmn-b-tiny | 4 / 4 | 0 | 0 |" in text and "| jsb-rnn-tiny | 0 / 4 |" in text
     assert "| jsb-gru-paper (earlier: trial wall time) | 25 / 25 | 0 | 0 | 2.00 |" in text
-    assert f"CPU hours logged: **{(logged + 7200 + 5400) / 3600:.1f}**" in text
+    assert f"CPU hours logged: **{(logged + 7200 + 5400 + 1900) / 3600:.1f}**" in text
     assert "Made by `" in text
 
 
@@ -291,6 +296,13 @@ def test_run_cpu_seconds_counts_a_killed_ulm_stage_for_the_run_that_trained_it(t
     (run / "log.jsonl").write_text('{"epoch": 1, "epoch_time_s": 2.0, "epoch_cpu_s": 1.0}\n')
     (run / "metrics.json").write_text('{"wall_time_s": 6.0, "cpu_time_s": 5.5}')
     assert run_cpu_seconds(run) == 12.5  # the recipe inside the training's clock: 7 + 5.5
+    # failed by diverging in its first epoch (no log): the recipe and that attempt's clock
+    (run / "metrics.json").unlink()
+    (run / "log.jsonl").unlink()
+    (run / "diverged.json").write_text('{"wall_time_s": 2.0, "cpu_time_s": 1.5}')
+    assert run_cpu_seconds(run) == 7.0 + 4.0 + 1.5  # pretrained in an earlier process
+    (run / "diverged.json").write_text('{"wall_time_s": 20.0, "cpu_time_s": 19.0}')
+    assert run_cpu_seconds(run) == 7.0 + 19.0  # the same process: inside its clock
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()

@@ -237,6 +237,16 @@ def test_divergence_in_the_first_epoch_fails_the_run(tmp_path, small, monkeypatc
     with pytest.raises(TrainingDiverged, match=r"Lower --lr or set --clip\.$"):
         train(config(clip=None), tmp_path / "run2", progress=False, data=small)
     assert not (tmp_path / "run" / "last.pt").exists()
+    # the failure is recorded where the scores would be: why, with the run's provenance
+    record = json.loads((tmp_path / "run" / "diverged.json").read_text())
+    assert record["diverged"].startswith("the training loss became NaN or inf in epoch 1")
+    assert record["epochs"] == 0 and record["seed"] == config().seed
+    assert record["model"] == config().model and record["commit"] and record["cpu_time_s"] > 0
+    assert not (tmp_path / "run" / "metrics.json").exists()
+    monkeypatch.undo()  # trained again, it finishes: the earlier failure's record goes
+    train(config(), tmp_path / "run", resume=True, progress=False, data=small)
+    assert (tmp_path / "run" / "metrics.json").is_file()
+    assert not (tmp_path / "run" / "diverged.json").exists()
 
 
 def test_evaluate_rejects_non_finite_outputs(small):

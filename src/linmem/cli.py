@@ -453,7 +453,7 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
     except ValueError as err:  # JSONDecodeError is one
         raise UsageFailure(f"--baseline {baseline}: not a baseline file ({err})") from None
     try:
-        seeds = seed_groups(collect_metrics(seed_runs)) if seed_runs else []
+        seeds = seed_groups(collect_metrics(seed_runs, diverged=True)) if seed_runs else []
     except (ValueError, FileNotFoundError) as err:
         raise UsageFailure(f"--seed-runs: {err}") from None
     write_search_report(records, out_dir, command_line(), runs_root, calibration, seeds)
@@ -504,10 +504,11 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
                     for r in earlier if r["study"] and (r["dataset"], r["model"]) not in here]
     singles = []
     for path in map(Path, runs):
-        found = ([path] if (path / "log.jsonl").is_file() else
-                 sorted(p.parent for p in path.rglob("log.jsonl")))
+        marks = ("log.jsonl", "diverged.json")  # a run diverged in its first epoch has no log
+        found = ([path] if any((path / m).is_file() for m in marks) else
+                 sorted({p.parent for m in marks for p in path.rglob(m)}))
         if not found:
-            raise UsageFailure(f"--run {path}: no run (log.jsonl) there")
+            raise UsageFailure(f"--run {path}: no run (log.jsonl or diverged.json) there")
         # a run's pretraining runs (RUN/ulm, RUN/rnn) count in their run's figure
         singles += [(str(p), run_cpu_seconds(p)) for p in found
                     if not any(q in p.parents for q in found)]
@@ -822,8 +823,8 @@ def summarize_cmd(paths: tuple[str, ...], seeds: bool) -> None:
     try:
         records = collect_metrics(paths)
         click.echo(markdown_table(records), nl=False)
-        if seeds:
-            click.echo("\n" + seeds_markdown(seed_groups(records)))
+        if seeds:  # a seed that diverged counts as run
+            click.echo("\n" + seeds_markdown(seed_groups(collect_metrics(paths, diverged=True))))
     except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None
 

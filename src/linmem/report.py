@@ -85,7 +85,8 @@ def _seconds(record: dict[str, Any], cpu: str, wall: str) -> float:
 
 def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
     """The CPU seconds a run's training took as its files record them: a finished run's
-    (``metrics.json``: every session's training and the final scoring), else its epochs' in
+    (``metrics.json``: every session's training and the final scoring; ``diverged.json``: that
+    of a run that failed by diverging, its last attempt's), else its epochs' in
     ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
     there), and the pretraining's (``pretraining.json``) once; 0 for a run that has written
     neither. The CPU time where it is recorded, else the wall time (one thread per run).
@@ -102,9 +103,11 @@ def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
     else:  # not pretrained, or a ULM stage in flight
         ulm = run_dir / "ulm"
         pretraining, before = 0.0, run_cpu_seconds(ulm) if ulm.is_dir() else 0.0
-    if not (run_dir / "metrics.json").is_file():
+    end = next((run_dir / n for n in ("metrics.json", "diverged.json")
+                if (run_dir / n).is_file()), None)
+    if end is None:
         return epochs + pretraining + before
-    total = _seconds(read_json(run_dir / "metrics.json"), "cpu_time_s", "wall_time_s")
+    total = _seconds(read_json(end), "cpu_time_s", "wall_time_s")
     # the pretraining runs inside the training's clock when one session did both (its wall
     # time then exceeds the pretraining's and the epochs'); otherwise it is added
     return before + (total if total >= pretraining + epochs else total + pretraining)
@@ -222,20 +225,32 @@ def memory_markdown(runs: Sequence[dict], command: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
+def collect_metrics(paths: Iterable[str | os.PathLike], diverged: bool = False) -> list[dict]:
     """The ``metrics.json`` records under ``paths`` (run directories or folders holding them;
     a run's own steps, such as a pretraining run inside it, are not runs of their own),
     sorted by path, each with its ``run`` (the directory), its batch size and chunk (from
     ``config.json``) and, where the run's ``log.jsonl`` is there, the training minutes to the
-    selected epoch, its best validation NLL and the validation accuracy at that epoch."""
+    selected epoch, its best validation NLL and the validation accuracy at that epoch.
+    ``diverged``: also the runs that failed by diverging (``diverged.json``, no scores; its
+    ``diverged`` field says why)."""
+    ends = ("metrics.json", "diverged.json")  # the files a run ends with
+    names = ends if diverged else ends[:1]
+
+    def is_run(folder: Path) -> bool:
+        return any((folder / n).is_file() for n in ends)
+
     records = []
     for root in paths:
         root = Path(root)
-        files = [root / "metrics.json"] if (root / "metrics.json").is_file() else sorted(
-            f for f in root.rglob("metrics.json")  # not the steps inside a run (pretraining)
-            if not any((d / "metrics.json").is_file() for d in f.parent.parents
-                       if d.is_relative_to(root) and d != root))
-        for f in files:
+        folders = [root] if is_run(root) else sorted(
+            {f.parent for n in ends for f in root.rglob(n)
+             # a run, not a step inside a run (pretraining)
+             if not any(is_run(d) for d in f.parent.parents
+                        if d.is_relative_to(root) and d != root)})
+        for folder in folders:
+            f = next((folder / n for n in names if (folder / n).is_file()), None)
+            if f is None:  # a run that diverged, not asked for
+                continue
             config = (json.loads((f.parent / "config.json").read_text())
                       if (f.parent / "config.json").is_file() else {})
             record = {**{k: config.get(k) for k in ("batch_size", "chunk", "nonlinearity")},
@@ -244,7 +259,7 @@ def collect_metrics(paths: Iterable[str | os.PathLike]) -> list[dict]:
             record["run"] = str(f.parent)
             records.append(record)
     if not records:
-        raise FileNotFoundError("no metrics.json under " + ", ".join(map(str, paths)))
+        raise FileNotFoundError(f"no {' or '.join(names)} under " + ", ".join(map(str, paths)))
     return sorted(records, key=lambda r: r["run"])
 
 
@@ -433,22 +448,26 @@ def _label(group: dict) -> str:
 
 def seed_groups(runs: Sequence[dict]) -> list[dict]:
     """Runs (``metrics.json`` records of :func:`collect_metrics`) that differ only in their seed,
-    grouped by (data set, model, activation, sizes, weight decay): per group the seeds, and the
-    mean, standard deviation (``ddof = 1``), minimum and maximum of each of
-    :data:`SEED_METRICS`."""
+    grouped by (data set, model, activation, sizes, weight decay): per group the seeds that
+    finished (``seeds``) and those that diverged (``diverged_seeds``: records with a
+    ``diverged`` field and no scores), and the mean, standard deviation (``ddof = 1``), minimum
+    and maximum of each of :data:`SEED_METRICS` over the finished ones."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         key = (r["dataset"], r["model"], _activation(r), r.get("hidden"), r.get("memory"),
                r.get("weight_decay"))
         groups.setdefault(key, []).append(r)
     out = []
-    for (dataset, model, act, hidden, memory, wd), rs in groups.items():
-        seeds = [r.get("seed") for r in rs]
+    for (dataset, model, act, hidden, memory, wd), every in groups.items():
+        seeds = [r.get("seed") for r in every]
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"{model} on {dataset}: seed {seeds} given twice")
+        rs = [r for r in every if "diverged" not in r]
         group = {"dataset": dataset, "model": model, "nonlinearity": act, "hidden": hidden,
-                 "memory": memory, "weight_decay": wd, "seeds": sorted(seeds),
-                 "runs": sorted(r["run"] for r in rs)}
+                 "memory": memory, "weight_decay": wd,
+                 "seeds": sorted(r.get("seed") for r in rs),
+                 "diverged_seeds": sorted(r.get("seed") for r in every if "diverged" in r),
+                 "runs": sorted(r["run"] for r in every)}
         for key in SEED_METRICS:
             values = np.array([r[key] for r in rs if r.get(key) is not None], dtype=float)
             if len(values):
@@ -481,12 +500,16 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
              "mean) | test NLL |", "|---|---|---|---|---|---:|---:|---:|"]
     for g in groups:
         size = f"{g['hidden']}" + (f", {g['memory']}" if g.get("memory") else "")
+        seeds = ", ".join(map(str, g["seeds"])) + (
+            f" ({', '.join(map(str, g['diverged_seeds']))} diverged)"
+            if g.get("diverged_seeds") else "")
         lines.append(f"| {TABLE2_TITLES.get(g['dataset'], g['dataset'])} | "
                      f"{_label(g)} | {size} | {g['weight_decay']:g} | "
-                     f"{', '.join(map(str, g['seeds']))} | {spread(g, 'test_acc')} | "
+                     f"{seeds} | {spread(g, 'test_acc')} | "
                      f"{spread(g, 'test_acc_frame')} | {spread(g, 'test_nll')} |")
     lines += ["", "Mean ± standard deviation (minimum-maximum) over the seeds of the selected "
-              "configuration. The paper's two claims per data set (test accuracy, global and "
+              "configuration (a seed whose training diverged, with no score, is named and left "
+              "out of them). The paper's two claims per data set (test accuracy, global and "
               "per-frame mean): the difference of the means, and whether the seeds' ranges "
               "overlap:", ""]
     # against the model run as the paper's Table 2 has it (its default activation); the
@@ -504,9 +527,17 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
 def _claim_line(title: str, b: dict, a: dict) -> str:
     """One of the paper's claims on one data set: seed group ``b`` against ``a``."""
     head = f"- {title}: {_label(b)} against {_label(a)}: "
-    if min(len(a["seeds"]), len(b["seeds"])) < MIN_CLAIM_SEEDS:
-        return (f"{head}{len(b['seeds'])} seed(s) of {_label(b)} and {len(a['seeds'])} of "
+    ran = {id(g): len(g["seeds"]) + len(g.get("diverged_seeds", [])) for g in (a, b)}
+    if min(ran.values()) < MIN_CLAIM_SEEDS:
+        return (f"{head}{ran[id(b)]} seed(s) of {_label(b)} and {ran[id(a)]} of "
                 f"{_label(a)} so far; no verdict under {MIN_CLAIM_SEEDS} each.")
+    failed = [f"{_label(g)}'s seed{'s' * (len(g['diverged_seeds']) > 1)} "
+              f"{', '.join(map(str, g['diverged_seeds']))} diverged (no score)"
+              for g in (b, a) if g.get("diverged_seeds")]
+    note = (f" ({'; '.join(failed)}: the means and ranges are over the seeds that finished)"
+            if failed else "")
+    if min(len(a["seeds"]), len(b["seeds"])) < 2:
+        return f"{head}fewer than 2 seeds of one finished; no verdict{note}."
     parts = []
     for key, metric in (("test_acc", "global"), ("test_acc_frame", "per-frame mean")):
         if key not in a or key not in b:
@@ -516,7 +547,7 @@ def _claim_line(title: str, b: dict, a: dict) -> str:
         parts.append(f"{y['mean'] - x['mean']:+.2f} points {metric}, the ranges "
                      + ("do not overlap (beyond the spread between seeds)" if apart
                         else "overlap (within the spread between seeds)"))
-    return head + "; ".join(parts) + "."
+    return head + "; ".join(parts) + note + "."
 
 
 def table2_markdown(records: Sequence[dict], command: str | None = None,

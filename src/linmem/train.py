@@ -9,6 +9,8 @@ A run lives in one directory::
     best.pt         model weights of the best validation accuracy so far
     metrics.json    final validation and test scores of best.pt, with provenance (the
                     machine of the timings included)
+    diverged.json   instead of metrics.json, when the run failed by diverging (no epoch to
+                    keep, or ``on_divergence="raise"``): why, the epochs kept, provenance
 
 Every file is written atomically, so a run killed at any moment resumes from its last finished
 epoch. The batch order of epoch ``e`` depends only on ``(seed, e)`` and the model and optimizer
@@ -464,8 +466,8 @@ def train(
     Raises:
         TrainingDiverged: the loss or the validation outputs became NaN/inf with
             ``config.on_divergence == "raise"``, or in the first epoch (no good epoch to keep);
-            ``last.pt`` keeps the last good epoch. With ``"stop"`` the run ends there instead
-            and stays ended on ``resume``.
+            ``last.pt`` keeps the last good epoch, ``diverged.json`` records why. With
+            ``"stop"`` the run ends there instead and stays ended on ``resume``.
     """
     run_dir = Path(run_dir)
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -574,6 +576,12 @@ def train(
                         "no epoch had finished: nothing is kept (the initial weights, "
                         "pretrained ones included, may diverge on long sequences already)")
                 hint = "Lower --lr" + (" or set --clip" if config.clip is None else "")
+                # the failure is a result too (a seed that diverged counts as run)
+                write_json(run_dir / "diverged.json", {
+                    **_run_fields(config), "diverged": why, "epochs": state["epoch"],
+                    **provenance(state["command"], commit, config.seed,
+                                 _checksum_or_none(config), spent()[0], device),
+                    "cpu_time_s": spent()[1], "pretraining": _pretraining_record(run_dir)})
                 raise TrainingDiverged(f"{why}; {kept}. {hint}.") from None
             state = _stop_diverged(run_dir, state, why, *spent())
             if progress:
@@ -616,9 +624,7 @@ def train(
     valid = evaluate(best, data["valid"], config.eval_batch_size, device)
     test = evaluate(best, data["test"], config.eval_batch_size, device)
     metrics = {
-        "dataset": config.data, "model": config.model, "hidden": config.hidden,
-        "memory": config.memory, "num_layers": config.num_layers,
-        "weight_decay": config.weight_decay,
+        **_run_fields(config),
         "valid_acc": 100 * valid["acc"], "valid_nll": valid["nll"],
         "test_acc": 100 * test["acc"], "test_nll": test["nll"],
         "valid_acc_frame": 100 * valid["acc_frame"], "test_acc_frame": 100 * test["acc_frame"],
@@ -631,8 +637,7 @@ def train(
         **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
                      spent()[0], device),
         "data_digest": content_digest(data), "device": str(device),
-        "pretraining": (read_json(run_dir / "pretraining.json")
-                        if (run_dir / "pretraining.json").is_file() else None),
+        "pretraining": _pretraining_record(run_dir),
         "units": "accuracies in percent (Bay et al. 2009, global, threshold 0.5 unless named), "
                  "NLL in nats per time step",
     }
@@ -642,7 +647,20 @@ def train(
     # the CPU time of every thread: below the wall time when other processes share the cores
     metrics["wall_time_s"], metrics["cpu_time_s"] = spent()
     write_json(run_dir / "metrics.json", metrics)
+    (run_dir / "diverged.json").unlink(missing_ok=True)  # an earlier attempt's
     return metrics
+
+
+def _run_fields(config: TrainConfig) -> dict[str, Any]:
+    """What a run's result files say of the configuration first."""
+    return {"dataset": config.data, "model": config.model, "hidden": config.hidden,
+            "memory": config.memory, "num_layers": config.num_layers,
+            "weight_decay": config.weight_decay}
+
+
+def _pretraining_record(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "pretraining.json"
+    return read_json(path) if path.is_file() else None
 
 
 def with_data_dir(config: TrainConfig) -> TrainConfig:
