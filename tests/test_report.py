@@ -283,6 +283,11 @@ def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
     table = table2_markdown([], seeds=seed_groups(collect_metrics([tmp_path], diverged=True)))
     assert ("- Nottingham: pret-LMN-B against LMN-B: fewer than 2 seeds of one finished; no "
             "verdict (pret-LMN-B's seeds 1, 3 diverged (no score)") in table
+    (tmp_path / "pret-lmn-b-s2" / "metrics.json").unlink()
+    run("pret-lmn-b", 2)  # none finished: a row with no scores, no claim
+    table = table2_markdown([], seeds=seed_groups(collect_metrics([tmp_path], diverged=True)))
+    assert "| Nottingham | pret-LMN-B | 250, 250 | 1e-05 | (1, 2, 3 diverged) | – | – | – |" \
+        in table and "pret-LMN-B against" not in table
 
 
 def test_seed_groups_keep_activations_apart(tmp_path, capsys):

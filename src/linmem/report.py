@@ -500,9 +500,9 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
              "mean) | test NLL |", "|---|---|---|---|---|---:|---:|---:|"]
     for g in groups:
         size = f"{g['hidden']}" + (f", {g['memory']}" if g.get("memory") else "")
-        seeds = ", ".join(map(str, g["seeds"])) + (
-            f" ({', '.join(map(str, g['diverged_seeds']))} diverged)"
-            if g.get("diverged_seeds") else "")
+        seeds = " ".join(filter(None, [", ".join(map(str, g["seeds"])), (
+            f"({', '.join(map(str, g['diverged_seeds']))} diverged)"
+            if g.get("diverged_seeds") else "")]))
         lines.append(f"| {TABLE2_TITLES.get(g['dataset'], g['dataset'])} | "
                      f"{_label(g)} | {size} | {g['weight_decay']:g} | "
                      f"{seeds} | {spread(g, 'test_acc')} | "
