@@ -447,6 +447,45 @@ def test_initial_memory_stays_bounded():
     assert eig < 0.75
 
 
+@pytest.mark.parametrize("nonlinearity, slope", [("selu", 1.0507009873554805), ("relu", 1.0)])
+def test_memory_loop_gain_is_the_growth_rate_of_the_state(nonlinearity, slope):
+    """With positive weights, inputs and biases every functional unit stays on the linear side
+    of its activation, so the memory grows by the Perron root of W^mm + s W^hm W^mh per step:
+    the ratio of successive state norms of the layer itself, over many steps, is the loop gain
+    (while rho(W^mm) < 1). A tanh layer with the same weights stays bounded."""
+    torch.manual_seed(3)
+    lmn = LMN(4, 5, 3, nonlinearity=nonlinearity).double()
+    with torch.no_grad():
+        for name, p in lmn.named_parameters():
+            p.copy_(torch.rand_like(p) * (0.2 if name.startswith("weight_mm") else 0.5))
+    gain = lmn_nn.memory_loop_gains(lmn.state_dict(), nonlinearity)[0]
+    w = {k: v.detach() for k, v in lmn.state_dict().items()}
+    perron = torch.linalg.eigvals(w["weight_mm_l0"] + slope * w["weight_hm_l0"]
+                                  @ w["weight_mh_l0"]).abs().max()
+    assert torch.linalg.eigvals(w["weight_mm_l0"]).abs().max() < 1 < gain
+    assert gain == pytest.approx(float(perron), rel=1e-12)
+    with torch.no_grad():
+        out, _ = lmn(torch.ones(200, 1, 4, dtype=torch.float64))
+    norms = out[:, 0].norm(dim=-1)
+    assert float(norms[-1] / norms[-2]) == pytest.approx(gain, rel=1e-9)
+    bounded = LMN(4, 5, 3, nonlinearity="tanh").double()
+    bounded.load_state_dict(lmn.state_dict())
+    with torch.no_grad():
+        out, _ = bounded(torch.ones(2000, 1, 4, dtype=torch.float64))
+    assert out.abs().max() < 1e3 and lmn_nn.memory_loop_gains(bounded.state_dict(), "tanh")[0] > 1
+
+
+def test_memory_loop_gains_per_layer_of_a_model_state():
+    from linmem.models import build_model
+
+    model = build_model("lmn-b", 6, memory=4, num_layers=2, nonlinearity="selu")
+    gains = lmn_nn.memory_loop_gains(model.state_dict(), "selu")  # keys "core.weight_mm_l0", ...
+    assert len(gains) == 2 and all(g > 0 for g in gains)
+    assert lmn_nn.memory_loop_gains(build_model("lstm", 4).state_dict(), "tanh") == []
+    with pytest.raises(ValueError, match="nonlinearity"):
+        lmn_nn.memory_loop_gains(model.state_dict(), "cosh")
+
+
 def test_bad_input_is_rejected():
     lmn = LMN(3, 4, 5)
     with pytest.raises(ValueError, match="features"):

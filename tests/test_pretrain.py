@@ -2,6 +2,7 @@
 (exact at full rank: the equivalence of the paper's section 3, executable), pret-RNN."""
 
 import json
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -284,6 +285,11 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
     ulm_cpu = json.loads((entry / "metrics.json").read_text())["cpu_time_s"]
     assert infos[0]["ulm_cpu_time_s"] == ulm_cpu > 0 and infos[0]["ulm_cpu_here_s"] > 0
     assert infos[1]["ulm_cpu_time_s"] == infos[1]["ulm_cpu_here_s"] == 0.0
+    # the pretrained LMN's memory loop gain, as its initial weights give it
+    from linmem.nn import memory_loop_gains
+
+    init = torch.load(tmp_path / "a" / "init.pt", weights_only=True)
+    assert infos[0]["lmn_loop_gain"] == memory_loop_gains(init, "selu")
     assert run_cli("pretrain", *common, "--memory", "12", "--out", str(tmp_path / "own")) == 0
     def scores(log_text):  # a log without its timings
         return [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}
@@ -363,3 +369,22 @@ def test_analysis_command_writes_json_and_png(tmp_path, data_dir):
     assert abs(rows[1]["lmn_valid_acc"] - result["ulm_valid_acc"]) < 0.05
     assert len(result["first_sequence"]["relative_error"]) > 10
     assert (out / "figure5.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pretraining_warns_of_a_memory_loop_gain_above_one(tmp_path, data_dir, monkeypatch):
+    """An unbounded activation with a loop gain above 1 (Nottingham's two diverged SELU
+    initialisations had 1.67 and 1.75) is said before fine-tuning starts; tanh is not."""
+    import linmem.recipes
+
+    monkeypatch.setattr(linmem.recipes, "memory_loop_gains", lambda state, act: [0.9, 1.7])
+    common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "6", "--memory", "5",
+              "--k", "3", "--batch-size", "64", "--epochs", "1", "--quiet"]
+    with pytest.warns(UserWarning, match=r"loop has gain 1\.700 > 1 with selu"):
+        assert run_cli("pretrain", *common, "--out", str(tmp_path / "selu")) == 0
+    info = json.loads((tmp_path / "selu" / "pretraining.json").read_text())
+    assert info["lmn_loop_gain"] == [0.9, 1.7]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run_cli("pretrain", *common, "--nonlinearity", "tanh", "--ulm-nonlinearity",
+                       "selu", "--out", str(tmp_path / "tanh")) == 0
+    assert not [w for w in caught if "loop has gain" in str(w.message)]

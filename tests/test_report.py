@@ -369,6 +369,19 @@ def test_memory_radii_and_table(tmp_path):
     assert memory_radii(tmp_path / "lstm.pt") == []
     record = {"run": str(run), "model": "lmn-b", "batch_size": 4, "chunk": None, "epochs": 5,
               "best_epoch": 3, "valid_acc": 28.0, "stop_reason": "diverged: in epoch 6; kept"}
+    from linmem.nn import memory_loop_gains
+
+    selected = ", ".join(f"{g:.3f}" for g in memory_loop_gains(model.state_dict(), "tanh"))
     table = memory_markdown([record], command="linmem memory x")
     assert "| search/run | lmn-b | 4 | whole | 5 | 3 | 28.00 | diverged: in epoch 6 | 2.000, " \
-           "0.500 | – |" in table and "Made by `linmem memory x`." in table
+           f"0.500 | – | – | {selected} |" in table and "Made by `linmem memory x`." in table
+    # a pretrained run that diverged in its first epoch: its initial weights' loop gain
+    failed = tmp_path / "search" / "failed"
+    failed.mkdir()
+    pretrained = build_model("pret-lmn-b", 6, memory=3, nonlinearity="selu")
+    torch.save(pretrained.state_dict(), failed / "init.pt")
+    start = memory_loop_gains(pretrained.state_dict(), "selu")[0]
+    record = {"run": str(failed), "model": "pret-lmn-b", "nonlinearity": "selu",
+              "batch_size": 4, "chunk": None, "epochs": 0, "diverged": "NaN loss in epoch 1"}
+    assert (f"| search/failed | pret-lmn-b | 4 | whole | 0 | – | – | failed: diverged: NaN loss "
+            f"in epoch 1 | – | – | {start:.3f} | – |") in memory_markdown([record])

@@ -805,10 +805,12 @@ def baseline_cmd(datasets: tuple[str, ...], data_dir: str | None, out: str) -> N
 @cli.command("memory")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 def memory_cmd(paths: tuple[str, ...]) -> None:
-    """Markdown table of the runs under PATHS with the spectral radius of their linear memory
-    (W^mm, eq. 7) at the selected and the last epoch, and how they stopped."""
+    """Markdown table of the runs under PATHS (those that diverged with no score too) with the
+    spectral radius of their linear memory (W^mm, eq. 7) at the selected and the last epoch,
+    the gain of its loop through the functional units, and how they stopped."""
     try:
-        click.echo(memory_markdown(collect_metrics(paths), command_line()), nl=False)
+        click.echo(memory_markdown(collect_metrics(paths, diverged=True), command_line(),
+                                   git_commit()), nl=False)
     except FileNotFoundError as err:
         raise UsageFailure(str(err)) from None
 

@@ -41,6 +41,7 @@ __all__ = [
     "activation_slope",
     "lmn_recurrence",
     "measure_cpu_paths",
+    "memory_loop_gains",
     "use_cpu_kernel",
 ]
 
@@ -620,6 +621,29 @@ def activation_slope(h: Tensor, nonlinearity: str) -> Tensor:
     if nonlinearity == "relu":
         return (h > 0).to(h.dtype)
     return torch.where(h > 0, _SELU_SCALE, h + _SELU_SCALE * _SELU_ALPHA)
+
+
+def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float]:
+    """Per LMN layer of a ``state_dict`` (keys ending ``weight_mm_lN``, ``weight_hm_lN``,
+    ``weight_mh_lN``, any prefix), the spectral radius of the memory's linearised recurrence
+    with every functional unit on its unbounded side: ``rho(W^mm + s W^hm W^mh)`` (eqs. 6-7:
+    ``m_t`` depends on ``m_{t-1}`` directly and through ``h_t``), ``s`` the activation's slope
+    there (relu 1, selu its scale 1.0507; tanh, bounded, its slope at 0, 1).
+
+    ``rho(W^mm) < 1`` alone does not keep the state finite when the activation is unbounded:
+    above 1 here, units driven into their linear side feed the memory back with a gain above
+    one, and the state can grow geometrically along a sequence. A tanh LMN's ``|h| <= 1`` keeps
+    its memory bounded while ``rho(W^mm) < 1`` whatever this gain."""
+    _check_nonlinearity(nonlinearity)
+    slope = _SELU_SCALE if nonlinearity == "selu" else 1.0
+    weights = {k.rsplit(".", 1)[-1]: v for k, v in state.items()}
+    gains = []
+    for layer in range(sum(k.startswith("weight_mm_l") for k in weights)):
+        w = {n: weights[f"{n}_l{layer}"].detach().double().cpu()
+             for n in ("weight_mm", "weight_hm", "weight_mh")}
+        loop = w["weight_mm"] + slope * w["weight_hm"] @ w["weight_mh"]
+        gains.append(float(torch.linalg.eigvals(loop).abs().max()))
+    return gains
 
 
 class _UnrolledRecurrence(torch.autograd.Function):

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -37,6 +38,7 @@ from ._io import atomic_write, command_line, git_commit, machine, provenance, re
 from .data import data_checksum, load_polyphonic
 from .la import LinearAutoencoder
 from .models import REGISTRY, build_model, default_nonlinearity, get_spec
+from .nn import memory_loop_gains
 from .pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
 from .rnnrbm import init_from_rnn, pretrain_rbm
 from .train import (
@@ -176,11 +178,18 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
         la = fit_memory(hidden_states(ulm, data["train"]), config.memory, window, config.seed)
         la.save(memory_path)
     transfer(ulm, la, model)
+    gains = memory_loop_gains(model.state_dict(), model.nonlinearity)
+    if model.nonlinearity != "tanh" and max(gains) > 1:
+        warnings.warn(f"the pretrained LMN's memory loop has gain {max(gains):.3f} > 1 with "
+                      f"{model.nonlinearity}, an unbounded activation: its state may grow along a "
+                      "sequence and the training diverge (a tanh LMN, --nonlinearity tanh, stays "
+                      "bounded)", stacklevel=2)
     ulm_metrics = read_json(ulm_dir / "metrics.json")
     return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
             "la_window": window, "la_components": int(la.n_components_),
             "la_solver": la.solver_, "ulm_nonlinearity": ulm.nonlinearity,
-            "lmn_nonlinearity": model.nonlinearity, "ulm_valid_acc": ulm_metrics["valid_acc"],
+            "lmn_nonlinearity": model.nonlinearity, "lmn_loop_gain": gains,
+            "ulm_valid_acc": ulm_metrics["valid_acc"],
             "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
             "ulm_wall_time_s": ulm_metrics["wall_time_s"], "ulm_run": str(ulm_dir),
             "ulm_cpu_time_s": ulm_metrics.get("cpu_time_s", ulm_metrics["wall_time_s"])

@@ -17,6 +17,7 @@ from ._io import atomic_write, command_line, git_commit, provenance, read_json, 
 from .data import data_checksum, load_polyphonic
 from .metrics import previous_frame_scores
 from .models import REGISTRY
+from .nn import memory_loop_gains
 from .train import load_checkpoint
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields", "figure4_data",
@@ -202,26 +203,44 @@ def memory_radii(checkpoint: str | os.PathLike) -> list[float]:
     return [float(torch.linalg.eigvals(w.double()).abs().max()) for _, w in layers]
 
 
-def memory_markdown(runs: Sequence[dict], command: str | None = None) -> str:
-    """A Markdown table of finished runs (``metrics.json`` records of :func:`collect_metrics`)
-    with how they stopped and the spectral radius of their memory (:func:`
-    memory_radii`) at the selected epoch and at the last one: the evidence for a divergence."""
+def memory_markdown(runs: Sequence[dict], command: str | None = None,
+                    commit: str | None = None) -> str:
+    """A Markdown table of ended runs (``metrics.json`` and ``diverged.json`` records of
+    :func:`collect_metrics`) with how they stopped, the spectral radius of their memory
+    (:func:`memory_radii`) at the selected epoch and at the last one, and the gain of the
+    memory's loop through the functional units (:func:`linmem.nn.memory_loop_gains`) at the
+    start (``init.pt``, a pretrained run's initial weights) and at the selected epoch: the
+    evidence for a divergence."""
 
     def radius(path: Path) -> str:
         return ", ".join(f"{r:.3f}" for r in memory_radii(path)) if path.is_file() else "–"
 
+    def loop(path: Path, record: dict) -> str:
+        if not path.is_file() or _activation(record) is None:
+            return "–"
+        state = load_checkpoint(path)
+        gains = memory_loop_gains(state.get("model", state), _activation(record))
+        return ", ".join(f"{g:.3f}" for g in gains) or "–"
+
     lines = ["| run | model | batch | chunk | epochs | selected epoch | valid acc % | stop | "
-             "ρ(W^mm) selected | ρ(W^mm) last |",
-             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "ρ(W^mm) selected | ρ(W^mm) last | loop gain start | loop gain selected |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in runs:
         run = Path(r["run"])
-        stop = str(r.get("stop_reason") or "–").split(";")[0]
+        stop = str(r.get("stop_reason") or (f"failed: diverged: {r['diverged']}" if "diverged"
+                                            in r else "–")).split(";")[0]
+        acc = "–" if r.get("valid_acc") is None else f"{r['valid_acc']:.2f}"
         lines.append(f"| {run.parent.name}/{run.name} | {r.get('model')} | {r.get('batch_size')} | "
-                     f"{r.get('chunk') or 'whole'} | {r.get('epochs')} | {r.get('best_epoch')} | "
-                     f"{r['valid_acc']:.2f} | {stop} | {radius(run / 'best.pt')} | "
-                     f"{radius(run / 'last.pt')} |")
+                     f"{r.get('chunk') or 'whole'} | {r.get('epochs')} | "
+                     f"{r.get('best_epoch') or '–'} | {acc} | {stop} | "
+                     f"{radius(run / 'best.pt')} | {radius(run / 'last.pt')} | "
+                     f"{loop(run / 'init.pt', r)} | {loop(run / 'best.pt', r)} |")
+    lines += ["", "Loop gain: rho(W^mm + s W^hm W^mh), the memory's recurrence with the functional "
+              "units on the unbounded side of their activation (slope s: 1 for relu, 1.0507 for "
+              "selu; tanh is bounded, s = 1 at 0): above 1, an unbounded activation lets the state "
+              "grow along a sequence even with rho(W^mm) < 1."]
     if command:
-        lines += ["", f"Made by `{command}`."]
+        lines += ["", f"Made by `{command}`" + (f" at commit {commit}" if commit else "") + "."]
     return "\n".join(lines) + "\n"
 
 
