@@ -267,6 +267,10 @@ def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
     run("pret-lmn-b", 2, 73.0)
     run("pret-lmn-b", 3, 73.4)
     assert len(collect_metrics([tmp_path])) == 5  # scores only: the diverged seed left out
+    in_flight = tmp_path / "pret-lmn-b-s4"  # a run still training its ULM: neither is a run yet
+    (in_flight / "ulm").mkdir(parents=True)
+    (in_flight / "config.json").write_text("{}")
+    (in_flight / "ulm" / "metrics.json").write_text(json.dumps({"model": "ulm"}))
     records = collect_metrics([tmp_path], diverged=True)
     assert len(records) == 6 and all(r["model"] != "ulm" for r in records)
     groups = seed_groups(records)

@@ -255,15 +255,15 @@ def collect_metrics(paths: Iterable[str | os.PathLike], diverged: bool = False) 
     ends = ("metrics.json", "diverged.json")  # the files a run ends with
     names = ends if diverged else ends[:1]
 
-    def is_run(folder: Path) -> bool:
-        return any((folder / n).is_file() for n in ends)
+    def is_run(folder: Path) -> bool:  # ended or not (config.json is its first file)
+        return any((folder / n).is_file() for n in (*ends, "config.json"))
 
     records = []
     for root in paths:
         root = Path(root)
         folders = [root] if is_run(root) else sorted(
             {f.parent for n in ends for f in root.rglob(n)
-             # a run, not a step inside a run (pretraining)
+             # a run, not a step inside a run (pretraining), whether that run has ended or not
              if not any(is_run(d) for d in f.parent.parents
                         if d.is_relative_to(root) and d != root)})
         for folder in folders:
