@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +92,20 @@ results-pretraining-activation: install
 	$(VENV)/bin/linmem summarize --seeds results/pretraining-activation results/seeds/jsb-pret-lmn-b-s? \
 	  results/seeds/jsb-lmn-b-s? results/seeds/piano-pret-lmn-b-s? results/seeds/piano-lmn-b-s? \
 	  > results/pretraining-activation/table.md
+
+# Why two SELU pret-LMN-B initialisations on Nottingham diverged in their first epoch: the failed
+# grid point trained again from its own unrolled network and memory (the same initial weights)
+# to record its divergence (diverged.json; the command fails by design), then the memory table of
+# every pret-LMN-B run of results-table2 (its loop gain at the start: linmem.nn.memory_loop_gains).
+DIVERGED_POINT = runs/search/nottingham-pret-lmn-b-reduced/h250-m250-wd1e-05
+results-pretraining-divergence: install
+	out=runs/divergence-check/nottingham-pret-lmn-b-h250-m250-wd1e-05; mkdir -p $$out/s0; \
+	  [ -d $$out/s0/ulm ] || cp -r $(DIVERGED_POINT)/ulm $(DIVERGED_POINT)/memory.npz $$out/s0/; \
+	  $(VENV)/bin/linmem reseed $(DIVERGED_POINT) --seeds 0 --data-dir $(DATA) --out $$out --quiet; \
+	  test -f $$out/s0/diverged.json
+	$(VENV)/bin/linmem memory runs/seeds/jsb-pret-lmn-b runs/search/piano-pret-lmn-b-reduced \
+	  runs/seeds/piano-pret-lmn-b runs/search/nottingham-pret-lmn-b-reduced runs/seeds/nottingham-pret-lmn-b \
+	  runs/divergence-check runs/search/musedata-pret-lmn-b-reduced > results/pretraining-activation/divergence.md
 
 # Issue 5: the paper's grid searches (validation accuracy, median pruning) on JSB Chorales, two
 # worker processes of one thread each, in an Optuna study in runs/search/search.db; run it again
