@@ -377,7 +377,7 @@ def test_memory_radii_and_table(tmp_path):
 
     selected = ", ".join(f"{g:.3f}" for g in memory_loop_gains(model.state_dict(), "tanh"))
     table = memory_markdown([record], command="linmem memory x")
-    assert "| search/run | lmn-b | 4 | whole | 5 | 3 | 28.00 | diverged: in epoch 6 | 2.000, " \
+    assert "| search/run | lmn-b | 4 | whole | 5 | 3 | 28.00 | diverged: in epoch 6 | – | 2.000, " \
            f"0.500 | – | – | {selected} |" in table and "Made by `linmem memory x`." in table
     # a pretrained run that diverged in its first epoch: its initial weights' loop gain
     failed = tmp_path / "search" / "failed"
@@ -385,7 +385,10 @@ def test_memory_radii_and_table(tmp_path):
     pretrained = build_model("pret-lmn-b", 6, memory=3, nonlinearity="selu")
     torch.save(pretrained.state_dict(), failed / "init.pt")
     start = memory_loop_gains(pretrained.state_dict(), "selu")[0]
+    eig = torch.linalg.eigvals(pretrained.core.weight_mm_l0.double()).abs().max()
+    assert memory_radii(failed / "init.pt") == pytest.approx([float(eig)])  # a bare state
     record = {"run": str(failed), "model": "pret-lmn-b", "nonlinearity": "selu",
               "batch_size": 4, "chunk": None, "epochs": 0, "diverged": "NaN loss in epoch 1"}
+    radius = memory_radii(failed / "init.pt")[0]
     assert (f"| search/failed | pret-lmn-b | 4 | whole | 0 | – | – | failed: diverged: NaN loss "
-            f"in epoch 1 | – | – | {start:.3f} | – |") in memory_markdown([record])
+            f"in epoch 1 | {radius:.3f} | – | – | {start:.3f} | – |") in memory_markdown([record])

@@ -195,9 +195,11 @@ def expected_fields(run_dir: str | os.PathLike) -> dict:
 
 def memory_radii(checkpoint: str | os.PathLike) -> list[float]:
     """The spectral radius ``max |eig(W^mm)|`` of each LMN layer's memory-to-memory matrix in a
-    checkpoint (``best.pt`` or ``last.pt``; eq. 7's ``W^mm``), in layer order; [] for a model
-    without a linear memory. Above 1, the memory's state grows geometrically along a sequence."""
-    state = load_checkpoint(checkpoint)["model"]
+    checkpoint (``best.pt`` or ``last.pt``, or a pretrained run's initial weights ``init.pt``;
+    eq. 7's ``W^mm``), in layer order; [] for a model without a linear memory. Above 1, the
+    memory's state grows geometrically along a sequence."""
+    state = load_checkpoint(checkpoint)
+    state = state.get("model", state)
     layers = sorted((int(k.rsplit("_l", 1)[1]), v) for k, v in state.items()
                     if k.rsplit(".", 1)[-1].startswith("weight_mm_l"))
     return [float(torch.linalg.eigvals(w.double()).abs().max()) for _, w in layers]
@@ -207,7 +209,8 @@ def memory_markdown(runs: Sequence[dict], command: str | None = None,
                     commit: str | None = None) -> str:
     """A Markdown table of ended runs (``metrics.json`` and ``diverged.json`` records of
     :func:`collect_metrics`) with how they stopped, the spectral radius of their memory
-    (:func:`memory_radii`) at the selected epoch and at the last one, and the gain of the
+    (:func:`memory_radii`) at the start (a pretrained run's ``init.pt``), the selected epoch
+    and the last one, and the gain of the
     memory's loop through the functional units (:func:`linmem.nn.memory_loop_gains`) at the
     start (``init.pt``, a pretrained run's initial weights) and at the selected epoch: the
     evidence for a divergence."""
@@ -223,8 +226,9 @@ def memory_markdown(runs: Sequence[dict], command: str | None = None,
         return ", ".join(f"{g:.3f}" for g in gains) or "–"
 
     lines = ["| run | model | batch | chunk | epochs | selected epoch | valid acc % | stop | "
-             "ρ(W^mm) selected | ρ(W^mm) last | loop gain start | loop gain selected |",
-             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "ρ(W^mm) start | ρ(W^mm) selected | ρ(W^mm) last | loop gain start | "
+             "loop gain selected |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in runs:
         run = Path(r["run"])
         stop = str(r.get("stop_reason") or (f"failed: diverged: {r['diverged']}" if "diverged"
@@ -232,7 +236,7 @@ def memory_markdown(runs: Sequence[dict], command: str | None = None,
         acc = "–" if r.get("valid_acc") is None else f"{r['valid_acc']:.2f}"
         lines.append(f"| {run.parent.name}/{run.name} | {r.get('model')} | {r.get('batch_size')} | "
                      f"{r.get('chunk') or 'whole'} | {r.get('epochs')} | "
-                     f"{r.get('best_epoch') or '–'} | {acc} | {stop} | "
+                     f"{r.get('best_epoch') or '–'} | {acc} | {stop} | {radius(run / 'init.pt')} | "
                      f"{radius(run / 'best.pt')} | {radius(run / 'last.pt')} | "
                      f"{loop(run / 'init.pt', r)} | {loop(run / 'best.pt', r)} |")
     lines += ["", "Loop gain: rho(W^mm + s W^hm W^mh), the memory's recurrence with the functional "
