@@ -806,8 +806,9 @@ def baseline_cmd(datasets: tuple[str, ...], data_dir: str | None, out: str) -> N
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 def memory_cmd(paths: tuple[str, ...]) -> None:
     """Markdown table of the runs under PATHS (those that diverged with no score too) with the
-    spectral radius of their linear memory (W^mm, eq. 7) at the selected and the last epoch,
-    the gain of its loop through the functional units, and how they stopped."""
+    spectral radius of their linear memory (W^mm, eq. 7) at the start (a pretrained run's
+    initial weights), the selected and the last epoch, the gain of its loop through the
+    functional units, and how they stopped."""
     try:
         click.echo(memory_markdown(collect_metrics(paths, diverged=True), command_line(),
                                    git_commit()), nl=False)
