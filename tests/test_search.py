@@ -520,3 +520,33 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
     with pytest.raises(SystemExit) as exc:
         main(["search-import", str(bad), "--storage", storage3])
     assert exc.value.code == 2
+
+
+def test_projection_scales_a_models_cost_from_other_data_sets():
+    """A study with no finished point is projected from its model's points on other data sets,
+    scaled by the data sets' cost ratio over the models both have finished; without any, from
+    its data set's mean; a study's own finished points come first."""
+    from linmem.search import project_points
+
+    def study(dataset, model, finished, todo=0, running=(), grid="reduced"):
+        return {"dataset": dataset, "model": model, "grid": grid, "finished_cpu_s": finished,
+                "todo": todo, "running_cpu_s": list(running)}
+
+    records = project_points([
+        study("piano", "lmn-b", [10.0, 30.0]), study("piano", "gru", [4.0, 8.0]),
+        study("muse", "lmn-b", [60.0]), study("muse", "lstm", [90.0, 90.0]),
+        study("muse", "gru", [], todo=2, running=[5.0]),  # piano: gru 6, lmn-b 20; muse lmn-b 60
+        study("muse", "rnn", [], todo=3),  # no rnn anywhere: the data set's mean, 240 / 3 = 80
+        study("piano", "lstm", [], todo=1),  # lstm on muse: 90 x (20 / 60) = 30
+        study("jsb", "gru", [], todo=1, grid="paper"),  # nothing in its grid
+    ])
+    by = {(r["dataset"], r["model"]): r for r in records}
+    assert by[("piano", "gru")]["left_from"] == "study" and by[("piano", "gru")]["left_cpu_s"] == 0
+    gru = by[("muse", "gru")]
+    assert gru["left_from"] == "model" and gru["mean_point_cpu_s"] == pytest.approx(18.0)
+    assert gru["left_cpu_s"] == pytest.approx(2 * 18.0 + 13.0)
+    rnn = by[("muse", "rnn")]
+    assert rnn["left_from"] == "data set" and rnn["left_cpu_s"] == pytest.approx(3 * 80.0)
+    assert by[("piano", "lstm")]["mean_point_cpu_s"] == pytest.approx(30.0)
+    jsb = by[("jsb", "gru")]
+    assert jsb["left_from"] is None and jsb["left_cpu_s"] is None

@@ -487,7 +487,12 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
     hours projected for the rest; nothing is run (safe beside running workers)."""
     import datetime
 
-    from .search import default_storage, progress_records, sqlite_path  # optuna: slow import
+    from .search import (  # optuna: slow import
+        default_storage,
+        progress_records,
+        project_points,
+        sqlite_path,
+    )
 
     storage = storage or default_storage("runs/search")
     database = sqlite_path(storage)
@@ -496,12 +501,17 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
     studies = progress_records(storage, None if grid == "all" else grid, runs_root)
     for earlier in _summary_files(summaries):
         here = {(r["dataset"], r["model"]) for r in studies}
-        studies += [{"study": f"{r['study']} (earlier: trial wall time)", "dataset": r["dataset"],
-                     "model": r["model"], "grid": r["grid"], "grid_points": r["grid_points"],
-                     "states": {"done": r["points_done"] or 0},
-                     "cpu_s": r.get("search_wall_time_s") or 0.0, "mean_point_cpu_s": None,
-                     "left_cpu_s": 0.0, "left_from": None}
-                    for r in earlier if r["study"] and (r["dataset"], r["model"]) not in here]
+        for r in earlier:
+            if not r["study"] or (r["dataset"], r["model"]) in here:
+                continue
+            done, spent = r["points_done"] or 0, r.get("search_wall_time_s") or 0.0
+            # its points at their mean (their storage is gone): they inform the projections
+            studies.append({"study": f"{r['study']} (earlier: trial wall time)",
+                            "dataset": r["dataset"], "model": r["model"], "grid": r["grid"],
+                            "grid_points": r["grid_points"], "states": {"done": done},
+                            "cpu_s": spent, "finished_cpu_s": [spent / done] * done if done
+                            else [], "todo": 0, "running_cpu_s": []})
+    studies = project_points(studies)
     singles = []
     for path in map(Path, runs):
         marks = ("log.jsonl", "diverged.json")  # a run diverged in its first epoch has no log

@@ -142,8 +142,8 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
              "point | projected CPU h left |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(studies, key=lambda r: r["study"]):
         st = r["states"]
-        per = hours(r["mean_point_cpu_s"]) + (" (data set's)" if r["left_from"] == "data set"
-                                               else "")
+        per = hours(r["mean_point_cpu_s"]) + {"data set": " (data set's)",
+                                              "model": " (model's, scaled)"}.get(r["left_from"], "")
         name = r["study"] + (f" ({r['points_from_trials']} points: trial wall time)"
                              if r.get("points_from_trials") else "")
         lines.append(f"| {name} | {st.get('done', 0)} / {r['grid_points']} | "
@@ -172,7 +172,9 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "storage and runs are gone): an upper bound, a trial whose worker died lasting "
               "until it was found dead. "
               "Projection: the points left at the mean of the study's finished points (complete, "
-              "pruned or failed), else of its data set's."]
+              "pruned or failed); for a study with none, its model's mean on the other data sets "
+              "scaled by the two data sets' cost ratio over the models both have finished "
+              "(\"model's, scaled\"), else its data set's mean over every model."]
     if command:
         lines += ["", f"Made by `{command}`" + (f" at {when}" if when else "") + "."]
     return "\n".join(lines) + "\n"

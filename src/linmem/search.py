@@ -65,8 +65,9 @@ from .train import PLACE_FIELDS, TrainConfig, TrainingDiverged
 
 __all__ = ["GRIDS", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
            "export_studies", "grid_points", "import_studies", "make_storage", "open_study",
-           "point_states", "progress_records", "run_search", "run_worker", "search_records",
-           "select", "select_per_frame", "sqlite_path", "study_name", "trial_point"]
+           "point_states", "progress_records", "project_points", "run_search", "run_worker",
+           "search_records", "select", "select_per_frame", "sqlite_path", "study_name",
+           "trial_point"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 PAPER_LMN_SIZES = ((50, 50), (50, 100), (100, 100), (100, 250), (250, 250), (250, 500))
@@ -542,9 +543,9 @@ def progress_records(storage: str, grid: str | None = None,
                      runs_root: str | os.PathLike = ".", max_retry: int = 3) -> list[dict]:
     """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
     points by state and the CPU seconds its points' runs logged (:func:`linmem.report.
-    run_cpu_seconds`: one thread per run), and the seconds its points left would take at the
-    mean of its finished points (complete, pruned or failed), else of its data set's finished
-    points in the same grid; a running point counts for that mean less what it has logged. A
+    run_cpu_seconds`: one thread per run), and the seconds its points left would take
+    (:func:`project_points`: at the mean of its finished points, complete, pruned or failed,
+    else from its model's on other data sets, else from its data set's). A
     finished point whose run is not under ``runs_root`` (a study imported from another machine,
     :func:`import_studies`) counts its trial's wall time (``points_from_trials``)."""
 
@@ -571,16 +572,48 @@ def progress_records(storage: str, grid: str | None = None,
                                           if states[p] in ("running", "waiting")],
                         "todo": sum(s == "todo" for s in states.values()),
                         "points_from_trials": len(from_trials)})
+    return project_points(records)
+
+
+def project_points(records: list[dict]) -> list[dict]:
+    """Each study record's projected cost per point (``mean_point_cpu_s``) and of the points it
+    has left (``left_cpu_s``: the points to do at that cost, the running ones at that cost less
+    what they have logged), in place; ``left_from`` says where the per-point cost came from:
+
+    - ``study``: the mean of its finished points;
+    - ``model``: none finished yet, its model's finished points in the same grid on other data
+      sets, each data set's mean scaled by the ratio of the two data sets' costs over the
+      models both have finished (a data set with longer sequences costs more for every model),
+      averaged over those data sets;
+    - ``data set``: else the mean of its data set's finished points of every model (a
+      pret-LMN point costs several of an RNN's: the coarsest estimate);
+    - None: nothing finished to project from."""
+
+    def mean(values: Sequence[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    finished = {(r["dataset"], r["grid"], r["model"]): mean(r["finished_cpu_s"]) for r in records
+                if r["finished_cpu_s"]}
     for r in records:
-        mates = [s for q in records if q["dataset"] == r["dataset"] and q["grid"] == r["grid"]
+        grid, here = r["grid"], r["dataset"]
+        estimates = []
+        for (other, g, m), cost in finished.items():
+            if g != grid or m != r["model"] or other == here:
+                continue
+            both = [n for (d, g2, n) in finished if d == here and g2 == grid
+                    and (other, grid, n) in finished]
+            if both:
+                estimates.append(cost * sum(finished[(here, grid, n)] for n in both)
+                                 / sum(finished[(other, grid, n)] for n in both))
+        mates = [s for q in records if q["dataset"] == here and q["grid"] == grid
                  for s in q["finished_cpu_s"]]
-        pool = r["finished_cpu_s"] or mates
-        mean = sum(pool) / len(pool) if pool else None
-        r["mean_point_cpu_s"] = mean
-        r["left_cpu_s"] = (None if mean is None and (r["todo"] or r["running_cpu_s"]) else
-                           0.0 if mean is None else
-                           r["todo"] * mean + sum(max(mean - s, 0.0) for s in r["running_cpu_s"]))
-        r["left_from"] = "study" if r["finished_cpu_s"] else "data set" if mates else None
+        r["left_from"], per = next(((how, value) for how, value in (
+            ("study", mean(r["finished_cpu_s"])), ("model", mean(estimates)),
+            ("data set", mean(mates))) if value is not None), (None, None))
+        r["mean_point_cpu_s"] = per
+        r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
+                           0.0 if per is None else
+                           r["todo"] * per + sum(max(per - s, 0.0) for s in r["running_cpu_s"]))
     return records
 
 
