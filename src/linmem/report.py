@@ -211,10 +211,9 @@ def memory_markdown(runs: Sequence[dict], command: str | None = None,
                     commit: str | None = None) -> str:
     """A Markdown table of ended runs (``metrics.json`` and ``diverged.json`` records of
     :func:`collect_metrics`) with how they stopped, the spectral radius of their memory
-    (:func:`memory_radii`) at the start (a pretrained run's ``init.pt``), the selected epoch
-    and the last one, and the gain of the
-    memory's loop through the functional units (:func:`linmem.nn.memory_loop_gains`) at the
-    start (``init.pt``, a pretrained run's initial weights) and at the selected epoch: the
+    (:func:`memory_radii`) at the start (a pretrained run's initial weights, ``init.pt``), the
+    selected epoch and the last one, and the gain of the memory's loop through the functional
+    units (:func:`linmem.nn.memory_loop_gains`) at the start and the selected epoch: the
     evidence for a divergence."""
 
     def radius(path: Path) -> str:
