@@ -95,14 +95,18 @@ results-pretraining-activation: install
 
 # Why two SELU pret-LMN-B initialisations on Nottingham diverged in their first epoch: the failed
 # grid point trained again from its own unrolled network and memory (the same initial weights)
-# to record its divergence (diverged.json; the command fails by design), then the memory table of
-# every pret-LMN-B run of results-table2 (its loop gain at the start: linmem.nn.memory_loop_gains).
+# to record its divergence (diverged.json; the command fails by design), and with a tanh LMN from
+# the same unrolled network and memory for 3 epochs; then the memory table of every pret-LMN-B
+# run of results-table2 (its loop gain at the start: linmem.nn.memory_loop_gains).
 DIVERGED_POINT = runs/search/nottingham-pret-lmn-b-reduced/h250-m250-wd1e-05
 results-pretraining-divergence: install
-	out=runs/divergence-check/nottingham-pret-lmn-b-h250-m250-wd1e-05; mkdir -p $$out/s0; \
-	  [ -d $$out/s0/ulm ] || cp -r $(DIVERGED_POINT)/ulm $(DIVERGED_POINT)/memory.npz $$out/s0/; \
+	out=runs/divergence-check/nottingham-pret-lmn-b-h250-m250-wd1e-05; \
+	  for run in $$out/s0 $$out-tanh/s0; do mkdir -p $$run; \
+	    [ -d $$run/ulm ] || cp -r $(DIVERGED_POINT)/ulm $(DIVERGED_POINT)/memory.npz $$run/; done; \
 	  $(VENV)/bin/linmem reseed $(DIVERGED_POINT) --seeds 0 --data-dir $(DATA) --out $$out --quiet; \
-	  test -f $$out/s0/diverged.json
+	  test -f $$out/s0/diverged.json && \
+	  $(VENV)/bin/linmem reseed $(DIVERGED_POINT) --seeds 0 --data-dir $(DATA) --out $$out-tanh \
+	    --set nonlinearity=tanh --set ulm_nonlinearity=selu --set epochs=3 --quiet
 	$(VENV)/bin/linmem memory runs/seeds/jsb-pret-lmn-b runs/search/piano-pret-lmn-b-reduced \
 	  runs/seeds/piano-pret-lmn-b runs/search/nottingham-pret-lmn-b-reduced runs/seeds/nottingham-pret-lmn-b \
 	  runs/divergence-check runs/search/musedata-pret-lmn-b-reduced > results/pretraining-activation/divergence.md
