@@ -169,8 +169,9 @@ results-table2: install
 	for run in runs/seeds/*/s*/; do name=$$(basename $$(dirname $$run))-$$(basename $$run); \
 	  [ -f $$run/metrics.json ] || [ -f $$run/diverged.json ] || continue; \
 	  rm -rf results/seeds/$$name; mkdir -p results/seeds/$$name; \
-	  for f in config.json log.jsonl metrics.json diverged.json pretraining.json; do \
-	    [ ! -f $$run/$$f ] || cp $$run/$$f results/seeds/$$name/; done; done
+	  for f in config.json log.jsonl metrics.json diverged.json pretraining.json \
+	    ulm/config.json ulm/log.jsonl ulm/metrics.json; do [ ! -f $$run/$$f ] || \
+	    { mkdir -p $$(dirname results/seeds/$$name/$$f); cp $$run/$$f results/seeds/$$name/$$f; }; done; done
 	$(MAKE) results-report results-progress
 results-report: install
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search/search.db --grid all --runs-root . \
