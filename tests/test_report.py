@@ -385,7 +385,7 @@ def test_memory_radii_and_table(tmp_path):
     pretrained = build_model("pret-lmn-b", 6, memory=3, nonlinearity="selu")
     torch.save(pretrained.state_dict(), failed / "init.pt")
     start = memory_loop_gains(pretrained.state_dict(), "selu")[0]
-    eig = torch.linalg.eigvals(pretrained.core.weight_mm_l0.double()).abs().max()
+    eig = torch.linalg.eigvals(pretrained.core.weight_mm_l0.detach().double()).abs().max()
     assert memory_radii(failed / "init.pt") == pytest.approx([float(eig)])  # a bare state
     record = {"run": str(failed), "model": "pret-lmn-b", "nonlinearity": "selu",
               "batch_size": 4, "chunk": None, "epochs": 0, "diverged": "NaN loss in epoch 1"}
