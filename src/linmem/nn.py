@@ -42,6 +42,7 @@ __all__ = [
     "lmn_recurrence",
     "measure_cpu_paths",
     "memory_loop_gains",
+    "memory_radii_of",
     "use_cpu_kernel",
 ]
 
@@ -623,6 +624,26 @@ def activation_slope(h: Tensor, nonlinearity: str) -> Tensor:
     return torch.where(h > 0, _SELU_SCALE, h + _SELU_SCALE * _SELU_ALPHA)
 
 
+def _lmn_layers(state: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+    """The LMN layers' recurrent weights in a ``state_dict`` (keys ending ``weight_mm_lN``,
+    ``weight_hm_lN``, ``weight_mh_lN``, any prefix), in layer order, as float64 on the CPU."""
+    weights = {k.rsplit(".", 1)[-1]: v for k, v in state.items()}
+    return [{n: weights[f"{n}_l{layer}"].detach().double().cpu()
+             for n in ("weight_mm", "weight_hm", "weight_mh")}
+            for layer in range(sum(k.startswith("weight_mm_l") for k in weights))]
+
+
+def _spectral_radius(matrix: Tensor) -> float:
+    return float(torch.linalg.eigvals(matrix).abs().max())
+
+
+def memory_radii_of(state: dict[str, Tensor]) -> list[float]:
+    """Per LMN layer of a ``state_dict``, the spectral radius ``max |eig(W^mm)|`` of its
+    memory-to-memory matrix (eq. 7); [] for a model without a linear memory. Above 1, the
+    memory's state grows geometrically along a sequence."""
+    return [_spectral_radius(w["weight_mm"]) for w in _lmn_layers(state)]
+
+
 def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float]:
     """Per LMN layer of a ``state_dict`` (keys ending ``weight_mm_lN``, ``weight_hm_lN``,
     ``weight_mh_lN``, any prefix), the spectral radius of the memory's linearised recurrence
@@ -636,14 +657,8 @@ def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float
     its memory bounded while ``rho(W^mm) < 1`` whatever this gain."""
     _check_nonlinearity(nonlinearity)
     slope = _SELU_SCALE if nonlinearity == "selu" else 1.0
-    weights = {k.rsplit(".", 1)[-1]: v for k, v in state.items()}
-    gains = []
-    for layer in range(sum(k.startswith("weight_mm_l") for k in weights)):
-        w = {n: weights[f"{n}_l{layer}"].detach().double().cpu()
-             for n in ("weight_mm", "weight_hm", "weight_mh")}
-        loop = w["weight_mm"] + slope * w["weight_hm"] @ w["weight_mh"]
-        gains.append(float(torch.linalg.eigvals(loop).abs().max()))
-    return gains
+    return [_spectral_radius(w["weight_mm"] + slope * w["weight_hm"] @ w["weight_mh"])
+            for w in _lmn_layers(state)]
 
 
 class _UnrolledRecurrence(torch.autograd.Function):

@@ -17,7 +17,7 @@ from ._io import atomic_write, command_line, git_commit, provenance, read_json, 
 from .data import data_checksum, load_polyphonic
 from .metrics import previous_frame_scores
 from .models import REGISTRY
-from .nn import memory_loop_gains
+from .nn import memory_loop_gains, memory_radii_of
 from .train import load_checkpoint
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields", "figure4_data",
@@ -195,16 +195,19 @@ def expected_fields(run_dir: str | os.PathLike) -> dict:
             for suffix in ("", "_se")}
 
 
+def _checkpoint_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model state in a checkpoint (``best.pt``, ``last.pt``) or a bare state dict
+    (a pretrained run's ``init.pt``)."""
+    state = load_checkpoint(path)
+    return state.get("model", state)
+
+
 def memory_radii(checkpoint: str | os.PathLike) -> list[float]:
     """The spectral radius ``max |eig(W^mm)|`` of each LMN layer's memory-to-memory matrix in a
     checkpoint (``best.pt`` or ``last.pt``, or a pretrained run's initial weights ``init.pt``;
     eq. 7's ``W^mm``), in layer order; [] for a model without a linear memory. Above 1, the
     memory's state grows geometrically along a sequence."""
-    state = load_checkpoint(checkpoint)
-    state = state.get("model", state)
-    layers = sorted((int(k.rsplit("_l", 1)[1]), v) for k, v in state.items()
-                    if k.rsplit(".", 1)[-1].startswith("weight_mm_l"))
-    return [float(torch.linalg.eigvals(w.double()).abs().max()) for _, w in layers]
+    return memory_radii_of(_checkpoint_state(checkpoint))
 
 
 def memory_markdown(runs: Sequence[dict], command: str | None = None,
@@ -216,15 +219,21 @@ def memory_markdown(runs: Sequence[dict], command: str | None = None,
     units (:func:`linmem.nn.memory_loop_gains`) at the start and the selected epoch: the
     evidence for a divergence."""
 
-    def radius(path: Path) -> str:
-        return ", ".join(f"{r:.3f}" for r in memory_radii(path)) if path.is_file() else "–"
+    def numbers(values: list[float]) -> str:
+        return ", ".join(f"{v:.3f}" for v in values) or "–"
 
-    def loop(path: Path, record: dict) -> str:
-        if not path.is_file() or _activation(record) is None:
-            return "–"
-        state = load_checkpoint(path)
-        gains = memory_loop_gains(state.get("model", state), _activation(record))
-        return ", ".join(f"{g:.3f}" for g in gains) or "–"
+    def columns(run: Path, record: dict) -> str:
+        """ρ(W^mm) at the start, the selected and the last epoch; the loop gain at the start
+        and the selected epoch (each checkpoint read once)."""
+        states = {name: _checkpoint_state(run / name) if (run / name).is_file() else None
+                  for name in ("init.pt", "best.pt", "last.pt")}
+        act = _activation(record)
+        radii = [", ".join(f"{v:.3f}" for v in memory_radii_of(states[n]))
+                 if states[n] is not None else "–" for n in ("init.pt", "best.pt", "last.pt")]
+        gains = [numbers(memory_loop_gains(states[n], act))
+                 if states[n] is not None and act is not None else "–"
+                 for n in ("init.pt", "best.pt")]
+        return " | ".join(radii + gains)
 
     lines = ["| run | model | batch | chunk | epochs | selected epoch | valid acc % | stop | "
              "ρ(W^mm) start | ρ(W^mm) selected | ρ(W^mm) last | loop gain start | "
@@ -237,9 +246,7 @@ def memory_markdown(runs: Sequence[dict], command: str | None = None,
         acc = "–" if r.get("valid_acc") is None else f"{r['valid_acc']:.2f}"
         lines.append(f"| {run.parent.name}/{run.name} | {r.get('model')} | {r.get('batch_size')} | "
                      f"{r.get('chunk') or 'whole'} | {r.get('epochs')} | "
-                     f"{r.get('best_epoch') or '–'} | {acc} | {stop} | {radius(run / 'init.pt')} | "
-                     f"{radius(run / 'best.pt')} | {radius(run / 'last.pt')} | "
-                     f"{loop(run / 'init.pt', r)} | {loop(run / 'best.pt', r)} |")
+                     f"{r.get('best_epoch') or '–'} | {acc} | {stop} | {columns(run, r)} |")
     lines += ["", "Loop gain: rho(W^mm + s W^hm W^mh), the memory's recurrence with the functional "
               "units on the unbounded side of their activation (slope s: 1 for relu, 1.0507 for "
               "selu; tanh is bounded, s = 1 at 0): above 1, an unbounded activation lets the state "
