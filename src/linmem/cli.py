@@ -834,10 +834,13 @@ def memory_cmd(paths: tuple[str, ...]) -> None:
 def summarize_cmd(paths: tuple[str, ...], seeds: bool) -> None:
     """Markdown table of the runs (metrics.json files) under PATHS, with their commands."""
     try:
-        records = collect_metrics(paths)
-        click.echo(markdown_table(records), nl=False)
-        if seeds:  # a seed that diverged counts as run
-            click.echo("\n" + seeds_markdown(seed_groups(collect_metrics(paths, diverged=True))))
+        records = collect_metrics(paths, diverged=seeds)  # a seed that diverged counts as run
+        scored = [r for r in records if "diverged" not in r]
+        if not scored:
+            raise FileNotFoundError("no metrics.json under " + ", ".join(map(str, paths)))
+        click.echo(markdown_table(scored), nl=False)
+        if seeds:
+            click.echo("\n" + seeds_markdown(seed_groups(records)))
     except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None
 
