@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from linmem.search import (
     GRIDS,
+    MAX_RETRY,
     Point,
     SearchConfig,
     default_storage,
@@ -322,6 +323,31 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
         study.tell(study.ask(), state=TrialState.FAIL)
     states = point_states(study, grid_points("lmn-b", "tiny"), config.max_retry)
     assert states[a] == "todo" and states[b] == "failed" and states[c] == "failed"
+    # one more try allowed: c is to run again; an error is final whatever the count
+    states = point_states(study, grid_points("lmn-b", "tiny"), config.max_retry + 1)
+    assert states[c] == "todo" and states[b] == "failed"
+    assert config.max_retry == MAX_RETRY == 10  # a session's end kills: several tries by default
+    # `linmem progress --max-retry` counts the same way (b: failed by its error, c: by deaths)
+    from linmem.cli import main
+
+    storage, out = default_storage(config.out_dir), tmp_path / "progress.md"
+    for retries, failed in ((None, 2), (MAX_RETRY + 1, 1)):
+        main(["progress", "--storage", storage, "--grid", "tiny", "--runs-root", str(tmp_path),
+              "--out", str(out), *(["--max-retry", str(retries)] if retries else [])])
+        assert f"| jsb-lmn-b-tiny | 0 / 4 | {failed} | 0 |" in out.read_text()
+
+
+def test_search_cli_passes_max_retry(tmp_path, data_dir, monkeypatch):
+    import linmem.search
+    from linmem.cli import main
+
+    seen = []
+    monkeypatch.setattr(linmem.search, "run_search",
+                        lambda config, jobs, command: seen.append(config) or {})
+    for extra, expected in (([], MAX_RETRY), (["--max-retry", "0"], 0)):
+        main(["search", "--grid", "tiny", "--out", str(tmp_path), "--data-dir", str(data_dir),
+              *extra])
+        assert seen.pop().max_retry == expected
 
 
 # ---------------------------------------------------------------- killed worker, both storages

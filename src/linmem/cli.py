@@ -323,6 +323,12 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
                + f" -> {Path(out) / 'analysis.json'}, {Path(out) / 'figure5.png'}")
 
 
+_max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow to import)
+    "--max-retry", type=click.IntRange(min=0), default=None,
+    help="Deaths of a point's worker (a session's end kills it too) before the point is "
+         "failed [default: 10].")
+
+
 @cli.command("search")
 @click.option("--data", "datasets", multiple=True, default=["jsb"], show_default=True,
               help="Data set (repeat for several).")
@@ -352,12 +358,13 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
               help="Seconds of silence before a trial is failed [default: 2 x --heartbeat].")
 @click.option("--poll", type=float, default=10.0, show_default=True,
               help="Seconds between checks while the remaining points run elsewhere.")
+@_max_retry_option
 @_run_options
 @click.option("--quiet", is_flag=True)
 def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
                storage: str | None, out: str, jobs: int, pruner: str, prune_warmup: int,
-               subset: int | None, heartbeat: int, grace: int | None, poll: float, quiet: bool,
-               **train_options) -> None:
+               subset: int | None, heartbeat: int, grace: int | None, poll: float,
+               max_retry: int | None, quiet: bool, **train_options) -> None:
     """Grid search on validation (--select: accuracy or NLL), one Optuna study per (data set,
     model).
 
@@ -372,7 +379,8 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
             data=datasets, models=models, grid=grid, out_dir=out, storage=storage,
             base=TrainConfig.from_dict(train_options), pruner=pruner,
             prune_warmup=prune_warmup, subset=subset, heartbeat_interval=heartbeat,
-            grace_period=grace, poll_s=poll, progress=not quiet)
+            grace_period=grace, poll_s=poll, progress=not quiet,
+            **({} if max_retry is None else {"max_retry": max_retry}))
         if config.base.data_dir is not None and not Path(config.base.data_dir).is_dir():
             raise ValueError(f"--data-dir {config.base.data_dir}: no such directory")
         click.echo(f"linmem search: storage {storage or default_storage(out)}, runs in {out}",
@@ -481,13 +489,15 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                    "lacks (their trials' wall time).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the table to this Markdown file [default: print it].")
+@_max_retry_option
 def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str, ...],
-                 summaries: tuple[str, ...], out: str | None) -> None:
+                 summaries: tuple[str, ...], out: str | None, max_retry: int | None) -> None:
     """Where the searches stand: points done per study, the CPU hours their runs logged, the
     hours projected for the rest; nothing is run (safe beside running workers)."""
     import datetime
 
     from .search import (  # optuna: slow import
+        MAX_RETRY,
         default_storage,
         progress_records,
         project_points,
@@ -498,7 +508,8 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
     database = sqlite_path(storage)
     if database is not None and not database.is_file():
         raise UsageFailure(f"no search database at {database} (pass --storage)")
-    studies = progress_records(storage, None if grid == "all" else grid, runs_root)
+    studies = progress_records(storage, None if grid == "all" else grid, runs_root,
+                               MAX_RETRY if max_retry is None else max_retry)
     for earlier in _summary_files(summaries):
         here = {(r["dataset"], r["model"]) for r in studies}
         for r in earlier:

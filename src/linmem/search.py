@@ -18,8 +18,11 @@ How workers share a study without losing or repeating work:
   resumes the dead worker's run directory from its last finished epoch.
 - A point whose training raised an error (a run that diverged with ``on_divergence="raise"``;
   by default a diverged run ends at its last good epoch with its best checkpoint, as early
-  stopping does, and completes), or whose worker died more than ``max_retry`` times, is
-  *failed*: reported, not retried.
+  stopping does, and completes), or whose worker died more than ``max_retry`` times
+  (:data:`MAX_RETRY` by default), is *failed*: reported, not retried. A worker killed at the end
+  of a machine's session is a death too, and a long point (a pretrained LMN on MuseData: hours)
+  can span several sessions, so the default is generous; a point that crashes its worker at
+  once is still given up after that many tries.
 - A worker leaves when every point of its studies is complete, pruned or failed; while points are
   only running elsewhere it waits, so that it can take over the trials of a worker that dies.
 
@@ -63,13 +66,14 @@ from .recipes import run as run_training
 from .report import expected_fields, run_cpu_seconds
 from .train import PLACE_FIELDS, TrainConfig, TrainingDiverged
 
-__all__ = ["GRIDS", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
+__all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
            "export_studies", "grid_points", "import_studies", "make_storage", "open_study",
            "point_states", "progress_records", "project_points", "run_search", "run_worker",
            "search_records", "select", "select_per_frame", "sqlite_path", "study_name",
            "trial_point"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+MAX_RETRY = 10  # a point whose worker died more often than this is failed (module docstring)
 PAPER_LMN_SIZES = ((50, 50), (50, 100), (100, 100), (100, 250), (250, 250), (250, 500))
 PAPER_WEIGHT_DECAYS = (1e-4, 1e-5, 1e-6, 1e-7, 0.0)
 
@@ -154,7 +158,7 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def make_storage(url: str, heartbeat_interval: int = 60, grace_period: int | None = None,
-                 max_retry: int = 3):
+                 max_retry: int = MAX_RETRY):
     """An ``optuna.storages.RDBStorage`` with heartbeats and the retry of failed trials."""
 
     database = sqlite_path(url)
@@ -184,7 +188,7 @@ def trial_point(trial) -> Point | None:
     return Point.from_params(params) if "hidden" in params else None
 
 
-def point_states(study, points: Sequence[Point], max_retry: int = 3) -> dict[Point, str]:
+def point_states(study, points: Sequence[Point], max_retry: int = MAX_RETRY) -> dict[Point, str]:
     """``done`` (complete or pruned), ``failed``, ``waiting``, ``running`` or ``todo`` per point."""
 
     rank = {"todo": 0, "running": 1, "waiting": 2, "failed": 3, "done": 4}
@@ -239,7 +243,7 @@ class SearchConfig:
     subset: int | None = None  # the first N sequences of each split (quick runs and tests)
     heartbeat_interval: int = 60
     grace_period: int | None = None  # default 2 x heartbeat_interval
-    max_retry: int = 3
+    max_retry: int = MAX_RETRY
     poll_s: float = 10.0
     progress: bool = True
 
@@ -539,8 +543,8 @@ def _grid_studies(storage: str, grid: str | None) -> Iterator[tuple[dict[str, An
             yield attrs, optuna.load_study(study_name=summary.study_name, storage=storage)
 
 
-def progress_records(storage: str, grid: str | None = None,
-                     runs_root: str | os.PathLike = ".", max_retry: int = 3) -> list[dict]:
+def progress_records(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
+                     max_retry: int = MAX_RETRY) -> list[dict]:
     """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
     points by state and the CPU seconds its points' runs logged (:func:`linmem.report.
     run_cpu_seconds`: one thread per run), and the seconds its points left would take
