@@ -145,8 +145,7 @@ results-chunking: install
 # one-thread workers.
 T2_JOBS ?= 2
 T2_RUN = OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem
-T2_SEARCH = $(T2_RUN) search --model lmn-b --model lstm --model lmn-a --model gru --model rnn \
-	--model pret-lmn-b --model pret-rnn --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet
+T2_SEARCH = $(T2_RUN) search $(foreach m,$(T2_MODELS),--model $(m)) --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet
 RBM_ALL = --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
 SELECTED = $(PY) -c "import json, sys; print(next(r['run_dir'] for r in json.load(open('results/summary.json')) if (r['dataset'], r['model']) == tuple(sys.argv[1:])))"
 STUDIES = results/search-studies.jsonl
@@ -177,9 +176,13 @@ results-report: install
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search/search.db --grid all --runs-root . \
 	  --summary results/summary.json --baseline results/baseline.json --run results/rnn-rbm \
 	  $$(ls -d results/seeds 2>/dev/null | sed 's/^/--seed-runs /') --out results
+# every search of Table 2, those not started yet too (projected, see `linmem progress --plan`)
+T2_MODELS = lmn-b lstm lmn-a gru rnn pret-lmn-b pret-rnn
+T2_PLAN = $(foreach d,nottingham piano musedata,$(foreach m,$(T2_MODELS),--plan $(d):$(m):reduced)) \
+	--plan jsb:pret-rnn:paper
 results-progress: install
 	$(VENV)/bin/linmem progress --storage sqlite:///runs/search/search.db --runs-root . --summary results/summary.json \
-	  $$(ls -d results/rnn-rbm results/seeds 2>/dev/null | sed 's/^/--run /') --out results/progress.md
+	  $$(ls -d results/rnn-rbm results/seeds 2>/dev/null | sed 's/^/--run /') $(T2_PLAN) --out results/progress.md
 
 # Issue 17 (results/nade): the NADE models on JSB Chorales, grid 'nade' selected on validation
 # NLL, then the regularisation of LMN-B-NADE's selected point; resumable.

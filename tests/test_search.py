@@ -24,8 +24,10 @@ from linmem.search import (
     grid_points,
     make_storage,
     open_study,
+    planned_record,
     point_states,
     progress_records,
+    project_points,
     run_worker,
     search_records,
     select,
@@ -220,6 +222,9 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     todo = records["rnn"]  # nothing finished: the data set's mean per point
     assert todo["states"] == {"todo": 4} and todo["cpu_s"] == 0
     assert todo["left_from"] == "data set" and todo["left_cpu_s"] == pytest.approx(logged)
+    planned = project_points([*records.values(), planned_record("JSB", "pret-lmn-b", "tiny")])[-1]
+    assert planned["study"] == "jsb-pret-lmn-b-tiny (planned)" and planned["todo"] == 4
+    assert planned["left_from"] == "data set" and planned["left_cpu_s"] == pytest.approx(logged)
 
     from linmem.cli import main
 
@@ -240,14 +245,25 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     (failed / "pretraining.json").write_text('{"cpu_time_s": 1800.0}')
     (failed / "diverged.json").write_text('{"cpu_time_s": 1900.0}')
     main(["progress", "--storage", storage, "--grid", "tiny", "--summary", str(earlier),
-          "--run", str(tmp_path / "seeds"), "--out", str(out)])
+          "--run", str(tmp_path / "seeds"), "--out", str(out),
+          "--plan", "jsb:pret-lmn-b", "--plan", "jsb:rnn:tiny"])  # rnn: started, counted once
     text = out.read_text()
+    assert text.count("jsb-rnn-tiny") == 1 and "jsb-rnn-tiny (planned)" not in text
+    per = logged / 4 / 3600  # not started: at the data set's mean per point, as jsb-rnn-tiny
+    assert (f"| jsb-pret-lmn-b-tiny (planned) | 0 / 4 | 0 | 0 | 0.00 | {per:.2f} (data set's) "
+            f"| {4 * per:.2f} |") in text
+    assert f"projected CPU hours left for the studies above: **{8 * per:.1f}**" in text
     assert f"| {seed} (single run) | – | – | – | 1.50 |" in text and "ulm (single" not in text
     assert f"| {failed} (single run) | – | – | – | 0.53 |" in text
     assert "| jsb-lmn-b-tiny | 4 / 4 | 0 | 0 |" in text and "| jsb-rnn-tiny | 0 / 4 |" in text
     assert "| jsb-gru-paper (earlier: trial wall time) | 25 / 25 | 0 | 0 | 2.00 |" in text
     assert f"CPU hours logged: **{(logged + 7200 + 5400 + 1900) / 3600:.1f}**" in text
     assert "Made by `" in text
+    for bad in (["--plan", "jsb:rnn"], ["--grid", "tiny", "--plan", "jsb:rnn:huge"],
+                ["--grid", "tiny", "--plan", "jsb:transformer"], ["--plan", "a:b:c:d"]):
+        with pytest.raises(SystemExit) as exit_:  # one line, exit 2 (main's usage errors)
+            main(["progress", "--storage", storage, *bad])
+        assert exit_.value.code == 2, bad
 
 
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):

@@ -489,9 +489,13 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                    "lacks (their trials' wall time).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the table to this Markdown file [default: print it].")
+@click.option("--plan", "plans", multiple=True, metavar="DATA:MODEL[:GRID]",
+              help="Also a search not started yet (GRID: --grid's when that is not 'all'), "
+                   "projected like the others, so that the total covers it.")
 @_max_retry_option
 def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str, ...],
-                 summaries: tuple[str, ...], out: str | None, max_retry: int | None) -> None:
+                 summaries: tuple[str, ...], out: str | None, plans: tuple[str, ...],
+                 max_retry: int | None) -> None:
     """Where the searches stand: points done per study, the CPU hours their runs logged, the
     hours projected for the rest; nothing is run (safe beside running workers)."""
     import datetime
@@ -499,6 +503,7 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
     from .search import (  # optuna: slow import
         MAX_RETRY,
         default_storage,
+        planned_record,
         progress_records,
         project_points,
         sqlite_path,
@@ -522,6 +527,20 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
                             "grid_points": r["grid_points"], "states": {"done": done},
                             "cpu_s": spent, "finished_cpu_s": [spent / done] * done if done
                             else [], "todo": 0, "running_cpu_s": []})
+    for plan in plans:
+        parts = plan.split(":")
+        if len(parts) == 2 and grid != "all":
+            parts.append(grid)
+        if len(parts) != 3:
+            raise UsageFailure(f"--plan {plan}: expected DATA:MODEL:GRID (or DATA:MODEL with a "
+                               "--grid other than 'all')")
+        try:
+            record = planned_record(*parts)
+        except ValueError as err:
+            raise UsageFailure(f"--plan {plan}: {err}") from None
+        if not any((r["dataset"], r["model"], r["grid"]) ==
+                   (record["dataset"], record["model"], record["grid"]) for r in studies):
+            studies.append(record)  # a planned search already started is counted as it stands
     studies = project_points(studies)
     singles = []
     for path in map(Path, runs):

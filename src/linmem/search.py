@@ -66,11 +66,11 @@ from .recipes import run as run_training
 from .report import expected_fields, run_cpu_seconds
 from .train import PLACE_FIELDS, TrainConfig, TrainingDiverged
 
-__all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "count_points", "default_storage",
-           "export_studies", "grid_points", "import_studies", "make_storage", "open_study",
-           "point_states", "progress_records", "project_points", "run_search", "run_worker",
-           "search_records", "select", "select_per_frame", "sqlite_path", "study_name",
-           "trial_point"]
+__all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "count_points",
+           "default_storage", "export_studies", "grid_points", "import_studies", "make_storage",
+           "open_study", "planned_record", "point_states", "progress_records", "project_points",
+           "run_search", "run_worker", "search_records", "select", "select_per_frame",
+           "sqlite_path", "study_name", "trial_point"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 MAX_RETRY = 10  # a point whose worker died more often than this is failed (module docstring)
@@ -577,6 +577,20 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
                         "todo": sum(s == "todo" for s in states.values()),
                         "points_from_trials": len(from_trials)})
     return project_points(records)
+
+
+def planned_record(data: str, model: str, grid: str) -> dict:
+    """The progress record (:func:`progress_records`) of a study not created yet: every point of
+    ``grid`` to do. Its cost is then projected like any other's (:func:`project_points`), so that
+    the projection covers the searches still to start, not only those under way."""
+    if grid not in GRIDS:
+        raise ValueError(f"unknown grid {grid!r}; choose from {', '.join(GRIDS)}")
+    data = resolve_name(data)
+    get_spec(model)  # a clear error for an unknown model
+    n = len(grid_points(model, grid))
+    return {"study": f"{study_name(data, model, grid)} (planned)", "dataset": data,
+            "model": model, "grid": grid, "grid_points": n, "states": {"todo": n}, "cpu_s": 0.0,
+            "finished_cpu_s": [], "running_cpu_s": [], "todo": n, "points_from_trials": 0}
 
 
 def project_points(records: list[dict]) -> list[dict]:
