@@ -256,6 +256,12 @@ def test_ulm_key_names_the_unrolled_network_not_the_memory():
     for other in (dict(hidden=7), dict(weight_decay=1e-3), dict(seed=1), dict(epochs=5),
                   dict(patience=3), dict(k=4), dict(ulm_nonlinearity="tanh"), dict(lr=0.01)):
         assert ulm_key(replace(base, **other)) != key, other
+    # a setting added to TrainConfig later, at its default, leaves the names as they were
+    from dataclasses import asdict, make_dataclass
+
+    later = make_dataclass("Later", [("new_setting", int, 3)], bases=(TrainConfig,))
+    assert ulm_key(later(**asdict(base))) == key
+    assert ulm_key(later(**asdict(base), new_setting=4)) != key
 
 
 def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir):
@@ -329,6 +335,18 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
     # models whose recipe does not read it refuse the option
     assert run_cli("train", *common, "--model", "lstm", "--ulm-cache", str(cache),
                    "--out", str(tmp_path / "refused")) == 2
+    # a cache made before the names changed (every field hashed): its finished entry is read
+    from linmem.recipes import _legacy_ulm_key
+
+    first = replace(busy, memory=20, seed=0)
+    assert ulm_key(first) == entry.name != _legacy_ulm_key(first)
+    legacy = entry.with_name(_legacy_ulm_key(first))
+    entry.rename(legacy)
+    assert run_cli("pretrain", *common, "--memory", "8", "--ulm-cache", str(cache),
+                   "--out", str(tmp_path / "legacy")) == 0
+    info = json.loads((tmp_path / "legacy" / "pretraining.json").read_text())
+    assert info["ulm_run"] == str(legacy) and info["ulm_cpu_time_s"] == 0.0
+    assert entries(cache) == sorted([legacy, adopted])  # nothing trained again
 
 
 def test_only_models_whose_recipe_reads_ulm_nonlinearity_take_it():

@@ -42,6 +42,7 @@ from .nn import memory_loop_gains
 from .pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
 from .rnnrbm import init_from_rnn, pretrain_rbm
 from .train import (
+    PLACE_FIELDS,
     TrainConfig,
     TrainingDiverged,
     evaluate,
@@ -109,13 +110,30 @@ def lmn_window(config: TrainConfig) -> int | None:
 def ulm_key(config: TrainConfig) -> str:
     """The name of the unrolled network of pret-LMN ``config`` in a ``ulm_cache`` folder: the
     same for every run whose ULM has the same settings (a grid's memory sizes), as the ULM does
-    not depend on the memory size. It hashes every field of :func:`ulm_config` but where it runs
-    (device, data folder)."""
+    not depend on the memory size. It hashes the fields of :func:`ulm_config` that differ from
+    their defaults, but where it runs (:data:`linmem.train.PLACE_FIELDS`), so that a setting
+    added to :class:`~linmem.train.TrainConfig` later leaves existing entries' names as they
+    were."""
     ulm = ulm_config(config)
     ulm = replace(ulm, nonlinearity=ulm.nonlinearity or default_nonlinearity("ulm"))
-    fields = {k: v for k, v in asdict(ulm).items() if k not in ("device", "data_dir")}
+    defaults = asdict(type(ulm)())
+    fields = {k: v for k, v in asdict(ulm).items() if k not in PLACE_FIELDS and v != defaults[k]}
+    return _ulm_name(ulm, fields)
+
+
+def _ulm_name(ulm: TrainConfig, fields: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     return f"{ulm.data}-h{ulm.hidden}-{ulm.nonlinearity}-s{ulm.seed}-{digest}"
+
+
+def _legacy_ulm_key(config: TrainConfig) -> str:
+    """The name :func:`ulm_key` gave until 2026-11-24: a hash of every field but the device and
+    the data folder, which any field added to TrainConfig changed. A finished entry of that name
+    (a cache made before) is read, not trained again."""
+    ulm = ulm_config(config)
+    ulm = replace(ulm, nonlinearity=ulm.nonlinearity or default_nonlinearity("ulm"))
+    return _ulm_name(ulm, {k: v for k, v in asdict(ulm).items()
+                           if k not in ("device", "data_dir")})
 
 
 def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
@@ -140,6 +158,9 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
     if config.ulm_cache is None or fcntl is None:
         return finished(own), trained
     entry = Path(config.ulm_cache) / ulm_key(config)
+    legacy = entry.parent / _legacy_ulm_key(config)
+    if not (entry / "metrics.json").is_file() and (legacy / "metrics.json").is_file():
+        return legacy, trained  # finished before the names changed: never written again
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(entry.parent / f".{entry.name}.lock", "a") as lock:
         try:
