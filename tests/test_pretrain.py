@@ -347,6 +347,18 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
     info = json.loads((tmp_path / "legacy" / "pretraining.json").read_text())
     assert info["ulm_run"] == str(legacy) and info["ulm_cpu_time_s"] == 0.0
     assert entries(cache) == sorted([legacy, adopted])  # nothing trained again
+    # ... and one begun under the former name is finished under the new one, not started again
+    second = replace(first, seed=2)
+    assert run_cli("pretrain", *common, "--memory", "8", "--seed", "2", "--ulm-cache",
+                   str(cache), "--out", str(tmp_path / "s2")) == 0
+    begun = cache / ulm_key(second)
+    (begun / "metrics.json").unlink()  # killed after its last epoch, before its final scores
+    log = (begun / "log.jsonl").read_text()
+    begun.rename(cache / _legacy_ulm_key(second))
+    assert run_cli("pretrain", *common, "--memory", "12", "--seed", "2", "--ulm-cache",
+                   str(cache), "--out", str(tmp_path / "s2b")) == 0
+    assert entries(cache) == sorted([legacy, adopted, begun])
+    assert (begun / "metrics.json").is_file() and (begun / "log.jsonl").read_text() == log
 
 
 def test_only_models_whose_recipe_reads_ulm_nonlinearity_take_it():

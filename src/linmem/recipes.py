@@ -144,7 +144,8 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
     A run that finds the entry in training by another process trains its own in
     ``run_dir/ulm`` (nobody waits); a ``run_dir/ulm`` begun before (a run started without the
     cache, or beside a busy entry) is finished there and copied into the cache when the entry
-    is not there yet."""
+    is not there yet. An entry named as before 2026-11-24 (:func:`_legacy_ulm_key`) is read when
+    finished, else renamed and finished under its new name."""
     trained = False
 
     def finished(folder: Path) -> Path:
@@ -169,6 +170,13 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
             return finished(own), trained
         if (entry / "metrics.json").is_file():
             return entry, trained
+        if not entry.is_dir() and legacy.is_dir():  # begun under the former name: go on there
+            with open(entry.parent / f".{legacy.name}.lock", "a") as old_lock:
+                try:
+                    fcntl.flock(old_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.replace(legacy, entry)
+                except BlockingIOError:  # in training by a process that names it so
+                    return finished(own), trained
         if not own.is_dir():
             return finished(entry), trained
         tmp = entry.parent / f".{entry.name}.tmp"
