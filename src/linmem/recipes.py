@@ -301,7 +301,8 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
 
     A seed whose training diverges with no epoch to keep does not stop the others: they all
     run, then :class:`SeedsDiverged` names the diverged seeds and carries the finished ones'
-    metrics."""
+    metrics. Such a seed's ``diverged.json`` is its result: run again, ``reseed`` names it
+    without training it again (delete the file to retry it)."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
@@ -320,8 +321,13 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     finished: dict[int, dict[str, Any]] = {}
     diverged: dict[int, str] = {}
     for seed in seeds:
+        seed_dir = out_dir / f"s{seed}"
+        if (seed_dir / "diverged.json").is_file() and not (seed_dir / "metrics.json").is_file():
+            diverged[seed] = (f"{read_json(seed_dir / 'diverged.json')['diverged']} (as "
+                              f"{seed_dir / 'diverged.json'} records: delete it to run it again)")
+            continue  # a result, as a finished seed is: not run again on resume
         try:
-            finished[seed] = run(replace(config, seed=int(seed)), out_dir / f"s{seed}",
+            finished[seed] = run(replace(config, seed=int(seed)), seed_dir,
                                  resume=True, progress=progress, data=data, command=command)
         except TrainingDiverged as err:
             diverged[seed] = str(err)
