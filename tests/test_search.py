@@ -353,7 +353,7 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
         assert f"| jsb-lmn-b-tiny | 0 / 4 | {failed} | 0 |" in out.read_text()
 
 
-def test_search_cli_passes_max_retry(tmp_path, data_dir, monkeypatch):
+def test_search_cli_passes_max_retry(tmp_path, data_dir, monkeypatch, capsys):
     import linmem.search
     from linmem.cli import main
 
@@ -364,6 +364,9 @@ def test_search_cli_passes_max_retry(tmp_path, data_dir, monkeypatch):
         main(["search", "--grid", "tiny", "--out", str(tmp_path), "--data-dir", str(data_dir),
               *extra])
         assert seen.pop().max_retry == expected
+    for command in ("search", "progress"):  # the help names the default it falls back to
+        main([command, "--help"])
+        assert f"[default: {MAX_RETRY}]" in " ".join(capsys.readouterr().out.split())
 
 
 # ---------------------------------------------------------------- killed worker, both storages

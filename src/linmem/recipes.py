@@ -114,11 +114,16 @@ def ulm_key(config: TrainConfig) -> str:
     their defaults, but where it runs (:data:`linmem.train.PLACE_FIELDS`), so that a setting
     added to :class:`~linmem.train.TrainConfig` later leaves existing entries' names as they
     were."""
-    ulm = ulm_config(config)
-    ulm = replace(ulm, nonlinearity=ulm.nonlinearity or default_nonlinearity("ulm"))
+    ulm = _ulm_named(config)
     defaults = asdict(type(ulm)())
     fields = {k: v for k, v in asdict(ulm).items() if k not in PLACE_FIELDS and v != defaults[k]}
     return _ulm_name(ulm, fields)
+
+
+def _ulm_named(config: TrainConfig) -> TrainConfig:
+    """:func:`ulm_config` with its activation spelt out, as the cache's names hash it."""
+    ulm = ulm_config(config)
+    return replace(ulm, nonlinearity=ulm.nonlinearity or default_nonlinearity("ulm"))
 
 
 def _ulm_name(ulm: TrainConfig, fields: dict[str, Any]) -> str:
@@ -130,8 +135,7 @@ def _legacy_ulm_key(config: TrainConfig) -> str:
     """The name :func:`ulm_key` gave until 2026-11-24: a hash of every field but the device and
     the data folder, which any field added to TrainConfig changed. A finished entry of that name
     (a cache made before) is read, not trained again."""
-    ulm = ulm_config(config)
-    ulm = replace(ulm, nonlinearity=ulm.nonlinearity or default_nonlinearity("ulm"))
+    ulm = _ulm_named(config)
     return _ulm_name(ulm, {k: v for k, v in asdict(ulm).items()
                            if k not in ("device", "data_dir")})
 
