@@ -92,6 +92,25 @@ def test_table2_puts_ours_beside_the_paper():
     assert "- MuseData: nothing run yet." in table and "`linmem report`" in table
 
 
+def test_table2_gives_the_accuracy_at_the_threshold_chosen_on_validation():
+    from linmem.report import table2_markdown
+
+    records = [_record("jsb", "lmn-b", 27.0), _record("piano", "lstm", 23.0)]
+    assert "threshold chosen on validation" not in table2_markdown(records)  # none recorded
+    records[0].update(valid_threshold=0.2, test_acc_at_valid_threshold=29.604)
+    baseline = {"scores": {"jsb": {"test": {"acc": 22.2045, "acc_frame": 27.3419}}}}
+    table = table2_markdown(records, baseline=baseline)
+    part = table.split("threshold chosen on validation")[1].split("Test NLL")[0]
+    rows = {line.split(" | ")[0][2:]: line for line in part.splitlines() if line.startswith("| ")}
+    assert "0.05, 0.1, 0.15" in part and "0.5) instead of 0.5" in part
+    assert rows["model"].startswith("| model | JSB Chorales (ours, threshold from valid) |")
+    assert rows["LMN-B"].startswith("| LMN-B | **29.60 (0.20)** | – | – | – |")
+    assert rows["LSTM"].startswith("| LSTM | – | – | – | – |")  # its run recorded none
+    # the previous frame predicts 0 or 1: the same at every threshold
+    assert rows["previous frame (no training)"].startswith("| previous frame (no training) | "
+                                                           "22.20 | – |")
+
+
 def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
     from linmem.report import figure4_data
 
@@ -191,6 +210,21 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
     path.write_text(json.dumps([{**earlier[0], "trials_failed": 2, "points_done": 29,
                                  "grid_complete": True}]))
     assert summary_file_records(path)[0]["points_failed"] == 1
+    # scores the file lacks come from the selected run's metrics.json the report copied beside
+    # it, when that run is the record's configuration
+    path.write_text(json.dumps(earlier))
+    assert summary_file_records(path)[0].get("test_acc_at_valid_threshold") is None
+    selected = tmp_path / "selected" / "jsb-lmn-b"
+    selected.mkdir(parents=True)
+    metrics = {k: earlier[0][k] for k in ("hidden", "memory", "weight_decay", "valid_acc",
+                                          "test_acc")}
+    (selected / "metrics.json").write_text(json.dumps(
+        {**metrics, "valid_threshold": 0.3, "test_acc_at_valid_threshold": 31.5}))
+    filled = summary_file_records(path)[0]
+    assert (filled["valid_threshold"], filled["test_acc_at_valid_threshold"]) == (0.3, 31.5)
+    (selected / "metrics.json").write_text(json.dumps(
+        {**metrics, "hidden": 500, "valid_threshold": 0.3, "test_acc_at_valid_threshold": 31.5}))
+    assert summary_file_records(path)[0].get("test_acc_at_valid_threshold") is None
     path.write_text("{}")
     with pytest.raises(ValueError, match=r"not a summary\.json"):
         summary_file_records(path)
