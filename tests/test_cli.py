@@ -204,8 +204,9 @@ def test_reseed_runs_every_seed_when_one_diverges(tmp_path, data_dir, capsys, mo
 
     def fake_run(config, run_dir, **kwargs):
         ran.append(config.seed)
-        if config.seed == 2:  # as train() does: diverged.json records it
+        if config.seed == 2:  # as train() does: config.json, and diverged.json records it
             run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
             (run_dir / "diverged.json").write_text('{"diverged": "NaN in epoch 1"}')
             raise TrainingDiverged("the training loss became NaN or inf in epoch 1")
         return {"valid_acc": 10.0 + config.seed, "test_acc": 20.0, "test_nll": 5.0}
@@ -224,6 +225,13 @@ def test_reseed_runs_every_seed_when_one_diverges(tmp_path, data_dir, capsys, mo
     code, _, err = run_cli("reseed", str(run_dir), "--seeds", "1,2,3", "--quiet",
                            "--out", str(tmp_path / "again"), capsys=capsys)
     assert ran == [1, 3] and code == 1 and "seed 2: NaN in epoch 1 (as " in err
+    # other settings in the same folder: not that result, so the seed runs (train() would
+    # refuse the folder; the fake one does not)
+    ran.clear()
+    code, _, err = run_cli("reseed", str(run_dir), "--seeds", "2", "--quiet", "--set",
+                           "weight_decay=0.001", "--out", str(tmp_path / "again"),
+                           capsys=capsys)
+    assert ran == [2] and code == 1
 
 
 def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkeypatch):

@@ -325,20 +325,30 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     finished: dict[int, dict[str, Any]] = {}
     diverged: dict[int, str] = {}
     for seed in seeds:
-        seed_dir = out_dir / f"s{seed}"
-        if (seed_dir / "diverged.json").is_file() and not (seed_dir / "metrics.json").is_file():
+        seed_dir, seed_config = out_dir / f"s{seed}", replace(config, seed=int(seed))
+        if _diverged_before(seed_dir, seed_config):
             diverged[seed] = (f"{read_json(seed_dir / 'diverged.json')['diverged']} (as "
                               f"{seed_dir / 'diverged.json'} records: delete it to run it again)")
             continue  # a result, as a finished seed is: not run again on resume
         try:
-            finished[seed] = run(replace(config, seed=int(seed)), seed_dir,
-                                 resume=True, progress=progress, data=data, command=command)
+            finished[seed] = run(seed_config, seed_dir, resume=True, progress=progress,
+                                 data=data, command=command)
         except TrainingDiverged as err:
             diverged[seed] = str(err)
     if diverged:
         raise SeedsDiverged("; ".join(f"seed {s}: {why}" for s, why in diverged.items()),
                             finished)
     return [finished[seed] for seed in seeds]
+
+
+def _diverged_before(run_dir: Path, config: TrainConfig) -> bool:
+    """Whether ``run_dir`` holds ``config``'s run failed by diverging (``diverged.json``, no
+    ``metrics.json``); a run of other settings there is left to :func:`run` to refuse."""
+    if not (run_dir / "diverged.json").is_file() or (run_dir / "metrics.json").is_file() \
+            or not (run_dir / "config.json").is_file():
+        return False
+    saved = TrainConfig.from_dict(read_json(run_dir / "config.json"))
+    return saved.identity() == config.identity()
 
 
 class SeedsDiverged(TrainingDiverged):
