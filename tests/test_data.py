@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import hashlib
 import http.server
+import itertools
 import os
 import pickle
 import shutil
@@ -210,6 +211,27 @@ def test_bucket_batches_cover_every_sequence_once(jsb):
     random_batches = [order[i: i + 16].tolist() for i in range(0, len(order), 16)]
     assert D.padding_fraction(lengths, batches) < 0.5 * D.padding_fraction(lengths,
                                                                           random_batches)
+
+
+def test_bucket_batches_bound_the_padding_without_shuffle(jsb):
+    lengths = [len(s) for s in jsb["valid"]] + [2000, 2100, 5000]  # MuseData's long tail
+    batches = D.bucket_batches(lengths, 16, shuffle=False, max_ratio=1.25)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    # consecutive in length order, at most 16, none beyond 1.25x its shortest
+    flat = [i for b in batches for i in b]
+    assert [lengths[i] for i in flat] == sorted(lengths)
+    assert all(1 <= len(b) <= 16 for b in batches)
+    assert all(max(lengths[i] for i in b) <= 1.25 * min(lengths[i] for i in b) for b in batches)
+    # each batch ends for a reason: full, or the next sequence too long for it
+    for b, nxt in itertools.pairwise(batches):
+        assert len(b) == 16 or lengths[nxt[0]] > 1.25 * lengths[b[0]]
+    assert batches[-1] == [len(lengths) - 1]  # 5000 alone at the end
+    assert D.bucket_batches(lengths, 16, False) == [flat[i: i + 16]
+                                                   for i in range(0, len(flat), 16)]
+    assert D.bucket_batches([], 4, False, max_ratio=1.5) == []
+    for bad in (dict(shuffle=True, max_ratio=1.25), dict(shuffle=False, max_ratio=0.9)):
+        with pytest.raises(ValueError, match="max_ratio"):
+            D.bucket_batches(lengths, 16, **bad)
 
 
 def test_iterate_batches_yields_all_frames(jsb):

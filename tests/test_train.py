@@ -266,6 +266,26 @@ def test_evaluate_counts_every_frame(small):
     assert 0 <= scores["acc"] <= 1 and np.isfinite(scores["nll"])
 
 
+def test_evaluate_batches_by_length_change_no_score(jsb):
+    """The evaluation's batches pad no sequence beyond EVAL_MAX_RATIO of its length; the scores
+    are those of scoring every sequence alone (no padding at all): the same frame counts, so the
+    same accuracies, and the NLL up to the order of its sum."""
+    from linmem.data import EVAL_MAX_RATIO, bucket_batches, iterate_batches
+
+    torch.manual_seed(0)
+    model = build_model("lmn-b", 8, memory=6).double()
+    sequences = jsb["valid"]
+    lengths = [len(s) for s in sequences]
+    batches = bucket_batches(lengths, 64, shuffle=False, max_ratio=EVAL_MAX_RATIO)
+    assert len(batches) > -(-len(lengths) // 64)  # the ratio splits batches of 64 here
+    for batch in iterate_batches(sequences, 64):  # evaluate's batches, by default
+        assert batch.mask.shape[1] + 1 <= EVAL_MAX_RATIO * (batch.mask.sum(1).min() + 1)
+    batched, alone = evaluate(model, sequences, 64), evaluate(model, sequences, 1)
+    assert (batched["acc"], batched["acc_frame"], batched["frames"]) == \
+        (alone["acc"], pytest.approx(alone["acc_frame"], rel=1e-12), alone["frames"])
+    assert batched["nll"] == pytest.approx(alone["nll"], rel=1e-12)
+
+
 def test_bad_configs():
     with pytest.raises(ValueError, match="unknown model"):
         TrainConfig(model="mlp")

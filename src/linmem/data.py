@@ -38,16 +38,18 @@ from tqdm.auto import tqdm
 from ._check import check_int
 from ._io import atomic_write
 
-__all__ = ["DATASETS", "HIGHEST_NOTE", "LOWEST_NOTE", "N_KEYS", "SPLITS", "Batch", "DataError",
-           "DatasetInfo", "bucket_batches", "collate", "content_digest", "data_checksum",
-           "data_root", "default_root", "is_data_file", "iterate_batches", "load_polyphonic",
-           "next_step_pairs", "padding_fraction", "read_pickle", "resolve_name", "sha256_file",
-           "transpose", "write_pickle"]
+__all__ = ["DATASETS", "EVAL_MAX_RATIO", "HIGHEST_NOTE", "LOWEST_NOTE", "N_KEYS", "SPLITS",
+           "Batch", "DataError", "DatasetInfo", "bucket_batches", "collate", "content_digest",
+           "data_checksum", "data_root", "default_root", "is_data_file", "iterate_batches",
+           "load_polyphonic", "next_step_pairs", "padding_fraction", "read_pickle",
+           "resolve_name", "sha256_file", "transpose", "write_pickle"]
 
 N_KEYS = 88
 LOWEST_NOTE = 21  # MIDI number of A0, column 0
 HIGHEST_NOTE = LOWEST_NOTE + N_KEYS - 1  # C8
 SPLITS = ("train", "valid", "test")
+# the evaluation's batches pad no sequence beyond 1.25x its length (benchmarks/eval_batching.py)
+EVAL_MAX_RATIO = 1.25
 _ORIGINAL = "http://www-etud.iro.umontreal.ca/~boulanni/"
 _WAYBACK = "https://web.archive.org/web/{stamp}id_/http://www-etud.iro.umontreal.ca:80/~boulanni/"
 
@@ -476,16 +478,23 @@ def collate(sequences: Sequence[np.ndarray], dtype: torch.dtype = torch.float32)
 
 
 def bucket_batches(
-    lengths: Sequence[int], batch_size: int, shuffle: bool = True, seed: int = 0
+    lengths: Sequence[int], batch_size: int, shuffle: bool = True, seed: int = 0,
+    max_ratio: float | None = None,
 ) -> list[list[int]]:
     """Group sequence indices into batches of similar length.
 
-    Without shuffling: sorted by length, chunked. With shuffling, the sort key is the length plus
-    a uniform jitter of one batch's worth of length range, so batches differ from epoch to epoch
-    while padding stays small; the batch order is shuffled too. Deterministic for a given ``seed``.
+    Without shuffling: sorted by length, chunked; with ``max_ratio``, a batch also ends before a
+    sequence longer than ``max_ratio`` times its shortest, so that no batch pads its sequences
+    by more than that factor (evaluation: MuseData's lengths run from tens of steps to 4273, and
+    64 of them padded to the longest computed 2.3x the steps of its validation split). With
+    shuffling, the sort key is the length plus a uniform jitter of one batch's worth of length
+    range, so batches differ from epoch to epoch while padding stays small; the batch order is
+    shuffled too. Deterministic for a given ``seed``.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if max_ratio is not None and (shuffle or not max_ratio >= 1):
+        raise ValueError(f"max_ratio must be >= 1 and applies without shuffle, got {max_ratio!r}")
     lengths = np.asarray(lengths, dtype=np.float64)
     if shuffle:
         rng = np.random.default_rng(seed)
@@ -494,7 +503,15 @@ def bucket_batches(
         batches = [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
         return [batches[i] for i in rng.permutation(len(batches))]
     order = np.argsort(lengths, kind="stable")
-    return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+    if max_ratio is None:
+        return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = [[]]
+    for i in order.tolist():
+        if batches[-1] and (len(batches[-1]) == batch_size
+                            or lengths[i] > max_ratio * lengths[batches[-1][0]]):
+            batches.append([])
+        batches[-1].append(i)
+    return batches if batches[0] else []
 
 
 def padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
@@ -510,8 +527,12 @@ def iterate_batches(
     shuffle: bool = False,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    max_ratio: float | None = EVAL_MAX_RATIO,
 ) -> Iterator[Batch]:
-    """Yield padded next-step :class:`Batch` es of similar-length sequences (see bucket_batches)."""
+    """Yield padded next-step :class:`Batch` es of similar-length sequences (see
+    :func:`bucket_batches`; without ``shuffle``, none longer than ``max_ratio`` times its
+    shortest: the evaluation's batches)."""
     usable = [s for s in sequences if len(s) >= 2]
-    for idx in bucket_batches([len(s) for s in usable], batch_size, shuffle, seed):
+    ratio = None if shuffle else max_ratio
+    for idx in bucket_batches([len(s) for s in usable], batch_size, shuffle, seed, ratio):
         yield collate([usable[i] for i in idx], dtype)

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from ._check import check_int
 from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
 from .data import (
+    EVAL_MAX_RATIO,
     Batch,
     bucket_batches,
     collate,
@@ -280,16 +281,19 @@ def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torc
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size: int = 64,
-             device: str | torch.device = "cpu", accuracy: bool = True) -> dict[str, Any]:
+             device: str | torch.device = "cpu", accuracy: bool = True,
+             max_ratio: float | None = EVAL_MAX_RATIO) -> dict[str, Any]:
     """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
     ``sequences``, accumulated over every valid frame (not averaged per batch). A model with a
     joint readout (``likelihood_logits``, the NADE models) is scored on its exact likelihood,
     and without ``accuracy`` on that alone (``nll`` and ``frames``): no marginals drawn. Its
-    ``evaluation_logits``, when it has one, gives both from one pass of the core."""
+    ``evaluation_logits``, when it has one, gives both from one pass of the core. Batches hold
+    up to ``batch_size`` sequences of lengths within ``max_ratio`` of each other (None: any)."""
     model.eval()
     scores = FrameScores()
     joint = hasattr(model, "likelihood_logits")
-    for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype):
+    for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype,
+                                 max_ratio=max_ratio):
         batch = batch.to(device)
         if hasattr(model, "evaluation_logits"):
             logits, exact = model.evaluation_logits(batch.inputs, batch.targets, accuracy)

@@ -1,0 +1,93 @@
+"""The evaluation's batching: batches of up to 64 sequences sorted by length, padded to the
+longest (``max_ratio=None``, until 2026-11-24), against the same with no batch longer than
+``linmem.data.EVAL_MAX_RATIO`` times its shortest sequence, side by side in one run.
+
+For each data set and model (LMN-B (250,500) and an LSTM of 750 units, the sizes the searches
+select on the long data sets; weights at their initialisation: the cost does not depend on
+them), this times ``linmem.train.evaluate`` on the validation split, which every epoch of
+training runs, in interleaved rounds (median CPU seconds reported), and checks that both
+batchings give the same frame counts and accuracy. It prints the padded steps each batching
+computes and the speed-up.
+
+    OMP_NUM_THREADS=1 python benchmarks/eval_batching.py --json results/speed/eval_batching.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from linmem._io import command_line, git_commit, provenance, write_json
+from linmem.data import EVAL_MAX_RATIO, bucket_batches, data_checksum, load_polyphonic
+from linmem.models import build_model
+from linmem.train import evaluate
+
+MODELS = {"lmn-b 250,500": ("lmn-b", 250, 500), "lstm 750": ("lstm", 750, None)}
+
+
+def padded_steps(lengths: list[int], batch_size: int, max_ratio: float | None) -> int:
+    """The steps a batching computes: each batch's longest next-step pairs times its size."""
+    return sum(len(b) * (max(lengths[i] for i in b) - 1)
+               for b in bucket_batches(lengths, batch_size, False, max_ratio=max_ratio))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", nargs="+", default=["musedata", "piano", "nottingham", "jsb"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows = []
+    for name in args.data:
+        data = load_polyphonic(name, root=args.data_dir, progress=False)
+        valid = data["valid"]
+        lengths = [len(s) for s in valid if len(s) >= 2]
+        steps = sum(n - 1 for n in lengths)
+        for label in args.models:
+            model_name, hidden, memory = MODELS[label]
+            torch.manual_seed(0)
+            model = build_model(model_name, hidden, memory=memory)
+            times: dict[str, list[float]] = {"none": [], "ratio": []}
+            scores = {}
+            for _ in range(args.rounds):
+                for key, ratio in (("none", None), ("ratio", EVAL_MAX_RATIO)):
+                    t0 = time.process_time()
+                    scores[key] = evaluate(model, valid, args.batch_size, max_ratio=ratio)
+                    times[key].append(time.process_time() - t0)
+            same = (scores["none"]["frames"] == scores["ratio"]["frames"]
+                    and scores["none"]["acc"] == scores["ratio"]["acc"])
+            row = {"data": name, "model": label, "frames": steps,
+                   "padded_steps_none": padded_steps(lengths, args.batch_size, None),
+                   "padded_steps_ratio": padded_steps(lengths, args.batch_size,
+                                                      EVAL_MAX_RATIO),
+                   "cpu_s_none": statistics.median(times["none"]),
+                   "cpu_s_ratio": statistics.median(times["ratio"]),
+                   "same_accuracy": same}
+            row["speedup"] = row["cpu_s_none"] / row["cpu_s_ratio"]
+            rows.append(row)
+            print(f"{name:10s} {label:14s} steps x{row['padded_steps_none'] / steps:.2f} -> "
+                  f"x{row['padded_steps_ratio'] / steps:.2f}; valid eval "
+                  f"{row['cpu_s_none']:.2f} -> {row['cpu_s_ratio']:.2f} CPU s "
+                  f"({row['speedup']:.2f}x); same accuracy: {same}", flush=True)
+            if not same:
+                raise SystemExit("the two batchings disagree")
+    if args.json:
+        checksums = {name: data_checksum(name, root=args.data_dir) for name in args.data}
+        write_json(args.json, {
+            **provenance(command_line(), git_commit(), 0, checksums,
+                         time.perf_counter() - started),
+            "batch_size": args.batch_size, "max_ratio": EVAL_MAX_RATIO, "rounds": args.rounds,
+            "rows": rows, "units": "CPU seconds of one evaluation of the validation split"})
+        print(json.dumps({"written": args.json}))
+
+
+if __name__ == "__main__":
+    main()
