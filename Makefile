@@ -145,6 +145,7 @@ results-chunking: install
 # one-thread workers.
 T2_JOBS ?= 2
 T2_RUN = OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem
+T2_MODELS = lmn-b lstm lmn-a gru rnn pret-lmn-b pret-rnn
 T2_SEARCH = $(T2_RUN) search $(foreach m,$(T2_MODELS),--model $(m)) --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet
 RBM_ALL = --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
 SELECTED = $(PY) -c "import json, sys; print(next(r['run_dir'] for r in json.load(open('results/summary.json')) if (r['dataset'], r['model']) == tuple(sys.argv[1:])))"
@@ -177,7 +178,6 @@ results-report: install
 	  --summary results/summary.json --baseline results/baseline.json --run results/rnn-rbm \
 	  $$(ls -d results/seeds 2>/dev/null | sed 's/^/--seed-runs /') --out results
 # every search of Table 2, those not started yet too (projected, see `linmem progress --plan`)
-T2_MODELS = lmn-b lstm lmn-a gru rnn pret-lmn-b pret-rnn
 T2_PLAN = $(foreach d,nottingham piano musedata,$(foreach m,$(T2_MODELS),--plan $(d):$(m):reduced)) \
 	--plan jsb:pret-rnn:paper
 results-progress: install
