@@ -458,7 +458,7 @@ def summary_file_records(path: str | os.PathLike) -> list[dict]:
         selected = Path(path).parent / "selected" / f"{r['dataset']}-{r['model']}"
         if any(r.get(k) is None for k in SELECTED_RUN_FIELDS) and \
                 (selected / "metrics.json").is_file():
-            m = json.loads((selected / "metrics.json").read_text())
+            m = read_json(selected / "metrics.json")
             if all(m.get(k) == r.get(k) for k in ("hidden", "memory", "weight_decay",
                                                    "valid_acc", "test_acc")):
                 r = {**r, **{k: m.get(k) for k in SELECTED_RUN_FIELDS if r.get(k) is None}}

@@ -132,6 +132,11 @@ class Point:
                    float(params["weight_decay"]))
 
 
+def _check_grid(grid: str) -> None:
+    if grid not in GRIDS:
+        raise ValueError(f"unknown grid {grid!r}; choose from {', '.join(GRIDS)}")
+
+
 def grid_points(model: str, grid: str | Grid) -> list[Point]:
     """The points of ``grid`` for ``model`` (LMNs: the size pairs; others: the hidden sizes)."""
     g = GRIDS[grid] if isinstance(grid, str) else grid
@@ -248,8 +253,7 @@ class SearchConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.grid not in GRIDS:
-            raise ValueError(f"unknown grid {self.grid!r}; choose from {', '.join(GRIDS)}")
+        _check_grid(self.grid)
         if self.pruner not in ("median", "none"):
             raise ValueError(f"pruner must be 'median' or 'none', got {self.pruner!r}")
         check_int("subset", self.subset, none_ok=True)
@@ -583,8 +587,7 @@ def planned_record(data: str, model: str, grid: str) -> dict:
     """The progress record (:func:`progress_records`) of a study not created yet: every point of
     ``grid`` to do. Its cost is then projected like any other's (:func:`project_points`), so that
     the projection covers the searches still to start, not only those under way."""
-    if grid not in GRIDS:
-        raise ValueError(f"unknown grid {grid!r}; choose from {', '.join(GRIDS)}")
+    _check_grid(grid)
     data = resolve_name(data)
     get_spec(model)  # a clear error for an unknown model
     n = len(grid_points(model, grid))
