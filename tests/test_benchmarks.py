@@ -38,6 +38,27 @@ def test_throughput_models_match_the_library():
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_scoring_reference_is_the_former_scoring():
+    """benchmarks/scoring.py times the former per-threshold ``FrameScores.update`` against the
+    present one: both accumulate the same counts, sums and frames."""
+    from dataclasses import asdict
+
+    from linmem.metrics import FrameScores
+
+    bench = _load("scoring")
+    g = torch.Generator().manual_seed(0)
+    old, new = bench.PerThresholdScores(), FrameScores()
+    for frames in (12, 5):
+        logits = torch.randn(3, frames, 88, generator=g) * 2 - 2
+        logits[torch.rand(logits.shape, generator=g) < 0.1] = 0.0  # exactly at 0.5
+        targets = (torch.rand(logits.shape, generator=g) < 0.1).float()
+        mask = torch.rand(3, frames, generator=g) < 0.8
+        old.update(logits, targets, mask)
+        new.update(logits, targets, mask)
+    assert asdict(old) == asdict(new)
+    assert old.compute() == new.compute()
+
+
 @pytest.mark.slow
 def test_throughput_script_runs(tmp_path):
     """The whole script at a tiny size: every model trains and infers, the ratios it prints are

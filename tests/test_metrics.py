@@ -123,6 +123,38 @@ def test_threshold_grid_counts(sample):
                                                          threshold=t))
 
 
+def test_threshold_grid_counts_equal_a_loop_at_every_threshold():
+    """The one-pass counts at every threshold (a histogram of where each probability falls
+    among them) are the brute-force loop's, to the integer: probabilities exactly at thresholds
+    (logit 0 is 0.5), a grid out of order, padded frames masked out, several batches."""
+    g = torch.Generator().manual_seed(3)
+    grid = (0.5, 0.05, 0.95, 0.25, 0.3)
+    scores = FrameScores(grid=grid)
+    seen_p, seen_y = [], []
+    for frames in (31, 1, 17):
+        logits = torch.randn(2, frames, 9, generator=g, dtype=torch.float64) * 3 - 1
+        logits[torch.rand(logits.shape, generator=g) < 0.2] = 0.0
+        logits[torch.rand(logits.shape, generator=g) < 0.1] = math.log(0.25 / 0.75)
+        targets = (torch.rand(logits.shape, generator=g) < 0.3).to(torch.float64)
+        mask = torch.ones(2, frames, dtype=torch.bool)
+        mask[1, frames // 2:] = False
+        scores.update(logits, targets, mask)
+        seen_p += torch.sigmoid(logits)[mask].tolist()
+        seen_y += targets[mask].tolist()
+    for i, t in enumerate(grid):
+        rows = brute_counts(seen_p, seen_y, t)
+        assert scores.grid_tp[i] == sum(r[0] for r in rows), t
+        assert scores.grid_denom[i] == sum(sum(r) for r in rows), t
+    rows = brute_counts(seen_p, seen_y, 0.5)
+    assert (scores.tp, scores.denom) == (sum(r[0] for r in rows), sum(sum(r) for r in rows))
+    assert scores.compute()["acc_at"][0.5] == scores.compute()["acc"]
+
+
+def test_scores_reject_non_binary_targets():
+    with pytest.raises(ValueError, match="binary"):
+        FrameScores().update(torch.zeros(3, 4), torch.full((3, 4), 0.5))
+
+
 def test_previous_frame_baseline_against_a_loop_and_the_known_jsb_figures(jsb):
     """Frame t + 1 predicted to be frame t: the scores equal a plain loop over frames with
     Python sets, and on JSB Chorales' test split the figures quoted in issue 15 (22.20% global,

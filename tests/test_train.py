@@ -60,6 +60,20 @@ def test_metrics_file_and_scores(tmp_path, small):
         100 * frame_accuracy(torch.cat(probs), torch.cat(targets)), rel=1e-6)
     assert saved["test_nll"] == pytest.approx(frame_nll(torch.cat(logits), torch.cat(targets)),
                                               rel=1e-5)
+    # the threshold chosen on validation (the grid's first best), and the test accuracy at it
+    from linmem.metrics import THRESHOLD_GRID
+
+    def probs_of(split):
+        with torch.no_grad():
+            inputs = [torch.tensor(s[:-1], dtype=torch.float32)[None] for s in small[split]]
+            return (torch.cat([torch.sigmoid(model(x)[0]) for x in inputs]),
+                    torch.cat([torch.tensor(s[1:]) for s in small[split]]))
+
+    valid_acc = {t: frame_accuracy(*probs_of("valid"), threshold=t) for t in THRESHOLD_GRID}
+    chosen = max(valid_acc, key=valid_acc.get)
+    assert saved["valid_threshold"] == chosen
+    assert saved["test_acc_at_valid_threshold"] == pytest.approx(
+        100 * frame_accuracy(*probs_of("test"), threshold=chosen), rel=1e-6)
 
 
 def test_early_stopping_and_existing_run(tmp_path, small):
@@ -264,6 +278,19 @@ def test_evaluate_counts_every_frame(small):
     scores = evaluate(model, small["valid"], batch_size=3)
     assert scores["frames"] == sum(len(s) - 1 for s in small["valid"])
     assert 0 <= scores["acc"] <= 1 and np.isfinite(scores["nll"])
+
+
+def test_evaluate_without_thresholds_scores_the_same(small):
+    """The epochs' validation counts no threshold grid (``thresholds=()``): the same scores, an
+    empty ``acc_at``; the default counts the whole grid, whose 0.5 is the accuracy."""
+    from linmem.metrics import THRESHOLD_GRID
+
+    torch.manual_seed(0)
+    model = build_model("lmn-b", 6, memory=4)
+    full, bare = evaluate(model, small["valid"], 3), evaluate(model, small["valid"], 3,
+                                                              thresholds=())
+    assert bare.pop("acc_at") == {} and list(full.pop("acc_at")) == list(THRESHOLD_GRID)
+    assert bare == full
 
 
 def test_evaluate_batches_by_length_change_no_score(jsb):

@@ -226,13 +226,22 @@ class FrameScores:
                ) -> None:
         """Scores ``logits`` (``(..., K)``, the key marginals' log-odds) against ``targets``;
         the NLL is that of ``nll_logits`` when given (a joint model's conditionals, whose
-        Bernoulli NLL is its exact likelihood), else of ``logits``."""
+        Bernoulli NLL is its exact likelihood), else of ``logits``.
+
+        The counts at every threshold of ``grid`` come from one pass, not one per threshold:
+        each key's probability is placed among the sorted thresholds (``bucketize``), and a
+        histogram of those places, apart for the keys on and off in the target, gives by its
+        cumulative sums the true and false positives at each threshold (the same integers as
+        :func:`frame_counts` at that threshold)."""
         z, y = _flatten(logits, targets, mask, "logits")
         zn = z if nll_logits is None else _flatten(nll_logits, targets, mask, "nll_logits")[0]
-        z = z.to(torch.float64)
-        probs = torch.sigmoid(z)
-        tp, fp, fn = frame_counts(probs, y, None, self.threshold)
-        denom = tp + fp + fn
+        if y.numel() and bool(((y != 0) & (y != 1)).any()):
+            raise ValueError("targets must be binary (0 or 1)")
+        probs = torch.sigmoid(z.to(torch.float64))
+        truth = y > 0.5
+        pred = probs >= self.threshold
+        tp = (pred & truth).sum(-1)
+        denom = (pred | truth).sum(-1)  # TP + FP + FN
         self.tp += int(tp.sum())
         self.denom += int(denom.sum())
         scored = denom > 0
@@ -243,10 +252,20 @@ class FrameScores:
         self.frames += z.shape[0]
         if not self.grid_tp:
             self.grid_tp, self.grid_denom = [0] * len(self.grid), [0] * len(self.grid)
-        for i, t in enumerate(self.grid):
-            g_tp, g_fp, g_fn = frame_counts(probs, y, None, t)
-            self.grid_tp[i] += int(g_tp.sum())
-            self.grid_denom[i] += int((g_tp + g_fp + g_fn).sum())
+        if not self.grid:
+            return
+        order = sorted(range(len(self.grid)), key=self.grid.__getitem__)
+        bounds = torch.tensor([self.grid[i] for i in order], dtype=torch.float64,
+                              device=probs.device)
+        # place: how many thresholds are <= p, so that p >= the j-th smallest iff place > j
+        place = torch.bucketize(probs, bounds, right=True)
+        n = len(order) + 1
+        hist = torch.bincount((place + n * truth).reshape(-1), minlength=2 * n).tolist()
+        positives = sum(hist[n:])
+        for j, i in enumerate(order):  # keys predicted on at the j-th smallest threshold
+            g_tp, g_fp = sum(hist[n + j + 1:]), sum(hist[j + 1: n])
+            self.grid_tp[i] += g_tp
+            self.grid_denom[i] += g_fp + positives  # TP + FP + FN, FN = positives - TP
 
     def compute(self) -> dict:
         """``acc`` (global), ``acc_frame`` (per-frame mean), ``nll`` (nats/step), ``frames``, and

@@ -409,7 +409,7 @@ def analyze(data: Data, ulm: torch.nn.Module, memories: Sequence[int], window: i
         on the training states; for the first training sequence, the relative error at each step
         ``t`` of decoding the whole prefix ``h_1 .. h_t`` from ``m_t``.
     """
-    ulm_acc = {split: 100 * evaluate(ulm.float(), data[split])["acc"]  # as trained, float32
+    ulm_acc = {split: 100 * evaluate(ulm.float(), data[split], thresholds=())["acc"]  # as trained
                for split in ("train", "valid")}
     ulm = ulm.double()  # float64 for the states, the memory and the transfer
     states = hidden_states(ulm, data["train"])
@@ -422,7 +422,7 @@ def analyze(data: Data, ulm: torch.nn.Module, memories: Sequence[int], window: i
         transfer(ulm, la, lmn)
         rows.append({"memory": int(p), "components": int(la.n_components_),
                      "svd_error": errors["svd"], "la_error": errors["la"],
-                     **{f"lmn_{split}_acc": 100 * evaluate(lmn, data[split])["acc"]
+                     **{f"lmn_{split}_acc": 100 * evaluate(lmn, data[split], thresholds=())["acc"]
                         for split in ("train", "valid")}})
     la = LinearAutoencoder(first_memory, window=None, random_state=seed).fit(states)
     first = states[0]

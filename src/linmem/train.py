@@ -50,7 +50,7 @@ from .data import (
     resolve_name,
     transpose,
 )
-from .metrics import FrameScores
+from .metrics import THRESHOLD_GRID, FrameScores
 from .models import (
     DEFAULT_MODEL,
     NONLINEARITIES,
@@ -282,15 +282,18 @@ def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torc
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size: int = 64,
              device: str | torch.device = "cpu", accuracy: bool = True,
-             max_ratio: float | None = EVAL_MAX_RATIO) -> dict[str, Any]:
+             max_ratio: float | None = EVAL_MAX_RATIO,
+             thresholds: Sequence[float] = THRESHOLD_GRID) -> dict[str, Any]:
     """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
     ``sequences``, accumulated over every valid frame (not averaged per batch). A model with a
     joint readout (``likelihood_logits``, the NADE models) is scored on its exact likelihood,
     and without ``accuracy`` on that alone (``nll`` and ``frames``): no marginals drawn. Its
     ``evaluation_logits``, when it has one, gives both from one pass of the core. Batches hold
-    up to ``batch_size`` sequences of lengths within ``max_ratio`` of each other (None: any)."""
+    up to ``batch_size`` sequences of lengths within ``max_ratio`` of each other (None: any).
+    ``acc_at`` holds the global accuracy at each of ``thresholds`` (none: an empty dict; the
+    training's epochs skip them, only the final scores choose a threshold)."""
     model.eval()
-    scores = FrameScores()
+    scores = FrameScores(grid=tuple(thresholds))
     joint = hasattr(model, "likelihood_logits")
     for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype,
                                  max_ratio=max_ratio):
@@ -568,7 +571,7 @@ def train(
             loss_sum, frames = _train_epoch(model, optimizer, bar, train_seqs, shifts, config,
                                             device, epoch)
             valid = evaluate(model, data["valid"], config.eval_batch_size, device,
-                             accuracy=config.select == "acc")
+                             accuracy=config.select == "acc", thresholds=())
         except _LossNotFinite as err:
             why = str(err)
         except NonFiniteOutputs as err:  # a finite training loss, a diverged model all the same
