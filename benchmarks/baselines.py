@@ -2,13 +2,15 @@
 forms, side by side in one run.
 
 :class:`linmem.rnns.RNN` and :class:`linmem.rnns.GRU` are ``torch.nn.RNN`` and ``torch.nn.GRU``
-with an explicit backward through time on the CPU; :class:`linmem.UnrolledNet` (the ULM of the
-pretraining, eq. 10, ``k = 10``) has one too. For each hidden size and batch size, on random
-piano-roll-like sequences of ``--steps`` steps, this measures training frames per second (the
-next-step model of ``linmem.models``: forward, masked NLL, backward, Adam step) of the model built
-on each and on its reference from the same weights (PyTorch's module; the ULM as a step-by-step
-autograd loop), with ``torch.nn.LSTM`` for scale, in interleaved rounds (median reported), after
-checking that the two give the same logits.
+with an explicit backward through time on the CPU (the GRU's steps in the compiled kernel of
+``csrc/`` where ``linmem._ext.cpu_path`` chose a variant; ``gru-loop`` is the same model on the
+PyTorch loop); :class:`linmem.UnrolledNet` (the ULM of the pretraining, eq. 10, ``k = 10``) has
+one too. For each hidden size and batch size, on random piano-roll-like sequences of ``--steps``
+steps, this measures training frames per second (the next-step model of ``linmem.models``:
+forward, masked NLL, backward, Adam step) of the model built on each and on its reference from
+the same weights (PyTorch's module; the ULM as a step-by-step autograd loop), with
+``torch.nn.LSTM`` for scale, in interleaved rounds (median reported), after checking that the two
+give the same logits.
 
     OMP_NUM_THREADS=1 python benchmarks/baselines.py --json results/speed/baselines.json
 """
@@ -23,9 +25,11 @@ import time
 import torch
 from torch import nn
 
+from linmem._ext import cpu_path
 from linmem._io import command_line, git_commit, machine, provenance, write_json
 from linmem.data import N_KEYS, collate
 from linmem.models import build_model
+from linmem.nn import measure_cpu_paths, use_cpu_kernel
 from linmem.train import train_step
 
 TORCH = {"rnn": nn.RNN, "gru": nn.GRU}
@@ -62,6 +66,19 @@ def with_autograd_ulm(model: nn.Module) -> nn.Module:
     other.load_state_dict(model.state_dict())
     other.core = AutogradULM(other.core)
     return other
+
+
+class LoopPath(nn.Module):
+    """``model`` with its recurrence on the PyTorch loop (``use_cpu_kernel(False)``; the backward
+    runs where the forward ran). Shares the parameters."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def training_loss(self, batch) -> torch.Tensor:
+        with use_cpu_kernel(False):
+            return self.model.training_loss(batch)
 
 
 def random_batch(batch: int, steps: int):
@@ -105,7 +122,8 @@ def main() -> None:
     args = p.parse_args()
     started, commit = time.perf_counter(), git_commit()
     cpu = machine()["cpu"]
-    print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads; the "
+          f"kernel's path: {cpu_path(measure_cpu_paths)}", flush=True)
     rows = []
     for hidden in sorted({*args.sizes, *args.ulm_sizes}):
         for batch_size in args.batches:
@@ -123,6 +141,8 @@ def main() -> None:
                 with torch.no_grad():
                     torch.testing.assert_close(models[name](batch.inputs),
                                                reference(batch.inputs), rtol=1e-4, atol=1e-5)
+            if "gru" in models:
+                models["gru-loop"] = LoopPath(models["gru"])
             torch.manual_seed(0)
             models["lstm"] = build_model("lstm", hidden)
             runs = {name: [] for name in models}
@@ -137,6 +157,9 @@ def main() -> None:
                 row[f"{name}_vs_{ref}"] = (row[f"{name}_train_fps"]
                                            / row[f"{name}-{ref}_train_fps"])
                 ratios.append(f"{name}/{ref} {row[f'{name}_vs_{ref}']:.2f}x")
+            if "gru" in names:
+                row["gru_vs_loop"] = row["gru_train_fps"] / row["gru-loop_train_fps"]
+                ratios.append(f"gru/loop {row['gru_vs_loop']:.2f}x")
             rows.append(row)
             print(f"hidden {hidden}, batch {batch_size}: training frames/s  "
                   + "  ".join(f"{n} {row[f'{n}_train_fps'] / 1e3:.1f}k" for n in models)

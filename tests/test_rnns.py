@@ -5,6 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+from linmem import _ext
+from linmem.nn import use_cpu_kernel
 from linmem.rnns import GRU, RNN, gru_recurrence, rnn_recurrence
 
 KINDS = [(GRU, nn.GRU, {}), (RNN, nn.RNN, {"nonlinearity": "tanh"}),
@@ -93,3 +95,67 @@ def test_recurrences_gradcheck():
     assert torch.autograd.gradcheck(lambda *a: rnn_recurrence(*a, "relu")[2], rnn_args)
     with pytest.raises(ValueError, match="nonlinearity"):
         rnn_recurrence(*rnn_args, "selu")
+
+
+VARIANTS = _ext.kernel_variants()  # every variant of the compiled kernel this CPU runs
+
+
+def _gru_case(steps, batch, hidden, seed, batch_major=False):
+    """A GRU recurrence's operands in float64: gi (T, B, 3H) (a batch-major buffer seen
+    time-major with ``batch_major``), h0, W_hh, b_hh, all requiring gradients."""
+    g = torch.Generator().manual_seed(seed)
+    gi = torch.randn(batch, steps, 3 * hidden, generator=g, dtype=torch.float64)
+    gi = (gi.transpose(0, 1) if batch_major else gi.transpose(0, 1).contiguous())
+    ops = [gi, torch.randn(batch, hidden, generator=g, dtype=torch.float64),
+           torch.randn(3 * hidden, hidden, generator=g, dtype=torch.float64) * hidden ** -0.5,
+           torch.randn(3 * hidden, generator=g, dtype=torch.float64) * 0.1]
+    return [t.detach().requires_grad_() for t in ops]
+
+
+def _gru_run(ops, path, weights):
+    with use_cpu_kernel(path):
+        hs = gru_recurrence(*ops)
+        return (hs, *torch.autograd.grad((hs * weights).sum(), ops))
+
+
+@pytest.mark.parametrize("shape", [(9, 13, 17), (6, 1, 70), (4, 7, 33), (1, 2, 5)])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gru_kernel_equals_the_loop(shape, threads, variant):
+    """The compiled GRU recurrence against the PyTorch loop: states and the gradients of gi,
+    h0, W_hh and b_hh, float64 to 1e-12; sizes off every variant's lanes and 6-row tiles, odd
+    batches split over threads, time- and batch-major gi."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for batch_major in (False, True):
+            ops = _gru_case(*shape, seed=sum(shape), batch_major=batch_major)
+            weights = torch.randn(shape[0], shape[1], shape[2], dtype=torch.float64,
+                                  generator=torch.Generator().manual_seed(1))
+            for a, b in zip(_gru_run(ops, variant, weights), _gru_run(ops, False, weights),
+                            strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gru_kernel_reuses_its_buffers_and_matches_torch_in_float32(variant):
+    """A small problem after a large one (the packed weights and scratch rows are kept between
+    calls) is still exact; and the module on the kernel equals torch.nn.GRU in float32."""
+    for shape in ((5, 9, 40), (3, 2, 7), (5, 9, 40)):
+        ops = _gru_case(*shape, seed=3)
+        weights = torch.ones(shape, dtype=torch.float64)
+        for a, b in zip(_gru_run(ops, variant, weights), _gru_run(ops, False, weights),
+                        strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    ours, ref = _pair(KINDS[0], 5, input_size=88, hidden_size=50, batch_first=True)
+    x = torch.randn(4, 30, 88, generator=torch.Generator().manual_seed(6), requires_grad=True)
+    with use_cpu_kernel(variant):
+        out, h_n = ours(x)
+        grads = torch.autograd.grad(out.sum() + h_n.sum(), [x, *ours.parameters()])
+    out_r, h_n_r = ref(x)
+    grads_r = torch.autograd.grad(out_r.sum() + h_n_r.sum(), [x, *ref.parameters()])
+    torch.testing.assert_close(out, out_r, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, grads_r, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -9,7 +9,10 @@ their backward step by step through autograd, and at every step they form and ad
 dominates at the batch sizes and widths of the searches. Here, as in the LMN's recurrence
 (:mod:`linmem.nn`), the input products of all steps are one matrix product before the loop, the
 loop and its backward keep only the products with ``W_hh``, and the weight gradients are one
-large product over all steps after it.
+large product over all steps after it. The GRU's loop runs in the LMN's compiled kernel
+(``csrc/lmn_kernel.h``: the same register-tiled product over weights packed once per call, the
+gates computed in place) wherever :func:`linmem._ext.cpu_path` chose one of its variants for the
+LMN, else as a PyTorch loop; ``linmem.nn.use_cpu_kernel`` and ``LINMEM_CPU_KERNEL`` switch both.
 
 Equations (PyTorch's), per step: the RNN ``h_t = sigma(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)``
 with ``sigma`` tanh or relu; the GRU::
@@ -30,7 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .nn import _lagged_product, activation_slope
+from .nn import _kernel_for, _lagged_product, _rows, activation_slope
 
 __all__ = ["GRU", "RNN", "gru_recurrence", "rnn_recurrence"]
 
@@ -48,16 +51,23 @@ class _GRURecurrence(torch.autograd.Function):
         hs = gi.new_empty(steps, batch, hidden)
         gates = gi.new_empty(steps, batch, width)  # r, z, n of every step
         gh = gi.new_empty(steps, batch, width)  # h_{t-1} W_hh^T + b_hh of every step
-        w_t = weight_hh.t().contiguous()
-        rz, h = slice(0, 2 * hidden), h0
-        for t in range(steps):
-            torch.addmm(bias_hh, h, w_t, out=gh[t])
-            g = gates[t]
-            torch.add(gi[t, :, rz], gh[t, :, rz], out=g[:, rz]).sigmoid_()
-            n = g[:, 2 * hidden:]
-            torch.addcmul(gi[t, :, 2 * hidden:], g[:, :hidden], gh[t, :, 2 * hidden:],
-                          out=n).tanh_()
-            h = torch.addcmul(n, g[:, hidden:2 * hidden], h - n, out=hs[t])  # (1-z) n + z h
+        kernel = _kernel_for(gi)
+        if kernel is not None:  # the compiled loop (csrc/lmn_kernel.h), the same equations
+            module, variant = kernel
+            module.gru_forward(_rows(gi), _rows(h0), weight_hh, bias_hh.contiguous(), hs, gates,
+                               gh, variant)
+        else:
+            w_t = weight_hh.t().contiguous()
+            rz, h = slice(0, 2 * hidden), h0
+            for t in range(steps):
+                torch.addmm(bias_hh, h, w_t, out=gh[t])
+                g = gates[t]
+                torch.add(gi[t, :, rz], gh[t, :, rz], out=g[:, rz]).sigmoid_()
+                n = g[:, 2 * hidden:]
+                torch.addcmul(gi[t, :, 2 * hidden:], g[:, :hidden], gh[t, :, 2 * hidden:],
+                              out=n).tanh_()
+                h = torch.addcmul(n, g[:, hidden:2 * hidden], h - n, out=hs[t])  # (1-z)n + zh
+        ctx.kernel = kernel
         ctx.save_for_backward(h0, hs, gates, gh, weight_hh)
         ctx.set_materialize_grads(False)
         return hs
@@ -66,33 +76,47 @@ class _GRURecurrence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_hs):
         h0, hs, gates, gh, weight_hh = ctx.saved_tensors
-        steps, batch, hidden = hs.shape
-        r, z, n = gates[..., :hidden], gates[..., hidden:2 * hidden], gates[..., 2 * hidden:]
-        # every step's local derivatives at once: dh to n's and z's pre-activations, n's to r's
-        to_n = (1 - z) * (1 - n * n)
-        to_z = torch.empty_like(n)  # (h_{t-1} - n_t) z_t (1 - z_t)
-        torch.sub(h0, n[0], out=to_z[0])
-        torch.sub(hs[:-1], n[1:], out=to_z[1:])
-        to_z *= z * (1 - z)
-        to_r = gh[..., 2 * hidden:] * r * (1 - r)
-        d_gh = torch.empty_like(gates)  # dL/d(h_{t-1} W_hh^T + b_hh)
-        d_n = torch.empty_like(n)  # dL/d(pre-activation of n)
-        dh = h0.new_zeros(batch, hidden)
-        for t in range(steps - 1, -1, -1):
-            if grad_hs is not None:
-                dh += grad_hs[t]
-            db = d_gh[t]
-            torch.mul(dh, to_n[t], out=d_n[t])
-            torch.mul(dh, to_z[t], out=db[:, hidden:2 * hidden])
-            torch.mul(d_n[t], to_r[t], out=db[:, :hidden])
-            torch.mul(d_n[t], r[t], out=db[:, 2 * hidden:])
-            dh = torch.addmm(dh * z[t], db, weight_hh)
+        hidden = hs.shape[2]
+        if ctx.kernel is not None:  # the backward runs where the forward ran
+            module, variant = ctx.kernel
+            d_gh, d_n, dh = torch.empty_like(gates), torch.empty_like(hs), torch.empty_like(h0)
+            module.gru_backward(_rows(grad_hs), h0, hs, gates, gh, weight_hh, d_gh, d_n, dh,
+                                variant)
+        else:
+            d_gh, d_n, dh = _gru_loop_backward(grad_hs, h0, hs, gates, gh, weight_hh)
         need = ctx.needs_input_grad
         flat = d_gh.reshape(-1, d_gh.shape[2])
         return (torch.cat([d_gh[..., :2 * hidden], d_n], 2) if need[0] else None,
                 dh if need[1] else None,
                 _lagged_product(d_gh, hs, h0, batch_major=False) if need[2] else None,
                 flat.sum(0) if need[3] else None)
+
+
+def _gru_loop_backward(grad_hs, h0, hs, gates, gh, weight_hh):
+    """The GRU's backward through time as a PyTorch loop: ``(dL/d gh (T, B, 3H), dL/d(n's
+    pre-activation) (T, B, H), dL/dh_0)``."""
+    steps, batch, hidden = hs.shape
+    r, z, n = gates[..., :hidden], gates[..., hidden:2 * hidden], gates[..., 2 * hidden:]
+    # every step's local derivatives at once: dh to n's and z's pre-activations, n's to r's
+    to_n = (1 - z) * (1 - n * n)
+    to_z = torch.empty_like(n)  # (h_{t-1} - n_t) z_t (1 - z_t)
+    torch.sub(h0, n[0], out=to_z[0])
+    torch.sub(hs[:-1], n[1:], out=to_z[1:])
+    to_z *= z * (1 - z)
+    to_r = gh[..., 2 * hidden:] * r * (1 - r)
+    d_gh = torch.empty_like(gates)  # dL/d(h_{t-1} W_hh^T + b_hh)
+    d_n = torch.empty_like(n)  # dL/d(pre-activation of n)
+    dh = h0.new_zeros(batch, hidden)
+    for t in range(steps - 1, -1, -1):
+        if grad_hs is not None:
+            dh += grad_hs[t]
+        db = d_gh[t]
+        torch.mul(dh, to_n[t], out=d_n[t])
+        torch.mul(dh, to_z[t], out=db[:, hidden:2 * hidden])
+        torch.mul(d_n[t], to_r[t], out=db[:, :hidden])
+        torch.mul(d_n[t], r[t], out=db[:, 2 * hidden:])
+        dh = torch.addmm(dh * z[t], db, weight_hh)
+    return d_gh, d_n, dh
 
 
 def gru_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> Tensor:

@@ -1,4 +1,5 @@
-// The LMN recurrence (paper eqs. 6-7) and its backward through time on the CPU: the binding.
+// The LMN recurrence (paper eqs. 6-7) and its backward through time on the CPU, and the GRU's
+// (linmem.rnns): the binding.
 //
 // Why a compiled kernel: the products that must stay in the sequential loop are small,
 // (B, 250) x (250, 250) for a typical layer, and a BLAS call on them pays thread start-up and
@@ -82,21 +83,39 @@ T* buffer(int slot, int64_t size) {
   return b.data();
 }
 
-// out[k * ld + j] = w[k][j] for the (K, N) matrix `w`, zeros for N <= j < n_pad. `w` may be
-// row-major or a transposed view of a row-major matrix (W^T for a weight W), read as it lies.
+// Where element (k, j) of a packed (k_size x n_total) matrix lies: in panels of `panel`
+// columns (the last one narrower), each panel's k_size rows together (`gemm` in lmn_kernel.h).
+struct Panels {
+  int64_t k_size, n_total, panel;
+  int64_t at(int64_t k, int64_t j) const {
+    const int64_t p0 = j / panel * panel;
+    return p0 * k_size + k * std::min(panel, n_total - p0) + (j - p0);
+  }
+};
+
+// The panels' width of a variant: the columns of its register tile.
 template <typename T>
-void pack(const at::Tensor& w, T* out, int64_t ld, int64_t n_pad) {
+int64_t panel_width(const Variant& v) {
+  return v.vecs * v.vec_bytes / static_cast<int64_t>(sizeof(T));
+}
+
+// The (K, N) matrix `w` into rows [k0, k0 + K) and columns [j0, j0 + N) of the packed matrix
+// `to` at `out`, zeros in its columns [j0 + N, j0 + n_pad). `w` may be row-major or a
+// transposed view of a row-major matrix (W^T for a weight W), read as it lies.
+template <typename T>
+void pack(const at::Tensor& w, T* out, const Panels& to, int64_t k0, int64_t j0, int64_t n_pad) {
   const int64_t k_size = w.size(0), n = w.size(1);
   const at::Tensor c = (w.stride(1) == 1 || w.stride(0) == 1) ? w : w.contiguous();
   const T* src = c.data_ptr<T>();
   const int64_t sk = c.stride(0), sj = c.stride(1);
   constexpr int64_t kBlock = 32;  // square blocks: both sides of a transpose stay in cache
-  for (int64_t k0 = 0; k0 < k_size; k0 += kBlock)
-    for (int64_t j0 = 0; j0 < n; j0 += kBlock)
-      for (int64_t k = k0; k < std::min(k0 + kBlock, k_size); ++k)
-        for (int64_t j = j0; j < std::min(j0 + kBlock, n); ++j)
-          out[k * ld + j] = src[k * sk + j * sj];
-  for (int64_t k = 0; k < k_size; ++k) std::fill(out + k * ld + n, out + k * ld + n_pad, T(0));
+  for (int64_t kb = 0; kb < k_size; kb += kBlock)
+    for (int64_t jb = 0; jb < n; jb += kBlock)
+      for (int64_t k = kb; k < std::min(kb + kBlock, k_size); ++k)
+        for (int64_t j = jb; j < std::min(jb + kBlock, n); ++j)
+          out[to.at(k0 + k, j0 + j)] = src[k * sk + j * sj];
+  for (int64_t k = 0; k < k_size; ++k)
+    for (int64_t j = n; j < n_pad; ++j) out[to.at(k0 + k, j0 + j)] = T(0);
 }
 
 // ATen's vectorised tanh, in place: the PyTorch loop's values.
@@ -148,10 +167,11 @@ void forward_impl(const Variant& v, const at::Tensor& x_proj, const at::Tensor& 
   set_sizes<T>(p, v, x_proj.size(0), x_proj.size(2), m0.size(1), nonlinearity);
   const int64_t batch = x_proj.size(1), width = p.h_pad + p.m_pad;
   T* w_first = buffer<T>(0, p.memory * width);  // [W^mh^T | W^mm^T]: (M, h_pad + m_pad)
-  pack<T>(w_mh.t(), w_first, width, p.h_pad);
-  pack<T>(w_mm.t(), w_first + p.h_pad, width, p.m_pad);
+  const Panels first{p.memory, width, panel_width<T>(v)};
+  pack<T>(w_mh.t(), w_first, first, 0, 0, p.h_pad);
+  pack<T>(w_mm.t(), w_first, first, 0, p.h_pad, p.m_pad);
   T* w_second = buffer<T>(1, p.hidden * p.m_pad);  // W^hm^T: (H, m_pad)
-  pack<T>(w_hm.t(), w_second, p.m_pad, p.m_pad);
+  pack<T>(w_hm.t(), w_second, Panels{p.hidden, p.m_pad, panel_width<T>(v)}, 0, 0, p.m_pad);
   p.w_first = w_first;
   p.w_second = w_second;
   p.bias = bias_m.data_ptr<T>();
@@ -175,10 +195,11 @@ void backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Tensor
   set_sizes<T>(p, v, hs.size(0), hs.size(2), w_mm.size(0), nonlinearity);
   const int64_t batch = hs.size(1), width = std::max(p.h_pad, p.m_pad);
   T* w_dm = buffer<T>(0, p.memory * p.h_pad);  // W^hm: (M, h_pad)
-  pack<T>(w_hm, w_dm, p.h_pad, p.h_pad);
+  pack<T>(w_hm, w_dm, Panels{p.memory, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
   T* w_dprev = buffer<T>(1, (p.hidden + p.memory) * p.m_pad);  // [W^mh; W^mm]: (H + M, m_pad)
-  pack<T>(w_mh, w_dprev, p.m_pad, p.m_pad);
-  pack<T>(w_mm, w_dprev + p.hidden * p.m_pad, p.m_pad, p.m_pad);
+  const Panels dprev{p.hidden + p.memory, p.m_pad, panel_width<T>(v)};
+  pack<T>(w_mh, w_dprev, dprev, 0, 0, p.m_pad);
+  pack<T>(w_mm, w_dprev, dprev, p.hidden, 0, p.m_pad);
   p.w_dm = w_dm;
   p.w_dprev = w_dprev;
   if (grad_hs.defined())
@@ -223,6 +244,98 @@ void backward(c10::optional<at::Tensor> grad_hs, c10::optional<at::Tensor> grad_
   });
 }
 
+// ATen's vectorised sigmoid, in place (the GRU's gates): the PyTorch loop's values.
+template <typename T>
+void aten_sigmoid(T* g, int64_t ld, int64_t rows, int64_t n) {
+  at::from_blob(g, {rows, n}, {ld, 1}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value))
+      .sigmoid_();
+}
+
+template <typename T>
+void gru_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& h0,
+                      const at::Tensor& weight_hh, const at::Tensor& bias_hh, at::Tensor& hs,
+                      at::Tensor& gates, at::Tensor& gh) {
+  GruForwardArgs<T> p{};
+  p.steps = gi.size(0);
+  p.hidden = hs.size(2);
+  p.w_pad = padded<T>(3 * p.hidden, v);
+  const int64_t batch = gi.size(1);
+  T* w = buffer<T>(0, p.hidden * p.w_pad);  // W_hh^T: (H, w_pad)
+  pack<T>(weight_hh.t(), w, Panels{p.hidden, p.w_pad, panel_width<T>(v)}, 0, 0, p.w_pad);
+  p.w = w;
+  p.bias = bias_hh.data_ptr<T>();
+  p.gi = gi.data_ptr<T>(), p.gis0 = gi.stride(0), p.gis1 = gi.stride(1);
+  p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
+  p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
+  p.gates = gates.data_ptr<T>(), p.gas0 = gates.stride(0), p.gas1 = gates.stride(1);
+  p.gh = gh.data_ptr<T>(), p.ghs0 = gh.stride(0), p.ghs1 = gh.stride(1);
+  p.tanh_rows = aten_tanh<T>;
+  p.sigmoid_rows = aten_sigmoid<T>;
+  auto fn = [&]() {
+    if constexpr (std::is_same_v<T, float>) return v.gru_forward_f; else return v.gru_forward_d;
+  }();
+  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
+    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.w_pad));
+  });
+}
+
+template <typename T>
+void gru_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Tensor& h0,
+                       const at::Tensor& hs, const at::Tensor& gates, const at::Tensor& gh,
+                       const at::Tensor& weight_hh, at::Tensor& d_gh, at::Tensor& d_n,
+                       at::Tensor& d_h0) {
+  GruBackwardArgs<T> p{};
+  p.steps = hs.size(0);
+  p.hidden = hs.size(2);
+  p.h_pad = padded<T>(p.hidden, v);
+  const int64_t batch = hs.size(1);
+  T* w = buffer<T>(0, 3 * p.hidden * p.h_pad);  // W_hh: (3H, h_pad)
+  pack<T>(weight_hh, w, Panels{3 * p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
+  p.w = w;
+  if (grad_hs.defined())
+    p.gh_out = grad_hs.data_ptr<T>(), p.gos0 = grad_hs.stride(0), p.gos1 = grad_hs.stride(1);
+  p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
+  p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
+  p.gates = gates.data_ptr<T>(), p.gas0 = gates.stride(0), p.gas1 = gates.stride(1);
+  p.gh = gh.data_ptr<T>(), p.ghs0 = gh.stride(0), p.ghs1 = gh.stride(1);
+  p.d_gh = d_gh.data_ptr<T>(), p.dgs0 = d_gh.stride(0), p.dgs1 = d_gh.stride(1);
+  p.d_n = d_n.data_ptr<T>(), p.dns0 = d_n.stride(0), p.dns1 = d_n.stride(1);
+  p.d_h0 = d_h0.data_ptr<T>(), p.d0s = d_h0.stride(0);
+  auto fn = [&]() {
+    if constexpr (std::is_same_v<T, float>) return v.gru_backward_f; else return v.gru_backward_d;
+  }();
+  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
+    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
+  });
+}
+
+// hs (T, B, H), gates and gh (T, B, 3H): outputs, any layout with a contiguous last dimension.
+void gru_forward(at::Tensor gi, at::Tensor h0, at::Tensor weight_hh, at::Tensor bias_hh,
+                 at::Tensor hs, at::Tensor gates, at::Tensor gh, const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  for (auto* t : {&gi, &h0, &bias_hh, &hs, &gates, &gh}) check_rows(*t, "GRU recurrence operand");
+  TORCH_CHECK(gi.dim() == 3 && h0.dim() == 2 && gi.size(2) == 3 * h0.size(1),
+              "gi must be (T, B, 3H), h0 (B, H)");
+  if (gi.size(0) == 0 || gi.size(1) == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
+    gru_forward_impl<scalar_t>(v, gi, h0, weight_hh, bias_hh, hs, gates, gh);
+  });
+}
+
+// d_gh (T, B, 3H), d_n (T, B, H), d_h0 (B, H): outputs; grad_hs may be undefined.
+void gru_backward(c10::optional<at::Tensor> grad_hs, at::Tensor h0, at::Tensor hs,
+                  at::Tensor gates, at::Tensor gh, at::Tensor weight_hh, at::Tensor d_gh,
+                  at::Tensor d_n, at::Tensor d_h0, const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  at::Tensor go = grad_hs.has_value() ? *grad_hs : at::Tensor();
+  for (auto* t : {&go, &h0, &hs, &gates, &gh, &d_gh, &d_n, &d_h0})
+    if (t->defined()) check_rows(*t, "GRU recurrence gradient");
+  if (hs.size(0) == 0 || hs.size(1) == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(hs.scalar_type(), "gru_backward", [&] {
+    gru_backward_impl<scalar_t>(v, go, h0, hs, gates, gh, weight_hh, d_gh, d_n, d_h0);
+  });
+}
+
 }  // namespace
 }  // namespace linmem
 
@@ -230,6 +343,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &linmem::forward, "LMN recurrence, forward (eqs. 6-7)",
         py::call_guard<py::gil_scoped_release>());
   m.def("backward", &linmem::backward, "LMN recurrence, backward through time",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("gru_forward", &linmem::gru_forward, "GRU recurrence, forward (linmem.rnns)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("gru_backward", &linmem::gru_backward, "GRU recurrence, backward through time",
         py::call_guard<py::gil_scoped_release>());
   m.def("variants", &linmem::variants,
         "the kernel variants compiled here that this CPU can run, best first");

@@ -20,7 +20,8 @@ template <typename T>
 using RowsFn = void (*)(T* rows, int64_t ld, int64_t n_rows, int64_t n);
 
 // Strides are in elements; `*s0` steps over time, `*s1` over the batch. Packed weights have
-// rows padded with zeros to h_pad / m_pad columns (multiples of the variant's vector lanes).
+// rows padded with zeros to h_pad / m_pad columns (multiples of the variant's vector lanes),
+// laid out in panels of columns (see `gemm` in csrc/lmn_kernel.h).
 template <typename T>
 struct ForwardArgs {
   const T* x; int64_t xs0, xs1;            // x_proj (T, B, H)
@@ -46,15 +47,50 @@ struct BackwardArgs {
   int64_t steps, hidden, memory, h_pad, m_pad, nonlinearity;
 };
 
+// The GRU's recurrence (torch.nn.GRU's equations; linmem.rnns) given its input products
+// gi = x W_ih^T + b_ih (T, B, 3H), gates in PyTorch's order r, z, n.
+template <typename T>
+struct GruForwardArgs {
+  const T* gi; int64_t gis0, gis1;         // x W_ih^T + b_ih (T, B, 3H)
+  const T* h0; int64_t h0s;                // (B, H)
+  const T* w;                              // W_hh^T packed: (H, w_pad), w_pad >= 3H
+  const T* bias;                           // b_hh (3H)
+  T* h; int64_t hs0, hs1;                  // out: h_1..h_T (T, B, H)
+  T* gates; int64_t gas0, gas1;            // out: r, z, n of every step (T, B, 3H)
+  T* gh; int64_t ghs0, ghs1;               // out: h_{t-1} W_hh^T + b_hh (T, B, 3H)
+  int64_t steps, hidden, w_pad;
+  RowsFn<T> tanh_rows, sigmoid_rows;
+};
+
+template <typename T>
+struct GruBackwardArgs {
+  const T* gh_out; int64_t gos0, gos1;     // dL/dh_t from the output (T, B, H), or nullptr
+  const T* h0; int64_t h0s;                // (B, H)
+  const T* h; int64_t hs0, hs1;            // h_t (T, B, H)
+  const T* gates; int64_t gas0, gas1;      // r, z, n (T, B, 3H)
+  const T* gh; int64_t ghs0, ghs1;         // h_{t-1} W_hh^T + b_hh (T, B, 3H)
+  const T* w;                              // W_hh packed: (3H, h_pad)
+  T* d_gh; int64_t dgs0, dgs1;             // out: dL/d(h_{t-1} W_hh^T + b_hh) (T, B, 3H)
+  T* d_n; int64_t dns0, dns1;              // out: dL/d(n's pre-activation) (T, B, H)
+  T* d_h0; int64_t d0s;                    // out: dL/dh_0 (B, H)
+  int64_t steps, hidden, h_pad;
+};
+
 // One compiled variant: its loops over the rows [b0, b1) of a batch, with `scratch` holding
-// (b1 - b0) x (h_pad + m_pad) values.
+// (b1 - b0) x (h_pad + m_pad) values (the GRU's: (b1 - b0) x w_pad, or x h_pad backward).
 struct Variant {
   const char* name;
   int64_t vec_bytes;
+  int64_t vecs;  // vectors per tile row: the packed weights' panels are vecs vectors wide
   void (*forward_f)(const ForwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
   void (*forward_d)(const ForwardArgs<double>&, int64_t b0, int64_t b1, double* scratch);
   void (*backward_f)(const BackwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
   void (*backward_d)(const BackwardArgs<double>&, int64_t b0, int64_t b1, double* scratch);
+  void (*gru_forward_f)(const GruForwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
+  void (*gru_forward_d)(const GruForwardArgs<double>&, int64_t b0, int64_t b1, double* scratch);
+  void (*gru_backward_f)(const GruBackwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
+  void (*gru_backward_d)(const GruBackwardArgs<double>&, int64_t b0, int64_t b1,
+                         double* scratch);
 };
 
 extern const Variant avx512_variant;  // x86-64 only
