@@ -2,9 +2,9 @@
 forms, side by side in one run.
 
 :class:`linmem.rnns.RNN` and :class:`linmem.rnns.GRU` are ``torch.nn.RNN`` and ``torch.nn.GRU``
-with an explicit backward through time on the CPU (the GRU's steps in the compiled kernel of
-``csrc/`` where ``linmem._ext.cpu_path`` chose a variant; ``gru-loop`` is the same model on the
-PyTorch loop); :class:`linmem.UnrolledNet` (the ULM of the pretraining, eq. 10, ``k = 10``) has
+with an explicit backward through time on the CPU (their steps in the compiled kernel of
+``csrc/`` where ``linmem._ext.cpu_path`` chose a variant; ``rnn-loop`` and ``gru-loop`` are the
+same models on the PyTorch loop); :class:`linmem.UnrolledNet` (the ULM of the pretraining, eq. 10, ``k = 10``) has
 one too. For each hidden size and batch size, on random piano-roll-like sequences of ``--steps``
 steps, this measures training frames per second (the next-step model of ``linmem.models``:
 forward, masked NLL, backward, Adam step) of the model built on each and on its reference from
@@ -141,8 +141,9 @@ def main() -> None:
                 with torch.no_grad():
                     torch.testing.assert_close(models[name](batch.inputs),
                                                reference(batch.inputs), rtol=1e-4, atol=1e-5)
-            if "gru" in models:
-                models["gru-loop"] = LoopPath(models["gru"])
+            for name in ("rnn", "gru"):
+                if name in models:
+                    models[f"{name}-loop"] = LoopPath(models[name])
             torch.manual_seed(0)
             models["lstm"] = build_model("lstm", hidden)
             runs = {name: [] for name in models}
@@ -157,9 +158,11 @@ def main() -> None:
                 row[f"{name}_vs_{ref}"] = (row[f"{name}_train_fps"]
                                            / row[f"{name}-{ref}_train_fps"])
                 ratios.append(f"{name}/{ref} {row[f'{name}_vs_{ref}']:.2f}x")
-            if "gru" in names:
-                row["gru_vs_loop"] = row["gru_train_fps"] / row["gru-loop_train_fps"]
-                ratios.append(f"gru/loop {row['gru_vs_loop']:.2f}x")
+            for name in ("rnn", "gru"):
+                if name in names:
+                    row[f"{name}_vs_loop"] = (row[f"{name}_train_fps"]
+                                              / row[f"{name}-loop_train_fps"])
+                    ratios.append(f"{name}/loop {row[f'{name}_vs_loop']:.2f}x")
             rows.append(row)
             print(f"hidden {hidden}, batch {batch_size}: training frames/s  "
                   + "  ".join(f"{n} {row[f'{n}_train_fps'] / 1e3:.1f}k" for n in models)

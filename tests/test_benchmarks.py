@@ -87,4 +87,5 @@ def test_baselines_script_runs(tmp_path):
     (row,) = json.loads(out.read_text())["sizes"]
     assert row["gru_vs_torch"] == pytest.approx(row["gru_train_fps"] / row["gru-torch_train_fps"])
     assert row["gru_vs_loop"] == pytest.approx(row["gru_train_fps"] / row["gru-loop_train_fps"])
+    assert row["rnn_vs_loop"] == pytest.approx(row["rnn_train_fps"] / row["rnn-loop_train_fps"])
     assert row["lstm_train_fps"] > 0 and row["ulm_vs_autograd"] > 0

@@ -100,56 +100,65 @@ def test_recurrences_gradcheck():
 VARIANTS = _ext.kernel_variants()  # every variant of the compiled kernel this CPU runs
 
 
-def _gru_case(steps, batch, hidden, seed, batch_major=False):
-    """A GRU recurrence's operands in float64: gi (T, B, 3H) (a batch-major buffer seen
-    time-major with ``batch_major``), h0, W_hh, b_hh, all requiring gradients."""
+RECURRENCES = {"gru": (3, gru_recurrence), "tanh": (1, rnn_recurrence),
+               "relu": (1, lambda *ops: rnn_recurrence(*ops, "relu"))}
+
+
+def _case(kind, steps, batch, hidden, seed, batch_major=False):
+    """A GRU's or RNN's recurrence operands in float64: gi (T, B, gates H) (a batch-major
+    buffer seen time-major with ``batch_major``), h0, W_hh, b_hh, all requiring gradients."""
+    gates = RECURRENCES[kind][0]
     g = torch.Generator().manual_seed(seed)
-    gi = torch.randn(batch, steps, 3 * hidden, generator=g, dtype=torch.float64)
+    gi = torch.randn(batch, steps, gates * hidden, generator=g, dtype=torch.float64)
     gi = (gi.transpose(0, 1) if batch_major else gi.transpose(0, 1).contiguous())
     ops = [gi, torch.randn(batch, hidden, generator=g, dtype=torch.float64),
-           torch.randn(3 * hidden, hidden, generator=g, dtype=torch.float64) * hidden ** -0.5,
-           torch.randn(3 * hidden, generator=g, dtype=torch.float64) * 0.1]
+           torch.randn(gates * hidden, hidden, generator=g, dtype=torch.float64)
+           * hidden ** -0.5, torch.randn(gates * hidden, generator=g, dtype=torch.float64) * 0.1]
     return [t.detach().requires_grad_() for t in ops]
 
 
-def _gru_run(ops, path, weights):
+def _run(kind, ops, path, weights):
     with use_cpu_kernel(path):
-        hs = gru_recurrence(*ops)
+        hs = RECURRENCES[kind][1](*ops)
         return (hs, *torch.autograd.grad((hs * weights).sum(), ops))
 
 
+def _assert_kernel_equals_loop(kind, ops, variant, weights):
+    for a, b in zip(_run(kind, ops, variant, weights), _run(kind, ops, False, weights),
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", list(RECURRENCES))
 @pytest.mark.parametrize("shape", [(9, 13, 17), (6, 1, 70), (4, 7, 33), (1, 2, 5)])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_gru_kernel_equals_the_loop(shape, threads, variant):
-    """The compiled GRU recurrence against the PyTorch loop: states and the gradients of gi,
-    h0, W_hh and b_hh, float64 to 1e-12; sizes off every variant's lanes and 6-row tiles, odd
-    batches split over threads, time- and batch-major gi."""
+def test_kernel_equals_the_loop(kind, shape, threads, variant):
+    """The compiled GRU and RNN recurrences against their PyTorch loops: states and the
+    gradients of gi, h0, W_hh and b_hh, float64 to 1e-12; sizes off every variant's lanes and
+    6-row tiles, odd batches split over threads, time- and batch-major gi."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for batch_major in (False, True):
-            ops = _gru_case(*shape, seed=sum(shape), batch_major=batch_major)
-            weights = torch.randn(shape[0], shape[1], shape[2], dtype=torch.float64,
+            ops = _case(kind, *shape, seed=sum(shape), batch_major=batch_major)
+            weights = torch.randn(shape, dtype=torch.float64,
                                   generator=torch.Generator().manual_seed(1))
-            for a, b in zip(_gru_run(ops, variant, weights), _gru_run(ops, False, weights),
-                            strict=True):
-                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+            _assert_kernel_equals_loop(kind, ops, variant, weights)
     finally:
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("kind", list(RECURRENCES))
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_gru_kernel_reuses_its_buffers_and_matches_torch_in_float32(variant):
+def test_kernel_reuses_its_buffers_and_matches_torch_in_float32(kind, variant):
     """A small problem after a large one (the packed weights and scratch rows are kept between
-    calls) is still exact; and the module on the kernel equals torch.nn.GRU in float32."""
+    calls) is still exact; and the module on the kernel equals torch's in float32."""
     for shape in ((5, 9, 40), (3, 2, 7), (5, 9, 40)):
-        ops = _gru_case(*shape, seed=3)
-        weights = torch.ones(shape, dtype=torch.float64)
-        for a, b in zip(_gru_run(ops, variant, weights), _gru_run(ops, False, weights),
-                        strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
-    ours, ref = _pair(KINDS[0], 5, input_size=88, hidden_size=50, batch_first=True)
+        _assert_kernel_equals_loop(kind, _case(kind, *shape, seed=3), variant,
+                                   torch.ones(shape, dtype=torch.float64))
+    ours, ref = _pair(KINDS[IDS.index("gru" if kind == "gru" else f"rnn-{kind}")], 5,
+                      input_size=88, hidden_size=50, batch_first=True)
     x = torch.randn(4, 30, 88, generator=torch.Generator().manual_seed(6), requires_grad=True)
     with use_cpu_kernel(variant):
         out, h_n = ours(x)

@@ -9,7 +9,7 @@ their backward step by step through autograd, and at every step they form and ad
 dominates at the batch sizes and widths of the searches. Here, as in the LMN's recurrence
 (:mod:`linmem.nn`), the input products of all steps are one matrix product before the loop, the
 loop and its backward keep only the products with ``W_hh``, and the weight gradients are one
-large product over all steps after it. The GRU's loop runs in the LMN's compiled kernel
+large product over all steps after it. The loops run in the LMN's compiled kernel
 (``csrc/lmn_kernel.h``: the same register-tiled product over weights packed once per call, the
 gates computed in place) wherever :func:`linmem._ext.cpu_path` chose one of its variants for the
 LMN, else as a PyTorch loop; ``linmem.nn.use_cpu_kernel`` and ``LINMEM_CPU_KERNEL`` switch both.
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .nn import _kernel_for, _lagged_product, _rows, activation_slope
+from .nn import _KERNEL_CODES, _kernel_for, _lagged_product, _rows, activation_slope
 
 __all__ = ["GRU", "RNN", "gru_recurrence", "rnn_recurrence"]
 
@@ -133,14 +133,20 @@ class _RNNRecurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gi, h0, weight_hh, bias_hh, nonlinearity):
         hs = torch.empty_like(gi, memory_format=torch.contiguous_format)
-        w_t, h = weight_hh.t().contiguous(), h0
-        for t in range(gi.shape[0]):
-            h = torch.addmm(bias_hh, h, w_t, out=hs[t]).add_(gi[t])
-            if nonlinearity == "tanh":
-                h.tanh_()
-            else:
-                h.clamp_min_(0.0)
-        ctx.nonlinearity = nonlinearity
+        kernel = _kernel_for(gi)
+        if kernel is not None:  # the compiled loop (csrc/lmn_kernel.h), the same equations
+            module, variant = kernel
+            module.rnn_forward(_rows(gi), _rows(h0), weight_hh, bias_hh.contiguous(),
+                               _KERNEL_CODES[nonlinearity], hs, variant)
+        else:
+            w_t, h = weight_hh.t().contiguous(), h0
+            for t in range(gi.shape[0]):
+                h = torch.addmm(bias_hh, h, w_t, out=hs[t]).add_(gi[t])
+                if nonlinearity == "tanh":
+                    h.tanh_()
+                else:
+                    h.clamp_min_(0.0)
+        ctx.nonlinearity, ctx.kernel = nonlinearity, kernel
         ctx.save_for_backward(h0, hs, weight_hh)
         ctx.set_materialize_grads(False)
         return hs
@@ -150,13 +156,19 @@ class _RNNRecurrence(torch.autograd.Function):
     def backward(ctx, grad_hs):
         h0, hs, weight_hh = ctx.saved_tensors
         steps, batch, hidden = hs.shape
-        slope = activation_slope(hs, ctx.nonlinearity)
         d_a = torch.empty_like(hs)  # dL/d(pre-activation)
-        dh = h0.new_zeros(batch, hidden)
-        for t in range(steps - 1, -1, -1):
-            if grad_hs is not None:
-                dh += grad_hs[t]
-            dh = torch.mm(torch.mul(dh, slope[t], out=d_a[t]), weight_hh)
+        if ctx.kernel is not None:  # the backward runs where the forward ran
+            module, variant = ctx.kernel
+            dh = torch.empty_like(h0)
+            module.rnn_backward(_rows(grad_hs), hs, weight_hh, _KERNEL_CODES[ctx.nonlinearity],
+                                d_a, dh, variant)
+        else:
+            slope = activation_slope(hs, ctx.nonlinearity)
+            dh = h0.new_zeros(batch, hidden)
+            for t in range(steps - 1, -1, -1):
+                if grad_hs is not None:
+                    dh += grad_hs[t]
+                dh = torch.mm(torch.mul(dh, slope[t], out=d_a[t]), weight_hh)
         need = ctx.needs_input_grad
         return (d_a if need[0] else None, dh if need[1] else None,
                 _lagged_product(d_a, hs, h0, batch_major=False) if need[2] else None,

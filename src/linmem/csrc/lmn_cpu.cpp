@@ -1,5 +1,5 @@
 // The LMN recurrence (paper eqs. 6-7) and its backward through time on the CPU, and the GRU's
-// (linmem.rnns): the binding.
+// and the Elman RNN's (linmem.rnns): the binding.
 //
 // Why a compiled kernel: the products that must stay in the sequential loop are small,
 // (B, 250) x (250, 250) for a typical layer, and a BLAS call on them pays thread start-up and
@@ -336,6 +336,85 @@ void gru_backward(c10::optional<at::Tensor> grad_hs, at::Tensor h0, at::Tensor h
   });
 }
 
+template <typename T>
+void rnn_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& h0,
+                      const at::Tensor& weight_hh, const at::Tensor& bias_hh,
+                      int64_t nonlinearity, at::Tensor& hs) {
+  RnnForwardArgs<T> p{};
+  p.steps = gi.size(0);
+  p.hidden = hs.size(2);
+  p.h_pad = padded<T>(p.hidden, v);
+  p.nonlinearity = nonlinearity;
+  const int64_t batch = gi.size(1);
+  T* w = buffer<T>(0, p.hidden * p.h_pad);  // W_hh^T: (H, h_pad)
+  pack<T>(weight_hh.t(), w, Panels{p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
+  p.w = w;
+  p.bias = bias_hh.data_ptr<T>();
+  p.gi = gi.data_ptr<T>(), p.gis0 = gi.stride(0), p.gis1 = gi.stride(1);
+  p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
+  p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
+  p.tanh_rows = aten_tanh<T>;
+  auto fn = [&]() {
+    if constexpr (std::is_same_v<T, float>) return v.rnn_forward_f; else return v.rnn_forward_d;
+  }();
+  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
+    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
+  });
+}
+
+template <typename T>
+void rnn_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Tensor& hs,
+                       const at::Tensor& weight_hh, int64_t nonlinearity, at::Tensor& d_a,
+                       at::Tensor& d_h0) {
+  RnnBackwardArgs<T> p{};
+  p.steps = hs.size(0);
+  p.hidden = hs.size(2);
+  p.h_pad = padded<T>(p.hidden, v);
+  p.nonlinearity = nonlinearity;
+  const int64_t batch = hs.size(1);
+  T* w = buffer<T>(0, p.hidden * p.h_pad);  // W_hh: (H, h_pad)
+  pack<T>(weight_hh, w, Panels{p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
+  p.w = w;
+  if (grad_hs.defined())
+    p.gh_out = grad_hs.data_ptr<T>(), p.gos0 = grad_hs.stride(0), p.gos1 = grad_hs.stride(1);
+  p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
+  p.d_a = d_a.data_ptr<T>(), p.das0 = d_a.stride(0), p.das1 = d_a.stride(1);
+  p.d_h0 = d_h0.data_ptr<T>(), p.d0s = d_h0.stride(0);
+  auto fn = [&]() {
+    if constexpr (std::is_same_v<T, float>) return v.rnn_backward_f; else return v.rnn_backward_d;
+  }();
+  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
+    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
+  });
+}
+
+// hs (T, B, H): output, any layout with a contiguous last dimension.
+void rnn_forward(at::Tensor gi, at::Tensor h0, at::Tensor weight_hh, at::Tensor bias_hh,
+                 int64_t nonlinearity, at::Tensor hs, const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  for (auto* t : {&gi, &h0, &bias_hh, &hs}) check_rows(*t, "RNN recurrence operand");
+  TORCH_CHECK(gi.dim() == 3 && h0.dim() == 2 && gi.size(2) == h0.size(1),
+              "gi must be (T, B, H), h0 (B, H)");
+  if (gi.size(0) == 0 || gi.size(1) == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "rnn_forward", [&] {
+    rnn_forward_impl<scalar_t>(v, gi, h0, weight_hh, bias_hh, nonlinearity, hs);
+  });
+}
+
+// d_a (T, B, H), d_h0 (B, H): outputs; grad_hs may be undefined.
+void rnn_backward(c10::optional<at::Tensor> grad_hs, at::Tensor hs, at::Tensor weight_hh,
+                  int64_t nonlinearity, at::Tensor d_a, at::Tensor d_h0,
+                  const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  at::Tensor go = grad_hs.has_value() ? *grad_hs : at::Tensor();
+  for (auto* t : {&go, &hs, &d_a, &d_h0})
+    if (t->defined()) check_rows(*t, "RNN recurrence gradient");
+  if (hs.size(0) == 0 || hs.size(1) == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(hs.scalar_type(), "rnn_backward", [&] {
+    rnn_backward_impl<scalar_t>(v, go, hs, weight_hh, nonlinearity, d_a, d_h0);
+  });
+}
+
 }  // namespace
 }  // namespace linmem
 
@@ -347,6 +426,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_forward", &linmem::gru_forward, "GRU recurrence, forward (linmem.rnns)",
         py::call_guard<py::gil_scoped_release>());
   m.def("gru_backward", &linmem::gru_backward, "GRU recurrence, backward through time",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rnn_forward", &linmem::rnn_forward, "Elman RNN recurrence, forward (linmem.rnns)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rnn_backward", &linmem::rnn_backward, "Elman RNN recurrence, backward through time",
         py::call_guard<py::gil_scoped_release>());
   m.def("variants", &linmem::variants,
         "the kernel variants compiled here that this CPU can run, best first");

@@ -1,5 +1,5 @@
 // The LMN recurrence (paper eqs. 6-7) and its backward through time for the rows [b0, b1) of a
-// batch, and the GRU's (linmem.rnns, at the end): the inner loops of csrc/lmn_cpu.cpp, which
+// batch, and the GRU's and the Elman RNN's (linmem.rnns, at the end): the inner loops of csrc/lmn_cpu.cpp, which
 // splits the batch over threads, packs the weights and calls one of the variants compiled from
 // this file.
 //
@@ -289,6 +289,46 @@ void gru_backward_rows(const GruBackwardArgs<T>& p, int64_t b0, int64_t b1, T* d
     for (int64_t j = 0; j < H; ++j) p.d_h0[(b0 + r) * p.d0s + j] = dh[r * hp + j];
 }
 
+// The Elman RNN (linmem.rnns), forward, per step: h_t = sigma(gi_t + b_hh + h_{t-1} W_hh^T).
+template <typename T>
+void rnn_forward_rows(const RnnForwardArgs<T>& p, int64_t b0, int64_t b1, T* s) {
+  const int64_t rows = b1 - b0, H = p.hidden, hp = p.h_pad;
+  const T* h_prev = p.h0 + b0 * p.h0s;
+  int64_t h_prev_ld = p.h0s;
+  for (int64_t t = 0; t < p.steps; ++t) {
+    const T* gi_t = p.gi + t * p.gis0 + b0 * p.gis1;
+    T* h_t = p.h + t * p.hs0 + b0 * p.hs1;
+    gemm<T>(h_prev, h_prev_ld, rows, H, p.w, hp, s, hp, false);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < H; ++j)
+        h_t[r * p.hs1 + j] = s[r * hp + j] + p.bias[j] + gi_t[r * p.gis1 + j];
+    activate<T>(h_t, p.hs1, rows, H, p.nonlinearity, p.tanh_rows);
+    h_prev = h_t;
+    h_prev_ld = p.hs1;
+  }
+}
+
+// The Elman RNN, backward, per step: dL/da_t = dh_t sigma'(a_t), dL/dh_{t-1} = dL/da_t W_hh.
+template <typename T>
+void rnn_backward_rows(const RnnBackwardArgs<T>& p, int64_t b0, int64_t b1, T* dh) {
+  const int64_t rows = b1 - b0, H = p.hidden, hp = p.h_pad;
+  for (int64_t i = 0; i < rows * hp; ++i) dh[i] = T(0);
+  for (int64_t t = p.steps - 1; t >= 0; --t) {
+    const T* h_t = p.h + t * p.hs0 + b0 * p.hs1;
+    T* da_t = p.d_a + t * p.das0 + b0 * p.das1;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* go_r = p.gh_out ? p.gh_out + t * p.gos0 + (b0 + r) * p.gos1 : nullptr;
+      for (int64_t j = 0; j < H; ++j) {
+        const T d = go_r ? dh[r * hp + j] + go_r[j] : dh[r * hp + j];
+        da_t[r * p.das1 + j] = d * derivative<T>(h_t[r * p.hs1 + j], p.nonlinearity);
+      }
+    }
+    gemm<T>(da_t, p.das1, rows, H, p.w, hp, dh, hp, false);
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < H; ++j) p.d_h0[(b0 + r) * p.d0s + j] = dh[r * hp + j];
+}
+
 }  // namespace
 }  // namespace LMN_VARIANT
 
@@ -299,6 +339,8 @@ extern const Variant LMN_CONCAT(LMN_VARIANT, _variant) = {
     LMN_VARIANT::backward_rows<float>, LMN_VARIANT::backward_rows<double>,
     LMN_VARIANT::gru_forward_rows<float>, LMN_VARIANT::gru_forward_rows<double>,
     LMN_VARIANT::gru_backward_rows<float>, LMN_VARIANT::gru_backward_rows<double>,
+    LMN_VARIANT::rnn_forward_rows<float>, LMN_VARIANT::rnn_forward_rows<double>,
+    LMN_VARIANT::rnn_backward_rows<float>, LMN_VARIANT::rnn_backward_rows<double>,
 };
 
 }  // namespace linmem

@@ -76,8 +76,32 @@ struct GruBackwardArgs {
   int64_t steps, hidden, h_pad;
 };
 
+// The Elman RNN's recurrence (torch.nn.RNN's equations; linmem.rnns) given its input products
+// gi = x W_ih^T + b_ih (T, B, H): h_t = sigma(gi_t + b_hh + h_{t-1} W_hh^T), tanh or relu.
+template <typename T>
+struct RnnForwardArgs {
+  const T* gi; int64_t gis0, gis1;         // x W_ih^T + b_ih (T, B, H)
+  const T* h0; int64_t h0s;                // (B, H)
+  const T* w;                              // W_hh^T packed: (H, h_pad)
+  const T* bias;                           // b_hh (H)
+  T* h; int64_t hs0, hs1;                  // out: h_1..h_T (T, B, H)
+  int64_t steps, hidden, h_pad, nonlinearity;
+  RowsFn<T> tanh_rows;
+};
+
+template <typename T>
+struct RnnBackwardArgs {
+  const T* gh_out; int64_t gos0, gos1;     // dL/dh_t from the output (T, B, H), or nullptr
+  const T* h; int64_t hs0, hs1;            // h_t (T, B, H)
+  const T* w;                              // W_hh packed: (H, h_pad)
+  T* d_a; int64_t das0, das1;              // out: dL/d(pre-activation) (T, B, H)
+  T* d_h0; int64_t d0s;                    // out: dL/dh_0 (B, H)
+  int64_t steps, hidden, h_pad, nonlinearity;
+};
+
 // One compiled variant: its loops over the rows [b0, b1) of a batch, with `scratch` holding
-// (b1 - b0) x (h_pad + m_pad) values (the GRU's: (b1 - b0) x w_pad, or x h_pad backward).
+// (b1 - b0) x (h_pad + m_pad) values (the GRU's: (b1 - b0) x w_pad, or x h_pad backward; the
+// RNN's: (b1 - b0) x h_pad).
 struct Variant {
   const char* name;
   int64_t vec_bytes;
@@ -90,6 +114,11 @@ struct Variant {
   void (*gru_forward_d)(const GruForwardArgs<double>&, int64_t b0, int64_t b1, double* scratch);
   void (*gru_backward_f)(const GruBackwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
   void (*gru_backward_d)(const GruBackwardArgs<double>&, int64_t b0, int64_t b1,
+                         double* scratch);
+  void (*rnn_forward_f)(const RnnForwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
+  void (*rnn_forward_d)(const RnnForwardArgs<double>&, int64_t b0, int64_t b1, double* scratch);
+  void (*rnn_backward_f)(const RnnBackwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
+  void (*rnn_backward_d)(const RnnBackwardArgs<double>&, int64_t b0, int64_t b1,
                          double* scratch);
 };
 
