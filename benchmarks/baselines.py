@@ -4,13 +4,13 @@ forms, side by side in one run.
 :class:`linmem.rnns.RNN` and :class:`linmem.rnns.GRU` are ``torch.nn.RNN`` and ``torch.nn.GRU``
 with an explicit backward through time on the CPU (their steps in the compiled kernel of
 ``csrc/`` where ``linmem._ext.cpu_path`` chose a variant; ``rnn-loop`` and ``gru-loop`` are the
-same models on the PyTorch loop); :class:`linmem.UnrolledNet` (the ULM of the pretraining, eq. 10, ``k = 10``) has
-one too. For each hidden size and batch size, on random piano-roll-like sequences of ``--steps``
-steps, this measures training frames per second (the next-step model of ``linmem.models``:
-forward, masked NLL, backward, Adam step) of the model built on each and on its reference from
-the same weights (PyTorch's module; the ULM as a step-by-step autograd loop), with
-``torch.nn.LSTM`` for scale, in interleaved rounds (median reported), after checking that the two
-give the same logits.
+same models on the PyTorch loop); :class:`linmem.UnrolledNet` (the ULM of the pretraining, eq.
+10, ``k = 10``) has one too. For each hidden size and batch size, on random piano-roll-like
+sequences of ``--steps`` steps, this measures training frames per second (the next-step model of
+``linmem.models``: forward, masked NLL, backward, Adam step) of the model built on each and on
+its reference from the same weights (PyTorch's module; the ULM as a step-by-step autograd loop),
+with ``torch.nn.LSTM`` for scale, in interleaved rounds (median reported), after checking that
+the two give the same logits.
 
     OMP_NUM_THREADS=1 python benchmarks/baselines.py --json results/speed/baselines.json
 """
