@@ -89,3 +89,19 @@ def test_baselines_script_runs(tmp_path):
     assert row["gru_vs_loop"] == pytest.approx(row["gru_train_fps"] / row["gru-loop_train_fps"])
     assert row["rnn_vs_loop"] == pytest.approx(row["rnn_train_fps"] / row["rnn-loop_train_fps"])
     assert row["lstm_train_fps"] > 0 and row["ulm_vs_autograd"] > 0
+
+
+@pytest.mark.slow
+def test_ab_trees_script_runs(tmp_path):
+    """Two trees (here the same one twice) timed in interleaved processes: a rate per tree and
+    size, and the ratio of the medians."""
+    out = tmp_path / "ab.json"
+    tree = str(BENCHMARKS.parent)
+    subprocess.run([sys.executable, str(BENCHMARKS / "ab_trees.py"), "--trees", tree, tree,
+                    "--sizes", "6x5", "--rounds", "2", "--min-time", "0.05", "--json", str(out)],
+                   check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert row["a_fps"] > 0 and row["b_over_a"] == pytest.approx(row["b_fps"] / row["a_fps"])
+    assert len(result["runs"][tree]["6x5"]) == 4  # both trees are this one: 2 rounds each
+    assert result["trees"]["a"]["commit"] == result["trees"]["b"]["commit"]

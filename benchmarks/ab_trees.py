@@ -1,0 +1,92 @@
+"""The same LMN-B training step timed under two source trees of linmem (two commits checked out,
+e.g. ``git worktree add``), in interleaved processes: for a change whose "before" is no longer
+in the code, such as the compiled kernel's layout of its packed weights.
+
+Each round runs one process per tree, in turn (``PYTHONPATH=TREE/src``; each builds or reuses
+its own kernel); a process times forward, masked NLL and backward of LMN-B at each size, batch
+4, sequences of 256 steps, for ``--min-time`` seconds after a warm-up, and prints frames per
+second. The median over rounds is reported, with each tree's commit.
+
+    OMP_NUM_THREADS=1 python benchmarks/ab_trees.py --trees ../tree-old . \\
+        --json results/speed/ab_trees.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+INNER = """
+import json, sys, time, torch
+from linmem.data import collate
+from linmem.models import build_model
+sizes, min_time = json.loads(sys.argv[1]), float(sys.argv[2])
+g = torch.Generator().manual_seed(1)
+batch = collate([(torch.rand(257, 88, generator=g) < 0.1).float().numpy() for _ in range(4)])
+rates = {}
+for hidden, memory in sizes:
+    torch.manual_seed(0)
+    model = build_model("lmn-b", hidden, memory)
+    model.training_loss(batch).backward()  # warm-up: the kernel's build and buffers
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < min_time or n < 2:
+        model.zero_grad()
+        model.training_loss(batch).backward()
+        n += 1
+    rates[f"{hidden}x{memory}"] = 4 * 256 * n / (time.perf_counter() - t0)
+print(json.dumps(rates))
+"""
+
+
+def commit_of(tree: Path) -> str:
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trees", nargs=2, required=True, help="two source trees: A B")
+    parser.add_argument("--sizes", nargs="+", default=["250x250", "250x500"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--min-time", type=float, default=2.0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    from linmem._io import command_line, git_commit, machine, provenance, write_json
+
+    started = time.perf_counter()
+    trees = [Path(t).resolve() for t in args.trees]
+    sizes = [[int(v) for v in s.split("x")] for s in args.sizes]
+    runs: dict[str, dict[str, list[float]]] = {str(t): {s: [] for s in args.sizes} for t in trees}
+    for _ in range(args.rounds):
+        for tree in trees:
+            env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+            out = subprocess.run([sys.executable, "-c", INNER, json.dumps(sizes),
+                                  str(args.min_time)], env=env, capture_output=True, text=True,
+                                 check=True).stdout
+            for size, rate in json.loads(out.strip().splitlines()[-1]).items():
+                runs[str(tree)][size].append(rate)
+    rows = []
+    for size in args.sizes:
+        a, b = (statistics.median(runs[str(t)][size]) for t in trees)
+        rows.append({"size": size, "a_fps": a, "b_fps": b, "b_over_a": b / a})
+        print(f"LMN-B {size}, batch 4, training step: A {a / 1e3:.1f}k  B {b / 1e3:.1f}k "
+              f"frames/s  B/A {b / a:.2f}x", flush=True)
+    print(f"A = {trees[0]} ({commit_of(trees[0])[:7]}), B = {trees[1]} "
+          f"({commit_of(trees[1])[:7]}); {machine()}")
+    if args.json:
+        write_json(args.json, {
+            **provenance(command_line(), git_commit(), 0, None, time.perf_counter() - started),
+            "trees": {"a": {"path": str(trees[0]), "commit": commit_of(trees[0])},
+                      "b": {"path": str(trees[1]), "commit": commit_of(trees[1])}},
+            "rounds": args.rounds, "runs": runs, "rows": rows,
+            "units": "frames per second of forward + masked NLL + backward"})
+
+
+if __name__ == "__main__":
+    main()
