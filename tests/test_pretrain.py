@@ -418,3 +418,37 @@ def test_pretraining_warns_of_a_memory_loop_gain_above_one(tmp_path, data_dir, m
         assert run_cli("pretrain", *common, "--nonlinearity", "tanh", "--ulm-nonlinearity",
                        "selu", "--out", str(tmp_path / "tanh")) == 0
     assert not [w for w in caught if "loop has gain" in str(w.message)]
+
+
+@pytest.mark.parametrize("shape", [(9, 7, 17, 3), (5, 1, 5, 1), (4, 13, 33, 10)])
+@pytest.mark.parametrize("nonlinearity", ["selu", "tanh", "relu"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_unrolled_recurrence_kernel_equals_the_loop(shape, nonlinearity, threads):
+    """The ULM's recurrence in the compiled kernel (each variant this CPU runs) against its
+    PyTorch loop: states and the gradients of x_proj, the past states and W^hh, float64 to
+    1e-12; sizes off every variant's lanes and 6-row tiles, batches split over threads."""
+    from linmem import _ext
+    from linmem.nn import _UnrolledRecurrence, use_cpu_kernel
+
+    steps, batch, h, k = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    ops = [torch.randn(steps, batch, h, generator=g, dtype=torch.float64),
+           torch.randn(batch, k * h, generator=g, dtype=torch.float64),
+           torch.randn(h, k * h, generator=g, dtype=torch.float64) * (k * h) ** -0.5]
+    ops = [t.requires_grad_() for t in ops]
+    weights = torch.randn(steps, batch, h, generator=g, dtype=torch.float64)
+
+    def run(path):
+        with use_cpu_kernel(path):
+            hs = _UnrolledRecurrence.apply(*ops, nonlinearity)
+            return (hs, *torch.autograd.grad((hs * weights).sum(), ops))
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        reference = run(False)
+        for variant in _ext.kernel_variants():
+            for a, b in zip(run(variant), reference, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    finally:
+        torch.set_num_threads(previous)

@@ -1,4 +1,4 @@
-"""The compiled CPU kernel of the LMN recurrence (``csrc/``; the GRU baseline's recurrence too),
+"""The compiled CPU kernel of the LMN recurrence (``csrc/``; the GRU, RNN and ULM recurrences too),
 built on first use, and the choice of the path the CPU runs (measured on the LMN, taken by both).
 
 The build is PyTorch's JIT C++ extension (a C++ compiler and the ``ninja`` of the ``ninja``

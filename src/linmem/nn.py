@@ -670,7 +670,7 @@ class _UnrolledRecurrence(torch.autograd.Function):
     the lag blocks in time order, ``[W^hh_k ... W^hh_1]``. Backward: per step ``da_t = dh_t
     sigma'`` and the window's gradient ``+= da_t [W^hh_k ... W^hh_1]``; the weight gradient is
     then a few large products over all steps (not a ``H x k H`` product per step, as autograd
-    would form)."""
+    would form). Both loops run in the compiled kernel where the LMN's do (``_kernel_for``)."""
 
     @staticmethod
     def forward(ctx, x_proj, past, weight_hh, nonlinearity):
@@ -679,20 +679,25 @@ class _UnrolledRecurrence(torch.autograd.Function):
         buf = x_proj.new_empty(batch, k + steps, hidden)
         buf[:, :k] = past.unflatten(1, (k, hidden)).flip(1)
         w_time = weight_hh.unflatten(1, (k, hidden)).flip(1).flatten(1)  # [W_k ... W_1]
-        w_t = w_time.t().contiguous()
-        row = (k + steps) * hidden
-        h_t = torch.empty_like(x_proj[0])
-        for t in range(steps):
-            window = buf.as_strided((batch, k * hidden), (row, 1), t * hidden)
-            torch.addmm(x_proj[t], window, w_t, out=h_t)                          # (10)
-            if nonlinearity == "tanh":
-                h_t.tanh_()
-            elif nonlinearity == "relu":
-                h_t.clamp_min_(0.0)
-            else:
-                torch.selu_(h_t)
-            buf[:, k + t] = h_t
-        ctx.nonlinearity, ctx.k = nonlinearity, k
+        kernel = _kernel_for(x_proj)
+        if kernel is not None:  # the compiled loop (csrc/lmn_kernel.h), the same equations
+            module, variant = kernel
+            module.ulm_forward(_rows(x_proj), w_time, _KERNEL_CODES[nonlinearity], buf, variant)
+        else:
+            w_t = w_time.t().contiguous()
+            row = (k + steps) * hidden
+            h_t = torch.empty_like(x_proj[0])
+            for t in range(steps):
+                window = buf.as_strided((batch, k * hidden), (row, 1), t * hidden)
+                torch.addmm(x_proj[t], window, w_t, out=h_t)                      # (10)
+                if nonlinearity == "tanh":
+                    h_t.tanh_()
+                elif nonlinearity == "relu":
+                    h_t.clamp_min_(0.0)
+                else:
+                    torch.selu_(h_t)
+                buf[:, k + t] = h_t
+        ctx.nonlinearity, ctx.k, ctx.kernel = nonlinearity, k, kernel
         ctx.save_for_backward(buf, w_time)
         ctx.set_materialize_grads(False)
         return buf[:, k:].transpose(0, 1).clone()
@@ -706,11 +711,16 @@ class _UnrolledRecurrence(torch.autograd.Function):
         d_buf = torch.zeros_like(buf)  # dL/dh of every state, the past's included
         if grad_hs is not None:
             d_buf[:, k:] = grad_hs.transpose(0, 1)
-        slope = activation_slope(buf[:, k:], ctx.nonlinearity)  # (B, T, H)
-        d_a = torch.empty_like(slope)  # dL/d(pre-activation), batch-major
-        for t in range(steps - 1, -1, -1):
-            da = torch.mul(d_buf[:, k + t], slope[:, t], out=d_a[:, t])
-            d_buf.as_strided((batch, k * hidden), (row, 1), t * hidden).addmm_(da, w_time)
+        d_a = buf.new_empty(batch, steps, hidden)  # dL/d(pre-activation), batch-major
+        if ctx.kernel is not None:  # the backward runs where the forward ran
+            module, variant = ctx.kernel
+            module.ulm_backward(buf, w_time, _KERNEL_CODES[ctx.nonlinearity], d_buf, d_a,
+                                variant)
+        else:
+            slope = activation_slope(buf[:, k:], ctx.nonlinearity)  # (B, T, H)
+            for t in range(steps - 1, -1, -1):
+                da = torch.mul(d_buf[:, k + t], slope[:, t], out=d_a[:, t])
+                d_buf.as_strided((batch, k * hidden), (row, 1), t * hidden).addmm_(da, w_time)
         need = ctx.needs_input_grad
         grad_w = None
         if need[2]:

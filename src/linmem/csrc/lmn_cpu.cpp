@@ -1,5 +1,5 @@
-// The LMN recurrence (paper eqs. 6-7) and its backward through time on the CPU, and the GRU's
-// and the Elman RNN's (linmem.rnns): the binding.
+// The LMN recurrence (paper eqs. 6-7) and its backward through time on the CPU, and those of
+// the GRU and the Elman RNN (linmem.rnns) and of the unrolled network (eq. 10): the binding.
 //
 // Why a compiled kernel: the products that must stay in the sequential loop are small,
 // (B, 250) x (250, 250) for a typical layer, and a BLAS call on them pays thread start-up and
@@ -415,6 +415,80 @@ void rnn_backward(c10::optional<at::Tensor> grad_hs, at::Tensor hs, at::Tensor w
   });
 }
 
+template <typename T>
+void ulm_forward_impl(const Variant& v, const at::Tensor& x_proj, const at::Tensor& w_time,
+                      int64_t nonlinearity, at::Tensor& buf) {
+  UlmForwardArgs<T> p{};
+  p.steps = x_proj.size(0);
+  p.hidden = x_proj.size(2);
+  p.k = w_time.size(1) / p.hidden;
+  p.h_pad = padded<T>(p.hidden, v);
+  p.nonlinearity = nonlinearity;
+  const int64_t batch = x_proj.size(1);
+  T* w = buffer<T>(0, p.k * p.hidden * p.h_pad);  // [W^hh_k ... W^hh_1]^T: (k H, h_pad)
+  pack<T>(w_time.t(), w, Panels{p.k * p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
+  p.w = w;
+  p.x = x_proj.data_ptr<T>(), p.xs0 = x_proj.stride(0), p.xs1 = x_proj.stride(1);
+  p.buf = buf.data_ptr<T>(), p.row = buf.stride(0);
+  p.tanh_rows = aten_tanh<T>;
+  auto fn = [&]() {
+    if constexpr (std::is_same_v<T, float>) return v.ulm_forward_f; else return v.ulm_forward_d;
+  }();
+  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
+    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
+  });
+}
+
+template <typename T>
+void ulm_backward_impl(const Variant& v, const at::Tensor& buf, const at::Tensor& w_time,
+                       int64_t nonlinearity, at::Tensor& d_buf, at::Tensor& d_a) {
+  UlmBackwardArgs<T> p{};
+  p.steps = d_a.size(1);
+  p.hidden = d_a.size(2);
+  p.k = w_time.size(1) / p.hidden;
+  p.kh_pad = padded<T>(p.k * p.hidden, v);
+  p.nonlinearity = nonlinearity;
+  const int64_t batch = d_a.size(0);
+  T* w = buffer<T>(0, p.hidden * p.kh_pad);  // [W^hh_k ... W^hh_1]: (H, kh_pad)
+  pack<T>(w_time, w, Panels{p.hidden, p.kh_pad, panel_width<T>(v)}, 0, 0, p.kh_pad);
+  p.w = w;
+  p.buf = buf.data_ptr<T>(), p.row = buf.stride(0);
+  p.d_buf = d_buf.data_ptr<T>();
+  p.d_a = d_a.data_ptr<T>();
+  auto fn = [&]() {
+    if constexpr (std::is_same_v<T, float>) return v.ulm_backward_f; else return v.ulm_backward_d;
+  }();
+  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
+    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.kh_pad));
+  });
+}
+
+// buf (B, k + T, H), contiguous: the k states before the start in, every state out.
+void ulm_forward(at::Tensor x_proj, at::Tensor w_time, int64_t nonlinearity, at::Tensor buf,
+                 const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  check_rows(x_proj, "ULM recurrence operand");
+  TORCH_CHECK(buf.is_contiguous() && buf.dim() == 3 && x_proj.dim() == 3 &&
+                  buf.size(2) == x_proj.size(2) && w_time.size(0) == x_proj.size(2),
+              "buf must be a contiguous (B, k + T, H), x_proj (T, B, H)");
+  if (x_proj.size(0) == 0 || x_proj.size(1) == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(x_proj.scalar_type(), "ulm_forward", [&] {
+    ulm_forward_impl<scalar_t>(v, x_proj, w_time, nonlinearity, buf);
+  });
+}
+
+// d_buf (B, k + T, H), contiguous, in/out; d_a (B, T, H), contiguous, out.
+void ulm_backward(at::Tensor buf, at::Tensor w_time, int64_t nonlinearity, at::Tensor d_buf,
+                  at::Tensor d_a, const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  TORCH_CHECK(buf.is_contiguous() && d_buf.is_contiguous() && d_a.is_contiguous(),
+              "the ULM's buffers must be contiguous");
+  if (d_a.size(0) == 0 || d_a.size(1) == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(buf.scalar_type(), "ulm_backward", [&] {
+    ulm_backward_impl<scalar_t>(v, buf, w_time, nonlinearity, d_buf, d_a);
+  });
+}
+
 }  // namespace
 }  // namespace linmem
 
@@ -430,6 +504,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rnn_forward", &linmem::rnn_forward, "Elman RNN recurrence, forward (linmem.rnns)",
         py::call_guard<py::gil_scoped_release>());
   m.def("rnn_backward", &linmem::rnn_backward, "Elman RNN recurrence, backward through time",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("ulm_forward", &linmem::ulm_forward, "unrolled network's recurrence, forward (eq. 10)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("ulm_backward", &linmem::ulm_backward, "unrolled network's recurrence, backward",
         py::call_guard<py::gil_scoped_release>());
   m.def("variants", &linmem::variants,
         "the kernel variants compiled here that this CPU can run, best first");

@@ -1,5 +1,5 @@
 // The LMN recurrence (paper eqs. 6-7) and its backward through time for the rows [b0, b1) of a
-// batch, and the GRU's and the Elman RNN's (linmem.rnns, at the end): the inner loops of csrc/lmn_cpu.cpp, which
+// batch, and those of the GRU and the Elman RNN (linmem.rnns) and of the ULM (eq. 10), at the end: the inner loops of csrc/lmn_cpu.cpp, which
 // splits the batch over threads, packs the weights and calls one of the variants compiled from
 // this file.
 //
@@ -329,6 +329,44 @@ void rnn_backward_rows(const RnnBackwardArgs<T>& p, int64_t b0, int64_t b1, T* d
     for (int64_t j = 0; j < H; ++j) p.d_h0[(b0 + r) * p.d0s + j] = dh[r * hp + j];
 }
 
+// The ULM (eq. 10), forward, per step: h_t = sigma(x_proj_t + [h_{t-k} .. h_{t-1}] W_time^T),
+// the window one contiguous (k H) row of the state buffer.
+template <typename T>
+void ulm_forward_rows(const UlmForwardArgs<T>& p, int64_t b0, int64_t b1, T* s) {
+  const int64_t rows = b1 - b0, H = p.hidden, hp = p.h_pad;
+  for (int64_t t = 0; t < p.steps; ++t) {
+    const T* window = p.buf + b0 * p.row + t * H;
+    gemm<T>(window, p.row, rows, p.k * H, p.w, hp, s, hp, false);
+    const T* x_t = p.x + t * p.xs0 + b0 * p.xs1;
+    T* h_t = p.buf + b0 * p.row + (p.k + t) * H;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < H; ++j) h_t[r * p.row + j] = x_t[r * p.xs1 + j] + s[r * hp + j];
+    activate<T>(h_t, p.row, rows, H, p.nonlinearity, p.tanh_rows);                 // (10)
+  }
+}
+
+// The ULM, backward, per step from the last: dL/da_t = dL/dh_t sigma'(a_t), and the window's
+// gradient (the k states before step t) += dL/da_t [W^hh_k ... W^hh_1].
+template <typename T>
+void ulm_backward_rows(const UlmBackwardArgs<T>& p, int64_t b0, int64_t b1, T* s) {
+  const int64_t rows = b1 - b0, H = p.hidden, kh = p.k * H, khp = p.kh_pad;
+  const int64_t da_row = p.steps * H;
+  for (int64_t t = p.steps - 1; t >= 0; --t) {
+    T* da_t = p.d_a + b0 * da_row + t * H;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* h_r = p.buf + (b0 + r) * p.row + (p.k + t) * H;
+      const T* g_r = p.d_buf + (b0 + r) * p.row + (p.k + t) * H;
+      for (int64_t j = 0; j < H; ++j)
+        da_t[r * da_row + j] = g_r[j] * derivative<T>(h_r[j], p.nonlinearity);
+    }
+    gemm<T>(da_t, da_row, rows, H, p.w, khp, s, khp, false);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* window = p.d_buf + (b0 + r) * p.row + t * H;
+      for (int64_t j = 0; j < kh; ++j) window[j] += s[r * khp + j];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace LMN_VARIANT
 
@@ -341,6 +379,8 @@ extern const Variant LMN_CONCAT(LMN_VARIANT, _variant) = {
     LMN_VARIANT::gru_backward_rows<float>, LMN_VARIANT::gru_backward_rows<double>,
     LMN_VARIANT::rnn_forward_rows<float>, LMN_VARIANT::rnn_forward_rows<double>,
     LMN_VARIANT::rnn_backward_rows<float>, LMN_VARIANT::rnn_backward_rows<double>,
+    LMN_VARIANT::ulm_forward_rows<float>, LMN_VARIANT::ulm_forward_rows<double>,
+    LMN_VARIANT::ulm_backward_rows<float>, LMN_VARIANT::ulm_backward_rows<double>,
 };
 
 }  // namespace linmem

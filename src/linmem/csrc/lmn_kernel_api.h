@@ -99,9 +99,31 @@ struct RnnBackwardArgs {
   int64_t steps, hidden, h_pad, nonlinearity;
 };
 
+// The unrolled network's recurrence (paper eq. 10; linmem.nn.UnrolledNet) given its input
+// products x_proj = W^xh x_t + b^h (T, B, H): the states live in one batch-major buffer
+// (B, k + T, H) in time order, the k before step t one (k H) row of it (row stride (k + T) H).
+template <typename T>
+struct UlmForwardArgs {
+  const T* x; int64_t xs0, xs1;            // x_proj (T, B, H)
+  const T* w;                              // [W^hh_k ... W^hh_1]^T packed: (k H, h_pad)
+  T* buf; int64_t row;                     // in/out: the states, buf[b][k + t] = h_{t+1}
+  int64_t steps, hidden, k, h_pad, nonlinearity;
+  RowsFn<T> tanh_rows;
+};
+
+template <typename T>
+struct UlmBackwardArgs {
+  const T* buf; int64_t row;               // the states (B, k + T, H)
+  const T* w;                              // [W^hh_k ... W^hh_1] packed: (H, kh_pad)
+  T* d_buf;                                // in/out (B, k + T, H): dL/dh from the output in,
+                                           // every state's total gradient out
+  T* d_a;                                  // out: dL/d(pre-activation) (B, T, H)
+  int64_t steps, hidden, k, kh_pad, nonlinearity;
+};
+
 // One compiled variant: its loops over the rows [b0, b1) of a batch, with `scratch` holding
 // (b1 - b0) x (h_pad + m_pad) values (the GRU's: (b1 - b0) x w_pad, or x h_pad backward; the
-// RNN's: (b1 - b0) x h_pad).
+// RNN's: (b1 - b0) x h_pad; the ULM's: (b1 - b0) x h_pad forward, x kh_pad backward).
 struct Variant {
   const char* name;
   int64_t vec_bytes;
@@ -119,6 +141,11 @@ struct Variant {
   void (*rnn_forward_d)(const RnnForwardArgs<double>&, int64_t b0, int64_t b1, double* scratch);
   void (*rnn_backward_f)(const RnnBackwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
   void (*rnn_backward_d)(const RnnBackwardArgs<double>&, int64_t b0, int64_t b1,
+                         double* scratch);
+  void (*ulm_forward_f)(const UlmForwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
+  void (*ulm_forward_d)(const UlmForwardArgs<double>&, int64_t b0, int64_t b1, double* scratch);
+  void (*ulm_backward_f)(const UlmBackwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
+  void (*ulm_backward_d)(const UlmBackwardArgs<double>&, int64_t b0, int64_t b1,
                          double* scratch);
 };
 
