@@ -1,5 +1,5 @@
 """The compiled CPU kernel of the LMN recurrence (``csrc/``; the GRU, RNN and ULM recurrences too),
-built on first use, and the choice of the path the CPU runs (measured on the LMN, taken by both).
+built on first use, and the choice of the path the CPU runs (measured on the LMN, taken by all).
 
 The build is PyTorch's JIT C++ extension (a C++ compiler and the ``ninja`` of the ``ninja``
 wheel; about 15 s once per machine, cached under ``TORCH_EXTENSIONS_DIR`` or
