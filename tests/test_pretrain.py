@@ -128,7 +128,11 @@ def transferred_gap(ulm, seqs, states, memory, k, n_components=None):
 
 @pytest.mark.usefixtures("float64")
 def test_hidden_states_are_the_ulm_states():
+    """Each sequence's states are those of running it alone, in batches of sequences of unlike
+    lengths (5 to 60 frames: the evaluation's length bound splits them)."""
     ulm, seqs, states = ulm_and_states()
+    seqs += rolls(6, 6, 1, lengths=(20, 61))
+    states = hidden_states(ulm, seqs)
     for s, hs in zip(seqs, states, strict=True):
         _, expected = ulm.core(torch.from_numpy(s[None, :-1]))
         np.testing.assert_allclose(hs, expected[0].detach().numpy(), rtol=0, atol=1e-12)

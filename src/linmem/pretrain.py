@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .data import bucket_batches, collate
+from .data import EVAL_MAX_RATIO, bucket_batches, collate
 from .la import LinearAutoencoder
 from .models import NextStepPredictor, architecture
 
@@ -62,15 +62,18 @@ def lag_decoder(la: LinearAutoencoder, n_blocks: int) -> np.ndarray:
 
 
 @torch.no_grad()
+@torch.no_grad()
 def hidden_states(ulm: NextStepPredictor, sequences: Sequence[np.ndarray],
                   batch_size: int = 64) -> list[np.ndarray]:
     """The ULM's functional states ``h_1 .. h_{T-1}`` (float64) for every next-step input
-    sequence (frames ``0 .. T-2``), in the order of ``sequences`` (those of length >= 2)."""
+    sequence (frames ``0 .. T-2``), in the order of ``sequences`` (those of length >= 2); in
+    the evaluation's batches (no sequence padded beyond ``EVAL_MAX_RATIO`` of its length)."""
     ulm.eval()
     param = next(ulm.parameters())
     usable = [s for s in sequences if len(s) >= 2]
     out: list[np.ndarray] = [np.empty(0)] * len(usable)
-    for idx in bucket_batches([len(s) for s in usable], batch_size, shuffle=False):
+    for idx in bucket_batches([len(s) for s in usable], batch_size, shuffle=False,
+                              max_ratio=EVAL_MAX_RATIO):
         batch = collate([usable[i] for i in idx], param.dtype)
         _, hs = ulm.core(batch.inputs.to(param.device))
         for row, i in enumerate(idx):
