@@ -150,9 +150,12 @@ def test_threshold_grid_counts_equal_a_loop_at_every_threshold():
     assert scores.compute()["acc_at"][0.5] == scores.compute()["acc"]
 
 
-def test_scores_reject_non_binary_targets():
+def test_scores_reject_non_binary_targets_and_thresholds_outside_0_1():
     with pytest.raises(ValueError, match="binary"):
         FrameScores().update(torch.zeros(3, 4), torch.full((3, 4), 0.5))
+    for bad in ({"threshold": 0.0}, {"grid": (0.2, 1.5)}):
+        with pytest.raises(ValueError, match="thresholds must be in"):
+            FrameScores(**bad)
 
 
 def test_previous_frame_baseline_against_a_loop_and_the_known_jsb_figures(jsb):

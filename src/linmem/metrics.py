@@ -220,6 +220,11 @@ class FrameScores:
     grid_tp: list[int] = field(default_factory=list)
     grid_denom: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        for t in (self.threshold, *self.grid):
+            if not 0.0 < t <= 1.0:
+                raise ValueError(f"thresholds must be in (0, 1], got {t!r}")
+
     @torch.no_grad()
     def update(self, logits: torch.Tensor, targets: torch.Tensor,
                mask: torch.Tensor | None = None, nll_logits: torch.Tensor | None = None
