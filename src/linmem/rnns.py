@@ -79,9 +79,9 @@ class _GRURecurrence(torch.autograd.Function):
         hidden = hs.shape[2]
         if ctx.kernel is not None:  # the backward runs where the forward ran
             module, variant = ctx.kernel
-            d_gh, d_n, dh = torch.empty_like(gates), torch.empty_like(hs), torch.empty_like(h0)
-            module.gru_backward(_rows(grad_hs), h0, hs, gates, gh, weight_hh, d_gh, d_n, dh,
-                                variant)
+            d_gh, d_n, dh = torch.empty_like(gates), torch.empty_like(hs), h0.new_empty(h0.shape)
+            module.gru_backward(_rows(grad_hs), _rows(h0), hs, gates, gh, weight_hh, d_gh, d_n,
+                                dh, variant)
         else:
             d_gh, d_n, dh = _gru_loop_backward(grad_hs, h0, hs, gates, gh, weight_hh)
         need = ctx.needs_input_grad
@@ -159,7 +159,7 @@ class _RNNRecurrence(torch.autograd.Function):
         d_a = torch.empty_like(hs)  # dL/d(pre-activation)
         if ctx.kernel is not None:  # the backward runs where the forward ran
             module, variant = ctx.kernel
-            dh = torch.empty_like(h0)
+            dh = h0.new_empty(h0.shape)
             module.rnn_backward(_rows(grad_hs), hs, weight_hh, _KERNEL_CODES[ctx.nonlinearity],
                                 d_a, dh, variant)
         else:
