@@ -136,14 +136,10 @@ int64_t grain(int64_t batch) {
   return std::max<int64_t>(1, (batch + threads - 1) / threads);
 }
 
-template <typename T>
-auto forward_of(const Variant& v) {
-  if constexpr (std::is_same_v<T, float>) return v.forward_f; else return v.forward_d;
-}
-
-template <typename T>
-auto backward_of(const Variant& v) {
-  if constexpr (std::is_same_v<T, float>) return v.backward_f; else return v.backward_d;
+// A variant's loop for the element type T, from its float and double entries.
+template <typename T, typename F, typename D>
+auto for_type(F for_float, D for_double) {
+  if constexpr (std::is_same_v<T, float>) return for_float; else return for_double;
 }
 
 // The sizes both directions share, with the rows padded to the variant's vector lanes.
@@ -180,7 +176,7 @@ void forward_impl(const Variant& v, const at::Tensor& x_proj, const at::Tensor& 
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.m = ms.data_ptr<T>(), p.ms0 = ms.stride(0), p.ms1 = ms.stride(1);
   p.tanh_rows = aten_tanh<T>;
-  const auto rows_fn = forward_of<T>(v);
+  const auto rows_fn = for_type<T>(v.forward_f, v.forward_d);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     rows_fn(p, b0, b1, buffer<T>(2, (b1 - b0) * width));
   });
@@ -209,7 +205,7 @@ void backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Tensor
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.g = grads.data_ptr<T>(), p.gs0 = grads.stride(0), p.gs1 = grads.stride(1);
   p.g0 = grad_m0.data_ptr<T>(), p.g0s = grad_m0.stride(0);
-  const auto rows_fn = backward_of<T>(v);
+  const auto rows_fn = for_type<T>(v.backward_f, v.backward_d);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     rows_fn(p, b0, b1, buffer<T>(2, (b1 - b0) * width));
   });
@@ -271,9 +267,7 @@ void gru_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& 
   p.gh = gh.data_ptr<T>(), p.ghs0 = gh.stride(0), p.ghs1 = gh.stride(1);
   p.tanh_rows = aten_tanh<T>;
   p.sigmoid_rows = aten_sigmoid<T>;
-  auto fn = [&]() {
-    if constexpr (std::is_same_v<T, float>) return v.gru_forward_f; else return v.gru_forward_d;
-  }();
+  const auto fn = for_type<T>(v.gru_forward_f, v.gru_forward_d);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.w_pad));
   });
@@ -301,9 +295,7 @@ void gru_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Te
   p.d_gh = d_gh.data_ptr<T>(), p.dgs0 = d_gh.stride(0), p.dgs1 = d_gh.stride(1);
   p.d_n = d_n.data_ptr<T>(), p.dns0 = d_n.stride(0), p.dns1 = d_n.stride(1);
   p.d_h0 = d_h0.data_ptr<T>(), p.d0s = d_h0.stride(0);
-  auto fn = [&]() {
-    if constexpr (std::is_same_v<T, float>) return v.gru_backward_f; else return v.gru_backward_d;
-  }();
+  const auto fn = for_type<T>(v.gru_backward_f, v.gru_backward_d);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
   });
@@ -354,9 +346,7 @@ void rnn_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& 
   p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.tanh_rows = aten_tanh<T>;
-  auto fn = [&]() {
-    if constexpr (std::is_same_v<T, float>) return v.rnn_forward_f; else return v.rnn_forward_d;
-  }();
+  const auto fn = for_type<T>(v.rnn_forward_f, v.rnn_forward_d);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
   });
@@ -380,9 +370,7 @@ void rnn_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Te
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.d_a = d_a.data_ptr<T>(), p.das0 = d_a.stride(0), p.das1 = d_a.stride(1);
   p.d_h0 = d_h0.data_ptr<T>(), p.d0s = d_h0.stride(0);
-  auto fn = [&]() {
-    if constexpr (std::is_same_v<T, float>) return v.rnn_backward_f; else return v.rnn_backward_d;
-  }();
+  const auto fn = for_type<T>(v.rnn_backward_f, v.rnn_backward_d);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
   });
@@ -431,9 +419,7 @@ void ulm_forward_impl(const Variant& v, const at::Tensor& x_proj, const at::Tens
   p.x = x_proj.data_ptr<T>(), p.xs0 = x_proj.stride(0), p.xs1 = x_proj.stride(1);
   p.buf = buf.data_ptr<T>(), p.row = buf.stride(0);
   p.tanh_rows = aten_tanh<T>;
-  auto fn = [&]() {
-    if constexpr (std::is_same_v<T, float>) return v.ulm_forward_f; else return v.ulm_forward_d;
-  }();
+  const auto fn = for_type<T>(v.ulm_forward_f, v.ulm_forward_d);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
   });
@@ -455,9 +441,7 @@ void ulm_backward_impl(const Variant& v, const at::Tensor& buf, const at::Tensor
   p.buf = buf.data_ptr<T>(), p.row = buf.stride(0);
   p.d_buf = d_buf.data_ptr<T>();
   p.d_a = d_a.data_ptr<T>();
-  auto fn = [&]() {
-    if constexpr (std::is_same_v<T, float>) return v.ulm_backward_f; else return v.ulm_backward_d;
-  }();
+  const auto fn = for_type<T>(v.ulm_backward_f, v.ulm_backward_d);
   at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
     fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.kh_pad));
   });
