@@ -353,17 +353,19 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
         assert f"| jsb-lmn-b-tiny | 0 / 4 | {failed} | 0 |" in out.read_text()
 
 
-def test_search_cli_passes_max_retry(tmp_path, data_dir, monkeypatch, capsys):
+def test_search_cli_passes_max_retry_and_wait(tmp_path, data_dir, monkeypatch, capsys):
     import linmem.search
     from linmem.cli import main
 
     seen = []
     monkeypatch.setattr(linmem.search, "run_search",
                         lambda config, jobs, command: seen.append(config) or {})
-    for extra, expected in (([], MAX_RETRY), (["--max-retry", "0"], 0)):
+    for extra, expected, wait in (([], MAX_RETRY, True), (["--max-retry", "0"], 0, True),
+                                  (["--no-wait"], MAX_RETRY, False)):
         main(["search", "--grid", "tiny", "--out", str(tmp_path), "--data-dir", str(data_dir),
               *extra])
-        assert seen.pop().max_retry == expected
+        config = seen.pop()
+        assert (config.max_retry, config.wait) == (expected, wait)
     for command in ("search", "progress"):  # the help names the default it falls back to
         main([command, "--help"])
         assert f"[default: {MAX_RETRY}]" in " ".join(capsys.readouterr().out.split())
@@ -595,3 +597,43 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
     assert by[("piano", "lstm")]["mean_point_cpu_s"] == pytest.approx(30.0)
     jsb = by[("jsb", "gru")]
     assert jsb["left_from"] is None and jsb["left_cpu_s"] is None
+
+
+def test_a_worker_without_wait_leaves_live_workers_their_points_and_takes_over_the_dead(
+        tmp_path, data_dir):
+    """``wait=False``: the worker runs the points left to start, takes over the point of a
+    worker whose heartbeat stopped, and leaves, after a grace period, the point of a worker
+    still beating (it would otherwise wait for it)."""
+    import threading
+
+    config = _config(tmp_path, data_dir, wait=False)
+    study = open_study(config, "jsb", "lmn-b")
+    points = grid_points("lmn-b", "tiny")
+    live, dead = points[0], points[1]
+    trials = {}
+    for point in (live, dead):
+        study.enqueue_trial(point.params)
+        trials[point] = study.ask()
+        study._storage.record_heartbeat(trials[point]._trial_id)
+    stop = threading.Event()
+
+    def beat():  # the live worker's heartbeat
+        while not stop.wait(0.3):
+            study._storage.record_heartbeat(trials[live]._trial_id)
+
+    beating = threading.Thread(target=beat)
+    beating.start()
+    started = time.monotonic()
+    try:
+        run_worker(config, command="test", log=lambda _: None)
+    finally:
+        stop.set()
+        beating.join()
+    states = point_states(study, points)
+    assert states[live] == "running"
+    assert [states[p] for p in points if p != live] == ["done"] * (len(points) - 1)
+    retry = [t for t in study.get_trials() if t.system_attrs.get("failed_trial")
+             == trials[dead].number]
+    assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE
+    assert time.monotonic() - started > config.grace_period
+    assert study.get_trials()[trials[live].number].state == TrialState.RUNNING

@@ -358,12 +358,15 @@ _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow
               help="Seconds of silence before a trial is failed [default: 2 x --heartbeat].")
 @click.option("--poll", type=float, default=10.0, show_default=True,
               help="Seconds between checks while the remaining points run elsewhere.")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait for the points running in other workers (to take over if one dies), "
+                   "or leave them to their workers and exit once no point is left to start.")
 @_max_retry_option
 @_run_options
 @click.option("--quiet", is_flag=True)
 def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
                storage: str | None, out: str, jobs: int, pruner: str, prune_warmup: int,
-               subset: int | None, heartbeat: int, grace: int | None, poll: float,
+               subset: int | None, heartbeat: int, grace: int | None, poll: float, wait: bool,
                max_retry: int | None, quiet: bool, **train_options) -> None:
     """Grid search on validation (--select: accuracy or NLL), one Optuna study per (data set,
     model).
@@ -379,7 +382,7 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
             data=datasets, models=models, grid=grid, out_dir=out, storage=storage,
             base=TrainConfig.from_dict(train_options), pruner=pruner,
             prune_warmup=prune_warmup, subset=subset, heartbeat_interval=heartbeat,
-            grace_period=grace, poll_s=poll, progress=not quiet,
+            grace_period=grace, poll_s=poll, progress=not quiet, wait=wait,
             **({} if max_retry is None else {"max_retry": max_retry}))
         if config.base.data_dir is not None and not Path(config.base.data_dir).is_dir():
             raise ValueError(f"--data-dir {config.base.data_dir}: no such directory")

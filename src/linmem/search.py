@@ -25,6 +25,10 @@ How workers share a study without losing or repeating work:
   once is still given up after that many tries.
 - A worker leaves when every point of its studies is complete, pruned or failed; while points are
   only running elsewhere it waits, so that it can take over the trials of a worker that dies.
+  With ``wait=False`` (``linmem search --no-wait``) it leaves them to their workers instead, once
+  it has been up for a grace period (so that the trials of workers that died before it started
+  have been failed and taken over): a worker that has other work to do goes on to it, rather than
+  idling through another's last trial.
 
 Selection is on validation accuracy only (:func:`select`); the test scores of the other trials are
 stored with them but never used to choose.
@@ -251,6 +255,7 @@ class SearchConfig:
     max_retry: int = MAX_RETRY
     poll_s: float = 10.0
     progress: bool = True
+    wait: bool = True  # False: leave points running in live workers to them (module docstring)
 
     def __post_init__(self) -> None:
         _check_grid(self.grid)
@@ -401,7 +406,10 @@ def run_worker(config: SearchConfig, command: str | None = None,
     points = {id(s): grid_points(m, config.grid) for _, m, s in studies}
     datasets: dict[str, dict[str, list[np.ndarray]]] = {}
     rng = np.random.default_rng([os.getpid(), int(time.time())])  # workers spread over points
+    grace = config.grace_period or 2 * config.heartbeat_interval
+    up_since = time.monotonic()
     while True:
+        checked = time.monotonic()  # stale trials are failed below, from this time on
         busy = False
         for data, model, study in studies:
             optuna.storages.fail_stale_trials(study)
@@ -434,9 +442,12 @@ def run_worker(config: SearchConfig, command: str | None = None,
                     " points done)")
             break
         else:
-            if not busy:
+            # points running elsewhere: wait, to take over the dead; without wait, only until
+            # the trials of workers dead before this one started were stale when checked
+            # above (and so failed and retried; a second's margin for the stored clock)
+            if not busy or (not config.wait and checked - up_since > grace + 1.0):
                 break
-            time.sleep(config.poll_s)  # points running elsewhere: wait, to take over the dead
+            time.sleep(config.poll_s)
     return {s.study_name: dict(Counter(point_states(s, points[id(s)], config.max_retry).values()))
             for _, _, s in studies}
 
