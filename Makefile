@@ -179,7 +179,9 @@ results-report: install
 	  $$(ls -d results/seeds 2>/dev/null | sed 's/^/--seed-runs /') --out results
 # every search of Table 2, those not started yet too (projected, see `linmem progress --plan`)
 T2_PLAN = $(foreach d,nottingham piano musedata,$(foreach m,$(T2_MODELS),--plan $(d):$(m):reduced)) \
-	--plan jsb:pret-rnn:paper
+	--plan jsb:pret-rnn:paper \
+	$(foreach m,lmn-b pret-lmn-b lstm,--plan-seeds jsb:$(m):paper \
+	  $(foreach d,nottingham piano musedata,--plan-seeds $(d):$(m):reduced))
 results-progress: install
 	$(VENV)/bin/linmem progress --storage sqlite:///runs/search/search.db --runs-root . --summary results/summary.json \
 	  $$(ls -d results/rnn-rbm results/seeds 2>/dev/null | sed 's/^/--run /') $(T2_PLAN) --out results/progress.md

@@ -266,6 +266,50 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
         assert exit_.value.code == 2, bad
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
+    """``--plan-seeds``: the seeds left (N less those finished among --run, in either layout),
+    each at the selected run's CPU time plus its cached unrolled network's; no study needed
+    once every seed is done; a missing study or a bad plan is a usage error."""
+    from linmem.cli import main
+    from linmem.search import seeds_record, select
+
+    config = _config(tmp_path, data_dir)
+    run_worker(config, command="test", log=lambda _: None)
+    storage = default_storage(config.out_dir)
+    best, _ = select(optuna.load_study(study_name="jsb-lmn-b-tiny", storage=storage))
+    run = Path(best.user_attrs["run_dir"])
+    per = json.loads((run / "metrics.json").read_text())["cpu_time_s"]
+    cached = tmp_path / "ulm-cache" / "jsb-h4-selu-s0-0123456789ab"  # a cache entry's ULM
+    cached.mkdir(parents=True)
+    (cached / "log.jsonl").write_text('{"epoch": 1, "epoch_cpu_s": 900.0}\n')
+    (run / "pretraining.json").write_text(json.dumps({"cpu_time_s": 0.0,
+                                                      "ulm_run": str(cached)}))
+    per += 900.0
+    record = seeds_record(storage, "JSB", "lmn-b", "tiny", seeds=3, done=1)
+    assert (record["todo"], record["states"], record["left_from"]) == (2, {"done": 1},
+                                                                       "selected run")
+    assert record["mean_point_cpu_s"] == pytest.approx(per)
+    assert record["left_cpu_s"] == pytest.approx(2 * per)
+    assert seeds_record(storage, "jsb", "gru", "tiny", done=3)["left_cpu_s"] == 0.0  # no study
+    seeds = tmp_path / "seeds"
+    for name in ("jsb-lmn-b/s1", "jsb-lmn-b-s2", "jsb-lmn-b/s9", "jsb-lstm-s1"):
+        (seeds / name).mkdir(parents=True)
+        (seeds / name / "log.jsonl").write_text('{"epoch": 1, "epoch_cpu_s": 10.0}\n')
+        if name != "jsb-lmn-b/s9":  # s9 is still training
+            (seeds / name / "metrics.json").write_text('{"cpu_time_s": 10.0}')
+    out = tmp_path / "progress.md"
+    main(["progress", "--storage", storage, "--grid", "tiny", "--run", str(seeds),
+          "--out", str(out), "--plan-seeds", "jsb:lmn-b:tiny:4"])
+    text = out.read_text()
+    assert (f"| jsb-lmn-b-tiny seeds | 2 / 4 | 0 | 0 | 0.00 | {per / 3600:.2f} (selected "
+            f"run's) | {2 * per / 3600:.2f} |") in text
+    for bad in ("jsb:lmn-b", "jsb:gru:tiny", "jsb:lmn-b:tiny:x"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["progress", "--storage", storage, "--plan-seeds", bad])
+        assert exit_.value.code == 2, bad
+
+
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
     from linmem.report import run_cpu_seconds
 

@@ -495,10 +495,14 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
 @click.option("--plan", "plans", multiple=True, metavar="DATA:MODEL[:GRID]",
               help="Also a search not started yet (GRID: --grid's when that is not 'all'), "
                    "projected like the others, so that the total covers it.")
+@click.option("--plan-seeds", "seed_plans", multiple=True, metavar="DATA:MODEL:GRID[:N]",
+              help="Also the N (default 3) seeds of the study's selected configuration "
+                   "(`linmem reseed`), those found among --run (DATA-MODEL-sK or "
+                   "DATA-MODEL/sK, finished) left out.")
 @_max_retry_option
 def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str, ...],
                  summaries: tuple[str, ...], out: str | None, plans: tuple[str, ...],
-                 max_retry: int | None) -> None:
+                 seed_plans: tuple[str, ...], max_retry: int | None) -> None:
     """Where the searches stand: points done per study, the CPU hours their runs logged, the
     hours projected for the rest; nothing is run (safe beside running workers)."""
     import datetime
@@ -509,6 +513,7 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
         planned_record,
         progress_records,
         project_points,
+        seeds_record,
         sqlite_path,
     )
 
@@ -555,6 +560,18 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
         # a run's pretraining runs (RUN/ulm, RUN/rnn) count in their run's figure
         singles += [(str(p), run_cpu_seconds(p)) for p in found
                     if not any(q in p.parents for q in found)]
+    for plan in seed_plans:
+        parts = plan.split(":")
+        try:
+            if len(parts) not in (3, 4):
+                raise ValueError("expected DATA:MODEL:GRID[:N]")
+            data, model, plan_grid = resolve_name(parts[0]), parts[1], parts[2]
+            seeds = int(parts[3]) if len(parts) == 4 else 3
+            done = sum(_finished_seed(Path(p), f"{data}-{model}") for p, _ in singles)
+            studies.append(seeds_record(storage, data, model, plan_grid, seeds, done,
+                                        runs_root))
+        except (ValueError, KeyError) as err:
+            raise UsageFailure(f"--plan-seeds {plan}: {err}") from None
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = progress_markdown(studies, singles, command_line(), when)
     if out is None:
@@ -563,6 +580,14 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
         with atomic_write(out, "w") as f:
             f.write(text)
         click.echo(f"-> {out}")
+
+
+def _finished_seed(run: Path, name: str) -> bool:
+    """Whether ``run`` is a finished (or diverged) seed run of ``name`` (DATA-MODEL), as
+    ``linmem reseed`` lays them out (``NAME/sK``) or as results/seeds keeps them (``NAME-sK``)."""
+    named = (run.parent.name == name and run.name[:1] == "s" and run.name[1:].isdigit()) or (
+        run.name.startswith(f"{name}-s") and run.name[len(name) + 2:].isdigit())
+    return named and any((run / m).is_file() for m in ("metrics.json", "diverged.json"))
 
 
 @cli.command("search-export")

@@ -143,7 +143,9 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
     for r in sorted(studies, key=lambda r: r["study"]):
         st = r["states"]
         per = hours(r["mean_point_cpu_s"]) + {"data set": " (data set's)",
-                                              "model": " (model's, scaled)"}.get(r["left_from"], "")
+                                              "model": " (model's, scaled)",
+                                              "selected run": " (selected run's)"
+                                              }.get(r["left_from"], "")
         name = r["study"] + (f" ({r['points_from_trials']} points: trial wall time)"
                              if r.get("points_from_trials") else "")
         lines.append(f"| {name} | {st.get('done', 0)} / {r['grid_points']} | "
@@ -174,7 +176,10 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "Projection: the points left at the mean of the study's finished points (complete, "
               "pruned or failed); for a study with none, its model's mean on the other data sets "
               "scaled by the two data sets' cost ratio over the models both have finished "
-              "(\"model's, scaled\"), else its data set's mean over every model."]
+              "(\"model's, scaled\"), else its data set's mean over every model. Seeds still "
+              "to run (`--plan-seeds`): each at the CPU time of the study's selected run, with "
+              "its unrolled network's when it read that from the cache (a seed trains its own); "
+              "the seeds run so far count as single runs."]
     if command:
         lines += ["", f"Made by `{command}`" + (f" at {when}" if when else "") + "."]
     return "\n".join(lines) + "\n"

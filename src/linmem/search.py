@@ -594,6 +594,36 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
     return project_points(records)
 
 
+def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
+                 done: int = 0, runs_root: str | os.PathLike = ".") -> dict:
+    """The progress record of the seeds still to run (``seeds - done``, ``linmem reseed``) of a
+    study's selected configuration, each projected at the selected run's CPU seconds and, when
+    that run read its unrolled network from the cache, the network's own (a seed trains its
+    own); no projection while the study has no complete point (and no study needed once every
+    seed is done). Their logged time is the seed runs' (``linmem progress --run``), not counted
+    here."""
+    data = resolve_name(data)
+    name = study_name(data, model, grid)
+    todo = max(seeds - done, 0)
+    try:
+        chosen = select(optuna.load_study(study_name=name, storage=storage)) if todo else None
+    except KeyError:
+        raise ValueError(f"no study {name} in the storage") from None
+    per = None
+    if chosen is not None:
+        run = Path(runs_root) / chosen[0].user_attrs["run_dir"]
+        per = run_cpu_seconds(run)
+        ulm = (read_json(run / "pretraining.json").get("ulm_run")
+               if (run / "pretraining.json").is_file() else None)
+        if ulm and Path(ulm).name != "ulm":  # a cache entry, not the run's own
+            per += run_cpu_seconds(Path(runs_root) / ulm)
+    return {"study": f"{name} seeds", "dataset": data, "model": model,
+            "grid": grid, "grid_points": seeds, "states": {"done": min(done, seeds)},
+            "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": todo,
+            "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": "selected run",
+            "left_cpu_s": None if per is None and todo else todo * (per or 0.0)}
+
+
 def planned_record(data: str, model: str, grid: str) -> dict:
     """The progress record (:func:`progress_records`) of a study not created yet: every point of
     ``grid`` to do. Its cost is then projected like any other's (:func:`project_points`), so that
