@@ -146,6 +146,8 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
                                               "model": " (model's, scaled)",
                                               "selected run": " (selected run's)"
                                               }.get(r["left_from"], "")
+        if r["mean_point_cpu_s"] is None and r["left_cpu_s"] == 0.0:
+            per = "–"  # nothing left, nothing to project from
         name = r["study"] + (f" ({r['points_from_trials']} points: trial wall time)"
                              if r.get("points_from_trials") else "")
         lines.append(f"| {name} | {st.get('done', 0)} / {r['grid_points']} | "
