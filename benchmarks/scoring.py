@@ -1,4 +1,4 @@
-"""The validation that every training epoch runs: its scoring before and after 2026-11-25,
+"""The validation that every training epoch runs: its scoring before and after commit ec82bde,
 side by side in one run.
 
 Until then each epoch's ``linmem.train.evaluate`` counted the accuracy at every threshold of
@@ -45,7 +45,8 @@ MODELS = {"lmn-b 100,250": ("lmn-b", 100, 250), "lmn-b 250,500": ("lmn-b", 250, 
 
 
 class PerThresholdScores(FrameScores):
-    """``FrameScores`` as it was until 2026-11-25: a pass of :func:`frame_counts` per threshold."""
+    """``FrameScores`` as it was before commit ec82bde: a pass of :func:`frame_counts` per
+    threshold."""
 
     @torch.no_grad()
     def update(self, logits, targets, mask=None, nll_logits=None) -> None:
