@@ -74,8 +74,7 @@ __all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "count_points"
            "default_storage", "export_studies", "grid_points", "import_studies", "make_storage",
            "open_study", "planned_record", "point_states", "progress_records", "project_points",
            "run_search", "run_worker", "search_records", "seeds_record", "select",
-           "select_per_frame",
-           "sqlite_path", "study_name", "trial_point"]
+           "select_per_frame", "sqlite_path", "study_name", "trial_point"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 MAX_RETRY = 10  # a point whose worker died more often than this is failed (module docstring)
