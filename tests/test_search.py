@@ -643,6 +643,7 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
     assert jsb["left_from"] is None and jsb["left_cpu_s"] is None
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the fake workers' study.ask
 def test_a_worker_without_wait_leaves_live_workers_their_points_and_takes_over_the_dead(
         tmp_path, data_dir):
     """``wait=False``: the worker runs the points left to start, takes over the point of a
