@@ -341,3 +341,43 @@ def test_rnn_rbm_trains_on_windows_with_the_state_carried():
         assert torch.isfinite(cost) and not state.requires_grad
     assert torch.allclose(torch.cat([p[0] for p in pieces], 1), b_v, atol=1e-12)
     assert torch.allclose(torch.cat([p[1] for p in pieces], 1), b_h, atol=1e-12)
+
+
+def test_gibbs_predictions_do_not_depend_on_the_batch():
+    """Each sequence's chains are seeded by the model's seed and its frames: its marginals are
+    the same alone, padded in a batch beside others, or at another place in it (float64,
+    exactly); another seed draws other chains; a sequence ending in silence keeps its draws."""
+    from linmem.data import collate
+    from linmem.rnnrbm import sequence_keys
+
+    torch.manual_seed(0)
+    model = RNNRBM(n_visible=6, n_recurrent=3, n_hidden=4, predict_steps=30, burn_in=5).double()
+    g = torch.Generator().manual_seed(1)
+    seqs = [(torch.rand(n, 6, generator=g, dtype=torch.float64) < 0.4).double().numpy()
+            for n in (9, 4, 13)]
+    seqs[1][-1] = 0.0  # ends in silence, as padding does
+    alone = [model.marginals(collate([s], torch.float64).inputs)[0] for s in seqs]
+    for order in ([0, 1, 2], [2, 0, 1]):
+        batch = collate([seqs[i] for i in order], torch.float64)
+        together = model.marginals(batch.inputs)
+        for row, i in enumerate(order):
+            steps = len(seqs[i]) - 1
+            assert torch.equal(together[row, :steps], alone[i][:steps])
+    keys = sequence_keys(collate(seqs).inputs, 0)
+    assert len(set(keys)) == 3 and keys != sequence_keys(collate(seqs).inputs, 1)
+    model.seed = 1
+    assert not torch.equal(model.marginals(collate([seqs[0]], torch.float64).inputs)[0], alone[0])
+
+
+def test_rnn_rbm_scores_do_not_depend_on_the_evaluation_batches(jsb):
+    """``evaluate`` of an RNN-RBM: the same accuracies and frame counts in batches of one
+    sequence as of up to 64 (the marginals' NLL up to the order of its sum)."""
+    from linmem.train import evaluate
+
+    torch.manual_seed(0)
+    model = RNNRBM(predict_steps=12, burn_in=2)
+    sequences = jsb["valid"][:20]
+    one, many = evaluate(model, sequences, 1), evaluate(model, sequences, 64)
+    assert (one["acc"], one["frames"]) == (many["acc"], many["frames"])
+    assert one["acc_frame"] == pytest.approx(many["acc_frame"], rel=1e-12)
+    assert one["nll"] == pytest.approx(many["nll"], rel=1e-6)

@@ -16,15 +16,19 @@ back-propagates through ``b_v^t, b_h^t`` into the RNN (the original paper's reci
 
 Prediction (``forward``): the marginal ``P(v_t,i = 1 | v_<t)`` of each key, estimated by Gibbs
 sampling (the mean of ``P(v | h)`` over the chain, after a burn-in) or by mean-field iterations,
-returned as logits so that every metric is the one of the other models. Its log-likelihood needs
+returned as logits so that every metric is the one of the other models; each sequence's chains
+are seeded by the model's seed and its frames (:func:`sequence_keys`), so that its prediction does
+not depend on the batch it is scored in. Its log-likelihood needs
 ``log Z_t`` per step: :meth:`RNNRBM.log_likelihood` estimates it by annealed importance sampling
 (Salakhutdinov & Murray 2008) and returns the estimate with its standard error.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +49,7 @@ __all__ = [
     "gibbs_chain",
     "init_from_rnn",
     "pretrain_rbm",
+    "sequence_keys",
 ]
 
 PREDICTIONS = ("gibbs", "mean-field")  # how RNNRBM.forward estimates the key marginals
@@ -55,6 +60,30 @@ def _bernoulli(p: Tensor, generator: torch.Generator | None = None) -> Tensor:
     on the CPU)."""
     return (torch.rand(p.shape, generator=generator, dtype=p.dtype, device=p.device) < p).to(
         p.dtype)
+
+
+def sequence_keys(inputs: Tensor, seed: int) -> list[int]:
+    """One seed per sequence of a batch ``inputs (B, T, K)``, from ``seed`` and the sequence's
+    frames up to its last sounding one: the same whatever the batch pads it to or holds beside
+    it (trailing silence and padding look alike, and are left out alike)."""
+    keys = []
+    for row in (inputs > 0.5).cpu():
+        sounding = row.any(1).nonzero()
+        frames = row[: int(sounding[-1]) + 1] if len(sounding) else row[:0]
+        digest = hashlib.blake2b(frames.numpy().tobytes() + f"{seed}:{row.shape[1]}".encode(),
+                                 digest_size=8).digest()
+        keys.append(int.from_bytes(digest, "little") >> 1)
+    return keys
+
+
+def _row_bernoulli(p: Tensor, keys: Sequence[int], draw: int) -> Tensor:
+    """0/1 draws with probabilities ``p (B, T, D)``, row ``b`` from a generator seeded by
+    ``keys[b]`` and the draw's number, filled step by step: a sequence's draws at its steps do
+    not depend on the padding after them nor on the other rows."""
+    noise = torch.stack([torch.rand(
+        p.shape[1:], generator=torch.Generator(device=p.device).manual_seed(
+            (key + 1_000_003 * draw) % 2 ** 63), dtype=p.dtype, device=p.device) for key in keys])
+    return (noise < p).to(p.dtype)
 
 
 def free_energy(v: Tensor, w: Tensor, b_v: Tensor, b_h: Tensor) -> Tensor:
@@ -126,7 +155,9 @@ class RNNRBM(nn.Module):
         predict_steps: Gibbs steps (or mean-field iterations) per prediction; a Gibbs chain
             averages ``P(v | h)`` over its last ``predict_steps - burn_in`` steps.
         burn_in: Gibbs steps discarded before averaging.
-        seed: seed of the prediction's Gibbs chains (and of the test NLL's frame sample).
+        seed: seed of the prediction's Gibbs chains (each sequence's from this seed and its
+            frames, :func:`sequence_keys`, so that a prediction does not depend on the batch
+            the sequence is scored in) and of the test NLL's frame sample.
         ais_chains, ais_betas, ais_frames: the test NLL of :meth:`finalize_metrics`
             (:func:`estimate_nll`).
 
@@ -237,15 +268,15 @@ class RNNRBM(nn.Module):
                 for _ in range(self.predict_steps):
                     p = torch.sigmoid(b_v + torch.sigmoid(b_h + p @ self.W) @ self.W.T)
                 return p
-            gen = torch.Generator(device=inputs.device).manual_seed(self.seed)
-            v = _bernoulli(torch.sigmoid(b_v), generator=gen)
+            keys = sequence_keys(inputs, self.seed)  # each sequence's chains its own
+            v = _row_bernoulli(torch.sigmoid(b_v), keys, 0)
             total = torch.zeros_like(b_v)
             for step in range(self.predict_steps):
-                h = _bernoulli(torch.sigmoid(b_h + v @ self.W), generator=gen)
+                h = _row_bernoulli(torch.sigmoid(b_h + v @ self.W), keys, 2 * step + 1)
                 p = torch.sigmoid(b_v + h @ self.W.T)
                 if step >= self.burn_in:
                     total += p
-                v = _bernoulli(p, generator=gen)
+                v = _row_bernoulli(p, keys, 2 * step + 2)
             return total / (self.predict_steps - self.burn_in)
 
     @torch.no_grad()
