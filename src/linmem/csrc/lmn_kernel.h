@@ -1,7 +1,7 @@
 // The LMN recurrence (paper eqs. 6-7) and its backward through time for the rows [b0, b1) of a
-// batch, and those of the GRU and the Elman RNN (linmem.rnns) and of the ULM (eq. 10), at the end: the inner loops of csrc/lmn_cpu.cpp, which
-// splits the batch over threads, packs the weights and calls one of the variants compiled from
-// this file.
+// batch, and at the end those of the GRU and the Elman RNN (linmem.rnns) and of the ULM (eq. 10):
+// the inner loops of csrc/lmn_cpu.cpp, which splits the batch over threads, packs the weights and
+// calls one of the variants compiled from this file.
 //
 // Each variant is this file compiled for one instruction set (lmn_kernel_avx512.cpp,
 // lmn_kernel_avx2.cpp, lmn_kernel_generic.cpp) with the vector width and register tile that
@@ -12,8 +12,8 @@
 //   generic: 16-byte vectors (SSE2 on x86-64: 16 registers, 6 x 2; NEON on aarch64: 32, 6 x 4)
 // The packed weights lie in panels as wide as the tile (LMN_VECS vectors), each panel's rows
 // together, so that a tile streams through contiguous memory (a row-major layout made every
-// step of the inner loop touch another page once rows reach a few KB: 1.2x slower on the
-// LMN (250,500), 1.7x on a GRU of 750 units, on an AVX2 AMD EPYC).
+// step of the inner loop touch another page once rows reach a few KB: an LMN-B training step
+// 1.26-1.41x slower at (250,250)-(250,500) on an AVX2 AMD EPYC, results/speed).
 // The including file defines LMN_VARIANT (a namespace), LMN_VEC_BYTES, LMN_ROWS, LMN_VECS.
 // Nothing here includes a standard library header with code in it, so no inline function
 // compiled for one instruction set can be shared with (and run by) another variant.
