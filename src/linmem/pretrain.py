@@ -62,7 +62,6 @@ def lag_decoder(la: LinearAutoencoder, n_blocks: int) -> np.ndarray:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def hidden_states(ulm: NextStepPredictor, sequences: Sequence[np.ndarray],
                   batch_size: int = 64) -> list[np.ndarray]:
     """The ULM's functional states ``h_1 .. h_{T-1}`` (float64) for every next-step input
