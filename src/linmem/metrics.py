@@ -58,6 +58,11 @@ def _flatten(values: ArrayLike, targets: ArrayLike, mask: ArrayLike | None, name
     return v, y.to(v.device)
 
 
+def _check_binary(targets: torch.Tensor) -> None:
+    if targets.numel() and bool(((targets != 0) & (targets != 1)).any()):
+        raise ValueError("targets must be binary (0 or 1)")
+
+
 def frame_counts(probs: ArrayLike, targets: ArrayLike, mask: ArrayLike | None = None,
                  threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per valid frame true positives, false positives and false negatives, each ``(N,)`` int64."""
@@ -66,8 +71,7 @@ def frame_counts(probs: ArrayLike, targets: ArrayLike, mask: ArrayLike | None = 
     p, y = _flatten(probs, targets, mask, "probs")
     if p.numel() and (p.min() < 0 or p.max() > 1):
         raise ValueError("probs must be probabilities in [0, 1] (apply a sigmoid to logits)")
-    if y.numel() and bool(((y != 0) & (y != 1)).any()):
-        raise ValueError("targets must be binary (0 or 1)")
+    _check_binary(y)
     pred, truth = p >= threshold, y > 0.5
     tp = (pred & truth).sum(-1)
     fp = (pred & ~truth).sum(-1)
@@ -240,8 +244,7 @@ class FrameScores:
         :func:`frame_counts` at that threshold)."""
         z, y = _flatten(logits, targets, mask, "logits")
         zn = z if nll_logits is None else _flatten(nll_logits, targets, mask, "nll_logits")[0]
-        if y.numel() and bool(((y != 0) & (y != 1)).any()):
-            raise ValueError("targets must be binary (0 or 1)")
+        _check_binary(y)
         probs = torch.sigmoid(z.to(torch.float64))
         truth = y > 0.5
         pred = probs >= self.threshold
