@@ -142,6 +142,15 @@ auto for_type(F for_float, D for_double) {
   if constexpr (std::is_same_v<T, float>) return for_float; else return for_double;
 }
 
+// A variant's loop `fn` over the batch's rows, split across torch's threads, each with its own
+// scratch rows of `width` values.
+template <typename T, typename Fn, typename Args>
+void over_rows(Fn fn, const Args& p, int64_t batch, int64_t width) {
+  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
+    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * width));
+  });
+}
+
 // The sizes both directions share, with the rows padded to the variant's vector lanes.
 template <typename T, typename Args>
 void set_sizes(Args& p, const Variant& v, int64_t steps, int64_t hidden, int64_t memory,
@@ -176,10 +185,7 @@ void forward_impl(const Variant& v, const at::Tensor& x_proj, const at::Tensor& 
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.m = ms.data_ptr<T>(), p.ms0 = ms.stride(0), p.ms1 = ms.stride(1);
   p.tanh_rows = aten_tanh<T>;
-  const auto rows_fn = for_type<T>(v.forward_f, v.forward_d);
-  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
-    rows_fn(p, b0, b1, buffer<T>(2, (b1 - b0) * width));
-  });
+  over_rows<T>(for_type<T>(v.forward_f, v.forward_d), p, batch, width);
 }
 
 template <typename T>
@@ -205,10 +211,7 @@ void backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Tensor
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.g = grads.data_ptr<T>(), p.gs0 = grads.stride(0), p.gs1 = grads.stride(1);
   p.g0 = grad_m0.data_ptr<T>(), p.g0s = grad_m0.stride(0);
-  const auto rows_fn = for_type<T>(v.backward_f, v.backward_d);
-  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
-    rows_fn(p, b0, b1, buffer<T>(2, (b1 - b0) * width));
-  });
+  over_rows<T>(for_type<T>(v.backward_f, v.backward_d), p, batch, width);
 }
 
 // hs, ms: outputs (T, B, H) and (T, B, M), any layout with a contiguous last dimension.
@@ -267,10 +270,7 @@ void gru_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& 
   p.gh = gh.data_ptr<T>(), p.ghs0 = gh.stride(0), p.ghs1 = gh.stride(1);
   p.tanh_rows = aten_tanh<T>;
   p.sigmoid_rows = aten_sigmoid<T>;
-  const auto fn = for_type<T>(v.gru_forward_f, v.gru_forward_d);
-  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
-    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.w_pad));
-  });
+  over_rows<T>(for_type<T>(v.gru_forward_f, v.gru_forward_d), p, batch, p.w_pad);
 }
 
 template <typename T>
@@ -295,10 +295,7 @@ void gru_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Te
   p.d_gh = d_gh.data_ptr<T>(), p.dgs0 = d_gh.stride(0), p.dgs1 = d_gh.stride(1);
   p.d_n = d_n.data_ptr<T>(), p.dns0 = d_n.stride(0), p.dns1 = d_n.stride(1);
   p.d_h0 = d_h0.data_ptr<T>(), p.d0s = d_h0.stride(0);
-  const auto fn = for_type<T>(v.gru_backward_f, v.gru_backward_d);
-  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
-    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
-  });
+  over_rows<T>(for_type<T>(v.gru_backward_f, v.gru_backward_d), p, batch, p.h_pad);
 }
 
 // hs (T, B, H), gates and gh (T, B, 3H): outputs, any layout with a contiguous last dimension.
@@ -346,10 +343,7 @@ void rnn_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& 
   p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.tanh_rows = aten_tanh<T>;
-  const auto fn = for_type<T>(v.rnn_forward_f, v.rnn_forward_d);
-  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
-    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
-  });
+  over_rows<T>(for_type<T>(v.rnn_forward_f, v.rnn_forward_d), p, batch, p.h_pad);
 }
 
 template <typename T>
@@ -370,10 +364,7 @@ void rnn_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Te
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
   p.d_a = d_a.data_ptr<T>(), p.das0 = d_a.stride(0), p.das1 = d_a.stride(1);
   p.d_h0 = d_h0.data_ptr<T>(), p.d0s = d_h0.stride(0);
-  const auto fn = for_type<T>(v.rnn_backward_f, v.rnn_backward_d);
-  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
-    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
-  });
+  over_rows<T>(for_type<T>(v.rnn_backward_f, v.rnn_backward_d), p, batch, p.h_pad);
 }
 
 // hs (T, B, H): output, any layout with a contiguous last dimension.
@@ -419,10 +410,7 @@ void ulm_forward_impl(const Variant& v, const at::Tensor& x_proj, const at::Tens
   p.x = x_proj.data_ptr<T>(), p.xs0 = x_proj.stride(0), p.xs1 = x_proj.stride(1);
   p.buf = buf.data_ptr<T>(), p.row = buf.stride(0);
   p.tanh_rows = aten_tanh<T>;
-  const auto fn = for_type<T>(v.ulm_forward_f, v.ulm_forward_d);
-  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
-    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.h_pad));
-  });
+  over_rows<T>(for_type<T>(v.ulm_forward_f, v.ulm_forward_d), p, batch, p.h_pad);
 }
 
 template <typename T>
@@ -441,10 +429,7 @@ void ulm_backward_impl(const Variant& v, const at::Tensor& buf, const at::Tensor
   p.buf = buf.data_ptr<T>(), p.row = buf.stride(0);
   p.d_buf = d_buf.data_ptr<T>();
   p.d_a = d_a.data_ptr<T>();
-  const auto fn = for_type<T>(v.ulm_backward_f, v.ulm_backward_d);
-  at::parallel_for(0, batch, grain(batch), [&](int64_t b0, int64_t b1) {
-    fn(p, b0, b1, buffer<T>(2, (b1 - b0) * p.kh_pad));
-  });
+  over_rows<T>(for_type<T>(v.ulm_backward_f, v.ulm_backward_d), p, batch, p.kh_pad);
 }
 
 // buf (B, k + T, H), contiguous: the k states before the start in, every state out.
