@@ -615,8 +615,9 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
 
 def test_projection_scales_a_models_cost_from_other_data_sets():
     """A study with no finished point is projected from its model's points on other data sets,
-    scaled by the data sets' cost ratio over the models both have finished; without any, from
-    its data set's mean; a study's own finished points come first."""
+    scaled by the data sets' cost ratio over the models both have finished, those of its own
+    grid first, then those of another grid; without any, from its data set's mean; a study's
+    own finished points come first."""
     from linmem.search import project_points
 
     def study(dataset, model, finished, todo=0, running=(), grid="reduced"):
@@ -629,18 +630,27 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
         study("muse", "gru", [], todo=2, running=[5.0]),  # piano: gru 6, lmn-b 20; muse lmn-b 60
         study("muse", "rnn", [], todo=3),  # no rnn anywhere: the data set's mean, 240 / 3 = 80
         study("piano", "lstm", [], todo=1),  # lstm on muse: 90 x (20 / 60) = 30
-        study("jsb", "gru", [], todo=1, grid="paper"),  # nothing in its grid
+        study("jsb", "gru", [], todo=1, grid="paper"),  # nothing in its grid finished
+        study("jsb", "lmn-b", [5.0, 15.0], grid="paper"),  # 10: muse 60 / 10, piano 20 / 10
+        study("jsb", "rnn", [1.5], grid="paper"),
+        study("piano", "rnn", [], todo=2),  # rnn only in the other grid: 1.5 x 20 / 10 = 3
+        study("nottingham", "gru", [], todo=1),  # finished nothing anywhere: nothing
     ])
     by = {(r["dataset"], r["model"]): r for r in records}
     assert by[("piano", "gru")]["left_from"] == "study" and by[("piano", "gru")]["left_cpu_s"] == 0
     gru = by[("muse", "gru")]
     assert gru["left_from"] == "model" and gru["mean_point_cpu_s"] == pytest.approx(18.0)
     assert gru["left_cpu_s"] == pytest.approx(2 * 18.0 + 13.0)
-    rnn = by[("muse", "rnn")]
-    assert rnn["left_from"] == "data set" and rnn["left_cpu_s"] == pytest.approx(3 * 80.0)
+    rnn = by[("muse", "rnn")]  # rnn on jsb: 1.5 x (60 / 10) = 9
+    assert rnn["left_from"] == "model, other grid" and rnn["left_cpu_s"] == pytest.approx(27.0)
+    piano_rnn = by[("piano", "rnn")]
+    assert piano_rnn["left_from"] == "model, other grid"
+    assert piano_rnn["mean_point_cpu_s"] == pytest.approx(3.0)
     assert by[("piano", "lstm")]["mean_point_cpu_s"] == pytest.approx(30.0)
-    jsb = by[("jsb", "gru")]
-    assert jsb["left_from"] is None and jsb["left_cpu_s"] is None
+    jsb = by[("jsb", "gru")]  # gru finished on piano only: 6 x (10 / 20) = 3
+    assert jsb["left_from"] == "model, other grid" and jsb["left_cpu_s"] == pytest.approx(3.0)
+    notts = by[("nottingham", "gru")]
+    assert notts["left_from"] is None and notts["left_cpu_s"] is None
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the fake workers' study.ask

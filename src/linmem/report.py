@@ -144,6 +144,8 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
         st = r["states"]
         per = hours(r["mean_point_cpu_s"]) + {"data set": " (data set's)",
                                               "model": " (model's, scaled)",
+                                              "model, other grid": " (model's in another grid, "
+                                                                   "scaled)",
                                               "selected run": " (selected run's)"
                                               }.get(r["left_from"], "")
         if r["mean_point_cpu_s"] is None and r["left_cpu_s"] == 0.0:
@@ -178,7 +180,9 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "Projection: the points left at the mean of the study's finished points (complete, "
               "pruned or failed); for a study with none, its model's mean on the other data sets "
               "scaled by the two data sets' cost ratio over the models both have finished "
-              "(\"model's, scaled\"), else its data set's mean over every model. Seeds still "
+              "(\"model's, scaled\"), else the same from its model's points in another grid, "
+              "the ratio then over the models finished in both grids (\"model's in another "
+              "grid, scaled\"), else its data set's mean over every model. Seeds still "
               "to run (`--plan-seeds`): each at the CPU time of the study's selected run, with "
               "its unrolled network's when it read that from the cache (a seed trains its own); "
               "the seeds run so far count as single runs."]

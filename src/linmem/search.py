@@ -647,6 +647,9 @@ def project_points(records: list[dict]) -> list[dict]:
       sets, each data set's mean scaled by the ratio of the two data sets' costs over the
       models both have finished (a data set with longer sequences costs more for every model),
       averaged over those data sets;
+    - ``model, other grid``: else the same from its model's points in another grid (the
+      ratio then over the models finished in both studies' grids: it carries the grids'
+      difference in sizes too);
     - ``data set``: else the mean of its data set's finished points of every model (a
       pret-LMN point costs several of an RNN's: the coarsest estimate);
     - None: nothing finished to project from."""
@@ -656,22 +659,29 @@ def project_points(records: list[dict]) -> list[dict]:
 
     finished = {(r["dataset"], r["grid"], r["model"]): mean(r["finished_cpu_s"]) for r in records
                 if r["finished_cpu_s"]}
-    for r in records:
-        grid, here = r["grid"], r["dataset"]
+
+    def scaled(here: str, grid: str, model: str, same_grid: bool) -> float | None:
         estimates = []
         for (other, g, m), cost in finished.items():
-            if g != grid or m != r["model"] or other == here:
+            if m != model or other == here or (g == grid) != same_grid:
                 continue
             both = [n for (d, g2, n) in finished if d == here and g2 == grid
-                    and (other, grid, n) in finished]
+                    and (other, g, n) in finished]
             if both:
                 estimates.append(cost * sum(finished[(here, grid, n)] for n in both)
-                                 / sum(finished[(other, grid, n)] for n in both))
+                                 / sum(finished[(other, g, n)] for n in both))
+        return mean(estimates)
+
+    for r in records:
+        grid, here = r["grid"], r["dataset"]
         mates = [s for q in records if q["dataset"] == here and q["grid"] == grid
                  for s in q["finished_cpu_s"]]
-        r["left_from"], per = next(((how, value) for how, value in (
-            ("study", mean(r["finished_cpu_s"])), ("model", mean(estimates)),
-            ("data set", mean(mates))) if value is not None), (None, None))
+        sources = (("study", mean(r["finished_cpu_s"])),
+                   ("model", scaled(here, grid, r["model"], True)),
+                   ("model, other grid", scaled(here, grid, r["model"], False)),
+                   ("data set", mean(mates)))  # the first with something to project from
+        r["left_from"], per = next(((how, v) for how, v in sources if v is not None),
+                                   (None, None))
         r["mean_point_cpu_s"] = per
         r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
                            0.0 if per is None else
