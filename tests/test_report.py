@@ -109,6 +109,10 @@ def test_table2_gives_the_accuracy_at_the_threshold_chosen_on_validation():
     # the previous frame predicts 0 or 1: the same at every threshold
     assert rows["previous frame (no training)"].startswith("| previous frame (no training) | "
                                                            "22.20 | – |")
+    assert "the grid's top" not in part  # no model picked the grid's edge
+    records[1].update(valid_threshold=0.5, test_acc_at_valid_threshold=23.0)
+    part = table2_markdown(records).split("threshold chosen on validation")[1]
+    assert "a model that picks 0.5, the grid's top, might score more above it:" in part
 
 
 def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
