@@ -628,7 +628,8 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
         study("piano", "lmn-b", [10.0, 30.0]), study("piano", "gru", [4.0, 8.0]),
         study("muse", "lmn-b", [60.0]), study("muse", "lstm", [90.0, 90.0]),
         study("muse", "gru", [], todo=2, running=[5.0]),  # piano: gru 6, lmn-b 20; muse lmn-b 60
-        study("muse", "rnn", [], todo=3),  # no rnn anywhere: the data set's mean, 240 / 3 = 80
+        study("muse", "rnn", [], todo=3),  # rnn on jsb only (another grid)
+        study("muse", "lmn-a", [], todo=1),  # no lmn-a anywhere: the data set's mean, 240 / 3
         study("piano", "lstm", [], todo=1),  # lstm on muse: 90 x (20 / 60) = 30
         study("jsb", "gru", [], todo=1, grid="paper"),  # nothing in its grid finished
         study("jsb", "lmn-b", [5.0, 15.0], grid="paper"),  # 10: muse 60 / 10, piano 20 / 10
@@ -643,6 +644,8 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
     assert gru["left_cpu_s"] == pytest.approx(2 * 18.0 + 13.0)
     rnn = by[("muse", "rnn")]  # rnn on jsb: 1.5 x (60 / 10) = 9
     assert rnn["left_from"] == "model, other grid" and rnn["left_cpu_s"] == pytest.approx(27.0)
+    lmn_a = by[("muse", "lmn-a")]
+    assert lmn_a["left_from"] == "data set" and lmn_a["left_cpu_s"] == pytest.approx(80.0)
     piano_rnn = by[("piano", "rnn")]
     assert piano_rnn["left_from"] == "model, other grid"
     assert piano_rnn["mean_point_cpu_s"] == pytest.approx(3.0)
