@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import math
 import platform
 import warnings
 
@@ -431,6 +432,23 @@ def test_measurement_picks_a_path_not_slower_than_the_loop():
     with pytest.raises(ValueError, match="unknown or unsupported kernel variant"):
         with use_cpu_kernel("sse9"):
             pass
+
+
+def test_measurement_times_the_paths_in_turns(monkeypatch):
+    """Each round times every path once (a burst of load from another process slows them alike,
+    not the one path timed then), after a round that warms them up and is not counted."""
+    order = []
+    recurrence = lmn_nn.lmn_recurrence
+
+    def recorded(*args, **kwargs):
+        order.append(lmn_nn._path_override)
+        return recurrence(*args, **kwargs)
+
+    monkeypatch.setattr(lmn_nn, "lmn_recurrence", recorded)
+    rec = lmn_nn.measure_cpu_paths(VARIANTS, repeats=2)
+    paths = [*VARIANTS, "loop"]
+    assert order == paths * 3 * 2  # three rounds, two sizes
+    assert all(0 < t < math.inf for times in rec["seconds"].values() for t in times.values())
 
 
 def test_initial_memory_stays_bounded():

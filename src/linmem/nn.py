@@ -95,8 +95,10 @@ def _kernel_for(x: Tensor):
 def measure_cpu_paths(variants: list[str], repeats: int = 5) -> dict:
     """Time the recurrence's forward and backward (float32, this process's thread count)
     through every kernel variant and the PyTorch loop on a small and a large layer, best of
-    ``repeats``; the choice is the fastest variant that beats the loop at both sizes, else the
-    loop. Used once per machine by :func:`linmem._ext.cpu_path`; takes about a second."""
+    ``repeats`` taken in turns (each round times every path once, after a round that warms them
+    up: a burst of load from other processes slows the paths alike rather than the one timed
+    then); the choice is the fastest variant that beats the loop at both sizes, else the loop.
+    Used once per machine by :func:`linmem._ext.cpu_path`; takes about a second."""
     with torch.inference_mode(False), torch.enable_grad():  # whatever context asked first
         return _measure_cpu_paths(variants, repeats)
 
@@ -113,15 +115,18 @@ def _measure_cpu_paths(variants: list[str], repeats: int) -> dict:
                torch.zeros(memory)]
         for t in ops:
             t.requires_grad_()
-        for path in (*variants, LOOP):
-            best = math.inf
-            with use_cpu_kernel(path if path != LOOP else False):
-                for _ in range(repeats + 1):  # the first call warms the buffers up
+        best = dict.fromkeys((*variants, LOOP), math.inf)
+        for round_ in range(repeats + 1):  # round 0 warms the buffers up
+            for path in best:
+                with use_cpu_kernel(path if path != LOOP else False):
                     start = time.perf_counter()
                     hs, ms, _, _ = lmn_recurrence(*ops)
                     torch.autograd.grad((hs.sum(), ms.sum()), ops)
-                    best = min(best, time.perf_counter() - start)
-            seconds.setdefault(path, {})[size] = best
+                    elapsed = time.perf_counter() - start
+                if round_:
+                    best[path] = min(best[path], elapsed)
+        for path, value in best.items():
+            seconds.setdefault(path, {})[size] = value
     speedup = {v: min(seconds[LOOP][s] / seconds[v][s] for s in problems) for v in variants}
     fastest = max(variants, key=speedup.get)
     return {"choice": fastest if speedup[fastest] >= 1.0 else LOOP,
