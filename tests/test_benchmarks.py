@@ -105,3 +105,26 @@ def test_ab_trees_script_runs(tmp_path):
     assert row["a_fps"] > 0 and row["b_over_a"] == pytest.approx(row["b_fps"] / row["a_fps"])
     assert len(result["runs"][tree]["6x5"]) == 4  # both trees are this one: 2 rounds each
     assert result["trees"]["a"]["commit"] == result["trees"]["b"]["commit"]
+
+
+def test_path_choice_script_runs(tmp_path):
+    """Both orders of measurement, one trial each beside one busy process: every trial chose a
+    path the CPU runs (or the loop), and the record keeps each variant's speedup per trial."""
+    from linmem._ext import kernel_variants
+
+    variants = kernel_variants()
+    if not variants:  # no compiler here: the script says so and stops
+        proc = subprocess.run([sys.executable, str(BENCHMARKS / "path_choice.py")],
+                              capture_output=True, text=True)
+        assert proc.returncode != 0 and "no compiled kernel" in proc.stderr
+        return
+    out = tmp_path / "p.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "path_choice.py"), "--trials", "1",
+                    "--load", "1", "--json", str(out)], check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    assert set(result["results"]) == {"one after the other", "in turns"}
+    for record in result["results"].values():
+        assert sum(record["choices"].values()) == 1
+        assert set(record["choices"]) <= {*variants, "loop"}
+        assert all(len(s) == 1 and s[0] > 0 for s in record["speedup_over_loop"].values())
+    assert result["load"] == 1 and result["machine"]["cpu"] and result["commit"]
