@@ -1,13 +1,14 @@
 """The choice of the CPU path (``linmem.nn.measure_cpu_paths``) on a busy machine: the paths
-timed one after the other (before commit af2e6b9) against timed in turns (now), side by side in
-one run.
+timed one after the other on the wall clock (before commit af2e6b9) against timed in turns on
+the process's CPU time (now, with one thread), side by side in one run.
 
 The first use of the LMN on a machine times its recurrence through every kernel variant and
 through the PyTorch loop, and keeps the fastest path that beats the loop at a small and a large
-layer (``choice-<cpu>.json`` beside the build). Timed one path after the other, a burst of load
-from another process falls on whichever path is being timed then, and the choice can be the loop
-on a CPU where the kernel is faster; timed in turns (every round times each path once, best of
-the rounds), a burst slows the paths alike.
+layer (``choice-<cpu>.json`` beside the build). Timed one path after the other on the wall
+clock, a burst of load from another process falls on whichever path is being timed then, and
+the choice can be the loop on a CPU where the kernel is faster. Now every round times each path
+once (best of the rounds), and with one thread the clock is the process's CPU time, which the
+other processes' share of the cores does not count.
 
 This repeats both measurements ``--trials`` times, alternating, while ``--load`` busy processes
 (one-thread matrix products) run beside it (0: the machine as it is, e.g. beside a search's
@@ -36,7 +37,8 @@ PROBLEMS = {"small": (32, 8, 50, 50), "large": (32, 32, 250, 250)}  # as measure
 
 
 def one_after_the_other(variants: list[str], repeats: int = 5) -> dict:
-    """``measure_cpu_paths`` as it was before commit af2e6b9: each path's repeats in a row."""
+    """``measure_cpu_paths`` as it was before commit af2e6b9: each path's repeats in a row, on
+    the wall clock."""
     seconds: dict[str, dict[str, float]] = {}
     for size, (steps, batch, hidden, memory) in PROBLEMS.items():
         g = torch.Generator().manual_seed(0)
@@ -81,7 +83,8 @@ def main() -> None:
     variants = kernel_variants()
     if not variants:
         raise SystemExit("no compiled kernel here: nothing to choose")
-    ways = {"one after the other": one_after_the_other, "in turns": measure_cpu_paths}
+    ways = {"one after the other, wall clock": one_after_the_other,
+            "in turns, CPU time": measure_cpu_paths}
     stop = multiprocessing.Event()
     workers = [multiprocessing.Process(target=busy, args=(stop,), daemon=True)
                for _ in range(args.load)]

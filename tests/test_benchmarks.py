@@ -122,7 +122,7 @@ def test_path_choice_script_runs(tmp_path):
     subprocess.run([sys.executable, str(BENCHMARKS / "path_choice.py"), "--trials", "1",
                     "--load", "1", "--json", str(out)], check=True, capture_output=True)
     result = json.loads(out.read_text())
-    assert set(result["results"]) == {"one after the other", "in turns"}
+    assert set(result["results"]) == {"one after the other, wall clock", "in turns, CPU time"}
     for record in result["results"].values():
         assert sum(record["choices"].values()) == 1
         assert set(record["choices"]) <= {*variants, "loop"}

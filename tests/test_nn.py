@@ -448,6 +448,7 @@ def test_measurement_times_the_paths_in_turns(monkeypatch):
     rec = lmn_nn.measure_cpu_paths(VARIANTS, repeats=2)
     paths = [*VARIANTS, "loop"]
     assert order == paths * 3 * 2  # three rounds, two sizes
+    assert rec["clock"] == ("cpu" if torch.get_num_threads() == 1 else "wall")
     assert all(0 < t < math.inf for times in rec["seconds"].values() for t in times.values())
 
 
