@@ -53,6 +53,28 @@ def test_ais_handles_a_batch_of_rbms_with_their_own_biases():
         assert abs(est[i].item() - exact.item()) < 4 * se[i].item() + 1e-3
 
 
+@pytest.mark.parametrize("beta", [1.0, 0.37])
+def test_gibbs_chain_is_the_written_out_chain(beta):
+    """The chain computed in place (each conditional in its product's buffer, each draw over its
+    uniform numbers) gives the numbers of the chain written out, a new tensor per operation,
+    draw for draw; with per-step biases ``(B, T, .)`` and with shared ones."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(9, 6, generator=g)
+    for b_v, b_h in ((torch.randn(3, 5, 9, generator=g), torch.randn(3, 5, 6, generator=g)),
+                     (torch.randn(9, generator=g), torch.randn(6, generator=g))):
+        v0 = (torch.rand(3, 5, 9, generator=g) < 0.3).float()
+        start = v0.clone()
+        ours = gibbs_chain(v0, w, b_v, b_h, 4, torch.Generator().manual_seed(1), beta)
+        gen, v = torch.Generator().manual_seed(1), v0
+        for _ in range(4):
+            p = torch.sigmoid(b_h + beta * (v @ w))
+            h = (torch.rand(p.shape, generator=gen) < p).float()
+            p = torch.sigmoid(b_v + beta * (h @ w.T))
+            v = (torch.rand(p.shape, generator=gen) < p).float()
+        assert torch.equal(ours, v) and ours.dtype == v.dtype
+        assert torch.equal(v0, start)  # the start (the data, in CD-k) is not written over
+
+
 def test_cd_gradient_matches_the_exact_log_likelihood_gradient_in_expectation():
     """With long chains, E[grad of F(v) - F(v*)] = -grad of the mean log-likelihood."""
     torch.manual_seed(0)

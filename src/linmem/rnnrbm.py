@@ -56,10 +56,21 @@ PREDICTIONS = ("gibbs", "mean-field")  # how RNNRBM.forward estimates the key ma
 
 
 def _bernoulli(p: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """0/1 draws with probabilities ``p`` (``rand < p``: 2.5x faster than ``torch.bernoulli``
-    on the CPU)."""
-    return (torch.rand(p.shape, generator=generator, dtype=p.dtype, device=p.device) < p).to(
-        p.dtype)
+    """0/1 draws with probabilities ``p`` (``rand < p``, written over the uniform draws: 2.5x
+    faster than ``torch.bernoulli`` on the CPU)."""
+    noise = torch.rand(p.shape, generator=generator, dtype=p.dtype, device=p.device)
+    return torch.lt(noise, p, out=noise)
+
+
+def _conditional(bias: Tensor, x: Tensor, w: Tensor, beta: float = 1.0) -> Tensor:
+    """``sigmoid(bias + beta * (x @ w))`` (no gradient), in the buffer of the product: the
+    same numbers as written out, without a new tensor per operation."""
+    z = x @ w
+    if beta != 1.0:
+        z.mul_(beta)
+    if torch.broadcast_shapes(z.shape, bias.shape) != z.shape:
+        return torch.sigmoid(z + bias)
+    return z.add_(bias).sigmoid_()
 
 
 def sequence_keys(inputs: Tensor, seed: int) -> list[int]:
@@ -98,8 +109,8 @@ def gibbs_chain(v: Tensor, w: Tensor, b_v: Tensor, b_h: Tensor, k: int,
     gradient); ``beta`` scales ``W`` (the annealed RBMs of AIS)."""
     with torch.no_grad():
         for _ in range(k):
-            h = _bernoulli(torch.sigmoid(b_h + beta * (v @ w)), generator=generator)
-            v = _bernoulli(torch.sigmoid(b_v + beta * (h @ w.T)), generator=generator)
+            h = _bernoulli(_conditional(b_h, v, w, beta), generator=generator)
+            v = _bernoulli(_conditional(b_v, h, w.T, beta), generator=generator)
     return v
 
 
@@ -136,7 +147,7 @@ def ais_log_partition(w: Tensor, b_v: Tensor, b_h: Tensor, chains: int = 100,
             a = b_h + beta * vw
             log_w += F.softplus(a).sum(-1) - F.softplus(b_h + prev * vw).sum(-1)
             h = _bernoulli(torch.sigmoid(a), generator=generator)
-            v = _bernoulli(torch.sigmoid(b_v + beta * (h @ w.T)), generator=generator)
+            v = _bernoulli(_conditional(b_v, h, w.T, beta), generator=generator)
         m = log_w.max(-1, keepdim=True).values
         weights = torch.exp(log_w - m)
         log_mean = m.squeeze(-1) + torch.log(weights.mean(-1))
