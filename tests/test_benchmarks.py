@@ -128,3 +128,19 @@ def test_path_choice_script_runs(tmp_path):
         assert set(record["choices"]) <= {*variants, "loop"}
         assert all(len(s) == 1 and s[0] > 0 for s in record["speedup_over_loop"].values())
     assert result["load"] == 1 and result["machine"]["cpu"] and result["commit"]
+
+
+def test_rnnrbm_step_reference_is_the_former_chain():
+    """The benchmark's former chain gives the library's numbers (the same draws in the same
+    order): the two ways it times compute the same step."""
+    bench = _load("rnnrbm_step")
+    from linmem.rnnrbm import gibbs_chain
+
+    g = torch.Generator().manual_seed(0)
+    w, b_v, b_h = torch.randn(7, 4, generator=g), torch.randn(2, 3, 7), torch.randn(2, 3, 4)
+    v = (torch.rand(2, 3, 7, generator=g) < 0.4).float()
+    for beta in (1.0, 0.5):
+        expected = gibbs_chain(v, w, b_v, b_h, 3, torch.Generator().manual_seed(2), beta)
+        former = bench.former_gibbs_chain(v, w, b_v, b_h, 3, torch.Generator().manual_seed(2),
+                                          beta)
+        assert torch.equal(former, expected)
