@@ -51,7 +51,7 @@ def step(model: RNNRBM, batches) -> tuple[torch.Tensor, list[torch.Tensor]]:
         loss = model.training_loss(batch)
         model.zero_grad()
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
     return torch.tensor(total), [p.grad.clone() for p in model.parameters()]
 
 
