@@ -91,10 +91,11 @@ def _row_bernoulli(p: Tensor, keys: Sequence[int], draw: int) -> Tensor:
     """0/1 draws with probabilities ``p (B, T, D)``, row ``b`` from a generator seeded by
     ``keys[b]`` and the draw's number, filled step by step: a sequence's draws at its steps do
     not depend on the padding after them nor on the other rows."""
-    noise = torch.stack([torch.rand(
-        p.shape[1:], generator=torch.Generator(device=p.device).manual_seed(
-            (key + 1_000_003 * draw) % 2 ** 63), dtype=p.dtype, device=p.device) for key in keys])
-    return (noise < p).to(p.dtype)
+    noise = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+    for row, key in zip(noise, keys, strict=True):
+        torch.rand(row.shape, generator=torch.Generator(device=p.device).manual_seed(
+            (key + 1_000_003 * draw) % 2 ** 63), dtype=p.dtype, device=p.device, out=row)
+    return torch.lt(noise, p, out=noise)
 
 
 def free_energy(v: Tensor, w: Tensor, b_v: Tensor, b_h: Tensor) -> Tensor:
@@ -283,8 +284,8 @@ class RNNRBM(nn.Module):
             v = _row_bernoulli(torch.sigmoid(b_v), keys, 0)
             total = torch.zeros_like(b_v)
             for step in range(self.predict_steps):
-                h = _row_bernoulli(torch.sigmoid(b_h + v @ self.W), keys, 2 * step + 1)
-                p = torch.sigmoid(b_v + h @ self.W.T)
+                h = _row_bernoulli(_conditional(b_h, v, self.W), keys, 2 * step + 1)
+                p = _conditional(b_v, h, self.W.T)
                 if step >= self.burn_in:
                     total += p
                 v = _row_bernoulli(p, keys, 2 * step + 2)
