@@ -75,6 +75,20 @@ def test_gibbs_chain_is_the_written_out_chain(beta):
         assert torch.equal(v0, start)  # the start (the data, in CD-k) is not written over
 
 
+def test_row_draws_are_each_rows_own_generator():
+    """Row ``b`` of a batch's draws is ``rand < p[b]`` from a generator seeded by the row's key
+    and the draw's number alone (what makes a prediction independent of its batch), also for
+    probabilities that are not contiguous."""
+    from linmem.rnnrbm import _row_bernoulli
+
+    p = torch.rand(5, 3, 7, generator=torch.Generator().manual_seed(0)).transpose(0, 1)
+    keys = [11, 2 ** 62 + 5, 0]
+    draws = _row_bernoulli(p, keys, 4)
+    for b, key in enumerate(keys):
+        g = torch.Generator().manual_seed((key + 1_000_003 * 4) % 2 ** 63)
+        assert torch.equal(draws[b], (torch.rand(5, 7, generator=g) < p[b]).float())
+
+
 def test_cd_gradient_matches_the_exact_log_likelihood_gradient_in_expectation():
     """With long chains, E[grad of F(v) - F(v*)] = -grad of the mean log-likelihood."""
     torch.manual_seed(0)
