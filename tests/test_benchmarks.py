@@ -144,3 +144,7 @@ def test_rnnrbm_step_reference_is_the_former_chain():
         former = bench.former_gibbs_chain(v, w, b_v, b_h, 3, torch.Generator().manual_seed(2),
                                           beta)
         assert torch.equal(former, expected)
+    torch.manual_seed(0)
+    model = bench.RNNRBM(n_recurrent=5, n_hidden=6, predict_steps=4, burn_in=1).eval()
+    x = (torch.rand(2, 9, 88, generator=g) < 0.1).float()
+    assert torch.equal(bench.former_marginals(model, x), model.marginals(x))
