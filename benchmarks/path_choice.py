@@ -31,24 +31,23 @@ import torch
 
 from linmem._ext import LOOP, kernel_variants
 from linmem._io import command_line, git_commit, machine, provenance, write_json
-from linmem.nn import lmn_recurrence, measure_cpu_paths, use_cpu_kernel
+from linmem.nn import (
+    _PATH_PROBLEMS,
+    _path_problem,
+    lmn_recurrence,
+    measure_cpu_paths,
+    use_cpu_kernel,
+)
 
-PROBLEMS = {"small": (32, 8, 50, 50), "large": (32, 32, 250, 250)}  # as measure_cpu_paths
+PROBLEMS = _PATH_PROBLEMS  # the sizes measure_cpu_paths times
 
 
 def one_after_the_other(variants: list[str], repeats: int = 5) -> dict:
     """``measure_cpu_paths`` as it was before commit af2e6b9: each path's repeats in a row, on
     the wall clock."""
     seconds: dict[str, dict[str, float]] = {}
-    for size, (steps, batch, hidden, memory) in PROBLEMS.items():
-        g = torch.Generator().manual_seed(0)
-        ops = [torch.randn(steps, batch, hidden, generator=g), torch.zeros(batch, memory),
-               torch.randn(hidden, memory, generator=g) * memory ** -0.5,
-               torch.randn(memory, hidden, generator=g) * 0.5 * hidden ** -0.5,
-               torch.randn(memory, memory, generator=g) * 0.5 * memory ** -0.5,
-               torch.zeros(memory)]
-        for t in ops:
-            t.requires_grad_()
+    for size, shape in PROBLEMS.items():
+        ops = _path_problem(*shape)
         for path in (*variants, LOOP):
             best = math.inf
             with use_cpu_kernel(path if path != LOOP else False):

@@ -105,20 +105,28 @@ def measure_cpu_paths(variants: list[str], repeats: int = 5) -> dict:
         return _measure_cpu_paths(variants, repeats)
 
 
+_PATH_PROBLEMS = {"small": (32, 8, 50, 50), "large": (32, 32, 250, 250)}  # steps, batch, H, M
+
+
+def _path_problem(steps: int, batch: int, hidden: int, memory: int) -> list[Tensor]:
+    """The arguments of :func:`lmn_recurrence` that :func:`measure_cpu_paths` times (seeded,
+    requiring gradients)."""
+    g = torch.Generator().manual_seed(0)
+    ops = [torch.randn(steps, batch, hidden, generator=g), torch.zeros(batch, memory),
+           torch.randn(hidden, memory, generator=g) * memory ** -0.5,
+           torch.randn(memory, hidden, generator=g) * 0.5 * hidden ** -0.5,
+           torch.randn(memory, memory, generator=g) * 0.5 * memory ** -0.5,
+           torch.zeros(memory)]
+    return [t.requires_grad_() for t in ops]
+
+
 def _measure_cpu_paths(variants: list[str], repeats: int) -> dict:
-    problems = {"small": (32, 8, 50, 50), "large": (32, 32, 250, 250)}  # steps, batch, H, M
+    problems = _PATH_PROBLEMS
     seconds: dict[str, dict[str, float]] = {}
     threads = torch.get_num_threads()
     clock = time.process_time if threads == 1 else time.perf_counter
-    for size, (steps, batch, hidden, memory) in problems.items():
-        g = torch.Generator().manual_seed(0)
-        ops = [torch.randn(steps, batch, hidden, generator=g), torch.zeros(batch, memory),
-               torch.randn(hidden, memory, generator=g) * memory ** -0.5,
-               torch.randn(memory, hidden, generator=g) * 0.5 * hidden ** -0.5,
-               torch.randn(memory, memory, generator=g) * 0.5 * memory ** -0.5,
-               torch.zeros(memory)]
-        for t in ops:
-            t.requires_grad_()
+    for size, shape in problems.items():
+        ops = _path_problem(*shape)
         best = dict.fromkeys((*variants, LOOP), math.inf)
         for round_ in range(repeats + 1):  # round 0 warms the buffers up
             for path in best:
