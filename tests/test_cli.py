@@ -273,3 +273,28 @@ def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkey
     assert run_cli("reseed", str(run_dir), "--seeds", "3", "--data-dir", str(data_dir),
                    "--quiet", capsys=capsys)[0] == 0
     assert ran[-1] == dataclasses.replace(config, seed=3)
+
+
+def test_patience_command(tmp_path, capsys):
+    """`linmem patience`: the replay table of the runs under PATHS, also written with --out;
+    bad --values and a folder without runs are one line each, exit 2."""
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    rows = [{"epoch": e, "valid_acc": a, "epoch_cpu_s": 1.0, "best": b}
+            for e, (a, b) in enumerate([(10, True), (12, True), (11, False), (13, True),
+                                        (12, False), (11, False)], 1)]
+    (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.json").write_text(json.dumps({"patience": 2}))
+    (run / "metrics.json").write_text(json.dumps({"stop_reason": "early stopping (patience 2)"}))
+    out = tmp_path / "patience.md"
+    code, stdout, _ = run_cli("patience", str(tmp_path / "runs"), "--values", "1", "--out",
+                              str(out), capsys=capsys)
+    # patience 1 stops after epoch 3 with epoch 2 (12) against epoch 4 (13): 3 of 6 epochs saved
+    assert code == 0 and "| 1 | 1 | 1 | 1.00, 1.00 | 50 % |" in stdout
+    assert out.read_text() == stdout
+    for args in (["--values", "a,b"], ["--values", "0"]):
+        code, _, err = run_cli("patience", str(tmp_path / "runs"), *args, capsys=capsys)
+        assert code == 2 and err.count("\n") == 1 and "--values" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli("patience", str(tmp_path / "empty"), capsys=capsys)
+    assert code == 2 and "no metrics.json" in err

@@ -430,3 +430,44 @@ def test_memory_radii_and_table(tmp_path):
     radius = memory_radii(failed / "init.pt")[0]
     assert (f"| search/failed | pret-lmn-b | 4 | whole | 0 | – | – | failed: diverged: NaN loss "
             f"in epoch 1 | {radius:.3f} | – | – | {start:.3f} | – |") in memory_markdown([record])
+
+
+def _replayable_run(folder, accs, patience=50, stop="early stopping (patience 50)"):
+    """A finished run's files as the trainer writes them: ``best`` flags from strictly better
+    validation accuracies, one CPU second per epoch."""
+    folder.mkdir(parents=True)
+    best, rows = -1.0, []
+    for epoch, acc in enumerate(accs, 1):
+        rows.append({"epoch": epoch, "valid_acc": acc, "epoch_cpu_s": 1.0, "best": acc > best})
+        best = max(best, acc)
+    (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "config.json").write_text(json.dumps({"patience": patience}))
+    (folder / "metrics.json").write_text(json.dumps({"dataset": "jsb", "model": "lmn-b",
+                                                     "stop_reason": stop}))
+
+
+def test_a_shorter_patience_is_replayed_from_the_runs_logs(tmp_path):
+    """Stopping after P epochs without a better validation score, replayed on logged runs: the
+    epoch each would have selected (checked by hand), the accuracy lost, the CPU time saved; a
+    run whose own patience is not longer, or that diverged, is left out."""
+    from linmem.report import collect_metrics, patience_markdown, patience_records, stop_early
+
+    late = [10, 20, 21, 19, 18, 17, 16, 25, 24, 23, 22, 21, 20]  # best at epoch 8, after 5 bad
+    early = [10, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19]  # best at epoch 2
+    assert stop_early([{"best": a} for a in (True, False, True, False, False)], 2) == (2, 5)
+    _replayable_run(tmp_path / "late", late, patience=6)
+    _replayable_run(tmp_path / "early", early, patience=6)
+    _replayable_run(tmp_path / "short", late, patience=3)  # its own patience: not longer than 4
+    _replayable_run(tmp_path / "bad", late, stop="diverged: NaN loss at epoch 14")
+    rows = patience_records(collect_metrics([tmp_path]), [4, 3, 10])
+    p4, p3, p10 = rows
+    # patience 4: "late" stops at epoch 7 with epoch 3 (21) instead of epoch 8 (25), having run 7
+    # of 13 epochs; "early" stops at epoch 6, its selection unchanged (run 6 of 13)
+    assert (p4["runs"], p4["changed"]) == (2, 1)
+    assert p4["valid_acc_lost_mean"] == pytest.approx(2.0) and p4["valid_acc_lost_max"] == 4.0
+    assert p4["cpu_saved"] == pytest.approx((6 + 7) / 26)
+    assert p3["runs"] == 2 and p3["changed"] == 1  # "short" (own 3) is still not counted
+    assert p10["runs"] == 0  # no run had a patience above 10
+    table = patience_markdown(rows, "linmem patience x")
+    assert "| 4 | 2 | 1 | 2.00, 4.00 | 50 % |" in table and "| 10 | 0 | – | – | – |" in table
+    assert table.rstrip().endswith("Made by `linmem patience x`.")

@@ -36,6 +36,8 @@ from .report import (
     collect_metrics,
     markdown_table,
     memory_markdown,
+    patience_markdown,
+    patience_records,
     plot_pretraining,
     plot_run,
     previous_frame_report,
@@ -882,6 +884,32 @@ def memory_cmd(paths: tuple[str, ...]) -> None:
                                    git_commit()), nl=False)
     except FileNotFoundError as err:
         raise UsageFailure(str(err)) from None
+
+
+@cli.command("patience")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--values", default="10,20,30,40", show_default=True,
+              help="Comma-separated patiences to replay (shorter than the runs' own).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the table to this file (atomically).")
+def patience_cmd(paths: tuple[str, ...], values: str, out: str | None) -> None:
+    """What a shorter early-stopping patience would have changed in the finished runs under
+    PATHS, from their logs: selected epochs, validation accuracy lost, CPU time saved."""
+    try:
+        patiences = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise UsageFailure(f"--values must be comma-separated integers, got {values!r}") from None
+    if not patiences or min(patiences) < 1:
+        raise UsageFailure(f"--values must be positive integers, got {values!r}")
+    try:
+        text = patience_markdown(patience_records(collect_metrics(paths), patiences),
+                                 command_line())
+    except FileNotFoundError as err:
+        raise UsageFailure(str(err)) from None
+    click.echo(text, nl=False)
+    if out is not None:
+        with atomic_write(out, "w") as f:
+            f.write(text)
 
 
 @cli.command("summarize")

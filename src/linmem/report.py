@@ -21,11 +21,11 @@ from .nn import memory_loop_gains, memory_radii_of
 from .train import load_checkpoint
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields", "figure4_data",
-           "markdown_table", "memory_markdown", "memory_radii", "plot_figure4",
-           "plot_prediction", "plot_pretraining", "plot_roll", "plot_run",
-           "previous_frame_report", "progress_markdown", "run_cpu_seconds", "run_records",
-           "seed_groups", "seeds_markdown", "summary_file_records", "summary_records",
-           "table2_markdown", "write_search_report"]
+           "markdown_table", "memory_markdown", "memory_radii", "patience_markdown",
+           "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
+           "plot_run", "previous_frame_report", "progress_markdown", "run_cpu_seconds",
+           "run_records", "seed_groups", "seeds_markdown", "stop_early", "summary_file_records",
+           "summary_records", "table2_markdown", "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -303,6 +303,82 @@ def collect_metrics(paths: Iterable[str | os.PathLike], diverged: bool = False) 
     if not records:
         raise FileNotFoundError(f"no {' or '.join(names)} under " + ", ".join(map(str, paths)))
     return sorted(records, key=lambda r: r["run"])
+
+
+def stop_early(history: Sequence[dict], patience: int) -> tuple[int | None, int]:
+    """Where a run would have ended had it stopped after ``patience`` epochs without a better
+    validation score: ``(index of its selected epoch, epochs run)``, from its ``log.jsonl`` rows
+    (their ``best`` flags: the run's own criterion, as :func:`linmem.train.train` sets them)."""
+    best, bad = None, 0
+    for i, row in enumerate(history):
+        if row.get("best"):
+            best, bad = i, 0
+        else:
+            bad += 1
+            if bad >= patience:
+                return best, i + 1
+    return best, len(history)
+
+
+def patience_records(records: Sequence[dict], patiences: Sequence[int]) -> list[dict]:
+    """What a shorter patience would have changed in the finished runs ``records`` (of
+    :func:`collect_metrics`; those whose training ended by early stopping or at its epoch limit,
+    each with its own ``patience`` from ``config.json``): per patience, over the runs whose
+    own was longer, in how many the selected epoch changes, the validation accuracy lost at the
+    selected epoch (percentage points, mean over the runs and maximum) and the share of the
+    epochs' CPU time saved (their wall time where a log has no CPU time)."""
+    runs = []
+    for r in records:
+        if not str(r.get("stop_reason", "")).startswith(("early stopping", "reached the epoch")):
+            continue  # diverged, or stopped otherwise: not a full history to replay
+        config = read_json(Path(r["run"]) / "config.json")
+        rows = {row["epoch"]: row for row in _log_rows(r["run"])}  # a resumed epoch: its last
+        history = [rows[e] for e in sorted(rows)]
+        if history and all("best" in row and row.get("valid_acc") is not None
+                           for row in history):
+            runs.append((history, int(config.get("patience", 50))))
+    out = []
+    for patience in patiences:
+        lost, changed, saved, total, n = [], 0, 0.0, 0.0, 0
+        for history, own in runs:
+            if patience >= own:
+                continue  # its log cannot say what a longer patience would have done
+            n += 1
+            full, _ = stop_early(history, len(history) + 1)
+            chosen, ran = stop_early(history, patience)
+            seconds = [row.get("epoch_cpu_s", row.get("epoch_time_s", 0.0)) for row in history]
+            total += sum(seconds)
+            saved += sum(seconds[ran:])
+            drop = history[full]["valid_acc"] - (history[chosen]["valid_acc"]
+                                                if chosen is not None else 0.0)
+            lost.append(drop)
+            changed += chosen != full
+        out.append({"patience": patience, "runs": n, "changed": changed,
+                    "valid_acc_lost_mean": sum(lost) / n if n else None,
+                    "valid_acc_lost_max": max(lost, default=None),
+                    "cpu_saved": saved / total if total else None})
+    return out
+
+
+def patience_markdown(rows: Sequence[dict], command: str | None = None) -> str:
+    """:func:`patience_records` as a Markdown table."""
+    lines = ["| patience | runs | selected epoch changed | valid acc lost (points): mean, max "
+             "| epochs' CPU time saved |", "|---:|---:|---:|---|---:|"]
+    for r in rows:
+        if not r["runs"]:
+            lines.append(f"| {r['patience']} | 0 | – | – | – |")
+            continue
+        lines.append(f"| {r['patience']} | {r['runs']} | {r['changed']} | "
+                     f"{r['valid_acc_lost_mean']:.2f}, {r['valid_acc_lost_max']:.2f} | "
+                     f"{100 * r['cpu_saved']:.0f} % |")
+    lines += ["", "Each finished run's log replayed: the run stopped after that many epochs "
+              "without a better validation score (its own criterion) instead of its own "
+              "patience, the epoch it would have selected then, against the one it selected; "
+              "only runs whose own patience was longer count, and runs that ended by "
+              "diverging do not."]
+    if command:
+        lines += ["", f"Made by `{command}`."]
+    return "\n".join(lines) + "\n"
 
 
 def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:
