@@ -468,6 +468,6 @@ def test_a_shorter_patience_is_replayed_from_the_runs_logs(tmp_path):
     assert p4["cpu_saved"] == pytest.approx((6 + 7) / 26)
     assert p3["runs"] == 2 and p3["changed"] == 1  # "short" (own 3) is still not counted
     assert p10["runs"] == 0  # no run had a patience above 10
-    table = patience_markdown(rows, "linmem patience x")
+    table = patience_markdown(rows, "linmem patience x", "abc1234")
     assert "| 4 | 2 | 1 | 2.00, 4.00 | 50 % |" in table and "| 10 | 0 | – | – | – |" in table
-    assert table.rstrip().endswith("Made by `linmem patience x`.")
+    assert table.rstrip().endswith("Made by `linmem patience x` at commit `abc1234`.")

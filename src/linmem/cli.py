@@ -903,7 +903,7 @@ def patience_cmd(paths: tuple[str, ...], values: str, out: str | None) -> None:
         raise UsageFailure(f"--values must be positive integers, got {values!r}")
     try:
         text = patience_markdown(patience_records(collect_metrics(paths), patiences),
-                                 command_line())
+                                 command_line(), git_commit())
     except FileNotFoundError as err:
         raise UsageFailure(str(err)) from None
     click.echo(text, nl=False)

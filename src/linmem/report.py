@@ -360,8 +360,9 @@ def patience_records(records: Sequence[dict], patiences: Sequence[int]) -> list[
     return out
 
 
-def patience_markdown(rows: Sequence[dict], command: str | None = None) -> str:
-    """:func:`patience_records` as a Markdown table."""
+def patience_markdown(rows: Sequence[dict], command: str | None = None,
+                      commit: str | None = None) -> str:
+    """:func:`patience_records` as a Markdown table, with the command and commit that made it."""
     lines = ["| patience | runs | selected epoch changed | valid acc lost (points): mean, max "
              "| epochs' CPU time saved |", "|---:|---:|---:|---|---:|"]
     for r in rows:
@@ -377,7 +378,7 @@ def patience_markdown(rows: Sequence[dict], command: str | None = None) -> str:
               "only runs whose own patience was longer count, and runs that ended by "
               "diverging do not."]
     if command:
-        lines += ["", f"Made by `{command}`."]
+        lines += ["", f"Made by `{command}`" + (f" at commit `{commit}`" if commit else "") + "."]
     return "\n".join(lines) + "\n"
 
 
