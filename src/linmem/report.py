@@ -371,7 +371,8 @@ def patience_markdown(rows: Sequence[dict], command: str | None = None,
             continue
         lines.append(f"| {r['patience']} | {r['runs']} | {r['changed']} | "
                      f"{r['valid_acc_lost_mean']:.2f}, {r['valid_acc_lost_max']:.2f} | "
-                     f"{100 * r['cpu_saved']:.0f} % |")
+                     + ("–" if r["cpu_saved"] is None else f"{100 * r['cpu_saved']:.0f} %")
+                     + " |")
     lines += ["", "Each finished run's log replayed: the run stopped after that many epochs "
               "without a better validation score (its own criterion) instead of its own "
               "patience, the epoch it would have selected then, against the one it selected; "
