@@ -1,16 +1,17 @@
-"""The RNN and GRU baselines and the pretraining's unrolled network against their autograd
-forms, side by side in one run.
+"""The RNN, GRU and LSTM baselines and the pretraining's unrolled network against their autograd
+(or oneDNN) forms, side by side in one run.
 
-:class:`linmem.rnns.RNN` and :class:`linmem.rnns.GRU` are ``torch.nn.RNN`` and ``torch.nn.GRU``
-with an explicit backward through time on the CPU (their steps in the compiled kernel of
-``csrc/`` where ``linmem._ext.cpu_path`` chose a variant; ``rnn-loop`` and ``gru-loop`` are the
-same models on the PyTorch loop); :class:`linmem.UnrolledNet` (the ULM of the pretraining, eq.
-10, ``k = 10``) has one too. For each hidden size and batch size, on random piano-roll-like
-sequences of ``--steps`` steps, this measures training frames per second (the next-step model of
-``linmem.models``: forward, masked NLL, backward, Adam step) of the model built on each and on
-its reference from the same weights (PyTorch's module; the ULM as a step-by-step autograd loop),
-with ``torch.nn.LSTM`` for scale, in interleaved rounds (median reported), after checking that
-the two give the same logits.
+:class:`linmem.rnns.RNN`, :class:`linmem.rnns.GRU` and :class:`linmem.rnns.LSTM` are
+``torch.nn.RNN``, ``torch.nn.GRU`` and ``torch.nn.LSTM`` with an explicit backward through time
+on the CPU (their steps in the compiled kernel of ``csrc/`` where ``linmem._ext.cpu_path`` chose
+a variant; ``rnn-loop``, ``gru-loop`` and ``lstm-loop`` are the same models on the PyTorch
+loop); :class:`linmem.UnrolledNet` (the ULM of the pretraining, eq. 10, ``k = 10``) has one too.
+For each hidden size and batch size, on random piano-roll-like sequences of ``--steps`` steps,
+this measures training frames per second (the next-step model of ``linmem.models``: forward,
+masked NLL, backward, Adam step) of the model built on each and on its reference from the same
+weights (PyTorch's module, its LSTM oneDNN's fused one; the ULM as a step-by-step autograd
+loop), in interleaved rounds (median reported), after checking that the two give the same
+logits.
 
     OMP_NUM_THREADS=1 python benchmarks/baselines.py --json results/speed/baselines.json
 """
@@ -18,6 +19,7 @@ the two give the same logits.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -30,9 +32,9 @@ from linmem._io import command_line, git_commit, machine, provenance, write_json
 from linmem.data import N_KEYS, collate
 from linmem.models import build_model
 from linmem.nn import measure_cpu_paths, use_cpu_kernel
+from linmem.rnns import as_torch
 from linmem.train import train_step
 
-TORCH = {"rnn": nn.RNN, "gru": nn.GRU}
 ACTIVATIONS = {"selu": torch.selu, "tanh": torch.tanh, "relu": torch.relu}
 
 
@@ -87,13 +89,10 @@ def random_batch(batch: int, steps: int):
                     for _ in range(batch)])
 
 
-def with_torch_core(model: nn.Module, name: str) -> nn.Module:
+def with_torch_core(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose core is PyTorch's own module with the same weights."""
-    other = build_model(name, model.core.hidden_size)
-    core = model.core
-    other.core = TORCH[name](core.input_size, core.hidden_size, core.num_layers,
-                             batch_first=True)
-    other.load_state_dict(model.state_dict())
+    other = copy.deepcopy(model)
+    other.core = as_torch(model.core)
     return other
 
 
@@ -111,7 +110,7 @@ def train_fps(model: nn.Module, batch, min_time: float) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", type=int, default=[50, 250, 750],
-                   help="hidden sizes of the RNN and GRU")
+                   help="hidden sizes of the RNN, GRU and LSTM")
     p.add_argument("--ulm-sizes", nargs="+", type=int, default=[100, 250],
                    help="hidden sizes of the ULM (the grids' functional sizes)")
     p.add_argument("--batches", nargs="+", type=int, default=[4])
@@ -130,22 +129,21 @@ def main() -> None:
             batch = random_batch(batch_size, args.steps)
             models = {}
             names = [n for n, sizes in (("rnn", args.sizes), ("gru", args.sizes),
-                                        ("ulm", args.ulm_sizes)) if hidden in sizes]
+                                        ("lstm", args.sizes), ("ulm", args.ulm_sizes))
+                     if hidden in sizes]
             for name in names:
                 torch.manual_seed(0)
                 models[name] = build_model(name, hidden)
                 models[f"{name}-{'autograd' if name == 'ulm' else 'torch'}"] = (
                     with_autograd_ulm(models[name]) if name == "ulm"
-                    else with_torch_core(models[name], name))
+                    else with_torch_core(models[name]))
                 reference = models[f"{name}-{'autograd' if name == 'ulm' else 'torch'}"]
                 with torch.no_grad():
                     torch.testing.assert_close(models[name](batch.inputs),
                                                reference(batch.inputs), rtol=1e-4, atol=1e-5)
-            for name in ("rnn", "gru"):
+            for name in ("rnn", "gru", "lstm"):
                 if name in models:
                     models[f"{name}-loop"] = LoopPath(models[name])
-            torch.manual_seed(0)
-            models["lstm"] = build_model("lstm", hidden)
             runs = {name: [] for name in models}
             for _ in range(args.rounds):
                 for name, model in models.items():
@@ -158,7 +156,7 @@ def main() -> None:
                 row[f"{name}_vs_{ref}"] = (row[f"{name}_train_fps"]
                                            / row[f"{name}-{ref}_train_fps"])
                 ratios.append(f"{name}/{ref} {row[f'{name}_vs_{ref}']:.2f}x")
-            for name in ("rnn", "gru"):
+            for name in ("rnn", "gru", "lstm"):
                 if name in names:
                     row[f"{name}_vs_loop"] = (row[f"{name}_train_fps"]
                                               / row[f"{name}-loop_train_fps"])

@@ -10,7 +10,8 @@ for the LMN-B predictor (the library's default fast path: on CPU the compiled ke
 ``csrc/lmn_cpu.cpp``), the same layer with the kernel switched off (the recurrence as a PyTorch
 loop in a custom autograd function, ``use_cpu_kernel(False)``), the LMN written as the
 straightforward per-step autograd loop (the reference it must equal), and ``torch.nn.RNN``,
-``LSTM`` and ``GRU`` with ``hidden = functional + memory``, all with the same 88-key readout.
+``LSTM`` and ``GRU`` themselves (not ``linmem.rnns``' faster ones: ``linmem.rnns.as_torch``)
+with ``hidden = functional + memory``, all with the same 88-key readout.
 
 The GEMM bound of an LMN-B is the measured rate of a large float32 matrix product divided by its
 floating-point work per frame: forward ``2 (x f + m f + f m + m m + m K)`` (input, memory-to-
@@ -56,6 +57,7 @@ from linmem.data import (
 from linmem.metrics import masked_nll
 from linmem.models import build_model
 from linmem.nn import lmn_recurrence, measure_cpu_paths, use_cpu_kernel
+from linmem.rnns import as_torch
 from linmem.train import train_step
 
 # what limits torch's own libraries to an instruction set (MKL, oneDNN): with
@@ -180,8 +182,9 @@ def bench_sizes(args) -> list[dict]:
             lmn = build_model("lmn-b", f, m)
             models = {"lmn": lmn, **{f"lmn-{v}": PathLMN(lmn, v) for v in args.variants},
                       "torch-loop": PathLMN(lmn, False), "naive-loop": NaiveLMN(lmn)}
-            for name in ("rnn", "lstm", "gru"):
+            for name in ("rnn", "lstm", "gru"):  # PyTorch's own modules (linmem.rnns.as_torch)
                 models[name] = build_model(name, f + m)
+                models[name].core = as_torch(models[name].core)
             runs = {name: [] for name in models}
             for _ in range(args.rounds):  # interleaved rounds: drift hits every model alike
                 for name, model in models.items():
@@ -259,6 +262,8 @@ def bench_epochs(args) -> list[dict]:
             for model_name, size in (("lmn-b", (f, m)), ("lstm", (f + m, None))):
                 torch.manual_seed(0)
                 model = build_model(model_name, *size)
+                if model_name == "lstm":  # PyTorch's own, oneDNN's fused LSTM
+                    model.core = as_torch(model.core)
                 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
                 t0 = time.perf_counter()
                 for b in padded:

@@ -88,7 +88,10 @@ def test_baselines_script_runs(tmp_path):
     assert row["gru_vs_torch"] == pytest.approx(row["gru_train_fps"] / row["gru-torch_train_fps"])
     assert row["gru_vs_loop"] == pytest.approx(row["gru_train_fps"] / row["gru-loop_train_fps"])
     assert row["rnn_vs_loop"] == pytest.approx(row["rnn_train_fps"] / row["rnn-loop_train_fps"])
-    assert row["lstm_train_fps"] > 0 and row["ulm_vs_autograd"] > 0
+    assert row["lstm_vs_torch"] == pytest.approx(row["lstm_train_fps"]
+                                                 / row["lstm-torch_train_fps"])
+    assert row["lstm_vs_loop"] == pytest.approx(row["lstm_train_fps"] / row["lstm-loop_train_fps"])
+    assert row["ulm_vs_autograd"] > 0
 
 
 @pytest.mark.slow

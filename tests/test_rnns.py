@@ -1,5 +1,5 @@
-"""linmem.rnns.RNN and GRU against torch.nn.RNN and GRU with the same weights: outputs, final
-states and every gradient; and torch's autograd check of the explicit backward."""
+"""linmem.rnns.RNN, GRU and LSTM against torch.nn.RNN, GRU and LSTM with the same weights:
+outputs, final states and every gradient; and torch's autograd check of the explicit backward."""
 
 import pytest
 import torch
@@ -7,7 +7,15 @@ from torch import nn
 
 from linmem import _ext
 from linmem.nn import use_cpu_kernel
-from linmem.rnns import GRU, RNN, gru_recurrence, rnn_recurrence
+from linmem.rnns import (
+    GRU,
+    LSTM,
+    RNN,
+    as_torch,
+    gru_recurrence,
+    lstm_recurrence,
+    rnn_recurrence,
+)
 
 KINDS = [(GRU, nn.GRU, {}), (RNN, nn.RNN, {"nonlinearity": "tanh"}),
          (RNN, nn.RNN, {"nonlinearity": "relu"})]
@@ -170,3 +178,164 @@ def test_kernel_reuses_its_buffers_and_matches_torch_in_float32(kind, variant):
     torch.testing.assert_close(out, out_r, rtol=1e-5, atol=1e-6)
     for a, b in zip(grads, grads_r, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+# The LSTM: its state is the pair (h, c), its recurrence returns (hs, c_T).
+
+def _lstm_pair(seed: int, **kw):
+    torch.manual_seed(seed)
+    ours = LSTM(**kw)
+    torch.manual_seed(seed)
+    return ours, nn.LSTM(**kw)
+
+
+def _lstm_loss(model, x, state, weights):
+    out, (h_n, c_n) = model(x, state)
+    return out, h_n, c_n, (out * weights).sum() + (h_n ** 2).sum() + c_n.sin().sum()
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("path", [True, False], ids=["kernel", "loop"])
+def test_lstm_equals_torch(batch_first, num_layers, path):
+    """Outputs, h_n, c_n and the gradients of the input, both initial states and every
+    parameter, on the kernel and on the PyTorch loop, float64 to 1e-12."""
+    ours, ref = _lstm_pair(0, input_size=5, hidden_size=7, num_layers=num_layers,
+                           batch_first=batch_first)
+    ours, ref = ours.double(), ref.double()
+    for (a, pa), (b, pb) in zip(ours.named_parameters(), ref.named_parameters(), strict=True):
+        assert a == b and torch.equal(pa, pb)  # same parameters, same initialisation
+    g = torch.Generator().manual_seed(1)
+    shape = (3, 9, 5) if batch_first else (9, 3, 5)
+    x = torch.randn(shape, generator=g, dtype=torch.float64, requires_grad=True)
+    h0, c0 = (torch.randn(num_layers, 3, 7, generator=g, dtype=torch.float64,
+                          requires_grad=True) for _ in range(2))
+    weights = torch.randn((*shape[:2], 7), generator=g, dtype=torch.float64)
+    results = []
+    for model in (ours, ref):
+        with use_cpu_kernel(path):
+            *outs, loss = _lstm_loss(model, x, (h0, c0), weights)
+            results.append((*outs, *torch.autograd.grad(loss, [x, h0, c0, *model.parameters()])))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_lstm_no_initial_state_unbatched_and_fallbacks():
+    ours, ref = _lstm_pair(2, input_size=4, hidden_size=6, batch_first=True)
+    x = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(3))
+    for inputs in ((x,), (x[0],), (x[0], (torch.ones(1, 6), torch.zeros(1, 6)))):  # unbatched
+        (out, (h, c)), (out_r, (h_r, c_r)) = ours(*inputs), ref(*inputs)
+        for a, b in ((out, out_r), (h, h_r), (c, c_r)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([8, 5]), batch_first=True)
+    torch.testing.assert_close(ours(packed)[0].data, ref(packed)[0].data)  # torch's own path
+    with pytest.raises(RuntimeError, match="input_size"):
+        ours(torch.zeros(2, 8, 3))
+    with pytest.raises(RuntimeError, match="hidden size"):
+        ours(x, (torch.zeros(1, 2, 6), torch.zeros(1, 3, 6)))
+
+
+def test_lstm_dropout_between_layers_is_torchs():
+    ours, ref = _lstm_pair(4, input_size=3, hidden_size=5, num_layers=2, dropout=0.5)
+    x = torch.randn(6, 2, 3, generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(6)
+    out, _ = ours(x)
+    torch.manual_seed(6)
+    ref_out, _ = ref(x)
+    assert not torch.equal(out, ours.eval()(x)[0])  # dropout acted in training mode
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+
+
+def _lstm_case(steps, batch, hidden, seed, batch_major=False):
+    """An LSTM recurrence's operands in float64: gi (T, B, 4H), h0, c0, W_hh, b_hh."""
+    g = torch.Generator().manual_seed(seed)
+    gi = torch.randn(batch, steps, 4 * hidden, generator=g, dtype=torch.float64)
+    gi = gi.transpose(0, 1) if batch_major else gi.transpose(0, 1).contiguous()
+    ops = [gi, torch.randn(batch, hidden, generator=g, dtype=torch.float64),
+           torch.randn(batch, hidden, generator=g, dtype=torch.float64),
+           torch.randn(4 * hidden, hidden, generator=g, dtype=torch.float64) * hidden ** -0.5,
+           torch.randn(4 * hidden, generator=g, dtype=torch.float64) * 0.1]
+    return [t.detach().requires_grad_() for t in ops]
+
+
+def test_lstm_recurrence_gradcheck():
+    """torch's autograd check of the explicit backward, through the states and through c_T,
+    on the kernel and on the loop."""
+    for path in (True, False):
+        with use_cpu_kernel(path):
+            for steps in (1, 4):
+                ops = _lstm_case(steps, 2, 3, seed=steps)
+                assert torch.autograd.gradcheck(lstm_recurrence, ops)
+                assert torch.autograd.gradcheck(lambda *a: lstm_recurrence(*a)[1], ops)
+
+
+@pytest.mark.parametrize("shape", [(9, 13, 17), (6, 1, 70), (4, 7, 33), (1, 2, 5)])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_lstm_kernel_equals_the_loop(shape, threads, variant):
+    """The compiled LSTM recurrence against its PyTorch loop: hs, c_T and the gradients of gi,
+    h0, c0, W_hh and b_hh, float64 to 1e-12; sizes off every variant's lanes and 6-row tiles,
+    odd batches split over threads, time- and batch-major gi, initial states whose rows are
+    not contiguous."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for batch_major in (False, True):
+            ops = _lstm_case(*shape, seed=sum(shape), batch_major=batch_major)
+            if batch_major:
+                ops[1], ops[2] = (o.detach().t().contiguous().t().requires_grad_()
+                                  for o in ops[1:3])
+            g = torch.Generator().manual_seed(1)
+            w_hs = torch.randn(shape, dtype=torch.float64, generator=g)
+            w_c = torch.randn(shape[1:], dtype=torch.float64, generator=g)
+            results = []
+            for path in (variant, False):
+                with use_cpu_kernel(path):
+                    hs, c_n = lstm_recurrence(*ops)
+                    loss = (hs * w_hs).sum() + (c_n * w_c).sum()
+                    results.append((hs, c_n, *torch.autograd.grad(loss, ops)))
+            for a, b in zip(*results, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_lstm_kernel_matches_torch_in_float32(variant):
+    """A small problem after a large one (buffers kept between calls), then the module on the
+    kernel against torch's fused LSTM in float32, gradients of c_n unused (None) too."""
+    for shape in ((5, 9, 40), (3, 2, 7)):
+        with use_cpu_kernel(variant):
+            hs, c_n = lstm_recurrence(*_lstm_case(*shape, seed=3))
+        with use_cpu_kernel(False):
+            hs_r, c_n_r = lstm_recurrence(*_lstm_case(*shape, seed=3))
+        torch.testing.assert_close(hs, hs_r, rtol=0, atol=1e-12)
+        torch.testing.assert_close(c_n, c_n_r, rtol=0, atol=1e-12)
+    ours, ref = _lstm_pair(5, input_size=88, hidden_size=50, batch_first=True)
+    x = torch.randn(4, 30, 88, generator=torch.Generator().manual_seed(6), requires_grad=True)
+    with use_cpu_kernel(variant):
+        out, _ = ours(x)
+        grads = torch.autograd.grad(out.sum(), [x, *ours.parameters()])
+    out_r, _ = ref(x)
+    grads_r = torch.autograd.grad(out_r.sum(), [x, *ref.parameters()])
+    torch.testing.assert_close(out, out_r, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, grads_r, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_as_torch_is_pytorchs_module_with_the_same_weights():
+    """The reference of each of ours: PyTorch's class, the same configuration, a copy of the
+    weights (the same outputs), the training mode kept; anything else is refused."""
+    x = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(8))
+    for ours in (RNN(4, 6, 2, nonlinearity="relu", batch_first=True), GRU(4, 6),
+                 LSTM(4, 6, batch_first=True, dropout=0.0).double().eval()):
+        reference = as_torch(ours)
+        assert type(reference) in (nn.RNN, nn.GRU, nn.LSTM) and type(reference) is not type(ours)
+        assert isinstance(ours, type(reference)) and reference.training == ours.training
+        assert str(reference) == str(ours)  # the same configuration
+        xs = x.to(next(ours.parameters()).dtype)
+        torch.testing.assert_close(reference(xs)[0], ours(xs)[0], rtol=1e-5, atol=1e-6)
+        next(reference.parameters()).data.add_(1.0)  # a copy, not the same tensors
+        assert not torch.equal(next(reference.parameters()), next(ours.parameters()))
+    with pytest.raises(TypeError, match=r"expected a linmem\.rnns"):
+        as_torch(nn.LSTM(4, 6))

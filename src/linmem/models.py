@@ -6,7 +6,7 @@ name              core                                        readout reads
 ``lmn-a``         :class:`linmem.LMN`, ``output="hidden"``     ``h_t`` (eq. 9)
 ``lmn-b``         :class:`linmem.LMN`, ``output="memory"``     ``m_t`` (eq. 8)
 ``rnn``           ``torch.nn.RNN`` (Elman, tanh) (*)           ``h_t``
-``lstm``          ``torch.nn.LSTM``                            ``h_t``
+``lstm``          ``torch.nn.LSTM`` (*)                        ``h_t``
 ``gru``           ``torch.nn.GRU`` (*)                         ``h_t``
 ``ulm``           :class:`linmem.UnrolledNet` (eqs. 10-11)     ``h_t .. h_{t-k}`` (eq. 11)
 ``pret-lmn-a``    as ``lmn-a``, initialised by pretraining     ``h_t``
@@ -16,8 +16,8 @@ name              core                                        readout reads
                   lstm, gru), :class:`NADEPredictor`           the keys, not independent
 ================  ==========================================  ==========================
 
-(*): as the subclasses :class:`linmem.rnns.RNN` and :class:`linmem.rnns.GRU`, which give
-PyTorch's results with a faster backward on the CPU.
+(*): as the subclasses :class:`linmem.rnns.RNN`, :class:`linmem.rnns.GRU` and
+:class:`linmem.rnns.LSTM`, which give PyTorch's results with a faster backward on the CPU.
 
 Every model maps inputs ``(B, T, K)`` to logits ``(B, T, K)``; ``sigmoid(logits[:, t])`` is the
 predicted probability of each key at step ``t + 1``. The readout is ``Linear(out, K)`` with a bias
@@ -41,7 +41,7 @@ from .metrics import expected_accuracy_from_sums, masked_nll, sample_ratio_sums
 from .nade import NADE
 from .nn import LMN, NONLINEARITIES, UnrolledNet
 from .rnnrbm import PREDICTIONS, RNNRBM
-from .rnns import GRU, RNN
+from .rnns import GRU, LSTM, RNN
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -64,7 +64,7 @@ __all__ = [
     "unregister",
 ]
 
-_TORCH_RNNS: dict[str, Callable[..., nn.Module]] = {"rnn": RNN, "lstm": nn.LSTM, "gru": GRU}
+_TORCH_RNNS: dict[str, Callable[..., nn.Module]] = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
 
 
 class NextStepPredictor(nn.Module):

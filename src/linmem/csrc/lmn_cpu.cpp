@@ -326,6 +326,91 @@ void gru_backward(c10::optional<at::Tensor> grad_hs, at::Tensor h0, at::Tensor h
 }
 
 template <typename T>
+void lstm_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& h0,
+                       const at::Tensor& c0, const at::Tensor& weight_hh,
+                       const at::Tensor& bias_hh, at::Tensor& hs, at::Tensor& cs,
+                       at::Tensor& tcs, at::Tensor& gates) {
+  LstmForwardArgs<T> p{};
+  p.steps = gi.size(0);
+  p.hidden = hs.size(2);
+  p.w_pad = padded<T>(4 * p.hidden, v);
+  const int64_t batch = gi.size(1);
+  T* w = buffer<T>(0, p.hidden * p.w_pad);  // W_hh^T: (H, w_pad)
+  pack<T>(weight_hh.t(), w, Panels{p.hidden, p.w_pad, panel_width<T>(v)}, 0, 0, p.w_pad);
+  p.w = w;
+  p.bias = bias_hh.data_ptr<T>();
+  p.gi = gi.data_ptr<T>(), p.gis0 = gi.stride(0), p.gis1 = gi.stride(1);
+  p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
+  p.c0 = c0.data_ptr<T>(), p.c0s = c0.stride(0);
+  p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
+  p.c = cs.data_ptr<T>(), p.cs0 = cs.stride(0), p.cs1 = cs.stride(1);
+  p.tc = tcs.data_ptr<T>(), p.tcs0 = tcs.stride(0), p.tcs1 = tcs.stride(1);
+  p.gates = gates.data_ptr<T>(), p.gas0 = gates.stride(0), p.gas1 = gates.stride(1);
+  p.tanh_rows = aten_tanh<T>;
+  p.sigmoid_rows = aten_sigmoid<T>;
+  over_rows<T>(for_type<T>(v.lstm_forward_f, v.lstm_forward_d), p, batch, p.w_pad);
+}
+
+template <typename T>
+void lstm_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Tensor& grad_cn,
+                        const at::Tensor& c0, const at::Tensor& cs, const at::Tensor& tcs,
+                        const at::Tensor& gates, const at::Tensor& weight_hh, at::Tensor& d_a,
+                        at::Tensor& d_h0, at::Tensor& d_c0) {
+  LstmBackwardArgs<T> p{};
+  p.steps = cs.size(0);
+  p.hidden = cs.size(2);
+  p.h_pad = padded<T>(p.hidden, v);
+  const int64_t batch = cs.size(1);
+  T* w = buffer<T>(0, 4 * p.hidden * p.h_pad);  // W_hh: (4H, h_pad)
+  pack<T>(weight_hh, w, Panels{4 * p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
+  p.w = w;
+  if (grad_hs.defined())
+    p.gh_out = grad_hs.data_ptr<T>(), p.gos0 = grad_hs.stride(0), p.gos1 = grad_hs.stride(1);
+  if (grad_cn.defined()) p.gc_last = grad_cn.data_ptr<T>(), p.gcs = grad_cn.stride(0);
+  p.c0 = c0.data_ptr<T>(), p.c0s = c0.stride(0);
+  p.c = cs.data_ptr<T>(), p.cs0 = cs.stride(0), p.cs1 = cs.stride(1);
+  p.tc = tcs.data_ptr<T>(), p.tcs0 = tcs.stride(0), p.tcs1 = tcs.stride(1);
+  p.gates = gates.data_ptr<T>(), p.gas0 = gates.stride(0), p.gas1 = gates.stride(1);
+  p.d_a = d_a.data_ptr<T>(), p.das0 = d_a.stride(0), p.das1 = d_a.stride(1);
+  p.d_h0 = d_h0.data_ptr<T>(), p.dh0s = d_h0.stride(0);
+  p.d_c0 = d_c0.data_ptr<T>(), p.dc0s = d_c0.stride(0);
+  over_rows<T>(for_type<T>(v.lstm_backward_f, v.lstm_backward_d), p, batch, 2 * p.h_pad);
+}
+
+// hs, cs, tcs (T, B, H) and gates (T, B, 4H): outputs, any layout with a contiguous last
+// dimension.
+void lstm_forward(at::Tensor gi, at::Tensor h0, at::Tensor c0, at::Tensor weight_hh,
+                  at::Tensor bias_hh, at::Tensor hs, at::Tensor cs, at::Tensor tcs,
+                  at::Tensor gates, const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  for (auto* t : {&gi, &h0, &c0, &bias_hh, &hs, &cs, &tcs, &gates})
+    check_rows(*t, "LSTM recurrence operand");
+  TORCH_CHECK(gi.dim() == 3 && h0.dim() == 2 && c0.sizes() == h0.sizes() &&
+                  gi.size(2) == 4 * h0.size(1),
+              "gi must be (T, B, 4H), h0 and c0 (B, H)");
+  if (gi.size(0) == 0 || gi.size(1) == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "lstm_forward", [&] {
+    lstm_forward_impl<scalar_t>(v, gi, h0, c0, weight_hh, bias_hh, hs, cs, tcs, gates);
+  });
+}
+
+// d_a (T, B, 4H), d_h0 and d_c0 (B, H): outputs; grad_hs and grad_cn may be undefined.
+void lstm_backward(c10::optional<at::Tensor> grad_hs, c10::optional<at::Tensor> grad_cn,
+                   at::Tensor c0, at::Tensor cs, at::Tensor tcs, at::Tensor gates,
+                   at::Tensor weight_hh, at::Tensor d_a, at::Tensor d_h0, at::Tensor d_c0,
+                   const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  at::Tensor go = grad_hs.has_value() ? *grad_hs : at::Tensor();
+  at::Tensor gc = grad_cn.has_value() ? *grad_cn : at::Tensor();
+  for (auto* t : {&go, &gc, &c0, &cs, &tcs, &gates, &d_a, &d_h0, &d_c0})
+    if (t->defined()) check_rows(*t, "LSTM recurrence gradient");
+  if (cs.size(0) == 0 || cs.size(1) == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(cs.scalar_type(), "lstm_backward", [&] {
+    lstm_backward_impl<scalar_t>(v, go, gc, c0, cs, tcs, gates, weight_hh, d_a, d_h0, d_c0);
+  });
+}
+
+template <typename T>
 void rnn_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& h0,
                       const at::Tensor& weight_hh, const at::Tensor& bias_hh,
                       int64_t nonlinearity, at::Tensor& hs) {
@@ -469,6 +554,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_forward", &linmem::gru_forward, "GRU recurrence, forward (linmem.rnns)",
         py::call_guard<py::gil_scoped_release>());
   m.def("gru_backward", &linmem::gru_backward, "GRU recurrence, backward through time",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("lstm_forward", &linmem::lstm_forward, "LSTM recurrence, forward (linmem.rnns)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("lstm_backward", &linmem::lstm_backward, "LSTM recurrence, backward through time",
         py::call_guard<py::gil_scoped_release>());
   m.def("rnn_forward", &linmem::rnn_forward, "Elman RNN recurrence, forward (linmem.rnns)",
         py::call_guard<py::gil_scoped_release>());

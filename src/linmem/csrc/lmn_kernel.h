@@ -1,7 +1,7 @@
 // The LMN recurrence (paper eqs. 6-7) and its backward through time for the rows [b0, b1) of a
-// batch, and at the end those of the GRU and the Elman RNN (linmem.rnns) and of the ULM (eq. 10):
-// the inner loops of csrc/lmn_cpu.cpp, which splits the batch over threads, packs the weights and
-// calls one of the variants compiled from this file.
+// batch, and at the end those of the GRU, the LSTM and the Elman RNN (linmem.rnns) and of the
+// ULM (eq. 10): the inner loops of csrc/lmn_cpu.cpp, which splits the batch over threads, packs
+// the weights and calls one of the variants compiled from this file.
 //
 // Each variant is this file compiled for one instruction set (lmn_kernel_avx512.cpp,
 // lmn_kernel_avx2.cpp, lmn_kernel_generic.cpp) with the vector width and register tile that
@@ -289,6 +289,102 @@ void gru_backward_rows(const GruBackwardArgs<T>& p, int64_t b0, int64_t b1, T* d
     for (int64_t j = 0; j < H; ++j) p.d_h0[(b0 + r) * p.d0s + j] = dh[r * hp + j];
 }
 
+// The LSTM (linmem.rnns), forward, per step, for the rows of one thread:
+//   a_t = h_{t-1} W_hh^T + b_hh + gi_t                   one product
+//   i_t, f_t, o_t = sigmoid(their H columns of a_t),  g_t = tanh(its H columns)
+//   c_t = f_t c_{t-1} + i_t g_t,  h_t = o_t tanh(c_t)
+template <typename T>
+void lstm_forward_rows(const LstmForwardArgs<T>& p, int64_t b0, int64_t b1, T* s) {
+  const int64_t rows = b1 - b0, H = p.hidden, W = p.w_pad;
+  const T* h_prev = p.h0 + b0 * p.h0s;
+  const T* c_prev = p.c0 + b0 * p.c0s;
+  int64_t h_prev_ld = p.h0s, c_prev_ld = p.c0s;
+  for (int64_t t = 0; t < p.steps; ++t) {
+    const T* gi_t = p.gi + t * p.gis0 + b0 * p.gis1;
+    T* g_t = p.gates + t * p.gas0 + b0 * p.gas1;
+    T* h_t = p.h + t * p.hs0 + b0 * p.hs1;
+    T* c_t = p.c + t * p.cs0 + b0 * p.cs1;
+    T* tc_t = p.tc + t * p.tcs0 + b0 * p.tcs1;
+    gemm<T>(h_prev, h_prev_ld, rows, H, p.w, W, s, W, false);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* gi_r = gi_t + r * p.gis1;
+      T* g_r = g_t + r * p.gas1;
+      for (int64_t j = 0; j < 4 * H; ++j) g_r[j] = s[r * W + j] + p.bias[j] + gi_r[j];
+    }
+    p.sigmoid_rows(g_t, p.gas1, rows, 2 * H);          // i, f
+    p.tanh_rows(g_t + 2 * H, p.gas1, rows, H);         // g
+    p.sigmoid_rows(g_t + 3 * H, p.gas1, rows, H);      // o
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* g_r = g_t + r * p.gas1;
+      const T* cp_r = c_prev + r * c_prev_ld;
+      T* c_r = c_t + r * p.cs1;
+      T* tc_r = tc_t + r * p.tcs1;
+      for (int64_t j = 0; j < H; ++j) {
+        c_r[j] = g_r[H + j] * cp_r[j] + g_r[j] * g_r[2 * H + j];
+        tc_r[j] = c_r[j];
+      }
+    }
+    p.tanh_rows(tc_t, p.tcs1, rows, H);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* g_r = g_t + r * p.gas1;
+      const T* tc_r = tc_t + r * p.tcs1;
+      T* h_r = h_t + r * p.hs1;
+      for (int64_t j = 0; j < H; ++j) h_r[j] = g_r[3 * H + j] * tc_r[j];
+    }
+    h_prev = h_t, h_prev_ld = p.hs1;
+    c_prev = c_t, c_prev_ld = p.cs1;
+  }
+}
+
+// The LSTM, backward, per step from the last (dh: dL/dh_t from the output and from step t + 1,
+// dc: dL/dc_t from step t + 1 and, at the last step, from c_T):
+//   dc += dh o (1 - tanh(c)^2)
+//   da = [dc g i (1 - i), dc c_{t-1} f (1 - f), dc i (1 - g^2), dh tanh(c) o (1 - o)]
+//   dL/dc_{t-1} = dc f,  dL/dh_{t-1} = da W_hh
+template <typename T>
+void lstm_backward_rows(const LstmBackwardArgs<T>& p, int64_t b0, int64_t b1, T* s) {
+  const int64_t rows = b1 - b0, H = p.hidden, hp = p.h_pad;
+  T* dh = s;
+  T* dc = s + rows * hp;
+  for (int64_t i = 0; i < rows * hp; ++i) dh[i] = T(0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < H; ++j)
+      dc[r * hp + j] = p.gc_last ? p.gc_last[(b0 + r) * p.gcs + j] : T(0);
+  for (int64_t t = p.steps - 1; t >= 0; --t) {
+    const T* g_t = p.gates + t * p.gas0 + b0 * p.gas1;
+    const T* tc_t = p.tc + t * p.tcs0 + b0 * p.tcs1;
+    const T* c_prev = t > 0 ? p.c + (t - 1) * p.cs0 + b0 * p.cs1 : p.c0 + b0 * p.c0s;
+    const int64_t c_prev_ld = t > 0 ? p.cs1 : p.c0s;
+    T* da_t = p.d_a + t * p.das0 + b0 * p.das1;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* g_r = g_t + r * p.gas1;
+      const T* tc_r = tc_t + r * p.tcs1;
+      const T* cp_r = c_prev + r * c_prev_ld;
+      const T* go_r = p.gh_out ? p.gh_out + t * p.gos0 + (b0 + r) * p.gos1 : nullptr;
+      T* da_r = da_t + r * p.das1;
+      T* dh_r = dh + r * hp;
+      T* dc_r = dc + r * hp;
+      for (int64_t j = 0; j < H; ++j) {
+        const T d = go_r ? dh_r[j] + go_r[j] : dh_r[j];
+        const T i = g_r[j], f = g_r[H + j], g = g_r[2 * H + j], o = g_r[3 * H + j];
+        const T tc = tc_r[j];
+        const T dct = dc_r[j] + d * o * (T(1) - tc * tc);
+        da_r[j] = dct * g * i * (T(1) - i);
+        da_r[H + j] = dct * cp_r[j] * f * (T(1) - f);
+        da_r[2 * H + j] = dct * i * (T(1) - g * g);
+        da_r[3 * H + j] = d * tc * o * (T(1) - o);
+        dc_r[j] = dct * f;
+      }
+    }
+    gemm<T>(da_t, p.das1, rows, 4 * H, p.w, hp, dh, hp, false);
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < H; ++j) {
+      p.d_h0[(b0 + r) * p.dh0s + j] = dh[r * hp + j];
+      p.d_c0[(b0 + r) * p.dc0s + j] = dc[r * hp + j];
+    }
+}
+
 // The Elman RNN (linmem.rnns), forward, per step: h_t = sigma(gi_t + b_hh + h_{t-1} W_hh^T).
 template <typename T>
 void rnn_forward_rows(const RnnForwardArgs<T>& p, int64_t b0, int64_t b1, T* s) {
@@ -377,6 +473,8 @@ extern const Variant LMN_CONCAT(LMN_VARIANT, _variant) = {
     LMN_VARIANT::backward_rows<float>, LMN_VARIANT::backward_rows<double>,
     LMN_VARIANT::gru_forward_rows<float>, LMN_VARIANT::gru_forward_rows<double>,
     LMN_VARIANT::gru_backward_rows<float>, LMN_VARIANT::gru_backward_rows<double>,
+    LMN_VARIANT::lstm_forward_rows<float>, LMN_VARIANT::lstm_forward_rows<double>,
+    LMN_VARIANT::lstm_backward_rows<float>, LMN_VARIANT::lstm_backward_rows<double>,
     LMN_VARIANT::rnn_forward_rows<float>, LMN_VARIANT::rnn_forward_rows<double>,
     LMN_VARIANT::rnn_backward_rows<float>, LMN_VARIANT::rnn_backward_rows<double>,
     LMN_VARIANT::ulm_forward_rows<float>, LMN_VARIANT::ulm_forward_rows<double>,

@@ -76,6 +76,38 @@ struct GruBackwardArgs {
   int64_t steps, hidden, h_pad;
 };
 
+// The LSTM's recurrence (torch.nn.LSTM's equations; linmem.rnns) given its input products
+// gi = x W_ih^T + b_ih (T, B, 4H), gates in PyTorch's order i, f, g, o.
+template <typename T>
+struct LstmForwardArgs {
+  const T* gi; int64_t gis0, gis1;         // x W_ih^T + b_ih (T, B, 4H)
+  const T* h0; int64_t h0s;                // (B, H)
+  const T* c0; int64_t c0s;                // (B, H)
+  const T* w;                              // W_hh^T packed: (H, w_pad), w_pad >= 4H
+  const T* bias;                           // b_hh (4H)
+  T* h; int64_t hs0, hs1;                  // out: h_1..h_T (T, B, H)
+  T* c; int64_t cs0, cs1;                  // out: c_1..c_T (T, B, H)
+  T* tc; int64_t tcs0, tcs1;               // out: tanh(c_t) (T, B, H)
+  T* gates; int64_t gas0, gas1;            // out: i, f, g, o of every step (T, B, 4H)
+  int64_t steps, hidden, w_pad;
+  RowsFn<T> tanh_rows, sigmoid_rows;
+};
+
+template <typename T>
+struct LstmBackwardArgs {
+  const T* gh_out; int64_t gos0, gos1;     // dL/dh_t from the output (T, B, H), or nullptr
+  const T* gc_last; int64_t gcs;           // dL/dc_T (B, H), or nullptr
+  const T* c0; int64_t c0s;                // (B, H)
+  const T* c; int64_t cs0, cs1;            // c_t (T, B, H)
+  const T* tc; int64_t tcs0, tcs1;         // tanh(c_t) (T, B, H)
+  const T* gates; int64_t gas0, gas1;      // i, f, g, o (T, B, 4H)
+  const T* w;                              // W_hh packed: (4H, h_pad)
+  T* d_a; int64_t das0, das1;              // out: dL/d(the gates' pre-activations) (T, B, 4H)
+  T* d_h0; int64_t dh0s;                   // out: dL/dh_0 (B, H)
+  T* d_c0; int64_t dc0s;                   // out: dL/dc_0 (B, H)
+  int64_t steps, hidden, h_pad;
+};
+
 // The Elman RNN's recurrence (torch.nn.RNN's equations; linmem.rnns) given its input products
 // gi = x W_ih^T + b_ih (T, B, H): h_t = sigma(gi_t + b_hh + h_{t-1} W_hh^T), tanh or relu.
 template <typename T>
@@ -122,8 +154,9 @@ struct UlmBackwardArgs {
 };
 
 // One compiled variant: its loops over the rows [b0, b1) of a batch, with `scratch` holding
-// (b1 - b0) x (h_pad + m_pad) values (the GRU's: (b1 - b0) x w_pad, or x h_pad backward; the
-// RNN's: (b1 - b0) x h_pad; the ULM's: (b1 - b0) x h_pad forward, x kh_pad backward).
+// (b1 - b0) x (h_pad + m_pad) values (the GRU's and the LSTM's: (b1 - b0) x w_pad, or x h_pad
+// backward (the LSTM's: x 2 h_pad); the RNN's: (b1 - b0) x h_pad; the ULM's: (b1 - b0) x h_pad
+// forward, x kh_pad backward).
 struct Variant {
   const char* name;
   int64_t vec_bytes;
@@ -137,6 +170,13 @@ struct Variant {
   void (*gru_backward_f)(const GruBackwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
   void (*gru_backward_d)(const GruBackwardArgs<double>&, int64_t b0, int64_t b1,
                          double* scratch);
+  void (*lstm_forward_f)(const LstmForwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
+  void (*lstm_forward_d)(const LstmForwardArgs<double>&, int64_t b0, int64_t b1,
+                         double* scratch);
+  void (*lstm_backward_f)(const LstmBackwardArgs<float>&, int64_t b0, int64_t b1,
+                          float* scratch);
+  void (*lstm_backward_d)(const LstmBackwardArgs<double>&, int64_t b0, int64_t b1,
+                          double* scratch);
   void (*rnn_forward_f)(const RnnForwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
   void (*rnn_forward_d)(const RnnForwardArgs<double>&, int64_t b0, int64_t b1, double* scratch);
   void (*rnn_backward_f)(const RnnBackwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
