@@ -185,6 +185,7 @@ def test_kernel_reuses_its_buffers_and_matches_torch_in_float32(kind, variant):
 def _lstm_pair(seed: int, **kw):
     torch.manual_seed(seed)
     ours = LSTM(**kw)
+    ours.min_kernel_hidden = 0  # the kernel at the tests' small sizes too
     torch.manual_seed(seed)
     return ours, nn.LSTM(**kw)
 
@@ -199,7 +200,8 @@ def _lstm_loss(model, x, state, weights):
 @pytest.mark.parametrize("path", [True, False], ids=["kernel", "loop"])
 def test_lstm_equals_torch(batch_first, num_layers, path):
     """Outputs, h_n, c_n and the gradients of the input, both initial states and every
-    parameter, on the kernel and on the PyTorch loop, float64 to 1e-12."""
+    parameter, float64 to 1e-12, on the kernel and with the kernel off (then PyTorch's own
+    forward: the module does not run its slower PyTorch loop)."""
     ours, ref = _lstm_pair(0, input_size=5, hidden_size=7, num_layers=num_layers,
                            batch_first=batch_first)
     ours, ref = ours.double(), ref.double()
@@ -339,3 +341,23 @@ def test_as_torch_is_pytorchs_module_with_the_same_weights():
         assert not torch.equal(next(reference.parameters()), next(ours.parameters()))
     with pytest.raises(TypeError, match=r"expected a linmem\.rnns"):
         as_torch(nn.LSTM(4, 6))
+
+
+def test_lstm_takes_the_kernel_only_where_it_is_faster(monkeypatch):
+    """The module's recurrence runs on the kernel from min_kernel_hidden units on and with the
+    kernel on; below, or on the PyTorch loop's path, it is PyTorch's own forward."""
+    from linmem import rnns
+
+    calls = []
+    monkeypatch.setattr(rnns, "lstm_recurrence",
+                        lambda *a: calls.append(1) or rnns._LSTMRecurrence.apply(*a))
+    x = torch.randn(5, 2, 3)
+    for hidden, minimum, path, expected in ((8, 512, True, 0), (8, 8, True, 1),
+                                            (8, 8, False, 0)):
+        model = LSTM(3, hidden)
+        model.min_kernel_hidden = minimum
+        calls.clear()
+        with use_cpu_kernel(path):
+            model(x)
+        assert len(calls) == (expected if VARIANTS else 0)
+    assert LSTM(3, 4).min_kernel_hidden == 512
