@@ -7,7 +7,8 @@ The RNN, GRU and LSTM of the paper's comparison are PyTorch's; :class:`RNN`, :cl
 their backward step by step through autograd, and at every step they form and add a gradient of
 ``W_hh`` (``H x H``, ``3H x H``) from a product of inner dimension ``B``: memory-bound work that
 dominates at the batch sizes and widths of the searches; its LSTM is oneDNN's fused one, as fast
-as ours at 250 units but slower at 750, most of all beside other busy processes. Here, as in
+as ours at 250 units but slower at 750, most of all beside other busy processes (so
+:class:`LSTM` takes the kernel from 512 units on). Here, as in
 the LMN's recurrence (:mod:`linmem.nn`), the input products of all steps are one matrix product
 before the loop, the loop and its backward keep only the products with ``W_hh``, and the weight
 gradients are one large product over all steps after it. The loops run in the LMN's compiled
@@ -354,8 +355,9 @@ class LSTM(_FastForward, nn.LSTM):
     path), with the fast CPU path of this module where it is faster than PyTorch's own: on the
     compiled kernel (not on the PyTorch loop, which oneDNN's fused LSTM outruns) and from
     ``min_kernel_hidden`` units on (an attribute; 512 by default: training at batch 4 on an
-    AMD EPYC Zen 3 ran at 0.85x oneDNN's rate with 250 units, 0.97x with 500, 1.46x with 750,
-    ``results/speed/baselines.txt``). Shapes as ``torch.nn.LSTM``'s: input ``(T, B, I)``
+    AMD EPYC Zen 3 ran at 0.97x oneDNN's rate with 250 units, 1.10x with 500 (0.97x in another
+    run) and 1.21x with 750 on a quiet machine, 0.92x and 1.74x with 250 and 750 beside two
+    other trainings, ``results/speed/baselines*.txt``). Shapes as ``torch.nn.LSTM``'s: input ``(T, B, I)``
     (``(B, T, I)`` with ``batch_first``), ``h_0``/``c_0`` and ``h_n``/``c_n`` ``(num_layers, B,
     H)``; returns ``(output, (h_n, c_n))``."""
 
