@@ -357,9 +357,9 @@ class LSTM(_FastForward, nn.LSTM):
     ``min_kernel_hidden`` units on (an attribute; 512 by default: training at batch 4 on an
     AMD EPYC Zen 3 ran at 0.97x oneDNN's rate with 250 units, 1.10x with 500 (0.97x in another
     run) and 1.21x with 750 on a quiet machine, 0.92x and 1.74x with 250 and 750 beside two
-    other trainings, ``results/speed/baselines*.txt``). Shapes as ``torch.nn.LSTM``'s: input ``(T, B, I)``
-    (``(B, T, I)`` with ``batch_first``), ``h_0``/``c_0`` and ``h_n``/``c_n`` ``(num_layers, B,
-    H)``; returns ``(output, (h_n, c_n))``."""
+    other trainings, ``results/speed/baselines*.txt``). Shapes as ``torch.nn.LSTM``'s: input
+    ``(T, B, I)`` (``(B, T, I)`` with ``batch_first``), ``h_0``/``c_0`` and ``h_n``/``c_n``
+    ``(num_layers, B, H)``; returns ``(output, (h_n, c_n))``."""
 
     min_kernel_hidden = 512
 
