@@ -470,6 +470,6 @@ def test_a_shorter_patience_is_replayed_from_the_runs_logs(tmp_path):
     assert p10["runs"] == 0  # no run had a patience above 10
     table = patience_markdown(rows, "linmem patience x", "abc1234")
     assert "| 4 | 2 | 1 | 2.00, 4.00 | 50 % |" in table and "| 10 | 0 | – | – | – |" in table
-    assert table.rstrip().endswith("Made by `linmem patience x` at commit `abc1234`.")
+    assert table.rstrip().endswith("Made by `linmem patience x` at commit abc1234.")
     untimed = dict(p4, cpu_saved=None)  # logs without epoch times
     assert "| 4 | 2 | 1 | 2.00, 4.00 | – |" in patience_markdown([untimed])

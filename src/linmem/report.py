@@ -129,6 +129,12 @@ def _ulm_before_seconds(run_dir: Path, record: dict[str, Any]) -> float:
     return max(ulm - _seconds(record, "cpu_time_s", "wall_time_s"), 0.0)
 
 
+def _made_by(command: str | None, at: str | None = None) -> list[str]:
+    """A generated table's closing line: the command that made it, and when or at which commit
+    (none without a command)."""
+    return ["", f"Made by `{command}`" + (f" at {at}" if at else "") + "."] if command else []
+
+
 def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]] = (),
                       command: str | None = None, when: str | None = None) -> str:
     """The progress of the searches (:func:`linmem.search.progress_records`) and of single runs
@@ -186,9 +192,7 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "to run (`--plan-seeds`): each at the CPU time of the study's selected run, with "
               "its unrolled network's when it read that from the cache (a seed trains its own); "
               "the seeds run so far count as single runs."]
-    if command:
-        lines += ["", f"Made by `{command}`" + (f" at {when}" if when else "") + "."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _made_by(command, when)) + "\n"
 
 
 def expected_fields(run_dir: str | os.PathLike) -> dict:
@@ -262,9 +266,7 @@ def memory_markdown(runs: Sequence[dict], command: str | None = None,
               "units on the unbounded side of their activation (slope s: 1 for relu, 1.0507 for "
               "selu; tanh is bounded, s = 1 at 0): above 1, an unbounded activation lets the state "
               "grow along a sequence even with rho(W^mm) < 1."]
-    if command:
-        lines += ["", f"Made by `{command}`" + (f" at commit {commit}" if commit else "") + "."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _made_by(command, commit and f"commit {commit}")) + "\n"
 
 
 def collect_metrics(paths: Iterable[str | os.PathLike], diverged: bool = False) -> list[dict]:
@@ -378,9 +380,7 @@ def patience_markdown(rows: Sequence[dict], command: str | None = None,
               "patience, the epoch it would have selected then, against the one it selected; "
               "only runs whose own patience was longer count, and runs that ended by "
               "diverging do not."]
-    if command:
-        lines += ["", f"Made by `{command}`" + (f" at commit `{commit}`" if commit else "") + "."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _made_by(command, commit and f"commit {commit}")) + "\n"
 
 
 def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:

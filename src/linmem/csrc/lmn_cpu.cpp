@@ -151,6 +151,16 @@ void over_rows(Fn fn, const Args& p, int64_t batch, int64_t width) {
   });
 }
 
+// `weights` (rows x columns, any strides) packed alone for the kernel's product, in the call's
+// weight buffer: its rows padded to `pad` columns, in panels (see `pack`).
+template <typename T>
+const T* packed(const Variant& v, const at::Tensor& weights, int64_t pad) {
+  const int64_t rows = weights.size(0);
+  T* w = buffer<T>(0, rows * pad);
+  pack<T>(weights, w, Panels{rows, pad, panel_width<T>(v)}, 0, 0, pad);
+  return w;
+}
+
 // The sizes both directions share, with the rows padded to the variant's vector lanes.
 template <typename T, typename Args>
 void set_sizes(Args& p, const Variant& v, int64_t steps, int64_t hidden, int64_t memory,
@@ -259,9 +269,7 @@ void gru_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& 
   p.hidden = hs.size(2);
   p.w_pad = padded<T>(3 * p.hidden, v);
   const int64_t batch = gi.size(1);
-  T* w = buffer<T>(0, p.hidden * p.w_pad);  // W_hh^T: (H, w_pad)
-  pack<T>(weight_hh.t(), w, Panels{p.hidden, p.w_pad, panel_width<T>(v)}, 0, 0, p.w_pad);
-  p.w = w;
+  p.w = packed<T>(v, weight_hh.t(), p.w_pad);  // W_hh^T: (H, w_pad)
   p.bias = bias_hh.data_ptr<T>();
   p.gi = gi.data_ptr<T>(), p.gis0 = gi.stride(0), p.gis1 = gi.stride(1);
   p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
@@ -283,9 +291,7 @@ void gru_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Te
   p.hidden = hs.size(2);
   p.h_pad = padded<T>(p.hidden, v);
   const int64_t batch = hs.size(1);
-  T* w = buffer<T>(0, 3 * p.hidden * p.h_pad);  // W_hh: (3H, h_pad)
-  pack<T>(weight_hh, w, Panels{3 * p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
-  p.w = w;
+  p.w = packed<T>(v, weight_hh, p.h_pad);  // W_hh: (3H, h_pad)
   if (grad_hs.defined())
     p.gh_out = grad_hs.data_ptr<T>(), p.gos0 = grad_hs.stride(0), p.gos1 = grad_hs.stride(1);
   p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
@@ -335,9 +341,7 @@ void lstm_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor&
   p.hidden = hs.size(2);
   p.w_pad = padded<T>(4 * p.hidden, v);
   const int64_t batch = gi.size(1);
-  T* w = buffer<T>(0, p.hidden * p.w_pad);  // W_hh^T: (H, w_pad)
-  pack<T>(weight_hh.t(), w, Panels{p.hidden, p.w_pad, panel_width<T>(v)}, 0, 0, p.w_pad);
-  p.w = w;
+  p.w = packed<T>(v, weight_hh.t(), p.w_pad);  // W_hh^T: (H, w_pad)
   p.bias = bias_hh.data_ptr<T>();
   p.gi = gi.data_ptr<T>(), p.gis0 = gi.stride(0), p.gis1 = gi.stride(1);
   p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
@@ -361,9 +365,7 @@ void lstm_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::T
   p.hidden = cs.size(2);
   p.h_pad = padded<T>(p.hidden, v);
   const int64_t batch = cs.size(1);
-  T* w = buffer<T>(0, 4 * p.hidden * p.h_pad);  // W_hh: (4H, h_pad)
-  pack<T>(weight_hh, w, Panels{4 * p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
-  p.w = w;
+  p.w = packed<T>(v, weight_hh, p.h_pad);  // W_hh: (4H, h_pad)
   if (grad_hs.defined())
     p.gh_out = grad_hs.data_ptr<T>(), p.gos0 = grad_hs.stride(0), p.gos1 = grad_hs.stride(1);
   if (grad_cn.defined()) p.gc_last = grad_cn.data_ptr<T>(), p.gcs = grad_cn.stride(0);
@@ -420,9 +422,7 @@ void rnn_forward_impl(const Variant& v, const at::Tensor& gi, const at::Tensor& 
   p.h_pad = padded<T>(p.hidden, v);
   p.nonlinearity = nonlinearity;
   const int64_t batch = gi.size(1);
-  T* w = buffer<T>(0, p.hidden * p.h_pad);  // W_hh^T: (H, h_pad)
-  pack<T>(weight_hh.t(), w, Panels{p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
-  p.w = w;
+  p.w = packed<T>(v, weight_hh.t(), p.h_pad);  // W_hh^T: (H, h_pad)
   p.bias = bias_hh.data_ptr<T>();
   p.gi = gi.data_ptr<T>(), p.gis0 = gi.stride(0), p.gis1 = gi.stride(1);
   p.h0 = h0.data_ptr<T>(), p.h0s = h0.stride(0);
@@ -441,9 +441,7 @@ void rnn_backward_impl(const Variant& v, const at::Tensor& grad_hs, const at::Te
   p.h_pad = padded<T>(p.hidden, v);
   p.nonlinearity = nonlinearity;
   const int64_t batch = hs.size(1);
-  T* w = buffer<T>(0, p.hidden * p.h_pad);  // W_hh: (H, h_pad)
-  pack<T>(weight_hh, w, Panels{p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
-  p.w = w;
+  p.w = packed<T>(v, weight_hh, p.h_pad);  // W_hh: (H, h_pad)
   if (grad_hs.defined())
     p.gh_out = grad_hs.data_ptr<T>(), p.gos0 = grad_hs.stride(0), p.gos1 = grad_hs.stride(1);
   p.h = hs.data_ptr<T>(), p.hs0 = hs.stride(0), p.hs1 = hs.stride(1);
@@ -489,9 +487,7 @@ void ulm_forward_impl(const Variant& v, const at::Tensor& x_proj, const at::Tens
   p.h_pad = padded<T>(p.hidden, v);
   p.nonlinearity = nonlinearity;
   const int64_t batch = x_proj.size(1);
-  T* w = buffer<T>(0, p.k * p.hidden * p.h_pad);  // [W^hh_k ... W^hh_1]^T: (k H, h_pad)
-  pack<T>(w_time.t(), w, Panels{p.k * p.hidden, p.h_pad, panel_width<T>(v)}, 0, 0, p.h_pad);
-  p.w = w;
+  p.w = packed<T>(v, w_time.t(), p.h_pad);  // [W^hh_k ... W^hh_1]^T: (k H, h_pad)
   p.x = x_proj.data_ptr<T>(), p.xs0 = x_proj.stride(0), p.xs1 = x_proj.stride(1);
   p.buf = buf.data_ptr<T>(), p.row = buf.stride(0);
   p.tanh_rows = aten_tanh<T>;
@@ -508,9 +504,7 @@ void ulm_backward_impl(const Variant& v, const at::Tensor& buf, const at::Tensor
   p.kh_pad = padded<T>(p.k * p.hidden, v);
   p.nonlinearity = nonlinearity;
   const int64_t batch = d_a.size(0);
-  T* w = buffer<T>(0, p.hidden * p.kh_pad);  // [W^hh_k ... W^hh_1]: (H, kh_pad)
-  pack<T>(w_time, w, Panels{p.hidden, p.kh_pad, panel_width<T>(v)}, 0, 0, p.kh_pad);
-  p.w = w;
+  p.w = packed<T>(v, w_time, p.kh_pad);  // [W^hh_k ... W^hh_1]: (H, kh_pad)
   p.buf = buf.data_ptr<T>(), p.row = buf.stride(0);
   p.d_buf = d_buf.data_ptr<T>();
   p.d_a = d_a.data_ptr<T>();
