@@ -84,6 +84,14 @@ class _ModelChoice(click.Choice):
         pass
 
 
+def _integers(option: str, text: str) -> list[int]:
+    """The comma-separated integers of ``option`` (``--seeds``, ``--values``), or one line."""
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageFailure(f"{option} must be comma-separated integers, got {text!r}") from None
+
+
 def _positive(ctx, param, value):
     if value is not None and value < 1:
         raise click.BadParameter(f"must be a positive integer, got {value}")
@@ -659,10 +667,7 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
                changes: tuple[str, ...], quiet: bool) -> None:
     """Train RUN_DIR's configuration again with other seeds (the spread between seeds), with
     the fields --set changes; run the same command again to resume."""
-    try:
-        values = [int(v) for v in seeds.split(",") if v.strip()]
-    except ValueError:
-        raise UsageFailure(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    values = _integers("--seeds", seeds)
     out = out or f"{str(run_dir).rstrip('/')}-seeds"
     diverged = None
     try:
@@ -895,10 +900,7 @@ def memory_cmd(paths: tuple[str, ...]) -> None:
 def patience_cmd(paths: tuple[str, ...], values: str, out: str | None) -> None:
     """What a shorter early-stopping patience would have changed in the finished runs under
     PATHS, from their logs: selected epochs, validation accuracy lost, CPU time saved."""
-    try:
-        patiences = [int(v) for v in values.split(",") if v.strip()]
-    except ValueError:
-        raise UsageFailure(f"--values must be comma-separated integers, got {values!r}") from None
+    patiences = _integers("--values", values)
     if not patiences or min(patiences) < 1:
         raise UsageFailure(f"--values must be positive integers, got {values!r}")
     try:
