@@ -417,3 +417,21 @@ def test_rnn_rbm_scores_do_not_depend_on_the_evaluation_batches(jsb):
     assert (one["acc"], one["frames"]) == (many["acc"], many["frames"])
     assert one["acc_frame"] == pytest.approx(many["acc_frame"], rel=1e-12)
     assert one["nll"] == pytest.approx(many["nll"], rel=1e-6)
+
+
+def test_expected_accuracy_draws_each_sequence_from_its_own_generator():
+    """``expected_accuracy``: a sequence's draws depend on the seed and its frames alone: the
+    same with a copy of it beside it (the ratios per draw unchanged), in either order beside
+    another sequence; another seed draws others."""
+    from linmem.models import expected_accuracy
+
+    torch.manual_seed(0)
+    model = RNNRBM(n_visible=6, n_recurrent=3, n_hidden=4, predict_steps=10, burn_in=2).double()
+    g = torch.Generator().manual_seed(2)
+    a, b = [(torch.rand(n, 6, generator=g, dtype=torch.float64) < 0.4).double().numpy()
+            for n in (30, 17)]
+    alone = expected_accuracy(model, [a], 40, seed=5)
+    assert expected_accuracy(model, [a, a.copy()], 40, seed=5) == pytest.approx(alone, rel=1e-12)
+    assert expected_accuracy(model, [a, b], 40, 5) == expected_accuracy(model, [b, a], 40, 5)
+    assert expected_accuracy(model, [a], 40, seed=6) != alone
+    assert 0 < alone[0] < 1 and 0 < alone[1] < 0.2

@@ -40,7 +40,7 @@ from .data import N_KEYS, Batch, iterate_batches
 from .metrics import expected_accuracy_from_sums, masked_nll, sample_ratio_sums
 from .nade import NADE
 from .nn import LMN, NONLINEARITIES, UnrolledNet
-from .rnnrbm import PREDICTIONS, RNNRBM
+from .rnnrbm import PREDICTIONS, RNNRBM, sequence_keys
 from .rnns import GRU, LSTM, RNN
 
 __all__ = [
@@ -281,20 +281,23 @@ class NADEPredictor(NextStepPredictor):
 
 @torch.no_grad()
 def expected_accuracy(model: nn.Module, sequences: list, n_samples: int = 100, seed: int = 0,
-                      batch_size: int = 16, device: str | torch.device = "cpu"
-                      ) -> tuple[float, float]:
+                      device: str | torch.device = "cpu") -> tuple[float, float]:
     """Boulanger-Lewandowski et al.'s expected frame-level accuracy of next-step prediction over
     ``sequences`` and its standard error (fractions): ``n_samples`` frames drawn at every step
     from the model's own distribution (its ``sample_next``), scored by
-    :func:`linmem.metrics.expected_frame_accuracy`, accumulated over every valid frame."""
+    :func:`linmem.metrics.expected_frame_accuracy`, accumulated over every valid frame.
+
+    Each sequence draws from a generator of its own, seeded by ``seed`` and its frames
+    (:func:`linmem.rnnrbm.sequence_keys`): a sequence's draws do not depend on the others nor
+    on their order."""
     check_int("n_samples", n_samples)
     was_training = model.training
     model.eval()
-    gen = torch.Generator(device=device).manual_seed(seed)
     dtype = next(model.parameters()).dtype
     sums = counts = torch.zeros(n_samples, dtype=torch.float64)
-    for batch in iterate_batches(sequences, batch_size, dtype=dtype):
+    for batch in iterate_batches(sequences, 1, dtype=dtype):
         batch = batch.to(device)
+        gen = torch.Generator(device=device).manual_seed(sequence_keys(batch.inputs, seed)[0])
         v = model.sample_next(batch.inputs, batch.mask, n_samples, gen)
         ratio_sum, scored = sample_ratio_sums(v, batch.targets[batch.mask])
         sums, counts = sums + ratio_sum.cpu(), counts + scored.cpu()
