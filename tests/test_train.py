@@ -37,8 +37,10 @@ def test_metrics_file_and_scores(tmp_path, small):
     info = dict(line.split(":", 1) for line in open("/proc/cpuinfo").read().splitlines()
                 if ":" in line)
     info = {k.strip(): v.strip() for k, v in info.items()}
-    assert saved["machine"] == {"cpu": info["model name"],
+    assert saved["machine"] == {"cpu": f"{info['model name']} (family {info['cpu family']}, "
+                                       f"model {info['model']})",
                                 "avx512": "avx512f" in info["flags"].split(),
+                                "avx2": "avx2" in info["flags"].split(),
                                 "cpus": len(os.sched_getaffinity(0)),
                                 "threads": torch.get_num_threads()}
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]

@@ -113,15 +113,37 @@ def cpu_description() -> str:
     return f"{model or platform.processor() or platform.machine()} [{flags}]"
 
 
+def _cpu_generation() -> str:
+    """`` (family F, model M)`` of an x86 CPU from ``/proc/cpuinfo`` (empty elsewhere): a model
+    name such as "AMD EPYC" covers generations twice as fast as each other (Zen 1 is family 23
+    model 1, Zen 3 family 25)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if not line.strip() and fields:
+                break
+    except OSError:
+        return ""
+    if len(fields) < 2:
+        return ""
+    return f" (family {fields['cpu family']}, model {fields['model']})"
+
+
 def machine(device: str | torch.device | None = None) -> dict[str, Any]:
-    """Where a timing was taken (machines differ between sessions): the CPU's model name,
-    whether it has AVX-512 (which the LMN kernel's fastest variant needs), the CPUs this process
-    may run on and torch's threads; on a CUDA ``device`` the GPU's name too."""
+    """Where a timing was taken (machines differ between sessions): the CPU's model name with
+    its x86 family and model (:func:`_cpu_generation`), whether it has AVX-512 and AVX2 (which
+    the LMN kernel's variants need), the CPUs this process may run on and torch's threads; on a
+    CUDA ``device`` the GPU's name too."""
     name, _, flags = cpu_description().partition(" [")
     cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count())
-    info: dict[str, Any] = {"cpu": name, "avx512": "avx512f" in flags.rstrip("]").split(),
-                            "cpus": cpus, "threads": torch.get_num_threads()}
+    flags = flags.rstrip("]").split()
+    info: dict[str, Any] = {"cpu": name + _cpu_generation(), "avx512": "avx512f" in flags,
+                            "avx2": "avx2" in flags, "cpus": cpus,
+                            "threads": torch.get_num_threads()}
     if device is not None and torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
