@@ -25,6 +25,7 @@ from linmem.search import (
     make_storage,
     open_study,
     planned_record,
+    point_seconds,
     point_states,
     progress_records,
     project_points,
@@ -397,6 +398,41 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
         assert f"| jsb-lmn-b-tiny | 0 / 4 | {failed} | 0 |" in out.read_text()
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
+def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_dir):
+    """``stop_by``: a point's projected time is its study's finished points' stored time per
+    parameter times its own parameters; a worker starts no point that would end too late, says
+    which it left, and leaves; a study with nothing finished has nothing to project from: its
+    points are run."""
+    from linmem.train import check_size
+
+    config = _config(tmp_path, data_dir, models=["rnn", "gru"])
+    study = open_study(config, "jsb", "rnn")
+    points = grid_points("rnn", "tiny")
+    assert point_seconds(config, study, "rnn", points) == dict.fromkeys(points)
+    done = points[0]  # 4 units, finished elsewhere in 1e6 s (stored), as an imported trial
+    study.enqueue_trial(done.params)
+    trial = study.ask()
+    trial.suggest_categorical("hidden", [4, 8])
+    trial.set_user_attr("wall_time_s", 1e6)
+    study.tell(trial, 30.0)
+    n = {p: check_size(replace(config.base, model="rnn", hidden=p.hidden)) for p in points}
+    assert n[points[2]] > n[done]  # 8 units against 4
+    projected = point_seconds(config, study, "rnn", points)
+    assert projected == {p: pytest.approx(1e6 * n[p] / n[done]) for p in points}
+    lines: list[str] = []
+    counts = run_worker(replace(config, stop_by=time.time() + 1000), command="test",
+                        log=lines.append)
+    assert counts == {"jsb-rnn-tiny": {"done": 1, "todo": 3}, "jsb-gru-tiny": {"done": 4}}
+    assert sum("projected" in line for line in lines) == 1
+    assert lines[-1].startswith("[jsb-rnn-tiny] 3 point(s) left, none projected to end by ")
+    assert lines[-1].endswith(": not started")
+    # a deadline the points fit (the largest projected at 1.93e6 s) runs them
+    counts = run_worker(replace(config, stop_by=time.time() + 3e6), command="test",
+                        log=lambda _: None)
+    assert counts == {"jsb-rnn-tiny": {"done": 4}, "jsb-gru-tiny": {"done": 4}}
+
+
 def test_search_cli_passes_max_retry_and_wait(tmp_path, data_dir, monkeypatch, capsys):
     import linmem.search
     from linmem.cli import main
@@ -409,7 +445,18 @@ def test_search_cli_passes_max_retry_and_wait(tmp_path, data_dir, monkeypatch, c
         main(["search", "--grid", "tiny", "--out", str(tmp_path), "--data-dir", str(data_dir),
               *extra])
         config = seen.pop()
-        assert (config.max_retry, config.wait) == (expected, wait)
+        assert (config.max_retry, config.wait, config.stop_by) == (expected, wait, None)
+    from datetime import datetime
+
+    for when, at in (("2h30m", time.time() + 9000), ("45s", time.time() + 45),
+                     ("2026-11-25T07:10", datetime(2026, 11, 25, 7, 10).timestamp())):
+        main(["search", "--grid", "tiny", "--out", str(tmp_path), "--data-dir", str(data_dir),
+              "--stop-by", when])
+        assert seen.pop().stop_by == pytest.approx(at, abs=5)
+    for bad in ("tomorrow", "", "2h30"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["search", "--grid", "tiny", "--out", str(tmp_path), "--stop-by", bad])
+        assert exit_.value.code == 2 and not seen
     for command in ("search", "progress"):  # the help names the default it falls back to
         main([command, "--help"])
         assert f"[default: {MAX_RETRY}]" in " ".join(capsys.readouterr().out.split())

@@ -7,9 +7,11 @@ Usage errors (unknown data set or model, bad sizes, missing data) print one line
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,22 @@ def _positive(ctx, param, value):
     if value is not None and value < 1:
         raise click.BadParameter(f"must be a positive integer, got {value}")
     return value
+
+
+def _stop_by(ctx, param, value: str | None) -> float | None:
+    """``--stop-by``: a time (ISO 8601, local time without a zone) or a duration from now
+    (``2h30m``, ``90m``, ``45s``), as a Unix time."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", value.strip())
+    if value.strip() and match:
+        h, m, sec = (int(g or 0) for g in match.groups())
+        return time.time() + 3600 * h + 60 * m + sec
+    try:
+        return datetime.fromisoformat(value.strip()).timestamp()
+    except ValueError:
+        raise click.BadParameter(f"expected a time (2026-11-25T07:10) or a duration (2h30m), "
+                                 f"got {value!r}") from None
 
 
 def _clip(ctx, param, value):
@@ -371,13 +389,19 @@ _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Wait for the points running in other workers (to take over if one dies), "
                    "or leave them to their workers and exit once no point is left to start.")
+@click.option("--stop-by", "stop_by", default=None, callback=_stop_by, metavar="WHEN",
+              help="A time (2026-11-25T07:10, local) or a duration from now (2h30m): start no "
+                   "point projected to end after it (from the study's finished points' times "
+                   "per parameter) and exit when none is left that fits; a point already "
+                   "running goes on. For a machine or batch job with a time limit.")
 @_max_retry_option
 @_run_options
 @click.option("--quiet", is_flag=True)
 def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
                storage: str | None, out: str, jobs: int, pruner: str, prune_warmup: int,
                subset: int | None, heartbeat: int, grace: int | None, poll: float, wait: bool,
-               max_retry: int | None, quiet: bool, **train_options) -> None:
+               stop_by: float | None, max_retry: int | None, quiet: bool,
+               **train_options) -> None:
     """Grid search on validation (--select: accuracy or NLL), one Optuna study per (data set,
     model).
 
@@ -392,7 +416,7 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
             data=datasets, models=models, grid=grid, out_dir=out, storage=storage,
             base=TrainConfig.from_dict(train_options), pruner=pruner,
             prune_warmup=prune_warmup, subset=subset, heartbeat_interval=heartbeat,
-            grace_period=grace, poll_s=poll, progress=not quiet, wait=wait,
+            grace_period=grace, poll_s=poll, progress=not quiet, wait=wait, stop_by=stop_by,
             **({} if max_retry is None else {"max_retry": max_retry}))
         if config.base.data_dir is not None and not Path(config.base.data_dir).is_dir():
             raise ValueError(f"--data-dir {config.base.data_dir}: no such directory")

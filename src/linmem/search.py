@@ -29,6 +29,9 @@ How workers share a study without losing or repeating work:
   it has been up for a grace period (so that the trials of workers that died before it started
   have been failed and taken over): a worker that has other work to do goes on to it, rather than
   idling through another's last trial.
+- With a deadline (``stop_by``, ``linmem search --stop-by``) a worker starts no point projected
+  to end after it (:func:`point_seconds`) and leaves when none that fits is left: on a machine
+  with a time limit, no point is cut off half-way.
 
 Selection is on validation accuracy only (:func:`select`); the test scores of the other trials are
 stored with them but never used to choose.
@@ -68,12 +71,12 @@ from .data import load_polyphonic, resolve_name
 from .models import get_spec
 from .recipes import run as run_training
 from .report import expected_fields, run_cpu_seconds
-from .train import PLACE_FIELDS, TrainConfig, TrainingDiverged
+from .train import PLACE_FIELDS, TrainConfig, TrainingDiverged, check_size
 
 __all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "count_points",
            "default_storage", "export_studies", "grid_points", "import_studies", "make_storage",
-           "open_study", "planned_record", "point_states", "progress_records", "project_points",
-           "run_search", "run_worker", "search_records", "seeds_record", "select",
+           "open_study", "planned_record", "point_seconds", "point_states", "progress_records",
+           "project_points", "run_search", "run_worker", "search_records", "seeds_record", "select",
            "select_per_frame", "sqlite_path", "study_name", "trial_point"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -256,6 +259,7 @@ class SearchConfig:
     poll_s: float = 10.0
     progress: bool = True
     wait: bool = True  # False: leave points running in live workers to them (module docstring)
+    stop_by: float | None = None  # a Unix time: start no point projected to end after it
 
     def __post_init__(self) -> None:
         _check_grid(self.grid)
@@ -389,6 +393,37 @@ def _load_data(config: SearchConfig, name: str) -> dict[str, list[np.ndarray]]:
     return data
 
 
+def point_seconds(config: SearchConfig, study, model: str, points: Sequence[Point]
+                  ) -> dict[Point, float | None]:
+    """Each point's projected wall time in seconds: the study's finished points' stored times
+    (complete and pruned, :func:`_trial_seconds`) per model parameter, times the point's
+    parameters (counted on the meta device, :func:`linmem.train.check_size`): a point of 750
+    units costs more than one of 250. None where none of the study's points has finished yet.
+    The times are those of the machines that ran the points."""
+
+    def n_params(point: Point) -> int:
+        return check_size(replace(config.base, data=study.user_attrs["data"], model=model,
+                                  hidden=point.hidden, memory=point.memory))
+
+    seconds = params = 0.0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        point = trial_point(t)
+        if point is not None and "duplicate_of" not in t.user_attrs:
+            seconds, params = seconds + _trial_seconds(t), params + n_params(point)
+    if not params:
+        return dict.fromkeys(points)
+    return {p: seconds / params * n_params(p) for p in points}
+
+
+def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> set[Point]:
+    """The points of ``points`` projected to end after ``config.stop_by`` (none without it)."""
+    if config.stop_by is None or not points:
+        return set()
+    left = config.stop_by - time.time()
+    return {p for p, s in point_seconds(config, study, model, points).items()
+            if s is not None and s > left}
+
+
 def run_worker(config: SearchConfig, command: str | None = None,
                log: Callable[[str], None] | None = None) -> dict[str, dict[str, int]]:
     """Work on the studies of ``config`` until every point is done or failed (see the module
@@ -411,11 +446,20 @@ def run_worker(config: SearchConfig, command: str | None = None,
     while True:
         checked = time.monotonic()  # stale trials are failed below, from this time on
         busy = False
+        late: dict[str, int] = {}  # study: points left that are projected to end too late
         for data, model, study in studies:
             optuna.storages.fail_stale_trials(study)
             states = point_states(study, points[id(study)], config.max_retry)
             todo = [p for p, s in states.items() if s == "todo"]
-            waiting = any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False))
+            queued = [trial_point(t) for t in study.get_trials(deepcopy=False)
+                      if t.state == TrialState.WAITING]
+            too_late = _late(config, study, model, todo + [p for p in queued if p is not None])
+            if too_late:
+                late[study.study_name] = len(too_late)
+                todo = [p for p in todo if p not in too_late]
+            waiting = bool(queued)
+            if any(p in too_late for p in queued):  # the next trial to run would end too late
+                todo, waiting = [], False
             if not todo and not waiting:
                 busy = busy or any(s == "running" for s in states.values())
                 continue
@@ -445,6 +489,12 @@ def run_worker(config: SearchConfig, command: str | None = None,
             # points running elsewhere: wait, to take over the dead; without wait, only until
             # the trials of workers dead before this one started were stale when checked
             # above (and so failed and retried; a second's margin for the stored clock)
+            if late:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(config.stop_by))
+                for name, n in late.items():
+                    log(f"[{name}] {n} point(s) left, none projected to end by {when}: "
+                        "not started")
+                break
             if not busy or (not config.wait and checked - up_since > grace + 1.0):
                 break
             time.sleep(config.poll_s)
