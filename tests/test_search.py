@@ -660,6 +660,45 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
     assert exc.value.code == 2
 
 
+def test_report_of_an_imported_study_keeps_what_its_runs_held(tmp_path, data_dir):
+    """A study imported from another machine, its trials older than the threshold attributes
+    (dropped from the journal), its runs left there: `linmem report` into the same results
+    keeps the selected run's threshold scores from the ``selected/`` copy of the last report
+    (none without it); ``search_trials.json`` lists the studies by name whatever the storage's
+    order."""
+    import shutil
+
+    from linmem.cli import main
+    from linmem.search import export_studies
+
+    config = _config(tmp_path, data_dir, models=["rnn", "gru"])
+    run_worker(config, command="test", log=lambda _: None)
+    storage, results = default_storage(config.out_dir), tmp_path / "results"
+    main(["report", "--storage", storage, "--grid", "tiny", "--out", str(results)])
+    first = json.loads((results / "summary.json").read_text())
+    assert all(r["valid_threshold"] is not None for r in first)
+    names = [t["study"] for t in json.loads((results / "search_trials.json").read_text())]
+    assert names == ["jsb-gru-tiny", "jsb-rnn-tiny"]  # the storage made rnn's first
+    export = tmp_path / "studies.jsonl"
+    export_studies(storage, export)
+    lines = [json.loads(line) for line in export.read_text().splitlines()]
+    for line in lines:  # trials stored before the threshold attributes
+        for key in ("valid_threshold", "test_acc_at_valid_threshold"):
+            line.get("user_attrs", {}).pop(key, None)
+    assert "valid_threshold" in export.read_text()
+    export.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert "valid_threshold" not in export.read_text()
+    shutil.rmtree(tmp_path / "runs")
+    storage2 = default_storage(tmp_path / "elsewhere")
+    main(["search-import", str(export), "--storage", storage2])
+    main(["report", "--storage", storage2, "--grid", "tiny", "--out", str(results)])
+    assert json.loads((results / "summary.json").read_text()) == first
+    shutil.rmtree(results / "selected")
+    main(["report", "--storage", storage2, "--grid", "tiny", "--out", str(results)])
+    assert all(r["valid_threshold"] is None
+               for r in json.loads((results / "summary.json").read_text()))
+
+
 def test_projection_scales_a_models_cost_from_other_data_sets():
     """A study with no finished point is projected from its model's points on other data sets,
     scaled by the data sets' cost ratio over the models both have finished, those of its own

@@ -49,6 +49,7 @@ from .report import (
     seed_groups,
     seeds_markdown,
     summary_file_records,
+    with_selected_run_fields,
     write_search_report,
 )
 from .train import (
@@ -474,6 +475,9 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                            "pass --storage)")
     records = ([] if database is not None and not database.is_file() else
                search_records(storage, None if grid == "all" else grid, runs_root))
+    # a study imported from another machine: what its run directories held, from the last report
+    records = [with_selected_run_fields(r, Path(out) / "selected") if "test_acc" in r else r
+               for r in records]
     if not records and not (summaries or runs):
         raise UsageFailure(f"no study of grid {grid!r} in {storage}")
     if runs:

@@ -25,7 +25,8 @@ __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields",
            "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
            "plot_run", "previous_frame_report", "progress_markdown", "run_cpu_seconds",
            "run_records", "seed_groups", "seeds_markdown", "stop_early", "summary_file_records",
-           "summary_records", "table2_markdown", "write_search_report"]
+           "summary_records", "table2_markdown", "with_selected_run_fields",
+           "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -518,6 +519,21 @@ def run_records(runs: Sequence[dict]) -> list[dict]:
     return records
 
 
+def with_selected_run_fields(record: dict, selected: str | os.PathLike) -> dict:
+    """``record`` with the scores it lacks (:data:`SELECTED_RUN_FIELDS`) read from the
+    ``metrics.json`` that an earlier report copied to ``selected/DATA-MODEL``, when that run is
+    the record's configuration (the same sizes, weight decay and scores): an older
+    ``summary.json``, or a study imported from a machine where its run directories stayed."""
+    run = Path(selected) / f"{record['dataset']}-{record['model']}" / "metrics.json"
+    if all(record.get(k) is not None for k in SELECTED_RUN_FIELDS) or not run.is_file():
+        return record
+    m = read_json(run)
+    if any(m.get(k) != record.get(k) for k in ("hidden", "memory", "weight_decay", "valid_acc",
+                                               "test_acc")):
+        return record
+    return {**record, **{k: m.get(k) for k in SELECTED_RUN_FIELDS if record.get(k) is None}}
+
+
 def summary_file_records(path: str | os.PathLike) -> list[dict]:
     """Records of an earlier report's ``summary.json`` (a search whose storage is not at hand),
     in the form of :func:`linmem.search.search_records`' for :func:`table2_markdown`; marked
@@ -544,13 +560,7 @@ def summary_file_records(path: str | os.PathLike) -> list[dict]:
         failed = r.get("points_failed", r.get("trials_failed") or 0)
         if "points_failed" not in r and done is not None:
             failed = min(failed, r["grid_points"] - done)
-        selected = Path(path).parent / "selected" / f"{r['dataset']}-{r['model']}"
-        if any(r.get(k) is None for k in SELECTED_RUN_FIELDS) and \
-                (selected / "metrics.json").is_file():
-            m = read_json(selected / "metrics.json")
-            if all(m.get(k) == r.get(k) for k in ("hidden", "memory", "weight_decay",
-                                                   "valid_acc", "test_acc")):
-                r = {**r, **{k: m.get(k) for k in SELECTED_RUN_FIELDS if r.get(k) is None}}
+        r = with_selected_run_fields(r, Path(path).parent / "selected")
         records.append({
             **r, "study": None if r.get("grid") == "runs" else study,
             "points_done": done, "points_failed": failed,
@@ -1024,10 +1034,12 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
             write_json(out_dir / f"{name}.json", fig)
         if fig["curves"]:
             plot_figure4(fig, out_dir / f"{name}.png")
+    in_order = sorted(records, key=lambda r: (r.get("study") is None, str(r.get("study")),
+                                              r["dataset"], r["model"]))  # not the storage's
     write_json(out_dir / "search_trials.json", [
         {k: v for k, v in r.items() if k in ("study", "dataset", "model", "grid", "subset",
                                               "grid_points", "points_done", "grid_complete",
-                                              "trials_run")} for r in records])
+                                              "trials_run")} for r in in_order])
     for r in summary:
         run = Path(r["run_dir"]) if r["grid"] == "runs" else Path(runs_root) / str(r["run_dir"])
         if run.is_dir():

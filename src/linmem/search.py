@@ -363,7 +363,8 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
             raise
         for key in ("valid_acc", "valid_nll", "test_acc", "test_nll", "test_nll_se",
                     "valid_acc_frame", "test_acc_frame", "test_acc_expected",
-                    "test_acc_expected_se", "n_params", "epochs", "best_epoch", "wall_time_s",
+                    "test_acc_expected_se", "valid_threshold", "test_acc_at_valid_threshold",
+                    "n_params", "epochs", "best_epoch", "wall_time_s",
                     "commit", "data_sha256", "seed", "command"):
             if key in metrics:  # rnn-rbm: no valid_nll (its NLL is estimated on test only)
                 trial.set_user_attr(key, metrics[key])
