@@ -181,7 +181,8 @@ results-report: install
 T2_PLAN = $(foreach d,nottingham piano musedata,$(foreach m,$(T2_MODELS),--plan $(d):$(m):reduced)) \
 	--plan jsb:pret-rnn:paper \
 	$(foreach m,lmn-b pret-lmn-b lstm,--plan-seeds jsb:$(m):paper \
-	  $(foreach d,nottingham piano musedata,--plan-seeds $(d):$(m):reduced))
+	  $(foreach d,nottingham piano musedata,--plan-seeds $(d):$(m):reduced)) \
+	$(foreach d,nottingham piano musedata,--plan-run $(d):results/rnn-rbm/jsb-rnn-rbm-h100-r150)
 results-progress: install
 	$(VENV)/bin/linmem progress --storage sqlite:///runs/search/search.db --runs-root . --summary results/summary.json \
 	  $$(ls -d results/rnn-rbm results/seeds 2>/dev/null | sed 's/^/--run /') $(T2_PLAN) --out results/progress.md

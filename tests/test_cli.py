@@ -75,6 +75,7 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     assert expected["expected_samples"] == 20 and expected["expected_seed"] == 4
     assert written["seed"] == 4 and written["data_sha256"] == metrics["data_sha256"]
     assert written["command"] and written["wall_time_s"] > 0  # (in-process: pytest's argv)
+    assert 0 < written["cpu_time_s"] <= written["wall_time_s"] * 4  # its CPU time (progress)
     assert written["commit"] == metrics["commit"]
     from linmem.report import collect_metrics
 

@@ -333,6 +333,53 @@ def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
     assert run_cpu_seconds(run) == 7.75
     (run / "metrics.json").write_text('{"wall_time_s": 20.0, "cpu_time_s": 9.0}')
     assert run_cpu_seconds(run) == 9.0
+    # the scoring of its expected accuracy, a process of its own, counts too
+    (run / "expected.json").write_text('{"wall_time_s": 6.0}')
+    assert run_cpu_seconds(run) == 15.0
+    (run / "expected.json").write_text('{"wall_time_s": 6.0, "cpu_time_s": 5.0}')
+    assert run_cpu_seconds(run) == 14.0
+
+
+def test_a_planned_single_run_is_projected_from_another_data_sets_run(tmp_path):
+    """``--plan-run DATA:RUN``: RUN's training CPU time scaled by the training and validation
+    frames, its expected accuracy's by the test frames over those it scored; left out once a
+    run of the model on DATA is among --run; a bad plan is a usage error."""
+    from linmem.cli import main
+    from linmem.data import DATASETS
+    from linmem.search import planned_run_record
+
+    run = tmp_path / "rnn-rbm" / "jsb-run"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text('{"data": "jsb", "model": "rnn-rbm"}')
+    (run / "log.jsonl").write_text('{"epoch": 1, "epoch_cpu_s": 3000.0}\n')
+    (run / "metrics.json").write_text('{"wall_time_s": 4000.0, "cpu_time_s": 3600.0}')
+    (run / "expected.json").write_text(json.dumps(
+        {"test": {"frames": 4648, "acc_expected": 27.3}, "valid": {"frames": 4526},
+         "cpu_time_s": 200.0}))  # expected accuracy on the test split only
+    jsb, muse = DATASETS["jsb"].n_frames, DATASETS["musedata"].n_frames
+    record = planned_run_record("MuseData", run)
+    per = 3600.0 * (muse[0] + muse[1]) / (jsb[0] + jsb[1]) + 200.0 * muse[2] / 4648
+    assert record["left_cpu_s"] == pytest.approx(per) and per > 10 * 3600
+    assert (record["dataset"], record["model"], record["todo"]) == ("musedata", "rnn-rbm", 1)
+    with pytest.raises(ValueError, match="no run there"):
+        planned_run_record("musedata", tmp_path)
+
+    config = _config(tmp_path, tmp_path)
+    storage = default_storage(config.out_dir)
+    make_storage(storage)
+    out = tmp_path / "progress.md"
+    plan = ["--plan-run", f"musedata:{run}", "--plan-run", f"jsb:{run}"]
+    main(["progress", "--storage", storage, "--run", str(tmp_path / "rnn-rbm"), *plan,
+          "--out", str(out)])
+    text = out.read_text()
+    assert (f"| musedata-rnn-rbm (planned run, from {run}) | 0 / 1 | 0 | 0 | 0.00 | "
+            f"{per / 3600:.2f} (another data set's run, scaled) | {per / 3600:.2f} |") in text
+    assert "jsb-rnn-rbm (planned" not in text  # made: it is among --run
+    assert f"projected CPU hours left for the studies above: **{per / 3600:.1f}**" in text
+    assert f"CPU hours logged: **{3800 / 3600:.1f}**" in text  # training and scoring
+    with pytest.raises(SystemExit) as exit_:
+        main(["progress", "--storage", storage, "--plan-run", f"mnist:{run}"])
+    assert exit_.value.code == 2
 
 
 def test_run_cpu_seconds_counts_a_killed_ulm_stage_for_the_run_that_trained_it(tmp_path):

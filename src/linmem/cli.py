@@ -537,10 +537,15 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
               help="Also the N (default 3) seeds of the study's selected configuration "
                    "(`linmem reseed`), those found among --run (DATA-MODEL-sK or "
                    "DATA-MODEL/sK, finished) left out.")
+@click.option("--plan-run", "run_plans", multiple=True, metavar="DATA:RUN",
+              help="Also a single run still to make: RUN's configuration (a finished run on "
+                   "another data set) on DATA, projected from RUN scaled by the data sets' "
+                   "frames; left out once a run of that model on DATA is among --run.")
 @_max_retry_option
 def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str, ...],
                  summaries: tuple[str, ...], out: str | None, plans: tuple[str, ...],
-                 seed_plans: tuple[str, ...], max_retry: int | None) -> None:
+                 seed_plans: tuple[str, ...], run_plans: tuple[str, ...],
+                 max_retry: int | None) -> None:
     """Where the searches stand: points done per study, the CPU hours their runs logged, the
     hours projected for the rest; nothing is run (safe beside running workers)."""
     import datetime
@@ -549,6 +554,7 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
         MAX_RETRY,
         default_storage,
         planned_record,
+        planned_run_record,
         progress_records,
         project_points,
         seeds_record,
@@ -610,6 +616,23 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
                                         runs_root))
         except (ValueError, KeyError) as err:
             raise UsageFailure(f"--plan-seeds {plan}: {err}") from None
+    made = set()  # (data set, model) of the single runs given
+    for p, _ in singles:
+        config = Path(p) / "config.json"
+        if config.is_file():
+            c = read_json(config)
+            try:
+                made.add((resolve_name(c["data"]), c["model"]))
+            except ValueError:  # a data set file of its own that is not here
+                continue
+    for plan in run_plans:
+        data, _, run = plan.partition(":")
+        try:
+            record = planned_run_record(data, run)
+        except (ValueError, KeyError) as err:
+            raise UsageFailure(f"--plan-run {plan}: {err}") from None
+        if (record["dataset"], record["model"]) not in made:
+            studies.append(record)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = progress_markdown(studies, singles, command_line(), when)
     if out is None:
@@ -734,8 +757,8 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
 def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, device: str,
                  expected: int | None, seed: int, out: str | None) -> None:
     """Re-score the checkpoint of RUN_DIR; prints JSON (accuracies in percent) with the command,
-    commit, seed, data checksum and wall time."""
-    started = time.perf_counter()
+    commit, seed, data checksum, wall and CPU time."""
+    started, cpu_started = time.perf_counter(), time.process_time()
     try:
         model, config = load_run_model(run_dir, which, device)
         data = load_polyphonic(config.data, root=data_dir or config.data_dir)
@@ -755,6 +778,7 @@ def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, dev
                                 expected_samples=expected, expected_seed=seed)
     result.update(provenance(command_line(), git_commit(), seed if expected else None, checksum,
                              time.perf_counter() - started))
+    result["cpu_time_s"] = time.process_time() - cpu_started
     if out is not None:
         write_json(out, result)
     click.echo(json.dumps(result, indent=2))

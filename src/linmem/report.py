@@ -24,9 +24,9 @@ __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields",
            "markdown_table", "memory_markdown", "memory_radii", "patience_markdown",
            "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
            "plot_run", "previous_frame_report", "progress_markdown", "run_cpu_seconds",
-           "run_records", "seed_groups", "seeds_markdown", "stop_early", "summary_file_records",
-           "summary_records", "table2_markdown", "with_selected_run_fields",
-           "write_search_report"]
+           "run_records", "scoring_cpu_seconds", "seed_groups", "seeds_markdown", "stop_early",
+           "summary_file_records", "summary_records", "table2_markdown", "training_cpu_seconds",
+           "with_selected_run_fields", "write_search_report"]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -91,11 +91,26 @@ def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
     of a run that failed by diverging, its last attempt's), else its epochs' in
     ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
     there), and the pretraining's (``pretraining.json``) once; 0 for a run that has written
-    neither. The CPU time where it is recorded, else the wall time (one thread per run).
+    neither; and the scoring of its expected accuracy (``expected.json``, ``linmem evaluate
+    --expected``), a process of its own. The CPU time where it is recorded, else the wall time
+    (one thread per run).
 
     The unrolled network of a pret-LMN run counts for the run that trained it, every session's
     (:func:`_ulm_before_seconds`): in flight, ``run_dir/ulm``'s epochs; once pretrained, what
     its earlier, killed processes spent on it beside the recipe's own clock."""
+    return training_cpu_seconds(run_dir) + scoring_cpu_seconds(run_dir)
+
+
+def scoring_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds of a run's expected accuracy (``expected.json``; its wall time where it
+    did not record them); 0 without one."""
+    expected = Path(run_dir) / "expected.json"
+    return _seconds(read_json(expected), "cpu_time_s", "wall_time_s") if expected.is_file() \
+        else 0.0
+
+
+def training_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """:func:`run_cpu_seconds` less the expected accuracy's scoring."""
     run_dir = Path(run_dir)
     epochs = sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in _log_rows(run_dir))
     if (run_dir / "pretraining.json").is_file():
@@ -153,7 +168,9 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
                                               "model": " (model's, scaled)",
                                               "model, other grid": " (model's in another grid, "
                                                                    "scaled)",
-                                              "selected run": " (selected run's)"
+                                              "selected run": " (selected run's)",
+                                              "run, scaled": " (another data set's run, "
+                                                             "scaled)"
                                               }.get(r["left_from"], "")
         if r["mean_point_cpu_s"] is None and r["left_cpu_s"] == 0.0:
             per = "–"  # nothing left, nothing to project from
@@ -192,7 +209,11 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "grid, scaled\"), else its data set's mean over every model. Seeds still "
               "to run (`--plan-seeds`): each at the CPU time of the study's selected run, with "
               "its unrolled network's when it read that from the cache (a seed trains its own); "
-              "the seeds run so far count as single runs."]
+              "the seeds run so far count as single runs. A single run still to make "
+              "(`--plan-run`, an RNN-RBM): another data set's run of the same configuration, its "
+              "training scaled by the two data sets' training and validation frames, its "
+              "expected accuracy's scoring by the frames scored (\"another data set's run, "
+              "scaled\"); a run's scoring (`expected.json`) counts in its CPU time."]
     return "\n".join(lines + _made_by(command, when)) + "\n"
 
 

@@ -67,17 +67,23 @@ from optuna.trial import TrialState
 from ._check import check_int
 from ._io import atomic_write, command_line, read_json
 from ._threads import usable_cpus
-from .data import load_polyphonic, resolve_name
+from .data import DATASETS, load_polyphonic, resolve_name
 from .models import get_spec
 from .recipes import run as run_training
-from .report import expected_fields, run_cpu_seconds
+from .report import (
+    expected_fields,
+    run_cpu_seconds,
+    scoring_cpu_seconds,
+    training_cpu_seconds,
+)
 from .train import PLACE_FIELDS, TrainConfig, TrainingDiverged, check_size
 
 __all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "count_points",
            "default_storage", "export_studies", "grid_points", "import_studies", "make_storage",
-           "open_study", "planned_record", "point_seconds", "point_states", "progress_records",
-           "project_points", "run_search", "run_worker", "search_records", "seeds_record", "select",
-           "select_per_frame", "sqlite_path", "study_name", "trial_point"]
+           "open_study", "planned_record", "planned_run_record", "point_seconds", "point_states",
+           "progress_records", "project_points", "run_search", "run_worker", "search_records",
+           "seeds_record", "select", "select_per_frame", "sqlite_path", "study_name",
+           "trial_point"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 MAX_RETRY = 10  # a point whose worker died more often than this is failed (module docstring)
@@ -673,6 +679,33 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
             "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": todo,
             "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": "selected run",
             "left_cpu_s": None if per is None and todo else todo * (per or 0.0)}
+
+
+def planned_run_record(data: str, run: str | os.PathLike) -> dict:
+    """The progress record of a single run still to make (an RNN-RBM): the configuration of
+    ``run``, a finished run on another data set, on ``data``. Projected at ``run``'s training
+    CPU time scaled by the two data sets' training and validation frames (an epoch's work; the
+    epochs to early stopping taken as equal), plus the scoring of its expected accuracy
+    (``expected.json``) scaled by ``data``'s test frames over the frames ``run`` scored (the
+    Makefile scores the test split)."""
+    run = Path(run)
+    if not (run / "config.json").is_file():
+        raise ValueError(f"{run}: no run there (config.json)")
+    config = read_json(run / "config.json")
+    data, source = resolve_name(data), resolve_name(config["data"])
+    if data not in DATASETS or source not in DATASETS:
+        raise ValueError("both data sets must be known ones (linmem.data.DATASETS)")
+    frames = {name: DATASETS[name].n_frames for name in (data, source)}
+    per = training_cpu_seconds(run) * sum(frames[data][:2]) / sum(frames[source][:2])
+    if (run / "expected.json").is_file():
+        scored = sum(v["frames"] for v in read_json(run / "expected.json").values()
+                     if isinstance(v, dict) and "acc_expected" in v)
+        per += scoring_cpu_seconds(run) * frames[data][2] / max(scored, 1)
+    return {"study": f"{data}-{config['model']} (planned run, from {run})", "dataset": data,
+            "model": config["model"], "grid": "runs", "grid_points": 1, "states": {"todo": 1},
+            "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": 1,
+            "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": "run, scaled",
+            "left_cpu_s": per}
 
 
 def planned_record(data: str, model: str, grid: str) -> dict:
