@@ -20,8 +20,9 @@ from .models import REGISTRY
 from .nn import memory_loop_gains, memory_radii_of
 from .train import load_checkpoint
 
-__all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "expected_fields", "figure4_data",
-           "markdown_table", "memory_markdown", "memory_radii", "patience_markdown",
+__all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "epochs_cpu_seconds",
+           "expected_fields", "figure4_data", "markdown_table", "memory_markdown", "memory_radii",
+           "patience_markdown",
            "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
            "plot_run", "previous_frame_report", "progress_markdown", "run_cpu_seconds",
            "run_records", "scoring_cpu_seconds", "seed_groups", "seeds_markdown", "stop_early",
@@ -109,10 +110,16 @@ def scoring_cpu_seconds(run_dir: str | os.PathLike) -> float:
         else 0.0
 
 
+def epochs_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds of a run's logged epochs (``log.jsonl``: training and validation; the
+    wall time where they did not record it)."""
+    return sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in _log_rows(Path(run_dir)))
+
+
 def training_cpu_seconds(run_dir: str | os.PathLike) -> float:
     """:func:`run_cpu_seconds` less the expected accuracy's scoring."""
     run_dir = Path(run_dir)
-    epochs = sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in _log_rows(run_dir))
+    epochs = epochs_cpu_seconds(run_dir)
     if (run_dir / "pretraining.json").is_file():
         record = read_json(run_dir / "pretraining.json")
         pretraining = _seconds(record, "cpu_time_s", "wall_time_s")
@@ -211,9 +218,10 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "its unrolled network's when it read that from the cache (a seed trains its own); "
               "the seeds run so far count as single runs. A single run still to make "
               "(`--plan-run`, an RNN-RBM): another data set's run of the same configuration, its "
-              "training scaled by the two data sets' training and validation frames, its "
-              "expected accuracy's scoring by the frames scored (\"another data set's run, "
-              "scaled\"); a run's scoring (`expected.json`) counts in its CPU time."]
+              "epochs scaled by the two data sets' training and validation frames, its final "
+              "scoring as it is (a fixed sample of frames for the AIS), its expected accuracy's "
+              "scoring by the frames scored (\"another data set's run, scaled\"); a run's "
+              "scoring (`expected.json`) counts in its CPU time."]
     return "\n".join(lines + _made_by(command, when)) + "\n"
 
 

@@ -71,6 +71,7 @@ from .data import DATASETS, load_polyphonic, resolve_name
 from .models import get_spec
 from .recipes import run as run_training
 from .report import (
+    epochs_cpu_seconds,
     expected_fields,
     run_cpu_seconds,
     scoring_cpu_seconds,
@@ -683,11 +684,12 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
 
 def planned_run_record(data: str, run: str | os.PathLike) -> dict:
     """The progress record of a single run still to make (an RNN-RBM): the configuration of
-    ``run``, a finished run on another data set, on ``data``. Projected at ``run``'s training
-    CPU time scaled by the two data sets' training and validation frames (an epoch's work; the
-    epochs to early stopping taken as equal), plus the scoring of its expected accuracy
-    (``expected.json``) scaled by ``data``'s test frames over the frames ``run`` scored (the
-    Makefile scores the test split)."""
+    ``run``, a finished run on another data set, on ``data``. Projected at ``run``'s epochs' CPU
+    time scaled by the two data sets' training and validation frames (an epoch's work; the
+    epochs to early stopping taken as equal), the rest of its training as it is (the final
+    scoring, whose AIS estimate of the NLL takes a fixed number of frames), and the scoring of
+    its expected accuracy (``expected.json``) scaled by ``data``'s test frames over the frames
+    ``run`` scored (the Makefile scores the test split)."""
     run = Path(run)
     if not (run / "config.json").is_file():
         raise ValueError(f"{run}: no run there (config.json)")
@@ -696,7 +698,9 @@ def planned_run_record(data: str, run: str | os.PathLike) -> dict:
     if data not in DATASETS or source not in DATASETS:
         raise ValueError("both data sets must be known ones (linmem.data.DATASETS)")
     frames = {name: DATASETS[name].n_frames for name in (data, source)}
-    per = training_cpu_seconds(run) * sum(frames[data][:2]) / sum(frames[source][:2])
+    epochs = epochs_cpu_seconds(run)
+    per = (epochs * sum(frames[data][:2]) / sum(frames[source][:2])
+           + max(training_cpu_seconds(run) - epochs, 0.0))
     if (run / "expected.json").is_file():
         scored = sum(v["frames"] for v in read_json(run / "expected.json").values()
                      if isinstance(v, dict) and "acc_expected" in v)
