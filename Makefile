@@ -144,16 +144,20 @@ results-chunking: install
 # About 60 CPU hours; the background scripts that ran it here split the same commands over two
 # one-thread workers.
 T2_JOBS ?= 2
+# a machine with a time limit: T2_STOP_BY=2026-11-25T07:10 (a time, not a duration: the
+# searches start one after another) starts no search point that would end after it (`linmem
+# search --stop-by`); the seeds and the RNN-RBMs that follow are single runs it does not hold
+T2_STOP_BY ?=
 T2_RUN = OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem
 T2_MODELS = lmn-b lstm lmn-a gru rnn pret-lmn-b pret-rnn
-T2_SEARCH = $(T2_RUN) search $(foreach m,$(T2_MODELS),--model $(m)) --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet
+T2_SEARCH = $(T2_RUN) search $(foreach m,$(T2_MODELS),--model $(m)) --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 RBM_ALL = --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
 SELECTED = $(PY) -c "import json, sys; print(next(r['run_dir'] for r in json.load(open('results/summary.json')) if (r['dataset'], r['model']) == tuple(sys.argv[1:])))"
 STUDIES = results/search-studies.jsonl
 results-table2: install
 	[ ! -f $(STUDIES) ] || $(T2_RUN) search-import $(STUDIES)
 	for d in nottingham piano muse; do $(T2_SEARCH) --data $$d && $(T2_RUN) search-export $(STUDIES); done
-	$(T2_RUN) search --data jsb --model pret-rnn --grid paper --jobs $(T2_JOBS) --out runs/search --quiet
+	$(T2_RUN) search --data jsb --model pret-rnn --grid paper --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 	$(T2_RUN) search-export $(STUDIES)
 	for d in nottingham piano musedata; do $(T2_RUN) train --data $$d $(RBM_ALL) --out runs/rnn-rbm/$$d-rnn-rbm-h100-r150; done
 	for d in nottingham piano musedata; do run=runs/rnn-rbm/$$d-rnn-rbm-h100-r150; \
