@@ -494,15 +494,15 @@ def run_worker(config: SearchConfig, command: str | None = None,
                     " points done)")
             break
         else:
-            # points running elsewhere: wait, to take over the dead; without wait, only until
-            # the trials of workers dead before this one started were stale when checked
-            # above (and so failed and retried; a second's margin for the stored clock)
-            if late:
+            if late:  # the points left would end after the deadline: leave
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(config.stop_by))
                 for name, n in late.items():
                     log(f"[{name}] {n} point(s) left, none projected to end by {when}: "
                         "not started")
                 break
+            # points running elsewhere: wait, to take over the dead; without wait, only until
+            # the trials of workers dead before this one started were stale when checked
+            # above (and so failed and retried; a second's margin for the stored clock)
             if not busy or (not config.wait and checked - up_since > grace + 1.0):
                 break
             time.sleep(config.poll_s)
