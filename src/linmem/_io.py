@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -99,17 +100,29 @@ def command_line() -> str:
     return shlex.join([prog, *sys.argv[1:]])
 
 
-def cpu_description() -> str:
-    """The CPU's model name and feature flags (what decides which variant is fastest)."""
-    model, flags = "", ""
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The fields of ``/proc/cpuinfo``, each key's first value, in the order they first appear
+    (empty where there is no such file)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if not model and line.startswith(("model name", "Model", "CPU part")):
-                model = line.split(":", 1)[-1].strip()
-            if not flags and line.startswith(("flags", "Features")):
-                flags = line.split(":", 1)[-1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def _first(prefixes: tuple[str, ...]) -> str:
+    """The value of the first ``/proc/cpuinfo`` field whose name starts with one of
+    ``prefixes`` ("" if none)."""
+    return next((v for k, v in _cpuinfo().items() if k.startswith(prefixes)), "")
+
+
+def cpu_description() -> str:
+    """The CPU's model name and feature flags (what decides which variant is fastest)."""
+    model, flags = _first(("model name", "Model", "CPU part")), _first(("flags", "Features"))
     return f"{model or platform.processor() or platform.machine()} [{flags}]"
 
 
@@ -117,19 +130,10 @@ def _cpu_generation() -> str:
     """`` (family F, model M)`` of an x86 CPU from ``/proc/cpuinfo`` (empty elsewhere): a model
     name such as "AMD EPYC" covers generations twice as fast as each other (Zen 1 is family 23
     model 1, Zen 3 family 25)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-            if not line.strip() and fields:
-                break
-    except OSError:
+    info = _cpuinfo()
+    if "cpu family" not in info or "model" not in info:
         return ""
-    if len(fields) < 2:
-        return ""
-    return f" (family {fields['cpu family']}, model {fields['model']})"
+    return f" (family {info['cpu family']}, model {info['model']})"
 
 
 def machine(device: str | torch.device | None = None) -> dict[str, Any]:
