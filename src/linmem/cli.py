@@ -616,8 +616,8 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
                                         runs_root))
         except (ValueError, KeyError) as err:
             raise UsageFailure(f"--plan-seeds {plan}: {err}") from None
-    made = set()  # (data set, model) of the single runs given
-    for p, _ in singles:
+    made = set()  # (data set, model) of the single runs given, for --plan-run
+    for p, _ in singles if run_plans else ():
         config = Path(p) / "config.json"
         if config.is_file():
             c = read_json(config)
