@@ -32,10 +32,12 @@ from .generate import continue_run, predict_sequence
 from .midi import DEFAULT_STEP_SECONDS, import_midi_folder
 from .models import PREDICTIONS, expected_accuracy, get_spec, model_names
 from .nn import NONLINEARITIES
+from .onset import STARTS, first_updates
 from .recipes import SeedsDiverged, analyze_pretraining, pretrained_models, reseed
 from .recipes import run as run_training
 from .report import (
     collect_metrics,
+    first_updates_markdown,
     markdown_table,
     memory_markdown,
     patience_markdown,
@@ -350,6 +352,39 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
                + ", ".join(f"{r['components']}: {r['lmn_valid_acc']:.2f}%"
                            for r in result["memories"])
                + f" -> {Path(out) / 'analysis.json'}, {Path(out) / 'figure5.png'}")
+
+
+@cli.command("first-updates")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--updates", type=int, default=20, show_default=True, callback=_positive,
+              help="Updates to replay (the training's own batches, in its order).")
+@click.option("--lr", "lrs", type=click.FloatRange(min=0, min_open=True), multiple=True,
+              help="A learning rate to replay at (repeatable) [default: each run's].")
+@click.option("--start", "starts", type=click.Choice(STARTS), multiple=True,
+              default=("init",), show_default=True,
+              help="init: the run's initial weights (init.pt, a pretrained run's); random: "
+                   "those the trainer draws for its configuration (the control). Repeatable.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Also write OUT/first-updates.json and OUT/first-updates.md.")
+def first_updates_cmd(run_dirs: tuple[str, ...], updates: int, lrs: tuple[float, ...],
+                      starts: tuple[str, ...], data_dir: str | None, device: str,
+                      out: str | None) -> None:
+    """What the first updates of training do to each run's initial weights: replays them and
+    prints the losses, the recurrent radius and the validation scores before and after."""
+    command = command_line()
+    try:
+        results = [first_updates(run, updates, lrs, start, data_dir=data_dir, device=device,
+                                 command=command) for run in run_dirs for start in starts]
+    except (DataError, ValueError, FileNotFoundError) as err:
+        raise UsageFailure(str(err)) from None
+    text = first_updates_markdown(results, command)
+    if out is not None:
+        write_json(Path(out) / "first-updates.json", results)
+        with atomic_write(Path(out) / "first-updates.md", "w") as f:
+            f.write(text)
+    click.echo(text, nl=False)
 
 
 _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow to import)

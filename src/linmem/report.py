@@ -21,8 +21,8 @@ from .nn import memory_loop_gains, memory_radii_of
 from .train import load_checkpoint
 
 __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "epochs_cpu_seconds",
-           "expected_fields", "figure4_data", "markdown_table", "memory_markdown", "memory_radii",
-           "patience_markdown",
+           "expected_fields", "figure4_data", "first_updates_markdown", "markdown_table",
+           "memory_markdown", "memory_radii", "patience_markdown",
            "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
            "plot_run", "previous_frame_report", "progress_markdown", "run_cpu_seconds",
            "run_records", "scoring_cpu_seconds", "seed_groups", "seeds_markdown", "stop_early",
@@ -297,6 +297,39 @@ def memory_markdown(runs: Sequence[dict], command: str | None = None,
               "selu; tanh is bounded, s = 1 at 0): above 1, an unbounded activation lets the state "
               "grow along a sequence even with rho(W^mm) < 1."]
     return "\n".join(lines + _made_by(command, commit and f"commit {commit}")) + "\n"
+
+
+def first_updates_markdown(results: Sequence[dict], command: str | None = None) -> str:
+    """A Markdown table of :func:`linmem.onset.first_updates` results: for each run and
+    learning rate, the validation scores and recurrent radius of the initial weights and after
+    the replayed updates, the loss of each update, and the parameter that the first update
+    changed most relative to its size."""
+
+    def radius(value: float | None) -> str:
+        return "–" if value is None else f"{value:.4f}"
+
+    def loss(value: float | None) -> str:
+        return "inf/NaN" if value is None else f"{value:.1f}"
+
+    lines = ["| run | start | lr | valid acc % / NLL before | after | radius before | after | "
+             "largest change by update 1 | loss of each update |",
+             "|---|---|---:|---|---|---:|---:|---|---|"]
+    for result in results:
+        run = Path(result["run_dir"])
+        first = result["initial"]
+        for replay in result["replays"]:
+            changes = {k: v for k, v in replay["change_first"].items() if v is not None}
+            name = max(changes, key=changes.get) if changes else None
+            most = f"{name} ×{changes[name]:.2f}" if name else "–"
+            lines.append(
+                f"| {run.parent.name}/{run.name} | {result['start']} | {replay['lr']:g} | "
+                f"{first['valid_acc']:.2f} / {first['valid_nll']:.2f} | "
+                f"{replay['valid_acc']:.2f} / {replay['valid_nll']:.2f} | "
+                f"{radius(first['radius'])} | {radius(replay['radii'][-1])} | {most} | "
+                + " ".join(loss(v) for v in replay["losses"]) + " |")
+    lines += ["", "Change: ||W - W_0|| / ||W_0|| of the parameter after the first update. "
+              "Radius: the first layer's recurrent matrix (W^mm of an LMN, W^hh of an RNN)."]
+    return "\n".join(lines + _made_by(command)) + "\n"
 
 
 def collect_metrics(paths: Iterable[str | os.PathLike], diverged: bool = False) -> list[dict]:

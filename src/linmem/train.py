@@ -73,14 +73,18 @@ __all__ = [
     "NonFiniteOutputs",
     "TrainConfig",
     "TrainingDiverged",
+    "batch_updates",
+    "build_run_model",
     "check_size",
     "chunked_steps",
+    "epoch_plan",
     "evaluate",
     "load_checkpoint",
     "load_run_model",
     "make_optimizer",
     "train",
     "train_step",
+    "training_batch",
     "with_data_dir",
 ]
 
@@ -267,6 +271,36 @@ def chunked_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batc
         yield _update(model, optimizer, loss, clip), window
 
 
+def batch_updates(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
+                  config: TrainConfig) -> Iterable[tuple[float | None, Batch]]:
+    """The updates of ``config``'s training on ``batch``: one on the whole sequences, or one
+    per window of ``config.chunk`` steps (:func:`chunked_steps`). Yields ``(loss or None if not
+    finite, the part of the batch it was computed on)``."""
+    if config.chunk is None:
+        return [(train_step(model, optimizer, batch, config.clip), batch)]
+    return chunked_steps(model, optimizer, batch, config.chunk, config.clip)
+
+
+def epoch_plan(config: TrainConfig, lengths: Sequence[int],
+               epoch: int) -> tuple[list[list[int]], np.ndarray]:
+    """The training's batches in ``epoch`` (lists of indices of the training sequences, whose
+    ``lengths`` are given) and each sequence's transposition shift, both drawn from the seed and
+    the epoch alone (a resumed run repeats them)."""
+    epoch_seed = _epoch_seed(config.seed, epoch)
+    batches = bucket_batches(lengths, config.batch_size, shuffle=True, seed=epoch_seed)
+    shifts = np.random.default_rng(epoch_seed).integers(
+        -config.transpose, config.transpose + 1, size=len(lengths))
+    return batches, shifts
+
+
+def training_batch(train_seqs: Sequence[np.ndarray], idx: Sequence[int], shifts: np.ndarray,
+                   config: TrainConfig) -> Batch:
+    """The batch of the training sequences ``idx`` (a batch of :func:`epoch_plan`),
+    transposed by their ``shifts`` when ``config.transpose``."""
+    batch = collate([train_seqs[i] for i in idx])
+    return transpose(batch, shifts[idx]) if config.transpose else batch
+
+
 def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
             clip: float | None) -> float | None:
     if not torch.isfinite(loss):
@@ -329,14 +363,8 @@ def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, bar: 
     is not made)."""
     loss_sum = frames = 0.0
     for idx in bar:
-        batch = collate([train_seqs[i] for i in idx])
-        if config.transpose:
-            batch = transpose(batch, shifts[idx])
-        batch = batch.to(device)
-        steps = ([(train_step(model, optimizer, batch, config.clip), batch)]
-                 if config.chunk is None else
-                 chunked_steps(model, optimizer, batch, config.chunk, config.clip))
-        for loss, part in steps:
+        batch = training_batch(train_seqs, idx, shifts, config).to(device)
+        for loss, part in batch_updates(model, optimizer, batch, config):
             if loss is None:
                 raise _LossNotFinite(f"the training loss became NaN or inf in epoch {epoch}")
             n = float(part.mask.sum())
@@ -423,7 +451,8 @@ def _write_log(run_dir: Path, history: list[dict]) -> None:
 
 def load_run_model(run_dir: str | Path, which: str = "best",
                    device: str | torch.device = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
-    """The model saved in ``run_dir`` (``which`` is ``"best"`` or ``"last"``) and its config."""
+    """The model saved in ``run_dir`` and its config: ``which`` is ``"best"``, ``"last"`` or
+    ``"init"`` (a pretrained run's initial weights, :func:`linmem.recipes.pretrain`'s)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
@@ -435,6 +464,17 @@ def load_run_model(run_dir: str | Path, which: str = "best",
     model = _build(config)
     model.load_state_dict(state["model"] if "model" in state else state)
     return model.to(device), config
+
+
+def build_run_model(config: TrainConfig, train_seqs: Sequence[np.ndarray]) -> torch.nn.Module:
+    """The model :func:`train` starts from before any pretraining: built under
+    ``config.seed``, its readout bias at the keys' base rates in ``train_seqs`` when
+    ``config.init_bias``."""
+    torch.manual_seed(config.seed)
+    model = _build(config)
+    if config.init_bias:
+        model.init_output_bias(torch.from_numpy(np.concatenate(train_seqs).mean(0)))
+    return model
 
 
 def _build(config: TrainConfig) -> torch.nn.Module:
@@ -521,13 +561,10 @@ def train(
     if not train_seqs:
         raise ValueError("the training split has no sequence of length >= 2")
 
-    torch.manual_seed(config.seed)
-    model = _build(config)
+    model = build_run_model(config, train_seqs)
     if config.chunk is not None and not hasattr(model, "chunk_loss"):
         raise ValueError(f"{config.model} cannot train on windows (--chunk): it has no "
                          "chunk_loss")
-    if config.init_bias:
-        model.init_output_bias(torch.from_numpy(np.concatenate(train_seqs).mean(0)))
     # the run exists once its data and model do: a start that failed before leaves nothing
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "config.json", asdict(config))
@@ -559,10 +596,7 @@ def train(
         epoch = state["epoch"] + 1
         t0, c0 = time.perf_counter(), time.process_time()
         model.train()
-        epoch_seed = _epoch_seed(config.seed, epoch)
-        batches = bucket_batches(lengths, config.batch_size, shuffle=True, seed=epoch_seed)
-        shifts = np.random.default_rng(epoch_seed).integers(
-            -config.transpose, config.transpose + 1, size=len(train_seqs))
+        batches, shifts = epoch_plan(config, lengths, epoch)
         # the bar only on a terminal (None); the per-epoch line below is printed everywhere
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
                    disable=None if progress else True, file=sys.stderr, dynamic_ncols=True)

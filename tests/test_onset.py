@@ -1,0 +1,150 @@
+"""linmem.onset: the replay of a run's first updates, checked against the trainer's own first
+epoch, Adam's closed-form first step and numpy's eigenvalues."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from linmem.data import data_checksum
+from linmem.models import build_model
+from linmem.onset import first_updates, recurrent_radius, relative_change
+from linmem.train import (
+    TrainConfig,
+    build_run_model,
+    epoch_plan,
+    evaluate,
+    load_run_model,
+    train,
+    training_batch,
+)
+
+
+def run_cli(*args):
+    from linmem.cli import main
+
+    try:
+        main(list(args))
+    except SystemExit as exit_:
+        return exit_.code
+    return 0
+
+
+@pytest.mark.parametrize("options", [{}, {"chunk": 40, "transpose": 2}])
+def test_replaying_an_epoch_of_updates_gives_the_trainers_first_epoch(tmp_path, jsb, options):
+    """The replay takes the trainer's batches in its order: replaying as many updates as the
+    first epoch holds ends on the model the trainer had after it (the same validation
+    scores), and the losses' frame-weighted mean is the epoch's training NLL."""
+    config = TrainConfig(data="jsb", model="rnn", hidden=8, batch_size=32, epochs=1,
+                         **options)
+    run = tmp_path / "run"
+    train(config, run, progress=False, data=jsb)
+    epoch = json.loads((run / "log.jsonl").read_text().splitlines()[0])
+
+    seqs = [s for s in jsb["train"] if len(s) >= 2]
+    batches, shifts = epoch_plan(config, [len(s) for s in seqs], 1)
+    frames = []  # each update's frames, counted here from the batches themselves
+    for idx in batches:
+        batch = training_batch(seqs, idx, shifts, config)
+        parts = [batch] if config.chunk is None else list(batch.windows(config.chunk))
+        frames += [float(part.mask.sum()) for part in parts]
+
+    result = first_updates(run, updates=len(frames), start="random", data=jsb)
+    (replay,) = result["replays"]
+    assert len(replay["losses"]) == len(frames) and replay["finite"]
+    assert replay["lr"] == config.lr
+    mean = np.dot(replay["losses"], frames) / sum(frames)
+    assert mean == pytest.approx(epoch["train_nll"], rel=1e-6)
+    assert replay["valid_acc"] == pytest.approx(epoch["valid_acc"], rel=1e-6)
+    assert replay["valid_nll"] == pytest.approx(epoch["valid_nll"], rel=1e-6)
+    assert result["data_sha256"] is None  # data given in memory: no file to vouch for
+
+
+def test_adams_first_update_moves_every_weight_by_the_learning_rate(tmp_path, jsb):
+    """Adam's step 1 is lr * g / (|g| + eps): every weight with a gradient moves by lr, so a
+    matrix of n entries moves by lr * sqrt(n) in Frobenius norm, whatever its own size."""
+    config = TrainConfig(data="jsb", model="rnn", hidden=8, batch_size=32, epochs=1,
+                         weight_decay=0.0)
+    run = tmp_path / "run"
+    train(config, run, progress=False, data=jsb)
+    lr = 3e-3
+    result = first_updates(run, updates=1, lrs=[lr], start="random", data=jsb)
+    start = build_run_model(config, [s for s in jsb["train"] if len(s) >= 2])
+    change = result["replays"][0]["change_first"]
+    assert set(change) == {name for name, _ in start.named_parameters()}
+    # every entry of these has a gradient (W^ih's columns of keys no batch plays have none)
+    for name in ("core.weight_hh_l0", "core.bias_ih_l0", "core.bias_hh_l0", "readout.weight",
+                 "readout.bias"):
+        weight = dict(start.named_parameters())[name]
+        moved = change[name] * float(weight.detach().norm())
+        assert moved == pytest.approx(lr * np.sqrt(weight.numel()), rel=1e-3), name
+
+
+def test_recurrent_radius_is_numpys_spectral_radius():
+    torch.manual_seed(0)
+    rnn = build_model("rnn", 6, input_size=5)
+    expected = np.abs(np.linalg.eigvals(rnn.core.weight_hh_l0.detach().double().numpy())).max()
+    assert recurrent_radius(rnn) == pytest.approx(expected, rel=1e-10)
+    lmn = build_model("lmn-b", 4, 7, input_size=5)
+    expected = np.abs(np.linalg.eigvals(lmn.core.weight_mm_l0.detach().double().numpy())).max()
+    assert recurrent_radius(lmn) == pytest.approx(expected, rel=1e-10)
+    assert recurrent_radius(build_model("lstm", 6, input_size=5)) is None
+
+
+def test_relative_change():
+    torch.manual_seed(0)
+    a = build_model("rnn", 3, input_size=4)
+    b = build_model("rnn", 3, input_size=4)
+    b.load_state_dict(a.state_dict())
+    assert all(v == 0 for v in relative_change(b, a).values())
+    with torch.no_grad():
+        b.core.weight_hh_l0.mul_(1.5)
+        b.core.bias_hh_l0.zero_()
+        a.core.bias_hh_l0.zero_()
+        b.readout.bias.add_(1.0)
+    change = relative_change(b, a)
+    assert change["core.weight_hh_l0"] == pytest.approx(0.5)
+    assert change["core.bias_hh_l0"] is None  # the reference is zero: no relative size
+    expected = 1.0 * np.sqrt(a.readout.bias.numel()) / float(a.readout.bias.norm())
+    assert change["readout.bias"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_first_updates_of_a_pretrained_run_and_the_command(tmp_path, data_dir, jsb):
+    run = tmp_path / "prnn"
+    assert run_cli("pretrain", "--model", "pret-rnn", "--data", "jsb", "--data-dir",
+                   str(data_dir), "--hidden", "12", "--epochs", "1", "--batch-size", "32",
+                   "--out", str(run), "--quiet") == 0
+    init, _ = load_run_model(run, "init")
+    scores = evaluate(init, jsb["valid"], thresholds=())
+    out = tmp_path / "onset"
+    assert run_cli("first-updates", str(run), "--updates", "3", "--lr", "1e-3", "--lr",
+                   "1e-4", "--data-dir", str(data_dir), "--out", str(out)) == 0
+    (result,) = json.loads((out / "first-updates.json").read_text())
+    assert result["start"] == "init" and result["model"] == "pret-rnn"
+    assert result["initial"]["valid_acc"] == pytest.approx(100 * scores["acc"], rel=1e-9)
+    assert result["initial"]["radius"] == pytest.approx(recurrent_radius(init), rel=1e-9)
+    assert [r["lr"] for r in result["replays"]] == [1e-3, 1e-4]
+    assert all(len(r["losses"]) == 3 == len(r["radii"]) for r in result["replays"])
+    # a ten times smaller step changes the weights about ten times less
+    ratio = (result["replays"][0]["change_first"]["core.weight_ih_l0"]
+             / result["replays"][1]["change_first"]["core.weight_ih_l0"])
+    assert ratio == pytest.approx(10, rel=0.05)
+    assert result["data_sha256"] == data_checksum("jsb", data_dir)
+    table = (out / "first-updates.md").read_text()
+    assert table.count(f"| {tmp_path.name}/prnn | init |") == 2
+
+
+def test_first_updates_refuses_what_it_cannot_replay(tmp_path, jsb, data_dir):
+    run = tmp_path / "run"
+    train(TrainConfig(data="jsb", model="rnn", hidden=4, batch_size=64, epochs=1), run,
+          progress=False, data=jsb)
+    with pytest.raises(FileNotFoundError, match=r"has no init\.pt: only a pretrained run"):
+        first_updates(run, data=jsb)
+    with pytest.raises(ValueError, match="start must be one of"):
+        first_updates(run, start="pretrained", data=jsb)
+    with pytest.raises(ValueError, match="updates must be positive"):
+        first_updates(run, updates=0, start="random", data=jsb)
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        first_updates(tmp_path / "nothing", data=jsb)
+    assert run_cli("first-updates", str(run), "--data-dir", str(data_dir)) == 2
