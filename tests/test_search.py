@@ -309,6 +309,16 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
         with pytest.raises(SystemExit) as exit_:
             main(["progress", "--storage", storage, "--plan-seeds", bad])
         assert exit_.value.code == 2, bad
+    # the selected run on another machine (an imported study): its trial's stored wall time
+    run.rename(tmp_path / "moved")
+    elsewhere = seeds_record(storage, "jsb", "lmn-b", "tiny", seeds=3, done=1)
+    assert elsewhere["left_from"] == "selected trial"
+    assert best.user_attrs["wall_time_s"] > 0
+    assert elsewhere["mean_point_cpu_s"] == pytest.approx(best.user_attrs["wall_time_s"])
+    assert elsewhere["left_cpu_s"] == pytest.approx(2 * best.user_attrs["wall_time_s"])
+    main(["progress", "--storage", storage, "--grid", "tiny", "--out", str(out),
+          "--plan-seeds", "jsb:lmn-b:tiny"])
+    assert "(selected run's, trial wall time)" in out.read_text()
 
 
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):

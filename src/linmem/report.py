@@ -176,6 +176,8 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
                                               "model, other grid": " (model's in another grid, "
                                                                    "scaled)",
                                               "selected run": " (selected run's)",
+                                              "selected trial": " (selected run's, trial wall "
+                                                                "time)",
                                               "run, scaled": " (another data set's run, "
                                                              "scaled)"
                                               }.get(r["left_from"], "")

@@ -658,7 +658,9 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
     study's selected configuration, each projected at the selected run's CPU seconds and, when
     that run read its unrolled network from the cache, the network's own (a seed trains its
     own); no projection while the study has no complete point (and no study needed once every
-    seed is done). Their logged time is the seed runs' (``linmem progress --run``), not counted
+    seed is done). A selected run that is not under ``runs_root`` (a study imported from another
+    machine) counts its trial's stored wall time instead (one thread per run: an upper bound of
+    its CPU time). Their logged time is the seed runs' (``linmem progress --run``), not counted
     here."""
     data = resolve_name(data)
     name = study_name(data, model, grid)
@@ -667,7 +669,7 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
         chosen = select(optuna.load_study(study_name=name, storage=storage)) if todo else None
     except KeyError:
         raise ValueError(f"no study {name} in the storage") from None
-    per = None
+    per, source = None, "selected run"
     if chosen is not None:
         run = Path(runs_root) / chosen[0].user_attrs["run_dir"]
         per = run_cpu_seconds(run)
@@ -675,10 +677,12 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
                if (run / "pretraining.json").is_file() else None)
         if ulm and Path(ulm).name != "ulm":  # a cache entry, not the run's own
             per += run_cpu_seconds(Path(runs_root) / ulm)
+        if per == 0.0:  # the run is on another machine (an imported study): its trial's time
+            per, source = _trial_seconds(chosen[0]), "selected trial"
     return {"study": f"{name} seeds", "dataset": data, "model": model,
             "grid": grid, "grid_points": seeds, "states": {"done": min(done, seeds)},
             "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": todo,
-            "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": "selected run",
+            "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": source,
             "left_cpu_s": None if per is None and todo else todo * (per or 0.0)}
 
 
