@@ -5,8 +5,10 @@ A pretrained recurrent network can start where a small step is a large change. p
 memory forgets almost nothing), and its input weights are the autoencoder's ``A`` scaled into
 tanh's near-linear range: small. Adam's first update moves every weight by about the learning
 rate whatever its size (after the bias correction, step 1 is ``lr * g / |g|``): weights smaller
-than the learning rate change several times over in one update, and dynamics that forget nothing
-carry the change through every later step of a long sequence.
+than the learning rate change several times over in one update, an ``n x n`` recurrent matrix
+can move by up to ``lr * n`` in spectral norm (when its gradient's signs line up, as an outer
+product's do), which can push a radius near 1 past it, and dynamics that forget nothing carry
+the change through every later step of a long sequence.
 
 :func:`first_updates` measures this for a run: it replays the first updates of the run's training
 (the trainer's own batches, in its order) from the run's initial weights at one or more learning
