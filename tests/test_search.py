@@ -462,7 +462,7 @@ def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_
     """``stop_by``: a point's projected time is its study's finished points' stored time per
     parameter times its own parameters; a worker starts no point that would end too late, says
     which it left, and leaves; a study with nothing finished has nothing to project from: its
-    points are run."""
+    points are run, unless the deadline has passed."""
     from linmem.train import check_size
 
     config = _config(tmp_path, data_dir, models=["rnn", "gru"])
@@ -479,6 +479,10 @@ def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_
     assert n[points[2]] > n[done]  # 8 units against 4
     projected = point_seconds(config, study, "rnn", points)
     assert projected == {p: pytest.approx(1e6 * n[p] / n[done]) for p in points}
+    # a deadline already past: nothing starts, not even the points with no projection
+    counts = run_worker(replace(config, stop_by=time.time() - 1), command="test",
+                        log=lambda _: None)
+    assert counts == {"jsb-rnn-tiny": {"done": 1, "todo": 3}, "jsb-gru-tiny": {"todo": 4}}
     lines: list[str] = []
     counts = run_worker(replace(config, stop_by=time.time() + 1000), command="test",
                         log=lines.append)

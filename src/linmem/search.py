@@ -30,8 +30,9 @@ How workers share a study without losing or repeating work:
   have been failed and taken over): a worker that has other work to do goes on to it, rather than
   idling through another's last trial.
 - With a deadline (``stop_by``, ``linmem search --stop-by``) a worker starts no point projected
-  to end after it (:func:`point_seconds`) and leaves when none that fits is left: on a machine
-  with a time limit, no point is cut off half-way.
+  to end after it (:func:`point_seconds`), and none at all once it has passed (a study with
+  nothing finished has nothing to project from), and leaves when none that fits is left: on a
+  machine with a time limit, no point is cut off half-way.
 
 Selection is on validation accuracy only (:func:`select`); the test scores of the other trials are
 stored with them but never used to choose.
@@ -424,12 +425,13 @@ def point_seconds(config: SearchConfig, study, model: str, points: Sequence[Poin
 
 
 def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> set[Point]:
-    """The points of ``points`` projected to end after ``config.stop_by`` (none without it)."""
+    """The points of ``points`` projected to end after ``config.stop_by`` (none without it),
+    and every one once it has passed (those without a projection included)."""
     if config.stop_by is None or not points:
         return set()
     left = config.stop_by - time.time()
     return {p for p, s in point_seconds(config, study, model, points).items()
-            if s is not None and s > left}
+            if left <= 0 or (s is not None and s > left)}
 
 
 def run_worker(config: SearchConfig, command: str | None = None,
