@@ -430,8 +430,10 @@ def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> s
     if config.stop_by is None or not points:
         return set()
     left = config.stop_by - time.time()
+    if left <= 0:
+        return set(points)
     return {p for p, s in point_seconds(config, study, model, points).items()
-            if left <= 0 or (s is not None and s > left)}
+            if s is not None and s > left}
 
 
 def run_worker(config: SearchConfig, command: str | None = None,
@@ -638,9 +640,8 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
             p = trial_point(t)
             if "duplicate_of" in t.user_attrs or "run_dir" not in t.user_attrs or p not in seconds:
                 continue
-            seconds[p] = run_cpu_seconds(Path(runs_root) / t.user_attrs["run_dir"])
-            if seconds[p] == 0.0 and t.state in FINISHED:  # its run is on another machine
-                seconds[p] = _trial_seconds(t)
+            seconds[p], elsewhere = _run_seconds(t, runs_root)
+            if elsewhere:
                 from_trials.add(p)
         finished = [seconds[p] for p in points if states[p] in ("done", "failed")]
         records.append({"study": study.study_name, "dataset": attrs["data"],
@@ -674,13 +675,13 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
     per, source = None, "selected run"
     if chosen is not None:
         run = Path(runs_root) / chosen[0].user_attrs["run_dir"]
-        per = run_cpu_seconds(run)
+        per, elsewhere = _run_seconds(chosen[0], runs_root)
         ulm = (read_json(run / "pretraining.json").get("ulm_run")
                if (run / "pretraining.json").is_file() else None)
-        if ulm and Path(ulm).name != "ulm":  # a cache entry, not the run's own
+        if elsewhere:
+            source = "selected trial"
+        elif ulm and Path(ulm).name != "ulm":  # a cache entry, not the run's own
             per += run_cpu_seconds(Path(runs_root) / ulm)
-        if per == 0.0:  # the run is on another machine (an imported study): its trial's time
-            per, source = _trial_seconds(chosen[0]), "selected trial"
     return {"study": f"{name} seeds", "dataset": data, "model": model,
             "grid": grid, "grid_points": seeds, "states": {"done": min(done, seeds)},
             "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": todo,
@@ -781,6 +782,16 @@ def project_points(records: list[dict]) -> list[dict]:
                            0.0 if per is None else
                            r["todo"] * per + sum(max(per - s, 0.0) for s in r["running_cpu_s"]))
     return records
+
+
+def _run_seconds(trial, runs_root: str | os.PathLike) -> tuple[float, bool]:
+    """The CPU seconds of ``trial``'s run under ``runs_root`` (:func:`linmem.report.
+    run_cpu_seconds`), or, for a finished trial whose run is not there (a study imported from
+    another machine), its stored time (:func:`_trial_seconds`); and whether it is the latter."""
+    seconds = run_cpu_seconds(Path(runs_root) / trial.user_attrs["run_dir"])
+    if seconds == 0.0 and trial.state in FINISHED:
+        return _trial_seconds(trial), True
+    return seconds, False
 
 
 def _trial_seconds(trial) -> float:
