@@ -2,6 +2,7 @@
 when a worker is killed mid-trial; selection on validation only; the report's files."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -459,10 +460,10 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
 def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_dir):
-    """``stop_by``: a point's projected time is its study's finished points' stored time per
-    parameter times its own parameters; a worker starts no point that would end too late, says
-    which it left, and leaves; a study with nothing finished has nothing to project from: its
-    points are run, unless the deadline has passed."""
+    """``stop_by``: a point's projected time is its study's finished points' stored time scaled
+    to its own parameters (one size finished: in proportion); a worker starts no point that
+    would end too late, says which it left, and leaves; a study with nothing finished has
+    nothing to project from: its points are run, unless the deadline has passed."""
     from linmem.train import check_size
 
     config = _config(tmp_path, data_dir, models=["rnn", "gru"])
@@ -803,6 +804,50 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
     assert jsb["left_from"] == "model, other grid" and jsb["left_cpu_s"] == pytest.approx(3.0)
     notts = by[("nottingham", "gru")]
     assert notts["left_from"] is None and notts["left_cpu_s"] is None
+
+
+def test_projection_scales_a_studys_points_left_by_their_parameters():
+    """Where a record gives its points' sizes, each point left costs its parameters times the
+    finished points' seconds per parameter: a study whose small points finished first is not
+    projected at their mean."""
+    from linmem.search import point_params, project_points, size_cost
+
+    record = {"dataset": "muse", "model": "lstm", "grid": "reduced",
+              "finished_cpu_s": [10.0, 50.0], "finished_params": [100, 500],  # 0.1 s / param
+              "running_cpu_s": [5.0, 90.0], "running_params": [200, 750], "todo": 1,
+              "todo_params": [1000]}
+    sized = project_points([record])[0]
+    assert sized["left_from"] == "study, by size"
+    assert sized["mean_point_cpu_s"] == pytest.approx(30.0)  # the finished points' mean, shown
+    assert sized["left_cpu_s"] == pytest.approx(100.0 + (20.0 - 5.0) + 0.0)  # 75 - 90: none
+    slower = project_points([{**record, "finished_cpu_s": [10.0, 20.0],  # a = 0.5: 20 at 400
+                              "finished_params": [100, 400], "todo_params": [900]}])[0]
+    assert slower["left_cpu_s"] == pytest.approx(30.0 + (math.sqrt(200) - 5.0) + 0.0)
+    unsized = {k: v for k, v in record.items() if not k.endswith("_params")}
+    plain = project_points([unsized])[0]  # the study's mean per point, as before
+    assert plain["left_from"] == "study"
+    assert plain["left_cpu_s"] == pytest.approx(30.0 + (30.0 - 5.0) + 0.0)
+
+    one_size = size_cost([100, 100], [10.0, 30.0])  # in proportion, at their mean
+    assert one_size(100) == pytest.approx(20.0) and one_size(300) == pytest.approx(60.0)
+    flat = size_cost([100, 400, 400], [50.0, 10.0, 0.0])  # slope < 0 kept at 0: their mean
+    assert flat(1000) == pytest.approx(30.0) and size_cost([100], [0.0]) is None
+    steep = size_cost([100, 200], [1.0, 64.0])  # slope 6 kept at 2
+    assert steep(200) / steep(100) == pytest.approx(4.0)
+    import numpy as np
+
+    sizes, seconds = [100, 200, 400], [3.0, 9.0, 20.0]  # not on one line: numpy's fit
+    slope = np.polyfit(np.log(sizes), np.log(seconds), 1)[0]
+    fit = size_cost(sizes, seconds)
+    assert fit(800) / fit(400) == pytest.approx(2 ** slope)
+    assert sum(map(fit, sizes)) == pytest.approx(sum(seconds))  # they add up to their time
+
+    base = TrainConfig()
+    small, big = (point_params(base, "jsb", "lstm", Point(h, None, 0.0)) for h in (10, 20))
+    import torch
+
+    lstm = torch.nn.LSTM(88, 20)  # the count is the model's: 4 gates' weights and the readout
+    assert big == sum(p.numel() for p in lstm.parameters()) + 20 * 88 + 88 and small < big
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the fake workers' study.ask

@@ -56,7 +56,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -405,23 +405,58 @@ def _load_data(config: SearchConfig, name: str) -> dict[str, list[np.ndarray]]:
 def point_seconds(config: SearchConfig, study, model: str, points: Sequence[Point]
                   ) -> dict[Point, float | None]:
     """Each point's projected wall time in seconds: the study's finished points' stored times
-    (complete and pruned, :func:`_trial_seconds`) per model parameter, times the point's
-    parameters (counted on the meta device, :func:`linmem.train.check_size`): a point of 750
-    units costs more than one of 250. None where none of the study's points has finished yet.
-    The times are those of the machines that ran the points."""
+    (complete and pruned, :func:`_trial_seconds`) scaled to the point's parameters (counted on
+    the meta device, :func:`point_params`) by :func:`size_cost`: a point of 750 units costs
+    more than one of 250. None where none of the study's points has finished yet. The times
+    are those of the machines that ran the points."""
 
-    def n_params(point: Point) -> int:
-        return check_size(replace(config.base, data=study.user_attrs["data"], model=model,
-                                  hidden=point.hidden, memory=point.memory))
-
-    seconds = params = 0.0
+    data = study.user_attrs["data"]
+    sizes, seconds = [], []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         point = trial_point(t)
         if point is not None and "duplicate_of" not in t.user_attrs:
-            seconds, params = seconds + _trial_seconds(t), params + n_params(point)
-    if not params:
-        return dict.fromkeys(points)
-    return {p: seconds / params * n_params(p) for p in points}
+            seconds.append(_trial_seconds(t))
+            sizes.append(point_params(config.base, data, model, point))
+    cost = size_cost(sizes, seconds)
+    return {p: None if cost is None else cost(point_params(config.base, data, model, p))
+            for p in points}
+
+
+def size_cost(sizes: Sequence[int], seconds: Sequence[float]
+              ) -> Callable[[int], float] | None:
+    """The cost of a point of ``n`` parameters, ``c * n ** a``, from finished points of
+    ``sizes`` parameters that took ``seconds``: ``a`` the slope of log seconds on log
+    parameters (least squares, kept within [0, 2]; 1 where the points are all of one size: an
+    epoch's matrix products grow with the parameters), ``c`` such that the finished points'
+    costs add up to their seconds. An RNN's or LSTM's time grows about as its parameters, an
+    LMN's far less (its small matrices' products do not dominate a step), and early stopping
+    moves both; the fit follows each study. None with no finished point that took any time."""
+    pairs = [(math.log(n), t) for n, t in zip(sizes, seconds, strict=True) if n > 0 and t > 0]
+    if not pairs:
+        return None
+    xs, ys = [x for x, _ in pairs], [math.log(t) for _, t in pairs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mx) ** 2 for x in xs)
+    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / spread
+             if spread > 1e-12 else 1.0)
+    a = min(max(slope, 0.0), 2.0)
+    c = sum(t for _, t in pairs) / sum(math.exp(a * x) for x, _ in pairs)
+    return lambda n: c * n ** a
+
+
+def point_params(base: TrainConfig, data: str, model: str, point: Point) -> int:
+    """The number of parameters of ``model`` at ``point`` on ``data``, the rest of its settings
+    ``base``'s (:func:`linmem.train.check_size`: counted on the meta device, nothing allocated).
+    The projections scale a point's cost with it (:func:`size_cost`)."""
+    return check_size(replace(base, data=data, model=model, hidden=point.hidden,
+                              memory=point.memory))
+
+
+def _study_base(attrs: dict[str, Any]) -> TrainConfig:
+    """The training settings a study was made with (its ``train`` attribute); a setting added to
+    :class:`linmem.train.TrainConfig` since counts at its default, one removed is dropped."""
+    known = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in attrs.get("train", {}).items() if k in known})
 
 
 def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> set[Point]:
@@ -625,8 +660,9 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
     """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
     points by state and the CPU seconds its points' runs logged (:func:`linmem.report.
     run_cpu_seconds`: one thread per run), and the seconds its points left would take
-    (:func:`project_points`: at the mean of its finished points, complete, pruned or failed,
-    else from its model's on other data sets, else from its data set's). A
+    (:func:`project_points`: by size from its finished points, complete, pruned or failed,
+    :func:`size_cost`, else from its model's on other data
+    sets, else from its data set's). A
     finished point whose run is not under ``runs_root`` (a study imported from another machine,
     :func:`import_studies`) counts its trial's wall time (``points_from_trials``)."""
 
@@ -643,15 +679,21 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
             seconds[p], elsewhere = _run_seconds(t, runs_root)
             if elsewhere:
                 from_trials.add(p)
-        finished = [seconds[p] for p in points if states[p] in ("done", "failed")]
+        base = _study_base(attrs)
+        size = {p: point_params(base, attrs["data"], attrs["model"], p) for p in points}
+        finished = [p for p in points if states[p] in ("done", "failed")]
+        running = [p for p in points if states[p] in ("running", "waiting")]
+        todo = [p for p in points if states[p] == "todo"]
         records.append({"study": study.study_name, "dataset": attrs["data"],
                         "model": attrs["model"], "grid": attrs["grid"],
                         "grid_points": len(points), "states": dict(Counter(states.values())),
-                        "cpu_s": sum(seconds.values()), "finished_cpu_s": finished,
-                        "running_cpu_s": [seconds[p] for p in points
-                                          if states[p] in ("running", "waiting")],
-                        "todo": sum(s == "todo" for s in states.values()),
-                        "points_from_trials": len(from_trials)})
+                        "cpu_s": sum(seconds.values()),
+                        "finished_cpu_s": [seconds[p] for p in finished],
+                        "running_cpu_s": [seconds[p] for p in running], "todo": len(todo),
+                        "points_from_trials": len(from_trials),
+                        "finished_params": [size[p] for p in finished],
+                        "running_params": [size[p] for p in running],
+                        "todo_params": [size[p] for p in todo]})
     return project_points(records)
 
 
@@ -737,7 +779,11 @@ def project_points(records: list[dict]) -> list[dict]:
     has left (``left_cpu_s``: the points to do at that cost, the running ones at that cost less
     what they have logged), in place; ``left_from`` says where the per-point cost came from:
 
-    - ``study``: the mean of its finished points;
+    - ``study``: the mean of its finished points; where the record gives every point's number
+      of parameters (``finished_params``, ``running_params``, ``todo_params``, as
+      :func:`progress_records` does), each point left costs instead what :func:`size_cost`
+      fits to the finished points' sizes and CPU seconds (``study, by size``: a study whose
+      small points finished first is not projected at their mean);
     - ``model``: none finished yet, its model's finished points in the same grid on other data
       sets, each data set's mean scaled by the ratio of the two data sets' costs over the
       models both have finished (a data set with longer sequences costs more for every model),
@@ -778,9 +824,19 @@ def project_points(records: list[dict]) -> list[dict]:
         r["left_from"], per = next(((how, v) for how, v in sources if v is not None),
                                    (None, None))
         r["mean_point_cpu_s"] = per
+        todo, running = [per] * r["todo"], [per] * len(r["running_cpu_s"])
+        sizes = [r.get(k) for k in ("finished_params", "running_params", "todo_params")]
+        cost = (size_cost(sizes[0], r["finished_cpu_s"])
+                if r["left_from"] == "study" and None not in sizes
+                and list(map(len, sizes)) == [len(r["finished_cpu_s"]), len(r["running_cpu_s"]),
+                                              r["todo"]] else None)
+        if cost is not None:
+            running, todo = ([cost(n) for n in ns] for ns in sizes[1:])
+            r["left_from"] = "study, by size"
         r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
                            0.0 if per is None else
-                           r["todo"] * per + sum(max(per - s, 0.0) for s in r["running_cpu_s"]))
+                           sum(todo) + sum(max(c - s, 0.0) for c, s
+                                           in zip(running, r["running_cpu_s"], strict=True)))
     return records
 
 
