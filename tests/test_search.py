@@ -807,9 +807,13 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
 
 
 def test_projection_scales_a_studys_points_left_by_their_parameters():
-    """Where a record gives its points' sizes, each point left costs its parameters times the
-    finished points' seconds per parameter: a study whose small points finished first is not
-    projected at their mean."""
+    """Where a record gives its points' sizes, each point left costs c * n ** a of its n
+    parameters, fitted to the finished points (a: the slope of numpy's fit of log seconds on
+    log parameters, within [0, 2], 1 for one size): a study whose small points finished first
+    is not projected at their mean."""
+    import numpy as np
+    import torch
+
     from linmem.search import point_params, project_points, size_cost
 
     record = {"dataset": "muse", "model": "lstm", "grid": "reduced",
@@ -834,8 +838,6 @@ def test_projection_scales_a_studys_points_left_by_their_parameters():
     assert flat(1000) == pytest.approx(30.0) and size_cost([100], [0.0]) is None
     steep = size_cost([100, 200], [1.0, 64.0])  # slope 6 kept at 2
     assert steep(200) / steep(100) == pytest.approx(4.0)
-    import numpy as np
-
     sizes, seconds = [100, 200, 400], [3.0, 9.0, 20.0]  # not on one line: numpy's fit
     slope = np.polyfit(np.log(sizes), np.log(seconds), 1)[0]
     fit = size_cost(sizes, seconds)
@@ -844,8 +846,6 @@ def test_projection_scales_a_studys_points_left_by_their_parameters():
 
     base = TrainConfig()
     small, big = (point_params(base, "jsb", "lstm", Point(h, None, 0.0)) for h in (10, 20))
-    import torch
-
     lstm = torch.nn.LSTM(88, 20)  # the count is the model's: 4 gates' weights and the readout
     assert big == sum(p.numel() for p in lstm.parameters()) + 20 * 88 + 88 and small < big
 

@@ -661,8 +661,7 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
     points by state and the CPU seconds its points' runs logged (:func:`linmem.report.
     run_cpu_seconds`: one thread per run), and the seconds its points left would take
     (:func:`project_points`: by size from its finished points, complete, pruned or failed,
-    :func:`size_cost`, else from its model's on other data
-    sets, else from its data set's). A
+    :func:`size_cost`; else from its model's on other data sets, else from its data set's). A
     finished point whose run is not under ``runs_root`` (a study imported from another machine,
     :func:`import_studies`) counts its trial's wall time (``points_from_trials``)."""
 
