@@ -56,7 +56,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -452,13 +452,6 @@ def point_params(base: TrainConfig, data: str, model: str, point: Point) -> int:
                               memory=point.memory))
 
 
-def _study_base(attrs: dict[str, Any]) -> TrainConfig:
-    """The training settings a study was made with (its ``train`` attribute); a setting added to
-    :class:`linmem.train.TrainConfig` since counts at its default, one removed is dropped."""
-    known = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in attrs.get("train", {}).items() if k in known})
-
-
 def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> set[Point]:
     """The points of ``points`` projected to end after ``config.stop_by`` (none without it),
     and every one once it has passed (those without a projection included)."""
@@ -678,7 +671,7 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
             seconds[p], elsewhere = _run_seconds(t, runs_root)
             if elsewhere:
                 from_trials.add(p)
-        base = _study_base(attrs)
+        base = TrainConfig.from_dict(attrs.get("train", {}))  # a setting added since: default
         size = {p: point_params(base, attrs["data"], attrs["model"], p) for p in points}
         finished = [p for p in points if states[p] in ("done", "failed")]
         running = [p for p in points if states[p] in ("running", "waiting")]
