@@ -150,3 +150,24 @@ def test_rnnrbm_step_reference_is_the_former_chain():
     model = bench.RNNRBM(n_recurrent=5, n_hidden=6, predict_steps=4, burn_in=1).eval()
     x = (torch.rand(2, 9, 88, generator=g) < 0.1).float()
     assert torch.equal(bench.former_marginals(model, x), model.marginals(x))
+
+
+def test_cuda_throughput_script_runs_on_the_cpu(tmp_path, data_dir):
+    """The GPU benchmark's smoke test where there is no GPU (``--device cpu``): every model
+    trains and infers, an epoch of real data is timed, the ratios are those of the rates."""
+    out = tmp_path / "c.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "cuda_throughput.py"), "--device", "cpu",
+                    "--sizes", "8x8", "--batches", "2", "--steps", "6", "--rounds", "1",
+                    "--min-time", "0.01", "--epochs", "jsb", "--epoch-size", "6x5",
+                    "--epoch-batches", "64", "--data-dir", str(data_dir), "--json", str(out)],
+                   check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    (row,) = result["sizes"]
+    for name in ("lmn", "naive-loop", "rnn", "lstm", "gru", "lmn-cpu"):
+        assert row[f"{name}_train_fps"] > 0 and row[f"{name}_infer_fps"] > 0
+    assert row["train_vs_lstm"] == pytest.approx(row["lmn_train_fps"] / row["lstm_train_fps"])
+    (epoch,) = result["epochs"]
+    assert epoch["dataset"] == "jsb" and epoch["batch"] == 64 and epoch["lmn-b_epoch_s"] > 0
+    assert epoch["lmn_device_vs_cpu"] == pytest.approx(epoch["lmn-b_train_fps"]
+                                                       / epoch["lmn-b-cpu_train_fps"])
+    assert result["data_sha256"]["jsb"] and "gpu" not in result["machine"]

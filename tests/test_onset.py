@@ -23,10 +23,13 @@ from linmem.train import (
 
 
 @pytest.mark.parametrize("options", [{}, {"chunk": 40, "transpose": 2}])
-def test_replaying_an_epoch_of_updates_gives_the_trainers_first_epoch(tmp_path, jsb, options):
+def test_replaying_an_epoch_of_updates_gives_the_trainers_first_epoch(tmp_path, jsb, options,
+                                                                     data_dir, monkeypatch):
     """The replay takes the trainer's batches in its order: replaying as many updates as the
     first epoch holds ends on the model the trainer had after it (the same validation
-    scores), and the losses' frame-weighted mean is the epoch's training NLL."""
+    scores), and the losses' frame-weighted mean is the epoch's training NLL. Data given in
+    memory is vouched for by no file's checksum, even where $LINMEM_DATA holds the data set."""
+    monkeypatch.setenv("LINMEM_DATA", str(data_dir))
     config = TrainConfig(data="jsb", model="rnn", hidden=8, batch_size=32, epochs=1,
                          **options)
     run = tmp_path / "run"

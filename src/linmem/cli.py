@@ -812,7 +812,7 @@ def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, dev
             result[name].update(acc_expected=100 * acc, acc_expected_se=100 * se,
                                 expected_samples=expected, expected_seed=seed)
     result.update(provenance(command_line(), git_commit(), seed if expected else None, checksum,
-                             time.perf_counter() - started))
+                             time.perf_counter() - started, device))
     result["cpu_time_s"] = time.process_time() - cpu_started
     if out is not None:
         write_json(out, result)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ._io import command_line, git_commit, provenance, read_json
-from .data import Batch, DataError, data_checksum, load_polyphonic
+from .data import Batch, data_checksum, load_polyphonic
 from .nn import memory_radii_of
 from .train import (
     TrainConfig,
@@ -141,7 +141,8 @@ def first_updates(run_dir: str | Path, updates: int = 20, lrs: Sequence[float] =
             f"{run_dir} has no init.pt: only a pretrained run keeps its initial weights "
             "(use start 'random' for the trainer's draw)")
     root = data_dir or config.data_dir
-    if data is None:
+    from_file = data is None  # data given in memory: no file to vouch for
+    if from_file:
         data = load_polyphonic(config.data, root=root)
     train_seqs = [s for s in data["train"] if len(s) >= 2]
     if start == "init":
@@ -158,10 +159,7 @@ def first_updates(run_dir: str | Path, updates: int = 20, lrs: Sequence[float] =
         model, trace = _replay(initial, replace(config, lr=lr), train_seqs, updates, device)
         replays.append({"lr": lr, **trace, "finite": trace["losses"][-1] is not None,
                         **scores(model)})
-    try:
-        checksum = data_checksum(config.data, root)
-    except DataError:  # data given in memory, not from a file
-        checksum = None
+    checksum = data_checksum(config.data, root) if from_file else None
     record = provenance(command or command_line(), git_commit(), config.seed, checksum,
                         time.perf_counter() - started, device)
     return {"run_dir": str(run_dir), "dataset": config.data, "model": config.model,

@@ -575,8 +575,10 @@ def train(
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        if "rng" in ckpt:
-            torch.set_rng_state(ckpt["rng"])
+        if "rng" in ckpt:  # loaded onto the run's device; the CPU generator's state is CPU's
+            torch.set_rng_state(ckpt["rng"].cpu())
+        if "cuda_rng" in ckpt and device.type == "cuda":  # a run on CUDA continued on CUDA
+            torch.cuda.set_rng_state(ckpt["cuda_rng"].cpu(), device)
     elapsed_before = state["elapsed"]
     # older checkpoints did not keep the CPU time: their wall time stands in (an upper bound)
     cpu_before = state.get("cpu_elapsed", elapsed_before)
@@ -643,9 +645,13 @@ def train(
         state["epoch"] = epoch
         state["stop_reason"] = _stop_reason(state, config)
         state["elapsed"], state["cpu_elapsed"] = spent()
-        # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it
+        # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it (on CUDA, from the
+        # device's generator)
+        rng = {"rng": torch.get_rng_state()}
+        if device.type == "cuda":
+            rng["cuda_rng"] = torch.cuda.get_rng_state(device)
         _save_last({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "state": state, "rng": torch.get_rng_state()}, run_dir)
+                    "state": state, **rng}, run_dir)
         _write_log(run_dir, state["history"])
         if progress:
             best_text = (f"{100 * state['best_score']:.2f}%" if config.select == "acc" else
