@@ -152,6 +152,7 @@ def test_rnnrbm_step_reference_is_the_former_chain():
     assert torch.equal(bench.former_marginals(model, x), model.marginals(x))
 
 
+@pytest.mark.slow
 def test_cuda_throughput_script_runs_on_the_cpu(tmp_path, data_dir):
     """The GPU benchmark's smoke test where there is no GPU (``--device cpu``): every model
     trains and infers, an epoch of real data is timed, the ratios are those of the rates."""
