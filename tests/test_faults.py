@@ -243,3 +243,34 @@ def test_the_installed_command_gives_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "linmem: error: device must be cpu, cuda or cuda:N, got 'tpu'"]
     assert not (tmp_path / "run").exists()
+
+
+def test_devices_this_machine_lacks_are_one_line_before_anything_runs(tmp_path, data_dir,
+                                                                      capsys):
+    """A device this machine does not have (CUDA where there is none, or a GPU number past its
+    last) is refused in one line by every command that takes --device, before any run, study or
+    output exists; the forms torch accepts but the library does not run on are refused too."""
+    from linmem._check import check_device, device_form
+
+    missing = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    assert device_form("cpu:0") == torch.device("cpu") == check_device("cpu")
+    assert device_form("cuda:3") == torch.device("cuda", 3)  # a config for another machine
+    for bad in ("meta", "mps", "tpu", "cuda:x", 3):
+        with pytest.raises(ValueError, match="device must be cpu, cuda or cuda:N"):
+            check_device(bad)
+    with pytest.raises(ValueError, match="was asked for"):
+        check_device(missing)
+    run = tmp_path / "run"
+    code, _, err = run_cli("train", *TINY, "--epochs", "1", "--data-dir", data_dir, "--out", run,
+                           capsys=capsys)
+    assert code == 0, err
+    for command in (("evaluate", run), ("first-updates", run, "--start", "random")):
+        code, _, err = run_cli(*command, "--device", missing, capsys=capsys)
+        assert_one_line_error(code, err, f"device '{missing}' was asked for")
+    code, _, err = run_cli("evaluate", run, "--split", "test", "--device", "cpu:0", capsys=capsys)
+    assert code == 0, err
+    search = tmp_path / "search"
+    code, _, err = run_cli("search", "--grid", "tiny", "--out", search, "--data-dir", data_dir,
+                           "--device", missing, "--quiet", capsys=capsys)
+    assert_one_line_error(code, err, f"device '{missing}' was asked for")
+    assert not search.exists()  # no study was opened, no point failed for want of the device

@@ -18,6 +18,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from ._check import check_device
 from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
 from .data import (
     DATASETS,
@@ -456,6 +457,7 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
             **({} if max_retry is None else {"max_retry": max_retry}))
         if config.base.data_dir is not None and not Path(config.base.data_dir).is_dir():
             raise ValueError(f"--data-dir {config.base.data_dir}: no such directory")
+        check_device(config.base.device)
         click.echo(f"linmem search: storage {storage or default_storage(out)}, runs in {out}",
                    err=True)
         counts = run_search(config, jobs, command_line())

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._check import check_device
 from ._io import command_line, git_commit, provenance, read_json
 from .data import Batch, data_checksum, load_polyphonic
 from .nn import memory_radii_of
@@ -132,7 +133,7 @@ def first_updates(run_dir: str | Path, updates: int = 20, lrs: Sequence[float] =
         raise ValueError(f"updates must be positive, not {updates}")
     if any(not lr > 0 for lr in lrs):
         raise ValueError(f"learning rates must be positive: {list(lrs)}")
-    run_dir = Path(run_dir)
+    run_dir, device = Path(run_dir), check_device(device)
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
     config = TrainConfig.from_dict(read_json(run_dir / "config.json"))

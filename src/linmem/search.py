@@ -65,7 +65,7 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
-from ._check import check_int
+from ._check import check_device, check_int
 from ._io import atomic_write, command_line, read_json
 from ._threads import usable_cpus
 from .data import DATASETS, load_polyphonic, resolve_name
@@ -471,6 +471,7 @@ def run_worker(config: SearchConfig, command: str | None = None,
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     command = command or command_line()
+    check_device(config.base.device)  # here, before a trial could fail for want of it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # heartbeats and fail_stale_trials are marked experimental since Optuna 2.9
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -569,6 +570,7 @@ def run_search(config: SearchConfig, jobs: int = 1, command: str | None = None,
     ``jobs`` is 1), each with its share of the usable CPUs, until every point is done or failed;
     returns :func:`count_points`. Raises ``RuntimeError`` when a worker process fails."""
     check_int("jobs", jobs)
+    check_device(config.base.device)  # one clear error, not one per worker process
     command = command or command_line()
     if jobs == 1:
         run_worker(config, command)

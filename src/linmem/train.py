@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._check import check_int
+from ._check import check_device, check_int, device_form
 from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
 from .data import (
     EVAL_MAX_RATIO,
@@ -174,10 +174,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.data = resolve_name(self.data)
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError):
-            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}") from None
+        device_form(self.device)
         # the model with its activation, depth and dropout: fail now, not after hours of pretraining
         check_options(self.model, self.nonlinearity, self.num_layers, self.dropout)
         if not get_spec(self.model).has_memory:
@@ -396,7 +393,9 @@ class CheckpointError(ValueError):
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:
     """A checkpoint written by :func:`train` (tensors, numbers and strings only:
-    ``weights_only``); :class:`CheckpointError` naming the file when it cannot be read."""
+    ``weights_only``), its tensors on ``device``; :class:`CheckpointError` naming the file when
+    it cannot be read, ``ValueError`` when this machine has no such device."""
+    device = check_device(device)
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
@@ -453,7 +452,7 @@ def load_run_model(run_dir: str | Path, which: str = "best",
                    device: str | torch.device = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
     """The model saved in ``run_dir`` and its config: ``which`` is ``"best"``, ``"last"`` or
     ``"init"`` (a pretrained run's initial weights, :func:`linmem.recipes.pretrain`'s)."""
-    run_dir = Path(run_dir)
+    run_dir, device = Path(run_dir), check_device(device)
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
     config = TrainConfig.from_dict(read_json(run_dir / "config.json"))
@@ -520,9 +519,7 @@ def train(
     started, cpu_started = time.perf_counter(), time.process_time()
     commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
     command = command or command_line()
-    device = torch.device(config.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but CUDA is not available")
+    device = check_device(config.device)
     checkpoint = run_dir / "last.pt"
     if resume and (run_dir / "config.json").is_file():
         saved = TrainConfig.from_dict(read_json(run_dir / "config.json"))
