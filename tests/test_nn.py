@@ -529,3 +529,75 @@ def test_parameter_names_and_shapes():
     assert shapes["weight_mm_l1"] == (70, 70)
     assert shapes["bias_h_l1"] == (50,) and shapes["bias_m_l0"] == (70,)
     assert all(torch.all(getattr(lmn, f"bias_{w}_l{k}") == 0) for w in "hm" for k in (0, 1))
+
+
+def _autocast_cases():
+    """(module, input, state) for every recurrent module of the library, batch first."""
+    from linmem.nn import UnrolledNet
+    from linmem.rnns import GRU, LSTM, RNN
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 9, 7)
+    cases = {"lmn": (LMN(7, 6, 5, num_layers=2, batch_first=True), x,
+                     torch.randn(2, 3, 5)),
+             "lmn-packed": (LMN(7, 6, 5, batch_first=True),
+                            pack_sequence([x[0], x[1, :5], x[2, :2]]), None),
+             "cell": (LMNCell(7, 6, 5), x[:, 0], (torch.randn(3, 6), torch.randn(3, 5))),
+             "unrolled": (UnrolledNet(7, 6, 3, batch_first=True), x, None)}
+    for name, cls in (("rnn", RNN), ("gru", GRU), ("lstm", LSTM)):
+        cases[name] = (cls(7, 6, num_layers=2, batch_first=True), x, None)
+    return cases
+
+
+@pytest.mark.parametrize("name", ["lmn", "lmn-packed", "cell", "unrolled", "rnn", "gru",
+                                  "lstm"])
+def test_recurrences_keep_their_precision_under_autocast(name):
+    """Under ``torch.autocast`` (bfloat16 on the CPU) every recurrent module runs in its
+    parameters' precision: outputs, final states and gradients equal the float32 run's exactly
+    (the module's input products included), instead of failing on mixed dtypes."""
+    torch.set_default_dtype(torch.float32)  # autocast lowers float32 (the fixture restores)
+    module, x, state = _autocast_cases()[name]
+
+    def run(autocast: bool):
+        module.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out, final = module(x, state)
+        data = out.data if hasattr(out, "batch_sizes") else out
+        finals = list(final) if isinstance(final, tuple) else [final]
+        (data.square().sum() + sum(f.sum() for f in finals)).backward()
+        return [data, *finals, *(p.grad.clone() for p in module.parameters()
+                                 if p.grad is not None)]
+
+    plain, cast = run(False), run(True)
+    assert len(plain) == len(cast) > 3
+    for a, b in zip(plain, cast, strict=True):
+        assert b.dtype == torch.float32 and torch.equal(a, b)
+
+
+def test_every_model_trains_under_autocast():
+    """A model's recurrence stays in float32 while its readout follows autocast: each
+    registered model's training loss under bfloat16 autocast is within 1e-3 of float32's and
+    backpropagates to every parameter that float32 reaches."""
+    from linmem.data import collate
+    from linmem.models import MODELS, build_model
+
+    torch.set_default_dtype(torch.float32)  # autocast lowers float32 (the fixture restores)
+    g = torch.Generator().manual_seed(1)
+    batch = collate([(torch.rand(n, 88, generator=g) < 0.1).float().numpy() for n in (9, 6)])
+    for name in MODELS:
+        torch.manual_seed(0)
+        options = {"rbm_predict": "mean-field"} if name == "rnn-rbm" else {}
+        model = build_model(name, 12, 10, k=3, **options)
+        sampled = name == "rnn-rbm"  # its CD cost draws Gibbs chains: no float32 twin
+        if not sampled:
+            reference = model.training_loss(batch)
+            reference.backward()
+            reached = {n for n, p in model.named_parameters() if p.grad is not None}
+            model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model.training_loss(batch)
+        loss.backward()
+        assert torch.isfinite(loss), name
+        if not sampled:
+            assert loss.item() == pytest.approx(reference.item(), rel=1e-3), name
+            assert {n for n, p in model.named_parameters() if p.grad is not None} == reached

@@ -21,6 +21,7 @@ PyTorch ops; :func:`use_cpu_kernel` chooses between them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Iterator
@@ -164,6 +165,46 @@ def _check_dtype(t: Tensor, weight: Tensor, what: str = "input") -> None:
     if t.dtype != weight.dtype:
         raise TypeError(f"{what} is {t.dtype}, the LMN's parameters are {weight.dtype}: convert "
                         f"one of them (input.to({weight.dtype}) or lmn.to({t.dtype}))")
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether ``torch.autocast`` is on for ``device_type`` ("cpu", "cuda") here."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        return (torch.is_autocast_enabled() if device_type == "cuda"
+                else torch.is_autocast_cpu_enabled())
+
+
+def _to_dtype(value, dtype: torch.dtype):
+    """``value`` (a tensor, a packed sequence, a tuple of them or None) with its floating
+    tensors in ``dtype``."""
+    if value is None:
+        return None
+    if isinstance(value, PackedSequence):  # a tuple too: its data; sizes and indices stay
+        return value.to(dtype)
+    if isinstance(value, tuple | list):
+        return type(value)(_to_dtype(v, dtype) for v in value)
+    return value.to(dtype) if value.is_floating_point() else value
+
+
+def in_parameter_precision(forward):
+    """Run a recurrent module's ``forward(input, state)`` under ``torch.autocast`` with autocast
+    off and ``input`` and ``state`` cast to the parameters' dtype (their output is then in that
+    dtype; the layers around them follow autocast). A recurrence compounds its rounding over
+    thousands of steps, and nothing bounds the LMN's linear memory: it keeps the parameters'
+    precision, as autocast's float32 operations do. Without autocast this changes nothing."""
+
+    @functools.wraps(forward)
+    def wrapped(self, input, state=None):
+        data = input.data if isinstance(input, PackedSequence) else input
+        if not isinstance(data, Tensor) or not autocast_enabled(data.device.type):
+            return forward(self, input, state)
+        dtype = next(self.parameters()).dtype
+        with torch.autocast(data.device.type, enabled=False):
+            return forward(self, _to_dtype(input, dtype), _to_dtype(state, dtype))
+
+    return wrapped
 
 
 def _split_state(state: State) -> tuple[Tensor | None, Tensor | None]:
@@ -460,6 +501,7 @@ class LMNCell(nn.Module):
         weights = {name: getattr(self, name) for name in _PARAM_NAMES}
         _reset_layer(weights, self.input_size, self.hidden_size, self.memory_size)
 
+    @in_parameter_precision
     def forward(self, input: Tensor, state: State = None) -> tuple[Tensor, Tensor]:
         batched = input.dim() == 2
         if input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
@@ -559,6 +601,7 @@ class LMN(nn.Module):
         """The parameters of layer ``k`` under their cell names (``weight_xh``, ...)."""
         return {name: getattr(self, f"{name}_l{k}", None) for name in _PARAM_NAMES}
 
+    @in_parameter_precision
     def forward(self, input: Tensor | PackedSequence, state: State = None):
         packed = isinstance(input, PackedSequence)
         if packed:
@@ -812,6 +855,7 @@ class UnrolledNet(nn.Module):
             _init_uniform(self.weight_hh, self.k * self.hidden_size)
             nn.init.zeros_(self.bias_h)
 
+    @in_parameter_precision
     def forward(self, input: Tensor, past: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``past`` ``(B, k H)``: ``[h_0, h_{-1}, ..., h_{1-k}]`` before the first step (default
         zeros), e.g. ``lagged[:, -1, :k H]`` of a previous call, to continue a sequence."""

@@ -42,7 +42,15 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .nn import _KERNEL_CODES, _kernel_for, _lagged_product, _rows, activation_slope
+from .nn import (
+    _KERNEL_CODES,
+    _kernel_for,
+    _lagged_product,
+    _rows,
+    _to_dtype,
+    activation_slope,
+    autocast_enabled,
+)
 
 __all__ = ["GRU", "LSTM", "RNN", "as_torch", "gru_recurrence", "lstm_recurrence",
            "rnn_recurrence"]
@@ -293,6 +301,11 @@ class _FastForward:
                 and input.numel() > 0)
 
     def forward(self, input, hx=None):  # torch's argument names
+        if (isinstance(input, Tensor) and input.device.type == "cpu"
+                and autocast_enabled("cpu")):  # the fast path, in the parameters' precision
+            dtype = self.weight_ih_l0.dtype
+            with torch.autocast("cpu", enabled=False):
+                return self.forward(input.to(dtype), _to_dtype(hx, dtype))
         if not self._fast(input):
             return super().forward(input, hx)
         lstm = isinstance(self, nn.LSTM)  # its state is the pair (h, c)
