@@ -167,7 +167,7 @@ def _check_dtype(t: Tensor, weight: Tensor, what: str = "input") -> None:
                         f"one of them (input.to({weight.dtype}) or lmn.to({t.dtype}))")
 
 
-def autocast_enabled(device_type: str) -> bool:
+def _autocast_enabled(device_type: str) -> bool:
     """Whether ``torch.autocast`` is on for ``device_type`` ("cpu", "cuda") here."""
     try:
         return torch.is_autocast_enabled(device_type)
@@ -188,7 +188,7 @@ def _to_dtype(value, dtype: torch.dtype):
     return value.to(dtype) if value.is_floating_point() else value
 
 
-def in_parameter_precision(forward):
+def _in_parameter_precision(forward):
     """Run a recurrent module's ``forward(input, state)`` under ``torch.autocast`` with autocast
     off and ``input`` and ``state`` cast to the parameters' dtype (their output is then in that
     dtype; the layers around them follow autocast). A recurrence compounds its rounding over
@@ -198,7 +198,7 @@ def in_parameter_precision(forward):
     @functools.wraps(forward)
     def wrapped(self, input, state=None):
         data = input.data if isinstance(input, PackedSequence) else input
-        if not isinstance(data, Tensor) or not autocast_enabled(data.device.type):
+        if not isinstance(data, Tensor) or not _autocast_enabled(data.device.type):
             return forward(self, input, state)
         dtype = next(self.parameters()).dtype
         with torch.autocast(data.device.type, enabled=False):
@@ -501,7 +501,7 @@ class LMNCell(nn.Module):
         weights = {name: getattr(self, name) for name in _PARAM_NAMES}
         _reset_layer(weights, self.input_size, self.hidden_size, self.memory_size)
 
-    @in_parameter_precision
+    @_in_parameter_precision
     def forward(self, input: Tensor, state: State = None) -> tuple[Tensor, Tensor]:
         batched = input.dim() == 2
         if input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
@@ -601,7 +601,7 @@ class LMN(nn.Module):
         """The parameters of layer ``k`` under their cell names (``weight_xh``, ...)."""
         return {name: getattr(self, f"{name}_l{k}", None) for name in _PARAM_NAMES}
 
-    @in_parameter_precision
+    @_in_parameter_precision
     def forward(self, input: Tensor | PackedSequence, state: State = None):
         packed = isinstance(input, PackedSequence)
         if packed:
@@ -855,7 +855,7 @@ class UnrolledNet(nn.Module):
             _init_uniform(self.weight_hh, self.k * self.hidden_size)
             nn.init.zeros_(self.bias_h)
 
-    @in_parameter_precision
+    @_in_parameter_precision
     def forward(self, input: Tensor, past: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``past`` ``(B, k H)``: ``[h_0, h_{-1}, ..., h_{1-k}]`` before the first step (default
         zeros), e.g. ``lagged[:, -1, :k H]`` of a previous call, to continue a sequence."""

@@ -44,12 +44,12 @@ from torch.autograd.function import once_differentiable
 
 from .nn import (
     _KERNEL_CODES,
+    _autocast_enabled,
     _kernel_for,
     _lagged_product,
     _rows,
     _to_dtype,
     activation_slope,
-    autocast_enabled,
 )
 
 __all__ = ["GRU", "LSTM", "RNN", "as_torch", "gru_recurrence", "lstm_recurrence",
@@ -302,7 +302,7 @@ class _FastForward:
 
     def forward(self, input, hx=None):  # torch's argument names
         if (isinstance(input, Tensor) and input.device.type == "cpu"
-                and autocast_enabled("cpu")):  # the fast path, in the parameters' precision
+                and _autocast_enabled("cpu")):  # the fast path, in the parameters' precision
             dtype = self.weight_ih_l0.dtype
             with torch.autocast("cpu", enabled=False):
                 return self.forward(input.to(dtype), _to_dtype(hx, dtype))
