@@ -100,7 +100,7 @@ def test_relative_change():
     change = relative_change(b, a)
     assert change["core.weight_hh_l0"] == pytest.approx(0.5)
     assert change["core.bias_hh_l0"] is None  # the reference is zero: no relative size
-    expected = 1.0 * np.sqrt(a.readout.bias.numel()) / float(a.readout.bias.norm())
+    expected = 1.0 * np.sqrt(a.readout.bias.numel()) / float(a.readout.bias.detach().norm())
     assert change["readout.bias"] == pytest.approx(expected, rel=1e-6)
 
 
