@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,10 +32,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # throughput.py beside this file
 
-from throughput import NaiveLMN, random_batch
+from throughput import NaiveLMN, epoch_batches, median_rates, random_batch, torch_rnns
 
 from linmem._io import command_line, git_commit, provenance, write_json
-from linmem.data import bucket_batches, collate, data_checksum, load_polyphonic
+from linmem.data import load_polyphonic
 from linmem.models import build_model
 from linmem.rnns import as_torch
 from linmem.train import train_step
@@ -109,11 +108,9 @@ def bench_sizes(args, device: torch.device) -> list[dict]:
             torch.manual_seed(0)
             lmn = build_model("lmn-b", f, m)
             models = {"lmn": (lmn.to(device), device),
-                      "naive-loop": (NaiveLMN(lmn).to(device), device)}
-            for name in ("rnn", "lstm", "gru"):  # PyTorch's own modules (cuDNN on CUDA)
-                model = build_model(name, f + m)
-                model.core = as_torch(model.core)
-                models[name] = (model.to(device), device)
+                      "naive-loop": (NaiveLMN(lmn).to(device), device),
+                      **{name: (model.to(device), device)  # cuDNN's on CUDA
+                         for name, model in torch_rnns(f + m).items()}}
             models["lmn-cpu"] = (build_model("lmn-b", f, m), cpu)
             runs = {name: [] for name in models}
             for _ in range(args.rounds):  # interleaved rounds: drift hits every model alike
@@ -121,10 +118,8 @@ def bench_sizes(args, device: torch.device) -> list[dict]:
                     timing = (model, batch.to(where), args.min_time, where)
                     runs[name].append(_one_thread(measure, *timing) if where.type == "cpu"
                                       else measure(*timing))
-            row = {"functional": f, "memory": m, "batch": batch_size, "steps": args.steps}
-            for name, values in runs.items():
-                row[f"{name}_train_fps"] = statistics.median(v[0] for v in values)
-                row[f"{name}_infer_fps"] = statistics.median(v[1] for v in values)
+            row = {"functional": f, "memory": m, "batch": batch_size, "steps": args.steps,
+                   **median_rates(runs)}
             for mode in ("train", "infer"):
                 fps = row[f"lmn_{mode}_fps"]
                 for other in ("lstm", "naive-loop", "lmn-cpu"):
@@ -154,14 +149,9 @@ def bench_epochs(args, device: torch.device) -> list[dict]:
     rows = []
     for name in args.epochs:
         data = load_polyphonic(name, root=args.data_dir, progress=False)
-        seqs = [s for s in data["train"] if len(s) >= 2]
-        lengths = [len(s) - 1 for s in seqs]
         for batch_size in args.epoch_batches:
-            batches = bucket_batches(lengths, batch_size, shuffle=True, seed=1)
-            padded = [collate([seqs[i] for i in idx]) for idx in batches]
-            row = {"dataset": name, "batch": batch_size, "functional": f, "memory": m,
-                   "frames": int(sum(lengths)), "batches": len(batches),
-                   "data_sha256": data_checksum(name, args.data_dir)}
+            row, padded = epoch_batches(data, name, batch_size, args.data_dir)
+            row.update(functional=f, memory=m)
             for label, model_name, size, where in (("lmn-b", "lmn-b", (f, m), device),
                                                    ("lstm", "lstm", (f + m, None), device),
                                                    ("lmn-b-cpu", "lmn-b", (f, m), cpu)):
@@ -178,7 +168,7 @@ def bench_epochs(args, device: torch.device) -> list[dict]:
             row["lmn_device_vs_cpu"] = row["lmn-b_train_fps"] / row["lmn-b-cpu_train_fps"]
             rows.append(row)
             print(f"epoch on {name} ({row['frames']} frames, batch {batch_size}, "
-                  f"{len(batches)} batches): on {device.type}: LMN-B({f},{m}) "
+                  f"{row['batches']} batches): on {device.type}: LMN-B({f},{m}) "
                   f"{row['lmn-b_epoch_s']:.1f}s, LSTM({f + m}) {row['lstm_epoch_s']:.1f}s; "
                   f"LMN-B on one CPU thread {row['lmn-b-cpu_epoch_s']:.1f}s | lmn/lstm "
                   f"{row['lmn_vs_lstm']:.2f}x  lmn {device.type}/cpu "

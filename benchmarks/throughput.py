@@ -172,6 +172,22 @@ def measure(model: nn.Module, batch: Batch, min_time: float) -> tuple[float, flo
     return train, frames_per_second(infer, frames, min_time)
 
 
+def torch_rnns(hidden: int) -> dict[str, nn.Module]:
+    """Predictors on ``torch.nn.RNN``, ``LSTM`` and ``GRU`` themselves (not ``linmem.rnns``'
+    faster ones: :func:`linmem.rnns.as_torch`) of ``hidden`` units, with the 88-key readout."""
+    models = {}
+    for name in ("rnn", "lstm", "gru"):
+        models[name] = build_model(name, hidden)
+        models[name].core = as_torch(models[name].core)
+    return models
+
+
+def median_rates(runs: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """``NAME_train_fps`` and ``NAME_infer_fps``: each model's median over the rounds."""
+    return {f"{name}_{mode}_fps": statistics.median(v[i] for v in values)
+            for name, values in runs.items() for i, mode in enumerate(("train", "infer"))}
+
+
 def bench_sizes(args) -> list[dict]:
     rows = []
     for size in args.sizes:
@@ -181,10 +197,8 @@ def bench_sizes(args) -> list[dict]:
             torch.manual_seed(0)
             lmn = build_model("lmn-b", f, m)
             models = {"lmn": lmn, **{f"lmn-{v}": PathLMN(lmn, v) for v in args.variants},
-                      "torch-loop": PathLMN(lmn, False), "naive-loop": NaiveLMN(lmn)}
-            for name in ("rnn", "lstm", "gru"):  # PyTorch's own modules (linmem.rnns.as_torch)
-                models[name] = build_model(name, f + m)
-                models[name].core = as_torch(models[name].core)
+                      "torch-loop": PathLMN(lmn, False), "naive-loop": NaiveLMN(lmn),
+                      **torch_rnns(f + m)}
             runs = {name: [] for name in models}
             for _ in range(args.rounds):  # interleaved rounds: drift hits every model alike
                 for name, model in models.items():
@@ -198,9 +212,7 @@ def bench_sizes(args) -> list[dict]:
             for label, on in (("kernel", default), ("torch_loop", False)):
                 rate = recurrence_rate(f, m, batch_size, args.steps, on, args.min_time)
                 row[f"recurrence_{label}_gflops"] = rate / 1e9
-            for name, values in runs.items():
-                row[f"{name}_train_fps"] = statistics.median(v[0] for v in values)
-                row[f"{name}_infer_fps"] = statistics.median(v[1] for v in values)
+            row.update(median_rates(runs))
             row["train_bound_fps"] = args.gemm_rate / (3 * flops)
             row["infer_bound_fps"] = args.gemm_rate / flops
             row["train_small_bound_fps"] = small / (3 * flops)
@@ -244,21 +256,29 @@ def print_row(r: dict) -> None:
                   f"{r[f'{mode}_{v}_vs_torch_loop']:.2f}x", flush=True)
 
 
+def epoch_batches(data: dict, name: str, batch_size: int, data_dir: str | None
+                  ) -> tuple[dict, list[Batch]]:
+    """The training split of ``name`` in the trainer's batches (length buckets, padded) of
+    ``batch_size`` sequences, with the row that describes them (frames, batches, padding,
+    the data's checksum)."""
+    seqs = [s for s in data["train"] if len(s) >= 2]
+    lengths = [len(s) - 1 for s in seqs]
+    batches = bucket_batches(lengths, batch_size, shuffle=True, seed=1)
+    row = {"dataset": name, "batch": batch_size, "frames": int(sum(lengths)),
+           "batches": len(batches), "padding_fraction": padding_fraction(lengths, batches),
+           "data_sha256": data_checksum(name, data_dir)}
+    return row, [collate([seqs[i] for i in idx]) for idx in batches]
+
+
 def bench_epochs(args) -> list[dict]:
     """One training epoch with the trainer's batching, LMN-B against LSTM(f + m)."""
     f, m = (int(v) for v in args.epoch_size.split("x"))
     rows = []
     for name in args.epochs:
         data = load_polyphonic(name, root=args.data_dir, progress=False)
-        seqs = [s for s in data["train"] if len(s) >= 2]
-        lengths = [len(s) - 1 for s in seqs]
         for batch_size in args.batches:
-            batches = bucket_batches(lengths, batch_size, shuffle=True, seed=1)
-            padded = [collate([seqs[i] for i in idx]) for idx in batches]
-            row = {"dataset": name, "batch": batch_size, "functional": f, "memory": m,
-                   "frames": int(sum(lengths)), "batches": len(batches),
-                   "padding_fraction": padding_fraction(lengths, batches),
-                   "data_sha256": data_checksum(name, args.data_dir)}
+            row, padded = epoch_batches(data, name, batch_size, args.data_dir)
+            row.update(functional=f, memory=m)
             for model_name, size in (("lmn-b", (f, m)), ("lstm", (f + m, None))):
                 torch.manual_seed(0)
                 model = build_model(model_name, *size)
@@ -274,7 +294,7 @@ def bench_epochs(args) -> list[dict]:
             row["lmn_vs_lstm"] = row["lmn-b_train_fps"] / row["lstm_train_fps"]
             rows.append(row)
             print(f"epoch on {name} (train split, {row['frames']} frames, batch {batch_size}, "
-                  f"{len(batches)} batches, padding {100 * row['padding_fraction']:.1f}%): "
+                  f"{row['batches']} batches, padding {100 * row['padding_fraction']:.1f}%): "
                   f"LMN-B({f},{m}) {row['lmn-b_epoch_s']:.1f}s = "
                   f"{row['lmn-b_train_fps'] / 1e3:.1f}k frames/s, LSTM({f + m}) "
                   f"{row['lstm_epoch_s']:.1f}s = {row['lstm_train_fps'] / 1e3:.1f}k frames/s, "
