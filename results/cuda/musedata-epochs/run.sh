@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # session 14, GPU call 5: what a MuseData epoch of the Table 2 configurations costs on the GPU
 # (three epochs each through `linmem reseed --set device=cuda`, the study's exact settings)
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."  # the repository root
 export PYTHONPATH=$PWD/src:$PWD/.gpu/site PYTHONUNBUFFERED=1 LINMEM_DATA=$PWD/.gpu/data
 date -Is
 for spec in "lstm 750" "gru 750" "rnn 750" "lmn-b 250"; do
