@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # throughput.py beside
 
 from throughput import NaiveLMN, epoch_batches, median_rates, random_batch, torch_rnns
 
+from linmem._check import check_device
 from linmem._io import command_line, git_commit, provenance, write_json
 from linmem.data import load_polyphonic
 from linmem.models import build_model
@@ -192,9 +193,10 @@ def main() -> None:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("cuda_throughput.py: no CUDA device here (pass --device cpu for a smoke test)")
+    try:
+        device = check_device(args.device)
+    except ValueError as err:
+        sys.exit(f"cuda_throughput.py: {err} (--device cpu runs it as a smoke test)")
     started = time.perf_counter()
     commit = git_commit()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None

@@ -27,3 +27,10 @@ def data_dir() -> Path:
 @pytest.fixture(scope="session")
 def jsb(data_dir):
     return load_polyphonic("jsb", root=data_dir)
+
+
+@pytest.fixture(scope="session")
+def small(jsb):
+    """A slice of JSB Chorales (24 training, 10 validation, 10 test sequences): a training run
+    takes a second or two."""
+    return {"train": jsb["train"][:24], "valid": jsb["valid"][:10], "test": jsb["test"][:10]}

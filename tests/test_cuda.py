@@ -32,12 +32,6 @@ CUDA = torch.device("cuda")
 OPTIONS = {"rnn-rbm": {"rbm_hidden": 16, "cd_k": 2, "rbm_predict": "mean-field"}}
 
 
-@pytest.fixture(scope="module")
-def small(jsb):
-    """A slice of JSB Chorales: a run takes seconds."""
-    return {"train": jsb["train"][:24], "valid": jsb["valid"][:10], "test": jsb["test"][:10]}
-
-
 def _sequences(lengths=(9, 6, 4), seed=1) -> list[np.ndarray]:
     g = torch.Generator().manual_seed(seed)
     return [(torch.rand(n, 88, generator=g) < 0.1).double().numpy() for n in lengths]

@@ -210,6 +210,7 @@ def test_evaluation_runs_the_core_once_per_batch_and_scores_as_two_passes():
 
 @pytest.fixture(scope="module")
 def small(jsb):
+    """This module's slice of JSB Chorales, smaller than conftest's ``small``."""
     return {"train": jsb["train"][:12], "valid": jsb["valid"][:4], "test": jsb["test"][:4]}
 
 

@@ -13,12 +13,6 @@ from linmem.models import build_model
 from linmem.train import TrainConfig, TrainingDiverged, evaluate, load_run_model, train
 
 
-@pytest.fixture(scope="module")
-def small(jsb):
-    """A small slice of JSB Chorales, so that a run takes a second."""
-    return {"train": jsb["train"][:24], "valid": jsb["valid"][:10], "test": jsb["test"][:10]}
-
-
 def config(**kw):
     base = dict(model="lmn-b", hidden=12, memory=10, batch_size=6, epochs=4, patience=10,
                 seed=3)
