@@ -5,8 +5,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from linmem.cli import main
+from linmem.data import load_polyphonic
+from linmem.metrics import frame_accuracy
+from linmem.train import load_run_model
 
 
 def run_cli(*args, capsys):
@@ -82,6 +86,37 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     (record,) = collect_metrics([out])  # what linmem report reads from the run
     assert record["valid_acc_expected"] == expected["acc_expected"]
     assert record["valid_acc_expected_se"] == expected["acc_expected_se"]
+    # the accuracy at other thresholds, the one validation chooses, and every split's at it,
+    # against frame_accuracy on the model's own probabilities
+    code, stdout, _ = run_cli("evaluate", str(out), "--data-dir", str(data_dir), "--split", "all",
+                              "--thresholds", "0.1:0.7:0.15", capsys=capsys)
+    assert code == 0
+    scored = json.loads(stdout)
+    grid = ["0.1", "0.25", "0.4", "0.55", "0.7"]
+    model, _ = load_run_model(out)
+    data = load_polyphonic("jsb", root=data_dir)
+    for split in ("valid", "test"):
+        inputs = [torch.tensor(s[:-1], dtype=torch.float32)[None] for s in data[split]]
+        with torch.no_grad():
+            probs = torch.cat([torch.sigmoid(model(x)[0]) for x in inputs])
+        targets = torch.cat([torch.tensor(s[1:]) for s in data[split]])
+        assert list(scored[split]["acc_at"]) == grid
+        for t in grid:
+            assert scored[split]["acc_at"][t] == pytest.approx(
+                100 * frame_accuracy(probs, targets, threshold=float(t)), rel=1e-9)
+    valid_at = scored["valid"]["acc_at"]
+    assert scored["valid_threshold"] == float(max(valid_at, key=valid_at.get))
+    for split in ("train", "valid", "test"):
+        assert scored[split]["acc_at_valid_threshold"] == \
+            scored[split]["acc_at"][str(scored["valid_threshold"])]
+    code, stdout, _ = run_cli("evaluate", str(out), "--data-dir", str(data_dir), "--split", "test",
+                              "--thresholds", "0.5", capsys=capsys)
+    test_only = json.loads(stdout)  # no validation split: no threshold is chosen
+    assert "valid_threshold" not in test_only and "acc_at_valid_threshold" not in test_only["test"]
+    assert test_only["test"]["acc_at"]["0.5"] == pytest.approx(test_only["test"]["acc"], rel=1e-12)
+    for bad in ("0.5,1.5", "0:0.5:0.1", "0.2:0.1:0.1", "a,b", "0.1:0.5"):
+        code, _, err = run_cli("evaluate", str(out), "--thresholds", bad, capsys=capsys)
+        assert code == 2 and "thresholds" in err and len(err.strip().splitlines()) == 1, err
     # a second run into the same directory is refused; --resume with a larger budget goes on
     code, _, err = run_cli("train", *common, "--epochs", "2", capsys=capsys)
     assert code == 2 and "--resume" in err

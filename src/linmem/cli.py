@@ -120,6 +120,27 @@ def _stop_by(ctx, param, value: str | None) -> float | None:
                                  f"got {value!r}") from None
 
 
+def _thresholds(ctx, param, value: str | None) -> tuple[float, ...]:
+    """``--thresholds``: ``0.3,0.5,0.7`` or a range ``START:STOP:STEP`` (both ends included),
+    every one in (0, 1]."""
+    if value is None:
+        return ()
+    try:
+        if ":" in value:
+            start, stop, step = (float(v) for v in value.split(":"))
+            if not step > 0 or stop < start:
+                raise ValueError
+            values = [round(start + i * step, 6) for i in range(round((stop - start) / step) + 1)]
+        else:
+            values = [float(v) for v in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected thresholds such as 0.3,0.5,0.7 or 0.05:0.95:0.05, "
+                                 f"got {value!r}") from None
+    if not all(0 < t <= 1 for t in values):
+        raise click.BadParameter(f"thresholds must be in (0, 1], got {value!r}")
+    return tuple(dict.fromkeys(values))
+
+
 def _clip(ctx, param, value):
     if value is None or str(value).lower() in ("none", "0", "off"):
         return None
@@ -788,11 +809,16 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
               help="Also the expected accuracy (Boulanger-Lewandowski et al. 2012) over N frames "
                    "drawn per step from the model, with its standard error.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --expected.")
+@click.option("--thresholds", callback=_thresholds, default=None,
+              help="Also the global accuracy at each decision threshold (0.3,0.5,0.7 or "
+                   "0.05:0.95:0.05) and, with the valid split, the one chosen there and every "
+                   "split's accuracy at it.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON to this file (atomically; RUN_DIR/expected.json is "
                    "what `linmem report` reads the expected accuracy from).")
 def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, device: str,
-                 expected: int | None, seed: int, out: str | None) -> None:
+                 expected: int | None, seed: int, thresholds: tuple[float, ...],
+                 out: str | None) -> None:
     """Re-score the checkpoint of RUN_DIR; prints JSON (accuracies in percent) with the command,
     commit, seed, data checksum, wall and CPU time."""
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -806,13 +832,21 @@ def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, dev
     result = {"run_dir": str(run_dir), "checkpoint": which, "dataset": config.data,
               "model": config.model}
     for name in splits:
-        scores = evaluate(model, data[name], config.eval_batch_size, device)
+        scores = evaluate(model, data[name], config.eval_batch_size, device,
+                          thresholds=thresholds)
         result[name] = {"acc": 100 * scores["acc"], "acc_frame": 100 * scores["acc_frame"],
                         "nll": scores["nll"], "frames": scores["frames"]}
+        if thresholds:
+            result[name]["acc_at"] = {str(t): 100 * a for t, a in scores["acc_at"].items()}
         if expected is not None:
             acc, se = expected_accuracy(model, data[name], expected, seed, device=device)
             result[name].update(acc_expected=100 * acc, acc_expected_se=100 * se,
                                 expected_samples=expected, expected_seed=seed)
+    if thresholds and "valid" in splits:  # the grid's first best on validation, as train does
+        chosen = max(result["valid"]["acc_at"], key=result["valid"]["acc_at"].get)
+        result["valid_threshold"] = float(chosen)
+        for name in splits:
+            result[name]["acc_at_valid_threshold"] = result[name]["acc_at"][chosen]
     result.update(provenance(command_line(), git_commit(), seed if expected else None, checksum,
                              time.perf_counter() - started, device))
     result["cpu_time_s"] = time.process_time() - cpu_started
