@@ -88,17 +88,21 @@ def test_every_model_gives_the_cpu_numbers(name):
         torch.testing.assert_close(b[key], a[key], rtol=1e-9, atol=1e-11, msg=key)
 
 
-@pytest.mark.parametrize("output", ["memory", "hidden"])
-def test_lmn_layer_options_on_cuda(output):
-    """Two layers, an initial state and a packed batch of unequal lengths: outputs, final state
-    and gradients (inputs, initial memory, weights) equal the CPU's in float64."""
+@pytest.mark.parametrize("output, bidirectional", [("memory", False), ("hidden", False),
+                                                   ("memory", True)])
+def test_lmn_layer_options_on_cuda(output, bidirectional):
+    """Two layers (both directions too), an initial state and a packed batch of unequal
+    lengths: outputs, final state and gradients (inputs, initial memory, weights) equal the
+    CPU's in float64."""
     torch.manual_seed(0)
-    cpu = LMN(7, 6, 5, num_layers=2, output=output, batch_first=True).double()
+    cpu = LMN(7, 6, 5, num_layers=2, output=output, batch_first=True,
+              bidirectional=bidirectional).double()
     gpu = copy.deepcopy(cpu).to(CUDA)
     g = torch.Generator().manual_seed(3)
+    states = 4 if bidirectional else 2
     x = torch.randn(3, 8, 7, generator=g, dtype=torch.float64)
-    h0 = torch.randn(2, 3, 6, generator=g, dtype=torch.float64)
-    m0 = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    h0 = torch.randn(states, 3, 6, generator=g, dtype=torch.float64)
+    m0 = torch.randn(states, 3, 5, generator=g, dtype=torch.float64)
     lengths = torch.tensor([8, 5, 2])
     results = []
     for layer, device in ((cpu, "cpu"), (gpu, CUDA)):

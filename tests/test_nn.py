@@ -132,6 +132,114 @@ def test_packed_sequence_matches_separate_calls():
         torch.testing.assert_close(m_n[:, b], m_b[:, 0])
 
 
+def reference_bidirectional(seq, lmn, m0=None):
+    """A bidirectional LMN written out from :func:`reference_lmn`, one sequence ``(T, F)``: each
+    layer runs forward, and over the reversed sequence with its reverse weights (reversed back),
+    and the next layer reads both outputs side by side. (output, h_n, m_n) as the LMN's."""
+    h_n, m_n, layer_in = [], [], seq
+    for k in range(lmn.num_layers):
+        outs = []
+        for d, reverse in enumerate((False, True)):
+            start = None if m0 is None else m0[2 * k + d]
+            run = layer_in.flip(0) if reverse else layer_in
+            hs, ms = reference_lmn(run, lmn.layer_weights(k, reverse), start)
+            h_n.append(hs[-1])
+            m_n.append(ms[-1])
+            out = ms if lmn.output == "memory" else hs
+            outs.append(out.flip(0) if reverse else out)
+        layer_in = torch.cat(outs, -1)
+    return layer_in, torch.stack(h_n), torch.stack(m_n)
+
+
+@pytest.mark.parametrize("output", ["memory", "hidden"])
+def test_bidirectional_matches_explicit_loops(output):
+    """Two layers, both directions, packed sequences of different lengths and an initial state:
+    each sequence's outputs and final states equal the loops run on it alone."""
+    lmn = randomise(LMN(3, 5, 4, num_layers=2, output=output, bidirectional=True), 5)
+    width = 4 if output == "memory" else 5
+    assert lmn.weight_xh_l1.shape == (5, 2 * width) and lmn.weight_mm_l1_reverse.shape == (4, 4)
+    g = torch.Generator().manual_seed(5)
+    seqs = [torch.randn(n, 3, generator=g) for n in (4, 7, 2)]
+    m0 = torch.randn(4, 3, 4, generator=g)
+    out, (h_n, m_n) = lmn(pack_sequence(seqs, enforce_sorted=False), m0)
+    padded, _ = pad_packed_sequence(out)
+    assert padded.shape == (7, 3, 2 * width) and h_n.shape == (4, 3, 5) and m_n.shape == (4, 3, 4)
+    for b, s in enumerate(seqs):
+        expected, h_b, m_b = reference_bidirectional(s, lmn, m0[:, b])
+        torch.testing.assert_close(padded[: len(s), b], expected, rtol=1e-12, atol=1e-12)
+        assert torch.all(padded[len(s):, b] == 0)
+        torch.testing.assert_close(h_n[:, b], h_b, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(m_n[:, b], m_b, rtol=1e-12, atol=1e-12)
+    # equal lengths: a plain tensor, batch first and unbatched give the same numbers
+    x = torch.randn(6, 2, 3, generator=g)
+    out, (h_n, m_n) = lmn(x)
+    lmn.batch_first = True
+    out_bf, _ = lmn(x.transpose(0, 1))
+    lmn.batch_first = False
+    torch.testing.assert_close(out_bf.transpose(0, 1), out)
+    out_u, (h_u, m_u) = lmn(x[:, 1])
+    expected, h_b, m_b = reference_bidirectional(x[:, 1], lmn)
+    for got in (out[:, 1], out_u):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h_u, h_b)
+    torch.testing.assert_close(m_n[:, 1], m_b)
+    assert m_u.shape == (4, 4)
+
+
+def test_bidirectional_equals_torch_rnn_when_memory_copies_hidden():
+    """With W^hm = I, W^mm = 0, b^m = 0 in both directions of both layers, a bidirectional
+    LMN-B is torch's bidirectional Elman RNN, packed input included."""
+    n = 5
+    lmn = randomise(LMN(3, n, n, num_layers=2, bidirectional=True), 6)
+    rnn = torch.nn.RNN(3, n, num_layers=2, bidirectional=True)
+    with torch.no_grad():
+        for k in range(2):
+            for reverse in (False, True):
+                w = lmn.layer_weights(k, reverse)
+                w["weight_hm"].copy_(torch.eye(n))
+                w["weight_mm"].zero_()
+                w["bias_m"].zero_()
+                suffix = "_reverse" * reverse
+                for mine, torch_name in (("weight_xh", "weight_ih"), ("weight_mh", "weight_hh"),
+                                         ("bias_h", "bias_ih")):
+                    getattr(rnn, f"{torch_name}_l{k}{suffix}").copy_(w[mine])
+                getattr(rnn, f"bias_hh_l{k}{suffix}").zero_()
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randn(t, 3, generator=g) for t in (5, 8, 3)]
+    packed = pack_sequence(seqs, enforce_sorted=False)
+    out, (_h_n, m_n) = lmn(packed)
+    expected, h_rnn = rnn(packed)
+    torch.testing.assert_close(pad_packed_sequence(out)[0], pad_packed_sequence(expected)[0])
+    torch.testing.assert_close(m_n, h_rnn)
+
+
+def test_bidirectional_gradients_and_its_errors():
+    lmn = randomise(LMN(2, 3, 2, num_layers=2, bidirectional=True), 7)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 2, 2, generator=g, requires_grad=True)
+    m0 = torch.randn(4, 2, 2, generator=g, requires_grad=True)
+    lengths = torch.tensor([5, 3])
+
+    def run(x, m0, *params):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        out, (_, m_n) = torch.func.functional_call(
+            lmn, dict(zip(names, params, strict=True)), (packed, m0))
+        return pad_packed_sequence(out)[0], m_n
+
+    names = [name for name, _ in lmn.named_parameters()]
+    assert sum(name.endswith("_reverse") for name in names) == 12
+    assert torch.autograd.gradcheck(run, (x, m0, *lmn.parameters()))
+    with pytest.raises(ValueError, match=r"memory state must have shape \(4, 2, 2\)"):
+        lmn(x, torch.zeros(2, 2, 2))
+    with pytest.raises(ValueError, match="not bidirectional"):
+        LMN(2, 3, 2).layer_weights(0, reverse=True)
+    radii = lmn_nn.memory_radii_of({f"core.{k}": v for k, v in lmn.state_dict().items()})
+    assert radii == pytest.approx([float(torch.linalg.eigvals(
+        getattr(lmn, f"weight_mm_l{k}{s}").detach()).abs().max())
+        for k in (0, 1) for s in ("", "_reverse")])
+    assert "bidirectional=True" in repr(lmn)
+
+
 def test_cell_matches_layer():
     torch.manual_seed(5)
     lmn = randomise(LMN(3, 4, 5), 5)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 import time
 from collections.abc import Iterator
 
@@ -549,32 +550,40 @@ class LMN(nn.Module):
             ``"selu"``. Default: ``"tanh"``.
         dropout: dropout on the outputs of every layer but the last, as in ``torch.nn.RNN``.
             Default: 0.
+        bidirectional: if ``True``, every layer also runs over the reversed sequence (each
+            sequence reversed within its own length) with weights of its own, and outputs both
+            directions' states concatenated at each step, as ``torch.nn.RNN`` does. Default:
+            ``False``.
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
     Inputs: input, state
         - **input**: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``),
           ``(T, input_size)`` unbatched, or a ``PackedSequence``.
-        - **state**: ``m_0`` of shape ``(num_layers, B, M)`` (``(num_layers, M)`` unbatched), or
-          a pair ``(h_0, m_0)`` as returned by a previous call (``h_0`` is not used by the
-          equations). Default: zeros.
+        - **state**: ``m_0`` of shape ``(D * num_layers, B, M)`` (``(D * num_layers, M)``
+          unbatched; ``D`` is 2 when bidirectional, else 1; layer ``k``'s reverse direction at
+          ``2k + 1``), or a pair ``(h_0, m_0)`` as returned by a previous call (``h_0`` is not
+          used by the equations). Default: zeros.
 
     Outputs: output, (h_n, m_n)
-        - **output**: ``(T, B, M)`` (``(T, B, H)`` with ``output="hidden"``; batch first with
-          ``batch_first``), the last layer's outputs; a ``PackedSequence`` for packed input
-          (padded steps are zero).
-        - **h_n**: ``(num_layers, B, H)``, every layer's ``h`` after each sequence's last step.
-        - **m_n**: ``(num_layers, B, M)``, every layer's memory after each sequence's last step.
+        - **output**: ``(T, B, D * M)`` (``(T, B, D * H)`` with ``output="hidden"``; batch
+          first with ``batch_first``), the last layer's outputs (the forward direction's
+          first); a ``PackedSequence`` for packed input (padded steps are zero).
+        - **h_n**: ``(D * num_layers, B, H)``, every layer's ``h`` after each sequence's last
+          step (the reverse direction's: after its first).
+        - **m_n**: ``(D * num_layers, B, M)``, every layer's memory, likewise.
 
     Attributes:
         weight_xh_l{k}, weight_mh_l{k}, weight_hm_l{k}, weight_mm_l{k}, bias_h_l{k},
             bias_m_l{k}: layer ``k``'s parameters, shaped and initialised as in
-            :class:`LMNCell`.
+            :class:`LMNCell` (the reverse direction's end in ``_reverse``; layer ``k > 0``
+            reads ``D`` times the output size).
     """
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, num_layers: int = 1,
                  output: str = "memory", bias: bool = True, batch_first: bool = False,
-                 nonlinearity: str = "tanh", dropout: float = 0.0, device=None, dtype=None):
+                 nonlinearity: str = "tanh", dropout: float = 0.0, bidirectional: bool = False,
+                 device=None, dtype=None):
         super().__init__()
         if output not in ("memory", "hidden"):
             raise ValueError(f"output must be 'memory' (LMN-B) or 'hidden' (LMN-A), got {output!r}")
@@ -584,22 +593,35 @@ class LMN(nn.Module):
         self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
         self.num_layers, self.output, self.bias = num_layers, output, bias
         self.batch_first, self.nonlinearity, self.dropout = batch_first, nonlinearity, dropout
-        out_size = memory_size if output == "memory" else hidden_size
+        self.bidirectional = bool(bidirectional)
         for k in range(num_layers):
-            cell = LMNCell(input_size if k == 0 else out_size, hidden_size, memory_size, bias,
-                           nonlinearity, device=device, dtype=dtype)
-            for name, param in cell.named_parameters():
-                self.register_parameter(f"{name}_l{k}", param)
+            for reverse in self._directions():
+                cell = LMNCell(self._layer_input_size(k), hidden_size, memory_size, bias,
+                               nonlinearity, device=device, dtype=dtype)
+                for name, param in cell.named_parameters():
+                    self.register_parameter(f"{name}_l{k}{'_reverse' * reverse}", param)
+
+    def _directions(self) -> tuple[bool, ...]:
+        """``reverse`` of each direction of a layer, in the order of the outputs and states."""
+        return (False, True) if self.bidirectional else (False,)
+
+    def _layer_input_size(self, k: int) -> int:
+        out_size = self.memory_size if self.output == "memory" else self.hidden_size
+        return self.input_size if k == 0 else len(self._directions()) * out_size
 
     def reset_parameters(self) -> None:
-        out_size = self.memory_size if self.output == "memory" else self.hidden_size
         for k in range(self.num_layers):
-            _reset_layer(self.layer_weights(k), self.input_size if k == 0 else out_size,
-                         self.hidden_size, self.memory_size)
+            for reverse in self._directions():
+                _reset_layer(self.layer_weights(k, reverse), self._layer_input_size(k),
+                             self.hidden_size, self.memory_size)
 
-    def layer_weights(self, k: int) -> dict[str, Tensor | None]:
-        """The parameters of layer ``k`` under their cell names (``weight_xh``, ...)."""
-        return {name: getattr(self, f"{name}_l{k}", None) for name in _PARAM_NAMES}
+    def layer_weights(self, k: int, reverse: bool = False) -> dict[str, Tensor | None]:
+        """The parameters of layer ``k`` (its reverse direction's with ``reverse``) under their
+        cell names (``weight_xh``, ...)."""
+        if reverse and not self.bidirectional:
+            raise ValueError("the LMN is not bidirectional: it has no reverse direction")
+        suffix = "_reverse" if reverse else ""
+        return {name: getattr(self, f"{name}_l{k}{suffix}", None) for name in _PARAM_NAMES}
 
     @_in_parameter_precision
     def forward(self, input: Tensor | PackedSequence, state: State = None):
@@ -620,17 +642,18 @@ class LMN(nn.Module):
                              f"{self.input_size}")
         _check_dtype(x, self.weight_xh_l0)
         steps, batch = x.shape[0], x.shape[1]
+        states = len(self._directions()) * self.num_layers
         h0, m0 = _split_state(state)
         if m0 is None:
-            m0 = x.new_zeros(self.num_layers, batch, self.memory_size)
+            m0 = x.new_zeros(states, batch, self.memory_size)
         elif unbatched and m0.dim() == 2:
             m0 = m0.unsqueeze(1)
-        if m0.shape != (self.num_layers, batch, self.memory_size):
-            raise ValueError(f"memory state must have shape ({self.num_layers}, {batch}, "
+        if m0.shape != (states, batch, self.memory_size):
+            raise ValueError(f"memory state must have shape ({states}, {batch}, "
                              f"{self.memory_size}), got {tuple(m0.shape)}")
         if h0 is not None:  # not used by the equations, but a wrong one is a caller's bug
-            expected = ((self.num_layers, self.hidden_size) if unbatched
-                        else (self.num_layers, batch, self.hidden_size))
+            expected = ((states, self.hidden_size) if unbatched
+                        else (states, batch, self.hidden_size))
             if tuple(h0.shape) != expected:
                 raise ValueError(f"h_0 must have shape {expected}, got {tuple(h0.shape)}")
         _check_dtype(m0, self.weight_xh_l0, "the memory state")
@@ -642,14 +665,19 @@ class LMN(nn.Module):
         h_n, m_n = [], []
         layer_in = x
         for k in range(self.num_layers):
-            w = self.layer_weights(k)
-            x_proj = _time_major_linear(layer_in, w["weight_xh"], w["bias_h"])
-            hs, ms, h_last, m_last = lmn_recurrence(
-                x_proj, m0[k], w["weight_mh"], w["weight_hm"], w["weight_mm"], w["bias_m"],
-                self.nonlinearity, lengths)
-            h_n.append(h_last)
-            m_n.append(m_last)
-            layer_in = ms if self.output == "memory" else hs
+            outs = []
+            for reverse in self._directions():
+                w = self.layer_weights(k, reverse)
+                seq = _reverse_steps(layer_in, lengths) if reverse else layer_in
+                x_proj = _time_major_linear(seq, w["weight_xh"], w["bias_h"])
+                hs, ms, h_last, m_last = lmn_recurrence(
+                    x_proj, m0[len(h_n)], w["weight_mh"], w["weight_hm"], w["weight_mm"],
+                    w["bias_m"], self.nonlinearity, lengths)
+                h_n.append(h_last)
+                m_n.append(m_last)
+                out = ms if self.output == "memory" else hs
+                outs.append(_reverse_steps(out, lengths) if reverse else out)
+            layer_in = torch.cat(outs, -1) if len(outs) > 1 else outs[0]
             if self.dropout and self.training and k < self.num_layers - 1:
                 layer_in = nn.functional.dropout(layer_in, self.dropout, training=True)
         h_n, m_n = torch.stack(h_n), torch.stack(m_n)
@@ -672,7 +700,20 @@ class LMN(nn.Module):
             s += ", batch_first=True"
         if self.dropout:
             s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
         return s
+
+
+def _reverse_steps(seq: Tensor, lengths: Tensor | None) -> Tensor:
+    """``(T, B, n)`` with each sequence's steps in reverse order within its length (``lengths``
+    ``(B,)``; None: all ``T``); the padded steps after a sequence's end stay where they are."""
+    if lengths is None:
+        return seq.flip(0)
+    steps = torch.arange(seq.shape[0])[:, None]
+    valid = lengths.to(steps.dtype)[None, :]
+    index = torch.where(steps < valid, valid - 1 - steps, steps).to(seq.device)
+    return seq.gather(0, index[:, :, None].expand_as(seq))
 
 
 def activation_slope(h: Tensor, nonlinearity: str) -> Tensor:
@@ -687,11 +728,14 @@ def activation_slope(h: Tensor, nonlinearity: str) -> Tensor:
 
 def _lmn_layers(state: dict[str, Tensor]) -> list[dict[str, Tensor]]:
     """The LMN layers' recurrent weights in a ``state_dict`` (keys ending ``weight_mm_lN``,
-    ``weight_hm_lN``, ``weight_mh_lN``, any prefix), in layer order, as float64 on the CPU."""
+    ``weight_hm_lN``, ``weight_mh_lN``, any prefix; a reverse direction's ``..._lN_reverse``
+    after its layer's forward one), in layer order, as float64 on the CPU."""
     weights = {k.rsplit(".", 1)[-1]: v for k, v in state.items()}
-    return [{n: weights[f"{n}_l{layer}"].detach().double().cpu()
+    layers = sorted((int(m[1]), m[2] or "") for k in weights
+                    if (m := re.fullmatch(r"weight_mm_l(\d+)(_reverse)?", k)))
+    return [{n: weights[f"{n}_l{layer}{suffix}"].detach().double().cpu()
              for n in ("weight_mm", "weight_hm", "weight_mh")}
-            for layer in range(sum(k.startswith("weight_mm_l") for k in weights))]
+            for layer, suffix in layers]
 
 
 def _spectral_radius(matrix: Tensor) -> float:
@@ -699,15 +743,15 @@ def _spectral_radius(matrix: Tensor) -> float:
 
 
 def memory_radii_of(state: dict[str, Tensor]) -> list[float]:
-    """Per LMN layer of a ``state_dict``, the spectral radius ``max |eig(W^mm)|`` of its
-    memory-to-memory matrix (eq. 7); [] for a model without a linear memory. Above 1, the
+    """Per LMN layer (and direction) of a ``state_dict``, the spectral radius ``max |eig(W^mm)|``
+    of its memory-to-memory matrix (eq. 7); [] for a model without a linear memory. Above 1, the
     memory's state grows geometrically along a sequence."""
     return [_spectral_radius(w["weight_mm"]) for w in _lmn_layers(state)]
 
 
 def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float]:
-    """Per LMN layer of a ``state_dict`` (keys ending ``weight_mm_lN``, ``weight_hm_lN``,
-    ``weight_mh_lN``, any prefix), the spectral radius of the memory's linearised recurrence
+    """Per LMN layer (and direction) of a ``state_dict`` (keys ending ``weight_mm_lN``,
+    ``weight_hm_lN``, ``weight_mh_lN``, any prefix), the spectral radius of the memory's linearised recurrence
     with every functional unit on its unbounded side: ``rho(W^mm + s W^hm W^mh)`` (eqs. 6-7:
     ``m_t`` depends on ``m_{t-1}`` directly and through ``h_t``), ``s`` the activation's slope
     there (relu 1, selu its scale 1.0507; tanh, bounded, its slope at 0, 1).
