@@ -269,6 +269,37 @@ def test_save_and_load_round_trip(tmp_path, kwargs):
         assert "A_" in f.files
 
 
+def test_scikit_learn_clone_and_set_params():
+    """scikit-learn's own clone, check_is_fitted and set_params protocol on the estimator."""
+    from sklearn.base import clone
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+
+    seqs = smooth_sequences([20, 15], 3, seed=7)
+    la = LinearAutoencoder(4, window=5, center=True, solver="qr")
+    with pytest.raises(NotFittedError):
+        check_is_fitted(la)
+    la.fit(seqs, None)
+    check_is_fitted(la)
+    copy = clone(la)  # the arguments, none of the fitted attributes
+    assert copy is not la and copy.get_params() == la.get_params()
+    assert copy.get_params(deep=False) == la.get_params(deep=True)
+    with pytest.raises(NotFittedError):
+        check_is_fitted(copy)
+    np.testing.assert_array_equal(copy.fit(seqs).A_, la.A_)
+    assert copy.set_params(n_components=2, window=3) is copy
+    assert copy.get_params()["n_components"] == 2 and copy.n_components_ == 4  # until refit
+    refit = copy.fit(seqs)
+    fresh = LinearAutoencoder(2, window=3, center=True, solver="qr").fit(seqs)
+    assert refit.n_components_ == 2
+    np.testing.assert_array_equal(refit.A_, fresh.A_)
+    np.testing.assert_array_equal(refit.B_, fresh.B_)
+    with pytest.raises(ValueError, match=r"invalid parameter\(s\) \['windows'\]"):
+        la.set_params(windows=3)
+    with pytest.raises(ValueError, match="positive"):
+        LinearAutoencoder(4).set_params(n_components=0).fit(seqs)
+
+
 def test_constructor_arguments_after_n_components_are_keywords():
     with pytest.raises(TypeError):
         LinearAutoencoder(5, 4)

@@ -438,8 +438,9 @@ class LinearAutoencoder:
             return "qr"
         return "randomized"
 
-    def fit(self, sequences) -> LinearAutoencoder:
-        """Fit on a list of ``(T_i, a)`` sequences (arrays or tensors); returns ``self``."""
+    def fit(self, sequences, y: None = None) -> LinearAutoencoder:
+        """Fit on a list of ``(T_i, a)`` sequences (arrays or tensors); returns ``self``. ``y``
+        is ignored (scikit-learn's signature for unsupervised estimators)."""
         check_int("n_components", self.n_components)
         check_int("window", self.window, none_ok=True)
         if self.solver not in SOLVERS:
@@ -613,9 +614,33 @@ class LinearAutoencoder:
 
     # -- persistence -----------------------------------------------------------------------
 
-    def get_params(self) -> dict[str, Any]:
-        """The constructor's arguments (scikit-learn's ``get_params``)."""
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's arguments (scikit-learn's ``get_params``, so that
+        ``sklearn.base.clone`` and its searches work; ``deep`` changes nothing: no argument is
+        itself an estimator)."""
         return {name: getattr(self, name) for name in self._PARAMS}
+
+    def __sklearn_tags__(self):
+        """scikit-learn's description of the estimator (its ``Tags``, from 1.6; imported only
+        when scikit-learn asks): unsupervised, a transformer, fitted on one ``(T, a)`` sequence,
+        a ``(B, T, a)`` array or a list of sequences, which it checks itself."""
+        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=False),
+                    transformer_tags=TransformerTags(), no_validation=True,
+                    input_tags=InputTags(two_d_array=True, three_d_array=True))
+
+    def set_params(self, **params: Any) -> LinearAutoencoder:
+        """Set constructor arguments (scikit-learn's ``set_params``; checked by :meth:`fit`, as
+        the constructor's are); returns ``self``. The fitted attributes stay until the next
+        ``fit``."""
+        unknown = sorted(set(params) - set(self._PARAMS))
+        if unknown:
+            raise ValueError(f"invalid parameter(s) {unknown} for LinearAutoencoder; valid: "
+                             f"{list(self._PARAMS)}")
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
 
     def _fitted(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if k.endswith("_") and not k.startswith("_")}

@@ -751,10 +751,11 @@ def memory_radii_of(state: dict[str, Tensor]) -> list[float]:
 
 def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float]:
     """Per LMN layer (and direction) of a ``state_dict`` (keys ending ``weight_mm_lN``,
-    ``weight_hm_lN``, ``weight_mh_lN``, any prefix), the spectral radius of the memory's linearised recurrence
-    with every functional unit on its unbounded side: ``rho(W^mm + s W^hm W^mh)`` (eqs. 6-7:
-    ``m_t`` depends on ``m_{t-1}`` directly and through ``h_t``), ``s`` the activation's slope
-    there (relu 1, selu its scale 1.0507; tanh, bounded, its slope at 0, 1).
+    ``weight_hm_lN``, ``weight_mh_lN``, any prefix), the spectral radius of the memory's
+    linearised recurrence with every functional unit on its unbounded side:
+    ``rho(W^mm + s W^hm W^mh)`` (eqs. 6-7: ``m_t`` depends on ``m_{t-1}`` directly and through
+    ``h_t``), ``s`` the activation's slope there (relu 1, selu its scale 1.0507; tanh, bounded,
+    its slope at 0, 1).
 
     ``rho(W^mm) < 1`` alone does not keep the state finite when the activation is unbounded:
     above 1 here, units driven into their linear side feed the memory back with a gain above
