@@ -682,6 +682,40 @@ def test_recurrences_keep_their_precision_under_autocast(name):
         assert b.dtype == torch.float32 and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["lmn", "lmn-packed", "cell", "unrolled", "rnn", "gru",
+                                  "lstm-kernel"])
+def test_torch_compile_gives_the_eager_results(name):
+    """Under ``torch.compile`` (dynamo, eager backend) every recurrent module gives its eager
+    outputs, final states and gradients, its recurrence running as it is (a graph break): dynamo
+    is not left to trace the kernel's loading and path choice (its warnings about ``lru_cache``
+    and C++ extensions)."""
+    cases = _autocast_cases()
+    if name == "lstm-kernel":  # the LSTM's kernel path, which asks for the kernel up front
+        module, x, state = cases["lstm"]
+        module.min_kernel_hidden = 1
+    else:
+        module, x, state = cases[name]
+
+    def run(call):
+        module.zero_grad()
+        out, final = call(x, state)
+        data = out.data if hasattr(out, "batch_sizes") else out
+        finals = list(final) if isinstance(final, tuple) else [final]
+        (data.square().sum() + sum(f.sum() for f in finals)).backward()
+        return [data, *finals, *(p.grad.clone() for p in module.parameters())]
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = run(torch.compile(module, backend="eager"))
+    eager = run(module)
+    for a, b in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+    traced = [str(w.message) for w in caught
+              if "lru_cache" in str(w.message) or "C/C++" in str(w.message)]
+    assert not traced, traced[0]
+
+
 def test_every_model_trains_under_autocast():
     """A model's recurrence stays in float32 while its readout follows autocast: each
     registered model's training loss under bfloat16 autocast is within 1e-3 of float32's and

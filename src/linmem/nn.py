@@ -84,6 +84,14 @@ def use_cpu_kernel(enabled: bool | str | None = True) -> Iterator[None]:
         _path_override = previous
 
 
+def _eager(fn):
+    """``fn``, run as it is under ``torch.compile`` (a graph break there; 1-2 us per call
+    otherwise): the recurrences' autograd functions, their compiled kernel, its one-time build
+    and path measurement (``lru_cache``) are not for dynamo to trace."""
+    return functools.wraps(fn)(torch.compiler.disable(fn))
+
+
+@_eager
 def _kernel_for(x: Tensor):
     """``(module, variant)`` when the compiled kernel runs ``x`` (CPU, float32/float64), else
     ``None`` (the PyTorch loop)."""
@@ -400,6 +408,7 @@ def _time_major_linear(seq: Tensor, weight: Tensor, bias: Tensor | None) -> Tens
     return nn.functional.linear(seq, weight, bias)
 
 
+@_eager
 def lmn_recurrence(
     x_proj: Tensor,
     m0: Tensor,
@@ -842,6 +851,13 @@ class _UnrolledRecurrence(torch.autograd.Function):
                 d_buf[:, :k].flip(1).flatten(1) if need[1] else None, grad_w, None)
 
 
+@_eager
+def _unrolled_states(x_proj: Tensor, past: Tensor, weight_hh: Tensor,
+                     nonlinearity: str) -> Tensor:
+    """Eq. (10)'s states ``(T, B, H)`` (:class:`_UnrolledRecurrence`)."""
+    return _UnrolledRecurrence.apply(x_proj, past, weight_hh, nonlinearity)
+
+
 class UnrolledNet(nn.Module):
     r"""The LMN unrolled for ``k`` steps (ULM, paper eqs. 10-11): the memory is replaced by the
     last ``k`` functional states, each with its own weight block.
@@ -916,7 +932,7 @@ class UnrolledNet(nn.Module):
             raise ValueError(f"past must have shape ({batch}, {self.k * self.hidden_size}), "
                              f"got {tuple(past.shape)}")
         before = past.unflatten(1, (self.k, self.hidden_size)).flip(1).transpose(0, 1)
-        hs = (_UnrolledRecurrence.apply(x_proj, past, self.weight_hh, self.nonlinearity)
+        hs = (_unrolled_states(x_proj, past, self.weight_hh, self.nonlinearity)
               if steps else x_proj.new_zeros(0, batch, self.hidden_size))
         padded = torch.cat([before, hs])  # (k + T, B, H) in time order
         lagged = torch.cat([padded[self.k - i: self.k - i + steps] for i in range(self.k + 1)],

@@ -45,6 +45,7 @@ from torch.autograd.function import once_differentiable
 from .nn import (
     _KERNEL_CODES,
     _autocast_enabled,
+    _eager,
     _kernel_for,
     _lagged_product,
     _rows,
@@ -137,6 +138,7 @@ def _gru_loop_backward(grad_hs, h0, hs, gates, gh, weight_hh):
     return d_gh, d_n, dh
 
 
+@_eager
 def gru_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> Tensor:
     """One GRU layer's states ``(T, B, H)`` from its input products ``gi = x W_ih^T + b_ih``
     ``(T, B, 3H)`` and initial state ``h0 (B, H)``, differentiable in all four."""
@@ -222,6 +224,7 @@ def _lstm_loop_backward(grad_hs, grad_cn, c0, cs, tcs, gates, weight_hh):
     return d_a, dh, dc
 
 
+@_eager
 def lstm_recurrence(gi: Tensor, h0: Tensor, c0: Tensor, weight_hh: Tensor,
                     bias_hh: Tensor) -> tuple[Tensor, Tensor]:
     """One LSTM layer's states ``hs (T, B, H)`` and last cell state ``c_T (B, H)`` from its
@@ -280,6 +283,7 @@ class _RNNRecurrence(torch.autograd.Function):
                 d_a.reshape(-1, hidden).sum(0) if need[3] else None, None)
 
 
+@_eager
 def rnn_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor,
                    nonlinearity: str = "tanh") -> Tensor:
     """One RNN layer's states ``(T, B, H)`` from its input products ``gi = x W_ih^T + b_ih``
