@@ -114,7 +114,10 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     test_only = json.loads(stdout)  # no validation split: no threshold is chosen
     assert "valid_threshold" not in test_only and "acc_at_valid_threshold" not in test_only["test"]
     assert test_only["test"]["acc_at"]["0.5"] == pytest.approx(test_only["test"]["acc"], rel=1e-12)
-    for bad in ("0.5,1.5", "0:0.5:0.1", "0.2:0.1:0.1", "a,b", "0.1:0.5"):
+    code, stdout, _ = run_cli("evaluate", str(out), "--data-dir", str(data_dir), "--split", "test",
+                              "--thresholds", "0.1:0.5:0.15", capsys=capsys)
+    assert list(json.loads(stdout)["test"]["acc_at"]) == ["0.1", "0.25", "0.4"]  # none past 0.5
+    for bad in ("0.5,1.5", "0:0.5:0.1", "0.2:0.1:0.1", "a,b", "0.1:0.5", "0.5:1.6:0.5"):
         code, _, err = run_cli("evaluate", str(out), "--thresholds", bad, capsys=capsys)
         assert code == 2 and "thresholds" in err and len(err.strip().splitlines()) == 1, err
     # a second run into the same directory is refused; --resume with a larger budget goes on

@@ -121,8 +121,8 @@ def _stop_by(ctx, param, value: str | None) -> float | None:
 
 
 def _thresholds(ctx, param, value: str | None) -> tuple[float, ...]:
-    """``--thresholds``: ``0.3,0.5,0.7`` or a range ``START:STOP:STEP`` (both ends included),
-    every one in (0, 1]."""
+    """``--thresholds``: ``0.3,0.5,0.7`` or a range ``START:STOP:STEP`` (``STOP`` included when
+    the steps reach it), every one in (0, 1]."""
     if value is None:
         return ()
     try:
@@ -130,7 +130,8 @@ def _thresholds(ctx, param, value: str | None) -> tuple[float, ...]:
             start, stop, step = (float(v) for v in value.split(":"))
             if not step > 0 or stop < start:
                 raise ValueError
-            values = [round(start + i * step, 6) for i in range(round((stop - start) / step) + 1)]
+            count = int((stop - start) / step + 1e-9) + 1  # the steps that stay <= STOP
+            values = [round(start + i * step, 6) for i in range(count)]
         else:
             values = [float(v) for v in value.split(",")]
     except ValueError:
