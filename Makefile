@@ -145,14 +145,14 @@ results-chunking: install
 # one-thread workers.
 T2_JOBS ?= 2
 # a machine with a time limit: T2_STOP_BY=2026-11-25T07:10 (a time, not a duration: the
-# searches start one after another) starts no search point that would end after it (`linmem
-# search --stop-by`); the seeds and the RNN-RBMs that follow are single runs it does not hold
+# searches start one after another) starts no search point and no seed that would end after it
+# (`linmem search --stop-by`, `linmem reseed --stop-by`); the RNN-RBMs are single runs it does
+# not hold
 T2_STOP_BY ?=
 T2_RUN = OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem
 T2_MODELS = lmn-b lstm lmn-a gru rnn pret-lmn-b pret-rnn
 T2_SEARCH = $(T2_RUN) search $(foreach m,$(T2_MODELS),--model $(m)) --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 RBM_ALL = --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
-SELECTED = $(PY) -c "import json, sys; print(next(r['run_dir'] for r in json.load(open('results/summary.json')) if (r['dataset'], r['model']) == tuple(sys.argv[1:])))"
 STUDIES = results/search-studies.jsonl
 results-table2: install
 	[ ! -f $(STUDIES) ] || $(T2_RUN) search-import $(STUDIES)
@@ -165,10 +165,10 @@ results-table2: install
 	  mkdir -p results/rnn-rbm/$$d-rnn-rbm-h100-r150; \
 	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json $$run/expected.json results/rnn-rbm/$$d-rnn-rbm-h100-r150/; done
 	$(MAKE) results-report
-	for d in nottingham piano musedata; do for m in lmn-b pret-lmn-b lstm; do \
-	  $(T2_RUN) reseed $$($(SELECTED) $$d $$m) --seeds 1,2,3 --out runs/seeds/$$d-$$m --data-dir $(DATA) --quiet; done; done
-	for m in lmn-b pret-lmn-b lstm; do \
-	  $(T2_RUN) reseed results/selected/jsb-$$m --seeds 1,2,3 --out runs/seeds/jsb-$$m --data-dir $(DATA) --quiet; done
+	# each from the report's copy of the selected run (its own folder may be on another machine;
+	# a seed that diverged makes reseed exit 1: the loop goes on)
+	for d in jsb nottingham piano musedata; do for m in lmn-b pret-lmn-b lstm; do \
+	  $(T2_RUN) reseed results/selected/$$d-$$m --seeds 1,2,3 --out runs/seeds/$$d-$$m --data-dir $(DATA) --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); done; done
 	# a seed that ended, scored (metrics.json) or diverged (diverged.json: it counts as run)
 	for run in runs/seeds/*/s*/; do name=$$(basename $$(dirname $$run))-$$(basename $$run); \
 	  [ -f $$run/metrics.json ] || [ -f $$run/diverged.json ] || continue; \

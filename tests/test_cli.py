@@ -273,6 +273,85 @@ def test_reseed_runs_every_seed_when_one_diverges(tmp_path, data_dir, capsys, mo
     assert ran == [2] and code == 1
 
 
+def test_reseed_stop_by_starts_only_the_seeds_that_fit(tmp_path, data_dir, capsys,
+                                                      monkeypatch):
+    """--stop-by: a seed starts or resumes only if the run's CPU time, less what the seed has
+    logged, ends by the deadline; the others are named on stderr and left for a later call
+    (exit 0); a finished seed is reported whatever the deadline."""
+    import dataclasses
+
+    from linmem import recipes
+    from linmem.train import TrainConfig
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = TrainConfig(data="jsb", model="lmn-b", hidden=6, memory=5, data_dir=str(data_dir))
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
+    (run_dir / "metrics.json").write_text('{"cpu_time_s": 3600.0, "wall_time_s": 3700.0}')
+    out = tmp_path / "seeds"
+    (out / "s1").mkdir(parents=True)
+    (out / "s1" / "metrics.json").write_text("{}")  # finished
+    (out / "s2").mkdir()
+    (out / "s2" / "log.jsonl").write_text("".join(  # 3500 of its 3600 s logged
+        json.dumps({"epoch": e, "epoch_cpu_s": 700.0, "epoch_time_s": 900.0}) + "\n"
+        for e in range(1, 6)))
+    ran = []
+
+    def fake_run(config, run_dir, **kwargs):
+        ran.append(config.seed)
+        return {"valid_acc": 10.0 + config.seed, "test_acc": 20.0, "test_nll": 5.0}
+
+    monkeypatch.setattr(recipes, "run", fake_run)
+    code, stdout, err = run_cli("reseed", str(run_dir), "--seeds", "1,2,3,4", "--out", str(out),
+                                "--stop-by", "30m", "--quiet", capsys=capsys)
+    assert code == 0 and ran == [1, 2]
+    assert "seed 1: valid acc 11.00%" in stdout and "seed 2: valid acc 12.00%" in stdout
+    assert "seed 3:" not in stdout and "seed 4:" not in stdout
+    assert "seed 3: not started, projected to end at" in err and "(1.00 CPU h left)" in err
+    assert "seed 4: not started" in err
+    # a deadline far enough, or none: every seed runs
+    ran.clear()
+    assert run_cli("reseed", str(run_dir), "--seeds", "3,4", "--out", str(out), "--stop-by",
+                   "1h5m", "--quiet", capsys=capsys)[0] == 0 and ran == [3, 4]
+    ran.clear()
+    assert run_cli("reseed", str(run_dir), "--seeds", "3", "--out", str(out), "--quiet",
+                   capsys=capsys)[0] == 0 and ran == [3]
+    code, _, err = run_cli("reseed", str(run_dir), "--stop-by", "soon", capsys=capsys)
+    assert code == 2 and "--stop-by" in err and "2h30m" in err
+
+
+def test_rerun_cpu_seconds_counts_an_unrolled_network_read_from_a_cache(tmp_path):
+    """A seed of a pretrained run trains its own unrolled network: the projection adds the
+    network's time where the run read it from a cache (not in its own CPU time), and does not
+    add it twice where the run trained it (inside its recipe's and its metrics' time)."""
+    from linmem.report import rerun_cpu_seconds
+
+    def run(name, metrics, pretraining, epochs):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        (run_dir / "pretraining.json").write_text(json.dumps(pretraining))
+        (run_dir / "log.jsonl").write_text("".join(
+            json.dumps({"epoch": e + 1, "epoch_cpu_s": s}) + "\n" for e, s in enumerate(epochs)))
+        return run_dir
+
+    read = run("read", {"cpu_time_s": 500.0},
+               {"cpu_time_s": 50.0, "ulm_cpu_time_s": 0.0, "ulm_cpu_here_s": 0.0,
+                "ulm_wall_time_s": 1000.0}, [200.0, 200.0])
+    assert rerun_cpu_seconds(read) == pytest.approx(400.0 + 1000.0)
+    older = run("older", {"cpu_time_s": 500.0}, {"cpu_time_s": 50.0, "ulm_wall_time_s": 900.0},
+                [200.0, 200.0])
+    assert rerun_cpu_seconds(older) == pytest.approx(400.0 + 900.0)
+    trained = run("trained", {"cpu_time_s": 2000.0},
+                  {"cpu_time_s": 1100.0, "ulm_cpu_time_s": 1000.0, "ulm_cpu_here_s": 1000.0,
+                   "ulm_wall_time_s": 1010.0}, [400.0, 400.0])
+    assert rerun_cpu_seconds(trained) == pytest.approx(2000.0)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "metrics.json").write_text('{"cpu_time_s": 321.0}')
+    assert rerun_cpu_seconds(plain) == pytest.approx(321.0)
+
+
 def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkeypatch):
     """--set FIELD=VALUE: the seeds train the run's config with those fields changed (values
     read as JSON, else text); unknown fields, the seed and invalid values are refused."""

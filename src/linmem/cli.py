@@ -772,18 +772,22 @@ def _field_values(pairs: Sequence[str]) -> dict[str, Any]:
               help="Change a field of RUN_DIR's config.json (repeatable), e.g. "
                    "nonlinearity=tanh; VALUE is read as JSON where it parses (1e-7, 250, null), "
                    "else as text.")
+@click.option("--stop-by", "stop_by", default=None, callback=_stop_by, metavar="WHEN",
+              help="A time (2026-11-25T07:10, local) or a duration from now (2h30m): start "
+                   "or resume no seed projected to end after it (RUN_DIR's CPU time less what "
+                   "the seed has logged); run the command again later for the seeds left.")
 @click.option("--quiet", is_flag=True)
 def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
-               changes: tuple[str, ...], quiet: bool) -> None:
+               changes: tuple[str, ...], stop_by: float | None, quiet: bool) -> None:
     """Train RUN_DIR's configuration again with other seeds (the spread between seeds), with
     the fields --set changes; run the same command again to resume."""
     values = _integers("--seeds", seeds)
     out = out or f"{str(run_dir).rstrip('/')}-seeds"
     diverged = None
     try:
-        results = dict(zip(values, reseed(run_dir, values, out, progress=not quiet,
-                                          data_dir=data_dir, changes=_field_values(changes)),
-                           strict=True))
+        results = reseed(run_dir, values, out, progress=not quiet, data_dir=data_dir,
+                         changes=_field_values(changes), stop_by=stop_by,
+                         log=lambda line: click.echo(f"linmem: {line}", err=True))
     except SeedsDiverged as err:
         results, diverged = err.finished, err
     except TrainingDiverged as err:

@@ -40,6 +40,7 @@ from .la import LinearAutoencoder
 from .models import REGISTRY, build_model, default_nonlinearity, get_spec
 from .nn import memory_loop_gains
 from .pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
+from .report import rerun_cpu_seconds, training_cpu_seconds
 from .rnnrbm import init_from_rnn, pretrain_rbm
 from .train import (
     PLACE_FIELDS,
@@ -295,18 +296,26 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
 def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
            progress: bool = True, data_dir: str | None = None,
            command: str | None = None,
-           changes: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+           changes: Mapping[str, Any] | None = None, stop_by: float | None = None,
+           log: Callable[[str], None] | None = None) -> dict[int, dict[str, Any]]:
     """The run in ``run_dir`` again with each of ``seeds`` (everything else of its
     ``config.json`` unchanged: data, model, sizes, training settings, but the fields
     ``changes`` sets, e.g. ``{"nonlinearity": "tanh"}``), into ``out_dir/sSEED``, one after
     the other; resumable (a finished seed is not run again). The data are read from
-    ``data_dir`` (default: the run's own folder). Returns the metrics of each seed's run
-    (issue 15: the spread between seeds).
+    ``data_dir`` (default: the run's own folder). Returns the metrics of each seed's run by
+    seed (issue 15: the spread between seeds).
 
     A seed whose training diverges with no epoch to keep does not stop the others: they all
     run, then :class:`SeedsDiverged` names the diverged seeds and carries the finished ones'
     metrics. Such a seed's ``diverged.json`` is its result: run again, ``reseed`` names it
-    without training it again (delete the file to retry it)."""
+    without training it again (delete the file to retry it).
+
+    With a deadline ``stop_by`` (a Unix time; ``linmem reseed --stop-by``) a seed not finished
+    yet starts, or resumes, only if it is projected to end by then: ``run_dir``'s CPU time
+    (:func:`linmem.report.rerun_cpu_seconds`, on the machine that ran it) less what the seed's
+    folder has logged already. A seed left so is said to ``log`` and missing from the result:
+    the same call later goes on with it, so that a machine's time limit cuts no run half-way
+    whose folder would be lost with the machine."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
@@ -324,12 +333,22 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
     finished: dict[int, dict[str, Any]] = {}
     diverged: dict[int, str] = {}
+    projected = rerun_cpu_seconds(run_dir) if stop_by is not None else 0.0
     for seed in seeds:
         seed_dir, seed_config = out_dir / f"s{seed}", replace(config, seed=int(seed))
         if _diverged_before(seed_dir, seed_config):
             diverged[seed] = (f"{read_json(seed_dir / 'diverged.json')['diverged']} (as "
                               f"{seed_dir / 'diverged.json'} records: delete it to run it again)")
             continue  # a result, as a finished seed is: not run again on resume
+        if stop_by is not None and not (seed_dir / "metrics.json").is_file():
+            left = max(projected - training_cpu_seconds(seed_dir), 0.0)
+            if time.time() + left > stop_by:
+                if log is not None:
+                    end = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() + left))
+                    by = time.strftime("%Y-%m-%d %H:%M", time.localtime(stop_by))
+                    log(f"seed {seed}: not started, projected to end at {end} "
+                        f"({left / 3600:.2f} CPU h left), after the deadline {by}")
+                continue
         try:
             finished[seed] = run(seed_config, seed_dir, resume=True, progress=progress,
                                  data=data, command=command)
@@ -338,7 +357,7 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     if diverged:
         raise SeedsDiverged("; ".join(f"seed {s}: {why}" for s, why in diverged.items()),
                             finished)
-    return [finished[seed] for seed in seeds]
+    return finished
 
 
 def _diverged_before(run_dir: Path, config: TrainConfig) -> bool:

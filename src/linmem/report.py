@@ -24,8 +24,9 @@ __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "epochs_cpu_second
            "expected_fields", "figure4_data", "first_updates_markdown", "markdown_table",
            "memory_markdown", "memory_radii", "patience_markdown",
            "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
-           "plot_run", "previous_frame_report", "progress_markdown", "run_cpu_seconds",
-           "run_records", "scoring_cpu_seconds", "seed_groups", "seeds_markdown", "stop_early",
+           "plot_run", "previous_frame_report", "progress_markdown", "rerun_cpu_seconds",
+           "run_cpu_seconds", "run_records", "scoring_cpu_seconds", "seed_groups",
+           "seeds_markdown", "stop_early",
            "summary_file_records", "summary_records", "table2_markdown", "training_cpu_seconds",
            "with_selected_run_fields", "write_search_report"]
 
@@ -135,6 +136,22 @@ def training_cpu_seconds(run_dir: str | os.PathLike) -> float:
     # the pretraining runs inside the training's clock when one session did both (its wall
     # time then exceeds the pretraining's and the epochs'); otherwise it is added
     return before + (total if total >= pretraining + epochs else total + pretraining)
+
+
+def rerun_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds a run of ``run_dir``'s configuration with another seed would take
+    (``linmem reseed``'s projection), as ``run_dir``'s files record them: its training's
+    (:func:`training_cpu_seconds`), and for a pretrained run that read its unrolled network
+    from a cache, that network's too (``pretraining.json``'s ``ulm_cpu_time_s``, or
+    ``ulm_wall_time_s`` in older records): another seed trains its own. The times are those of
+    the machine that ran ``run_dir``."""
+    run_dir = Path(run_dir)
+    total = training_cpu_seconds(run_dir)
+    if (run_dir / "pretraining.json").is_file():
+        record = read_json(run_dir / "pretraining.json")
+        ulm = record.get("ulm_cpu_time_s") or record.get("ulm_wall_time_s") or 0.0
+        total = max(total, epochs_cpu_seconds(run_dir) + ulm)
+    return total
 
 
 def _ulm_before_seconds(run_dir: Path, record: dict[str, Any]) -> float:
