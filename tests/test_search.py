@@ -16,6 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from linmem._io import machine
 from linmem.search import (
     GRIDS,
     MAX_RETRY,
@@ -221,6 +222,8 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
                  for run in (tmp_path / "runs").glob("*/*"))
     assert done["cpu_s"] == pytest.approx(logged) and done["cpu_s"] > 0
     assert done["mean_point_cpu_s"] == pytest.approx(logged / 4) and done["left_cpu_s"] == 0
+    here = machine()["cpu"]  # the runs ended here and recorded it
+    assert done["cpu_s_by_machine"] == {here: pytest.approx(logged)}
     todo = records["rnn"]  # nothing finished: the data set's mean per point
     assert todo["states"] == {"todo": 4} and todo["cpu_s"] == 0
     assert todo["left_from"] == "data set" and todo["left_cpu_s"] == pytest.approx(logged)
@@ -258,6 +261,12 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     assert f"| {seed} (single run) | – | – | – | 1.50 |" in text and "ulm (single" not in text
     assert f"| {failed} (single run) | – | – | – | 0.53 |" in text
     assert "| jsb-lmn-b-tiny | 4 / 4 | 0 | 0 |" in text and "| jsb-rnn-tiny | 0 / 4 |" in text
+    # by CPU: the runs here (the seeds in flight or unrecorded: here too), the earlier study's
+    # trials not recorded
+    ran_here = (logged + 5400.0 + 1900.0) / 3600
+    assert (f"ended on, a run in flight on this one): {here} {ran_here:.1f}; not recorded (a "
+            "run whose folder is on another machine and whose trial predates the record) "
+            "2.0.") in text.replace("\n", " ")
     assert "| jsb-gru-paper (earlier: trial wall time) | 25 / 25 | 0 | 0 | 2.00 |" in text
     assert f"CPU hours logged: **{(logged + 7200 + 5400 + 1900) / 3600:.1f}**" in text
     assert "Made by `" in text
@@ -310,16 +319,16 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
         with pytest.raises(SystemExit) as exit_:
             main(["progress", "--storage", storage, "--plan-seeds", bad])
         assert exit_.value.code == 2, bad
-    # the selected run on another machine (an imported study): its trial's stored wall time
+    # the selected run on another machine (an imported study): its trial's stored CPU time
     run.rename(tmp_path / "moved")
     elsewhere = seeds_record(storage, "jsb", "lmn-b", "tiny", seeds=3, done=1)
     assert elsewhere["left_from"] == "selected trial"
-    assert best.user_attrs["wall_time_s"] > 0
-    assert elsewhere["mean_point_cpu_s"] == pytest.approx(best.user_attrs["wall_time_s"])
-    assert elsewhere["left_cpu_s"] == pytest.approx(2 * best.user_attrs["wall_time_s"])
+    assert best.user_attrs["cpu_time_s"] > 0
+    assert elsewhere["mean_point_cpu_s"] == pytest.approx(best.user_attrs["cpu_time_s"])
+    assert elsewhere["left_cpu_s"] == pytest.approx(2 * best.user_attrs["cpu_time_s"])
     main(["progress", "--storage", storage, "--grid", "tiny", "--out", str(out),
           "--plan-seeds", "jsb:lmn-b:tiny"])
-    assert "(selected run's, trial wall time)" in out.read_text()
+    assert "(selected run's, trial's stored time)" in out.read_text()
 
 
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
@@ -690,16 +699,19 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
         for key in ("study", "hidden", "memory", "weight_decay", "valid_acc", "test_acc",
                     "test_nll", "frame_selection", "command", "search_wall_time_s"):
             assert a.get(key) == b.get(key), key
-    # CPU time: the trials' stored wall times, their runs being on the first machine
+    # CPU time: the trials' stored CPU times and CPUs, their runs being on the first machine
     progress = {r["model"]: r for r in progress_records(storage2, "tiny", runs_root=elsewhere)}
     moved_study = optuna.load_study(study_name="jsb-lmn-b-tiny", storage=storage2)
-    stored = sum(t.user_attrs["wall_time_s"] for t in moved_study.get_trials())
+    stored = sum(t.user_attrs["cpu_time_s"] for t in moved_study.get_trials())
     assert progress["lmn-b"]["cpu_s"] == pytest.approx(stored) and stored > 0
     assert progress["lmn-b"]["points_from_trials"] == 4
+    assert {t.user_attrs["machine"]["cpu"] for t in moved_study.get_trials()} == \
+        {machine()["cpu"]}
+    assert progress["lmn-b"]["cpu_s_by_machine"] == {machine()["cpu"]: pytest.approx(stored)}
     out = tmp_path / "progress.md"
     main(["progress", "--storage", storage2, "--grid", "tiny", "--runs-root", str(elsewhere),
           "--out", str(out)])
-    assert "| jsb-lmn-b-tiny (4 points: trial wall time) | 4 / 4 |" in out.read_text()
+    assert "| jsb-lmn-b-tiny (4 points: trial's stored time) | 4 / 4 |" in out.read_text()
     # the search goes on from the import: the finished points are not run again, every point
     # of the other study is (the one in flight included)
     moved = replace(config, models=["lmn-b", "rnn"], out_dir=str(elsewhere / "runs"))

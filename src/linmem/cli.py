@@ -19,7 +19,7 @@ import click
 from click.core import ParameterSource
 
 from ._check import check_device
-from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
+from ._io import atomic_write, command_line, git_commit, machine, provenance, read_json, write_json
 from .data import (
     DATASETS,
     DataError,
@@ -48,6 +48,7 @@ from .report import (
     previous_frame_report,
     progress_markdown,
     run_cpu_seconds,
+    run_machine,
     run_records,
     seed_groups,
     seeds_markdown,
@@ -693,7 +694,9 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
         if (record["dataset"], record["model"]) not in made:
             studies.append(record)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = progress_markdown(studies, singles, command_line(), when)
+    here = machine()["cpu"]  # a single run in flight (no record yet) runs here
+    text = progress_markdown(studies, singles, command_line(), when,
+                             {name: run_machine(name) or here for name, _ in singles})
     if out is None:
         click.echo(text, nl=False)
     else:

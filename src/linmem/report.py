@@ -25,7 +25,8 @@ __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "epochs_cpu_second
            "memory_markdown", "memory_radii", "patience_markdown",
            "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
            "plot_run", "previous_frame_report", "progress_markdown", "rerun_cpu_seconds",
-           "run_cpu_seconds", "run_records", "scoring_cpu_seconds", "seed_groups",
+           "run_cpu_seconds", "run_machine", "run_records", "scoring_cpu_seconds",
+           "seed_groups",
            "seeds_markdown", "stop_early",
            "summary_file_records", "summary_records", "table2_markdown", "training_cpu_seconds",
            "with_selected_run_fields", "write_search_report"]
@@ -138,6 +139,18 @@ def training_cpu_seconds(run_dir: str | os.PathLike) -> float:
     return before + (total if total >= pretraining + epochs else total + pretraining)
 
 
+def run_machine(run_dir: str | os.PathLike) -> str | None:
+    """The CPU a run ended on, as its ``metrics.json`` (or ``diverged.json``) records it
+    (:func:`linmem._io.machine`: model name, x86 family and model); None where neither file
+    names one (a run in flight, or recorded before machines were)."""
+    for name in ("metrics.json", "diverged.json"):
+        path = Path(run_dir) / name
+        if path.is_file():
+            cpu = (read_json(path).get("machine") or {}).get("cpu")
+            return str(cpu) if cpu else None
+    return None
+
+
 def rerun_cpu_seconds(run_dir: str | os.PathLike) -> float:
     """The CPU seconds a run of ``run_dir``'s configuration with another seed would take
     (``linmem reseed``'s projection), as ``run_dir``'s files record them: its training's
@@ -176,10 +189,13 @@ def _made_by(command: str | None, at: str | None = None) -> list[str]:
 
 
 def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]] = (),
-                      command: str | None = None, when: str | None = None) -> str:
+                      command: str | None = None, when: str | None = None,
+                      run_machines: dict[str, str | None] | None = None) -> str:
     """The progress of the searches (:func:`linmem.search.progress_records`) and of single runs
     (``(name, cpu seconds)``) as a Markdown table with the totals: CPU hours logged, projected
-    CPU hours left."""
+    CPU hours left, and the hours logged by the CPU that ran them (a study's
+    ``cpu_s_by_machine``, a single run's CPU in ``run_machines``; not recorded where neither
+    says)."""
 
     def hours(s: float | None) -> str:
         return "?" if s is None else f"{s / 3600:.2f}"
@@ -193,14 +209,14 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
                                               "model, other grid": " (model's in another grid, "
                                                                    "scaled)",
                                               "selected run": " (selected run's)",
-                                              "selected trial": " (selected run's, trial wall "
-                                                                "time)",
+                                              "selected trial": " (selected run's, trial's "
+                                                                "stored time)",
                                               "run, scaled": " (another data set's run, "
                                                              "scaled)"
                                               }.get(r["left_from"], "")
         if r["mean_point_cpu_s"] is None and r["left_cpu_s"] == 0.0:
             per = "–"  # nothing left, nothing to project from
-        name = r["study"] + (f" ({r['points_from_trials']} points: trial wall time)"
+        name = r["study"] + (f" ({r['points_from_trials']} points: trial's stored time)"
                              if r.get("points_from_trials") else "")
         lines.append(f"| {name} | {st.get('done', 0)} / {r['grid_points']} | "
                      f"{st.get('failed', 0)} | {st.get('running', 0) + st.get('waiting', 0)} | "
@@ -210,15 +226,36 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
     spent = sum(r["cpu_s"] for r in studies) + sum(s for _, s in runs)
     unknown = [r["study"] for r in studies if r["left_cpu_s"] is None]
     left = sum(r["left_cpu_s"] or 0.0 for r in studies)
+    by_machine: dict[str | None, float] = {}
+    for r in studies:
+        split = r.get("cpu_s_by_machine") or {None: r["cpu_s"]}
+        for cpu, seconds in split.items():
+            by_machine[cpu] = by_machine.get(cpu, 0.0) + seconds
+    for name, seconds in runs:
+        cpu = (run_machines or {}).get(name)
+        by_machine[cpu] = by_machine.get(cpu, 0.0) + seconds
+    known = sorted(((c, s) for c, s in by_machine.items() if c is not None and s > 0),
+                   key=lambda cs: -cs[1])
     lines += ["", f"CPU hours logged: **{spent / 3600:.1f}**; projected CPU hours left for the "
               f"studies above: **{left / 3600:.1f}**"
               + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + ".",
+              *(["", "CPU hours logged by the CPU that ran them (machines differ between "
+                 "sessions; "
+                 "a run resumed on another machine counts on the one it ended on, a run in "
+                 "flight on this one): "
+                 + "; ".join([f"{cpu} {s / 3600:.1f}" for cpu, s in known]
+                             + [f"not recorded (a run whose folder is on another machine and "
+                                f"whose trial predates the record) "
+                                f"{by_machine[None] / 3600:.1f}"]
+                             * (by_machine.get(None, 0.0) > 0)) + "."]
+                * (spent > 0)),
               "", "CPU hours: each finished run's time (`metrics.json`), else the epochs' "
               "times in its `log.jsonl`, and its pretraining time: the CPU time where the run "
               "recorded it (from commit 8b4fc25 on), else the wall time, which is above it when "
               "processes shared the cores (one thread per run; epochs cut short by a killed "
               "worker are not counted; a study imported from another machine counts its finished "
-              "trials' wall time where their runs are not here). A pret-LMN run counts the "
+              "trials' stored time where their runs are not here: their CPU time where they "
+              "stored it, else their wall time). A pret-LMN run counts the "
               "training of its unrolled network, every session's, when it trained it, and none "
               "when it read it from the cache (`--ulm-cache`); runs recorded before commit "
               "3c1102d count what the network's own run logged beyond the recipe's clock when "
@@ -237,8 +274,8 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "grids (\"model's in another grid, scaled\"), else its data set's mean over "
               "every model. Seeds still to run (`--plan-seeds`): each at the CPU time of the "
               "study's selected run, with its unrolled network's when it read that from the "
-              "cache (a seed trains its own), or at its trial's wall time when the run is on "
-              "another machine (\"trial wall time\"); the seeds run so far count as single "
+              "cache (a seed trains its own), or at its trial's stored time when the run is "
+              "on another machine (\"trial's stored time\"); the seeds run so far count as single "
               "runs. A single run still to make "
               "(`--plan-run`, an RNN-RBM): another data set's run of the same configuration, its "
               "epochs scaled by the two data sets' training and validation frames, its final "

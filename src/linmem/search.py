@@ -66,7 +66,7 @@ import torch
 from optuna.trial import TrialState
 
 from ._check import check_device, check_int
-from ._io import atomic_write, command_line, read_json
+from ._io import atomic_write, command_line, machine, read_json
 from ._threads import usable_cpus
 from .data import DATASETS, load_polyphonic, resolve_name
 from .models import get_spec
@@ -75,6 +75,7 @@ from .report import (
     epochs_cpu_seconds,
     expected_fields,
     run_cpu_seconds,
+    run_machine,
     scoring_cpu_seconds,
     training_cpu_seconds,
 )
@@ -372,8 +373,8 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         for key in ("valid_acc", "valid_nll", "test_acc", "test_nll", "test_nll_se",
                     "valid_acc_frame", "test_acc_frame", "test_acc_expected",
                     "test_acc_expected_se", "valid_threshold", "test_acc_at_valid_threshold",
-                    "n_params", "epochs", "best_epoch", "wall_time_s",
-                    "commit", "data_sha256", "seed", "command"):
+                    "n_params", "epochs", "best_epoch", "wall_time_s", "cpu_time_s",
+                    "machine", "commit", "data_sha256", "seed", "command"):
             if key in metrics:  # rnn-rbm: no valid_nll (its NLL is estimated on test only)
                 trial.set_user_attr(key, metrics[key])
         return _score(metrics, train_config.select)
@@ -658,13 +659,16 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
     (:func:`project_points`: by size from its finished points, complete, pruned or failed,
     :func:`size_cost`; else from its model's on other data sets, else from its data set's). A
     finished point whose run is not under ``runs_root`` (a study imported from another machine,
-    :func:`import_studies`) counts its trial's wall time (``points_from_trials``)."""
+    :func:`import_studies`) counts its trial's stored time (``points_from_trials``: its CPU
+    time, or its wall time for older trials)."""
 
+    here = machine()["cpu"]
     records = []
     for attrs, study in _grid_studies(storage, grid):
         points = grid_points(attrs["model"], attrs["grid"])
         states = point_states(study, points, max_retry)
         seconds = dict.fromkeys(points, 0.0)
+        cpu: dict[Point, str | None] = dict.fromkeys(points)
         from_trials = set()
         for t in study.get_trials(deepcopy=False):
             p = trial_point(t)
@@ -673,6 +677,13 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
             seconds[p], elsewhere = _run_seconds(t, runs_root)
             if elsewhere:
                 from_trials.add(p)
+                cpu[p] = (t.user_attrs.get("machine") or {}).get("cpu")
+            else:  # its run is here: the CPU it ended on, else (in flight, killed) this one
+                cpu[p] = run_machine(Path(runs_root) / t.user_attrs["run_dir"]) or here
+        by_machine: dict[str | None, float] = {}
+        for p, s in seconds.items():
+            if s > 0:
+                by_machine[cpu[p]] = by_machine.get(cpu[p], 0.0) + s
         base = TrainConfig.from_dict(attrs.get("train", {}))  # a setting added since: default
         size = {p: point_params(base, attrs["data"], attrs["model"], p) for p in points}
         finished = [p for p in points if states[p] in ("done", "failed")]
@@ -681,7 +692,7 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
         records.append({"study": study.study_name, "dataset": attrs["data"],
                         "model": attrs["model"], "grid": attrs["grid"],
                         "grid_points": len(points), "states": dict(Counter(states.values())),
-                        "cpu_s": sum(seconds.values()),
+                        "cpu_s": sum(seconds.values()), "cpu_s_by_machine": by_machine,
                         "finished_cpu_s": [seconds[p] for p in finished],
                         "running_cpu_s": [seconds[p] for p in running], "todo": len(todo),
                         "points_from_trials": len(from_trials),
@@ -698,9 +709,9 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
     that run read its unrolled network from the cache, the network's own (a seed trains its
     own); no projection while the study has no complete point (and no study needed once every
     seed is done). A selected run that is not under ``runs_root`` (a study imported from another
-    machine) counts its trial's stored wall time instead (one thread per run: an upper bound of
-    its CPU time). Their logged time is the seed runs' (``linmem progress --run``), not counted
-    here."""
+    machine) counts its trial's stored time instead (its CPU time, or the wall time of an older
+    trial: one thread per run, an upper bound of its CPU time). Their logged time is the seed
+    runs' (``linmem progress --run``), not counted here."""
     data = resolve_name(data)
     name = study_name(data, model, grid)
     todo = max(seeds - done, 0)
@@ -845,10 +856,11 @@ def _run_seconds(trial, runs_root: str | os.PathLike) -> tuple[float, bool]:
 
 
 def _trial_seconds(trial) -> float:
-    """A finished trial's time as the storage holds it: its run's wall time where the trial
-    stored it (complete), else the trial's own duration (pruned, failed)."""
-    if "wall_time_s" in trial.user_attrs:
-        return float(trial.user_attrs["wall_time_s"])
+    """A finished trial's time as the storage holds it: its run's CPU time, else its wall time,
+    where the trial stored them (complete), else the trial's own duration (pruned, failed)."""
+    for key in ("cpu_time_s", "wall_time_s"):
+        if key in trial.user_attrs:
+            return float(trial.user_attrs[key])
     return trial.duration.total_seconds() if trial.duration is not None else 0.0
 
 
