@@ -261,12 +261,10 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     assert f"| {seed} (single run) | – | – | – | 1.50 |" in text and "ulm (single" not in text
     assert f"| {failed} (single run) | – | – | – | 0.53 |" in text
     assert "| jsb-lmn-b-tiny | 4 / 4 | 0 | 0 |" in text and "| jsb-rnn-tiny | 0 / 4 |" in text
-    # by CPU: the runs here (the seeds in flight or unrecorded: here too), the earlier study's
-    # trials not recorded
-    ran_here = (logged + 5400.0 + 1900.0) / 3600
-    assert (f"ended on, a run in flight on this one): {here} {ran_here:.1f}; not recorded (a "
-            "run whose folder is on another machine and whose trial predates the record) "
-            "2.0.") in text.replace("\n", " ")
+    # by CPU: the runs here (the seed in flight too), the earlier study's trials and the
+    # diverged seed that recorded no machine
+    assert (f"ended on, a run in flight on this one): {here} {(logged + 5400) / 3600:.1f}; "
+            f"not recorded (runs and trials from before the record) {9100 / 3600:.1f}.") in text
     assert "| jsb-gru-paper (earlier: trial wall time) | 25 / 25 | 0 | 0 | 2.00 |" in text
     assert f"CPU hours logged: **{(logged + 7200 + 5400 + 1900) / 3600:.1f}**" in text
     assert "Made by `" in text

@@ -696,7 +696,7 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     here = machine()["cpu"]  # a single run in flight (no record yet) runs here
     text = progress_markdown(studies, singles, command_line(), when,
-                             {name: run_machine(name) or here for name, _ in singles})
+                             {name: run_machine(name, here) for name, _ in singles})
     if out is None:
         click.echo(text, nl=False)
     else:

@@ -26,8 +26,7 @@ __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "epochs_cpu_second
            "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
            "plot_run", "previous_frame_report", "progress_markdown", "rerun_cpu_seconds",
            "run_cpu_seconds", "run_machine", "run_records", "scoring_cpu_seconds",
-           "seed_groups",
-           "seeds_markdown", "stop_early",
+           "seed_groups", "seeds_markdown", "stop_early",
            "summary_file_records", "summary_records", "table2_markdown", "training_cpu_seconds",
            "with_selected_run_fields", "write_search_report"]
 
@@ -139,16 +138,17 @@ def training_cpu_seconds(run_dir: str | os.PathLike) -> float:
     return before + (total if total >= pretraining + epochs else total + pretraining)
 
 
-def run_machine(run_dir: str | os.PathLike) -> str | None:
+def run_machine(run_dir: str | os.PathLike, unfinished: str | None = None) -> str | None:
     """The CPU a run ended on, as its ``metrics.json`` (or ``diverged.json``) records it
-    (:func:`linmem._io.machine`: model name, x86 family and model); None where neither file
-    names one (a run in flight, or recorded before machines were)."""
+    (:func:`linmem._io.machine`: model name, x86 family and model); None for a run recorded
+    before machines were, ``unfinished`` for a run with neither file (in flight, or killed:
+    this machine's CPU, where the caller knows that the run is this machine's)."""
     for name in ("metrics.json", "diverged.json"):
         path = Path(run_dir) / name
         if path.is_file():
             cpu = (read_json(path).get("machine") or {}).get("cpu")
             return str(cpu) if cpu else None
-    return None
+    return unfinished
 
 
 def rerun_cpu_seconds(run_dir: str | os.PathLike) -> float:
@@ -186,6 +186,26 @@ def _made_by(command: str | None, at: str | None = None) -> list[str]:
     """A generated table's closing line: the command that made it, and when or at which commit
     (none without a command)."""
     return ["", f"Made by `{command}`" + (f" at {at}" if at else "") + "."] if command else []
+
+
+def _hours_by_machine(studies: Sequence[dict], runs: Sequence[tuple[str, float]],
+                      run_machines: dict[str, str | None]) -> str:
+    """The sentence of :func:`progress_markdown` that splits the CPU hours logged by the CPU
+    that ran them, the most first, those of no recorded CPU last."""
+    hours: dict[str | None, float] = {}
+    for r in studies:
+        for cpu, seconds in (r.get("cpu_s_by_machine") or {None: r["cpu_s"]}).items():
+            hours[cpu] = hours.get(cpu, 0.0) + seconds / 3600
+    for name, seconds in runs:
+        cpu = run_machines.get(name)
+        hours[cpu] = hours.get(cpu, 0.0) + seconds / 3600
+    parts = [f"{cpu} {h:.1f}" for cpu, h in sorted(hours.items(), key=lambda ch: -ch[1])
+             if cpu is not None and h > 0]
+    if hours.get(None, 0.0) > 0:
+        parts.append(f"not recorded (runs and trials from before the record) {hours[None]:.1f}")
+    return ("CPU hours logged by the CPU that ran them (machines differ between sessions; a run "
+            "resumed on another machine counts on the one it ended on, a run in flight on this "
+            "one): " + "; ".join(parts) + ".")
 
 
 def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]] = (),
@@ -226,30 +246,12 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
     spent = sum(r["cpu_s"] for r in studies) + sum(s for _, s in runs)
     unknown = [r["study"] for r in studies if r["left_cpu_s"] is None]
     left = sum(r["left_cpu_s"] or 0.0 for r in studies)
-    by_machine: dict[str | None, float] = {}
-    for r in studies:
-        split = r.get("cpu_s_by_machine") or {None: r["cpu_s"]}
-        for cpu, seconds in split.items():
-            by_machine[cpu] = by_machine.get(cpu, 0.0) + seconds
-    for name, seconds in runs:
-        cpu = (run_machines or {}).get(name)
-        by_machine[cpu] = by_machine.get(cpu, 0.0) + seconds
-    known = sorted(((c, s) for c, s in by_machine.items() if c is not None and s > 0),
-                   key=lambda cs: -cs[1])
     lines += ["", f"CPU hours logged: **{spent / 3600:.1f}**; projected CPU hours left for the "
               f"studies above: **{left / 3600:.1f}**"
-              + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + ".",
-              *(["", "CPU hours logged by the CPU that ran them (machines differ between "
-                 "sessions; "
-                 "a run resumed on another machine counts on the one it ended on, a run in "
-                 "flight on this one): "
-                 + "; ".join([f"{cpu} {s / 3600:.1f}" for cpu, s in known]
-                             + [f"not recorded (a run whose folder is on another machine and "
-                                f"whose trial predates the record) "
-                                f"{by_machine[None] / 3600:.1f}"]
-                             * (by_machine.get(None, 0.0) > 0)) + "."]
-                * (spent > 0)),
-              "", "CPU hours: each finished run's time (`metrics.json`), else the epochs' "
+              + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + "."]
+    if spent > 0:
+        lines += ["", _hours_by_machine(studies, runs, run_machines or {})]
+    lines += ["", "CPU hours: each finished run's time (`metrics.json`), else the epochs' "
               "times in its `log.jsonl`, and its pretraining time: the CPU time where the run "
               "recorded it (from commit 8b4fc25 on), else the wall time, which is above it when "
               "processes shared the cores (one thread per run; epochs cut short by a killed "

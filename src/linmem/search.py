@@ -678,8 +678,8 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
             if elsewhere:
                 from_trials.add(p)
                 cpu[p] = (t.user_attrs.get("machine") or {}).get("cpu")
-            else:  # its run is here: the CPU it ended on, else (in flight, killed) this one
-                cpu[p] = run_machine(Path(runs_root) / t.user_attrs["run_dir"]) or here
+            else:  # its run is here: the CPU it ended on, or this one (in flight, killed)
+                cpu[p] = run_machine(Path(runs_root) / t.user_attrs["run_dir"], here)
         by_machine: dict[str | None, float] = {}
         for p, s in seconds.items():
             if s > 0:
