@@ -734,6 +734,45 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
     assert exc.value.code == 2
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
+def test_export_gives_a_killed_trial_the_time_its_run_logged(tmp_path, data_dir):
+    """A trial failed with its worker stored no time; its duration lasts until a worker found it
+    dead. Exported with --runs-root, it carries its run's logged CPU time and this machine's CPU,
+    which the other machine's progress counts; without, it has neither."""
+    from linmem.cli import main
+    from linmem.search import import_studies
+
+    config = _config(tmp_path, data_dir)
+    storage = default_storage(config.out_dir)
+    study = open_study(config, "jsb", "lmn-b")
+    point = grid_points("lmn-b", "tiny")[0]
+    study.enqueue_trial(point.params)
+    trial = study.ask()
+    trial.set_user_attr("run_dir", f"runs/{study.study_name}/{point.name}")
+    run = tmp_path / "runs" / study.study_name / point.name  # killed after two epochs
+    run.mkdir(parents=True)
+    (run / "log.jsonl").write_text('{"epoch": 1, "epoch_cpu_s": 120.0, "epoch_time_s": 130.0}\n'
+                                   '{"epoch": 2, "epoch_cpu_s": 80.0, "epoch_time_s": 90.0}\n')
+    time.sleep(0.2)  # its duration: not its run's time
+    study.tell(trial, state=TrialState.FAIL)
+    plain, timed = tmp_path / "plain.jsonl", tmp_path / "timed.jsonl"
+    main(["search-export", str(plain), "--storage", storage])
+    main(["search-export", str(timed), "--storage", storage, "--runs-root", str(tmp_path)])
+    for export, seconds, cpu in ((plain, None, None), (timed, 200.0, machine()["cpu"])):
+        elsewhere = default_storage(tmp_path / export.stem)
+        import_studies(export, make_storage(elsewhere))
+        (moved,) = optuna.load_study(study_name=study.study_name, storage=elsewhere).get_trials()
+        assert moved.state == TrialState.FAIL
+        assert moved.user_attrs.get("cpu_time_s") == seconds
+        assert (moved.user_attrs.get("machine") or {}).get("cpu") == cpu
+        (record,) = progress_records(elsewhere, "tiny", runs_root=tmp_path / "nowhere")
+        if seconds is None:  # the trial's duration
+            assert 0.2 <= record["cpu_s"] < 60 and record["cpu_s_by_machine"] == {
+                None: record["cpu_s"]}
+        else:
+            assert record["cpu_s"] == seconds and record["cpu_s_by_machine"] == {cpu: seconds}
+
+
 def test_report_of_an_imported_study_keeps_what_its_runs_held(tmp_path, data_dir):
     """A study imported from another machine, its trials older than the threshold attributes
     (dropped from the journal), its runs left there: `linmem report` into the same results

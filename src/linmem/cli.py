@@ -718,17 +718,19 @@ def _finished_seed(run: Path, name: str) -> bool:
 @_storage_option
 @click.option("--grid", default="all", show_default=True,
               help="The studies of this grid ('all': every grid).")
-def search_export_cmd(file: str, storage: str | None, grid: str) -> None:
+@_runs_root_option
+def search_export_cmd(file: str, storage: str | None, grid: str, runs_root: str) -> None:
     """Write the searches' finished trials to FILE (a text Optuna journal) for `linmem
     search-import` on another machine; trials still running are left out (they run again).
-    Safe beside running workers."""
+    A trial that stored no CPU time (pruned, or failed with its worker) takes its run's under
+    --runs-root. Safe beside running workers."""
     from .search import default_storage, export_studies, sqlite_path  # optuna: slow import
 
     storage = storage or default_storage("runs/search")
     database = sqlite_path(storage)
     if database is not None and not database.is_file():
         raise UsageFailure(f"no search database at {database} (pass --storage)")
-    counts = export_studies(storage, file, None if grid == "all" else grid)
+    counts = export_studies(storage, file, None if grid == "all" else grid, runs_root)
     click.echo(f"{sum(counts.values())} finished trials of {len(counts)} studies -> {file}")
 
 

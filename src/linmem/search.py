@@ -45,6 +45,7 @@ still running or waiting are left out: their points are run again.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import multiprocessing
@@ -952,12 +953,19 @@ def _finished_trials(study) -> list:
             and trial_point(t) is not None]
 
 
-def export_studies(storage: str, path: str | os.PathLike,
-                   grid: str | None = None) -> dict[str, int]:
+def export_studies(storage: str, path: str | os.PathLike, grid: str | None = None,
+                   runs_root: str | os.PathLike | None = None) -> dict[str, int]:
     """Write the finished trials (complete, pruned, failed: scores, attributes, the pruner's
     intermediate values, wall times) of every search study of ``grid`` (None: every grid) in
     ``storage`` to the Optuna journal file ``path`` (JSON lines), replaced atomically; the
-    number of trials written per study. Running and waiting trials are left out."""
+    number of trials written per study. Running and waiting trials are left out.
+
+    With ``runs_root``, a trial that stored no CPU time (pruned, or failed: a killed worker's)
+    takes its run's there (:func:`linmem.report.run_cpu_seconds`) and CPU
+    (:func:`linmem.report.run_machine`, this machine's for a run that ended without a record)
+    into the file, so that another machine counts what it logged, not the trial's duration
+    (which, for a trial failed once its worker's heartbeat stopped, lasts until a worker found
+    it dead)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     counts = {}
@@ -965,12 +973,14 @@ def export_studies(storage: str, path: str | os.PathLike,
         journal_file = Path(tmp) / path.name
         journal = _journal(journal_file)
         for attrs, study in sorted(_grid_studies(storage, grid), key=lambda x: x[1].study_name):
-            copy = optuna.create_study(storage=journal, study_name=study.study_name,
+            target = optuna.create_study(storage=journal, study_name=study.study_name,
                                        direction=study.direction)
             for key, value in attrs.items():
-                copy.set_user_attr(key, value)
+                target.set_user_attr(key, value)
             trials = _finished_trials(study)
-            copy.add_trials(trials)
+            if runs_root is not None:
+                trials = [_with_run_time(t, runs_root) for t in trials]
+            target.add_trials(trials)
             counts[study.study_name] = len(trials)
         journal_file.touch()  # no study: an empty journal
         lines = [json.loads(line) for line in journal_file.read_text().splitlines()]
@@ -978,6 +988,22 @@ def export_studies(storage: str, path: str | os.PathLike,
             f.writelines(json.dumps({**e, "worker_id": "linmem-export"}, separators=(",", ":"))
                          + "\n" for e in lines)
     return counts
+
+
+def _with_run_time(trial, runs_root: str | os.PathLike):
+    """``trial``, or a copy of it with its run's CPU seconds and CPU (``cpu_time_s``,
+    ``machine``) where it stored none and its run under ``runs_root`` logged some."""
+    if "cpu_time_s" in trial.user_attrs or "run_dir" not in trial.user_attrs:
+        return trial
+    run = Path(runs_root) / trial.user_attrs["run_dir"]
+    seconds = run_cpu_seconds(run)
+    if seconds <= 0:
+        return trial
+    cpu = run_machine(run, machine()["cpu"])
+    trial = copy.deepcopy(trial)
+    trial.user_attrs = {**trial.user_attrs, "cpu_time_s": seconds,
+                        **({"machine": {"cpu": cpu}} if cpu else {})}
+    return trial
 
 
 def _trial_key(trial) -> tuple:
