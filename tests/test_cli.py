@@ -320,38 +320,6 @@ def test_reseed_stop_by_starts_only_the_seeds_that_fit(tmp_path, data_dir, capsy
     assert code == 2 and "--stop-by" in err and "2h30m" in err
 
 
-def test_rerun_cpu_seconds_counts_an_unrolled_network_read_from_a_cache(tmp_path):
-    """A seed of a pretrained run trains its own unrolled network: the projection adds the
-    network's time where the run read it from a cache (not in its own CPU time), and does not
-    add it twice where the run trained it (inside its recipe's and its metrics' time)."""
-    from linmem.report import rerun_cpu_seconds
-
-    def run(name, metrics, pretraining, epochs):
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        (run_dir / "metrics.json").write_text(json.dumps(metrics))
-        (run_dir / "pretraining.json").write_text(json.dumps(pretraining))
-        (run_dir / "log.jsonl").write_text("".join(
-            json.dumps({"epoch": e + 1, "epoch_cpu_s": s}) + "\n" for e, s in enumerate(epochs)))
-        return run_dir
-
-    read = run("read", {"cpu_time_s": 500.0},
-               {"cpu_time_s": 50.0, "ulm_cpu_time_s": 0.0, "ulm_cpu_here_s": 0.0,
-                "ulm_wall_time_s": 1000.0}, [200.0, 200.0])
-    assert rerun_cpu_seconds(read) == pytest.approx(400.0 + 1000.0)
-    older = run("older", {"cpu_time_s": 500.0}, {"cpu_time_s": 50.0, "ulm_wall_time_s": 900.0},
-                [200.0, 200.0])
-    assert rerun_cpu_seconds(older) == pytest.approx(400.0 + 900.0)
-    trained = run("trained", {"cpu_time_s": 2000.0},
-                  {"cpu_time_s": 1100.0, "ulm_cpu_time_s": 1000.0, "ulm_cpu_here_s": 1000.0,
-                   "ulm_wall_time_s": 1010.0}, [400.0, 400.0])
-    assert rerun_cpu_seconds(trained) == pytest.approx(2000.0)
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    (plain / "metrics.json").write_text('{"cpu_time_s": 321.0}')
-    assert rerun_cpu_seconds(plain) == pytest.approx(321.0)
-
-
 def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkeypatch):
     """--set FIELD=VALUE: the seeds train the run's config with those fields changed (values
     read as JSON, else text); unknown fields, the seed and invalid values are refused."""

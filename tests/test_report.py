@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from linmem.report import collect_metrics, markdown_table
+from linmem.report import collect_metrics, markdown_table, rerun_cpu_seconds
 
 
 def test_table_from_run_directories(tmp_path):
@@ -473,3 +473,33 @@ def test_a_shorter_patience_is_replayed_from_the_runs_logs(tmp_path):
     assert table.rstrip().endswith("Made by `linmem patience x` at commit abc1234.")
     untimed = dict(p4, cpu_saved=None)  # logs without epoch times
     assert "| 4 | 2 | 1 | 2.00, 4.00 | – |" in patience_markdown([untimed])
+
+
+def test_rerun_cpu_seconds_counts_an_unrolled_network_read_from_a_cache(tmp_path):
+    """A seed of a pretrained run trains its own unrolled network: the projection adds the
+    network's time where the run read it from a cache (not in its own CPU time), and does not
+    add it twice where the run trained it (inside its recipe's and its metrics' time)."""
+    def run(name, metrics, pretraining, epochs):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        (run_dir / "pretraining.json").write_text(json.dumps(pretraining))
+        (run_dir / "log.jsonl").write_text("".join(
+            json.dumps({"epoch": e + 1, "epoch_cpu_s": s}) + "\n" for e, s in enumerate(epochs)))
+        return run_dir
+
+    read = run("read", {"cpu_time_s": 500.0},
+               {"cpu_time_s": 50.0, "ulm_cpu_time_s": 0.0, "ulm_cpu_here_s": 0.0,
+                "ulm_wall_time_s": 1000.0}, [200.0, 200.0])
+    assert rerun_cpu_seconds(read) == pytest.approx(400.0 + 1000.0)
+    older = run("older", {"cpu_time_s": 500.0}, {"cpu_time_s": 50.0, "ulm_wall_time_s": 900.0},
+                [200.0, 200.0])
+    assert rerun_cpu_seconds(older) == pytest.approx(400.0 + 900.0)
+    trained = run("trained", {"cpu_time_s": 2000.0},
+                  {"cpu_time_s": 1100.0, "ulm_cpu_time_s": 1000.0, "ulm_cpu_here_s": 1000.0,
+                   "ulm_wall_time_s": 1010.0}, [400.0, 400.0])
+    assert rerun_cpu_seconds(trained) == pytest.approx(2000.0)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "metrics.json").write_text('{"cpu_time_s": 321.0}')
+    assert rerun_cpu_seconds(plain) == pytest.approx(321.0)
