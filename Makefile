@@ -77,19 +77,20 @@ results-pretraining: install
 # keeps SELU, an exact transfer). The selected pret-LMN-B of JSB and Piano-midi.de
 # (results/selected/DATA-pret-lmn-b) again with seeds 1-3 and a tanh LMN (`linmem reseed
 # --set`), each from the unrolled network and memory of the SELU seed run of results-table2 where
-# it is there (the same computation), so that each pair differs in the LMN's activation only;
-# then the seeds' table against results/seeds.
+# it is there (the same computation; a run whose unrolled network is in the search's ULM cache
+# finds it there, the cache's names do not depend on the LMN's activation), so that each pair
+# differs in the LMN's activation only; then the seeds' table against results/seeds.
 ACTIVATION_DATA ?= jsb piano
 results-pretraining-activation: install
 	for d in $(ACTIVATION_DATA); do out=runs/pretraining-activation/$$d-pret-lmn-b-tanh; \
 	  for s in 1 2 3; do src=runs/seeds/$$d-pret-lmn-b/s$$s; mkdir -p $$out/s$$s; \
-	    [ -d $$out/s$$s/ulm ] || [ ! -f $$src/memory.npz ] || cp -r $$src/ulm $$src/memory.npz $$out/s$$s/; done; \
+	    for f in ulm memory.npz; do [ -e $$out/s$$s/$$f ] || [ ! -e $$src/$$f ] || cp -r $$src/$$f $$out/s$$s/; done; done; \
 	  $(VENV)/bin/linmem reseed results/selected/$$d-pret-lmn-b --seeds 1,2,3 --data-dir $(DATA) \
 	    --set nonlinearity=tanh --set ulm_nonlinearity=selu --out $$out --quiet || exit 1; \
 	  for s in 1 2 3; do dest=results/pretraining-activation/$$d-pret-lmn-b-tanh-s$$s; mkdir -p $$dest; \
 	    cp $$out/s$$s/config.json $$out/s$$s/log.jsonl $$out/s$$s/metrics.json $$out/s$$s/pretraining.json $$dest/; done; \
 	done
-	$(VENV)/bin/linmem summarize --seeds results/pretraining-activation results/seeds/jsb-pret-lmn-b-s? \
+	$(VENV)/bin/linmem summarize --seeds results/pretraining-activation/*-tanh-s? results/seeds/jsb-pret-lmn-b-s? \
 	  results/seeds/jsb-lmn-b-s? results/seeds/piano-pret-lmn-b-s? results/seeds/piano-lmn-b-s? \
 	  > results/pretraining-activation/table.md
 
@@ -138,9 +139,11 @@ results-chunking: install
 # Issue 15: Table 2 on the four data sets. The reduced grid (results/search.md) of seven models
 # per data set, batch 4 on whole sequences everywhere (results/chunking), pret-RNN on JSB's
 # paper grid, the RNN-RBM's single configuration on each set with its expected accuracy, the
-# selected LMN-B, pret-LMN-B and LSTM with seeds 1-3, then the report (JSB's other studies come
-# from the committed results/summary.json). Resumable: run it again, on any machine: the finished
-# trials are exported to results/search-studies.jsonl after each data set and imported first.
+# selected LMN-B, pret-LMN-B and LSTM with seeds 1-3, then the report. JSB's paper grids run
+# again with the current code (their first run, before trials kept the per-frame validation
+# score, is only in results/summary.json; the second is results/search-studies-jsb-rerun.jsonl,
+# imported first). Resumable: run it again, on any machine: the finished trials are exported to
+# results/search-studies.jsonl after each data set and imported first.
 # About 60 CPU hours; the background scripts that ran it here split the same commands over two
 # one-thread workers.
 T2_JOBS ?= 2
@@ -154,10 +157,13 @@ T2_MODELS = lmn-b lstm lmn-a gru rnn pret-lmn-b pret-rnn
 T2_SEARCH = $(T2_RUN) search $(foreach m,$(T2_MODELS),--model $(m)) --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 RBM_ALL = --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
 STUDIES = results/search-studies.jsonl
+JSB_RERUN = results/search-studies-jsb-rerun.jsonl
+T2_JSB_MODELS = rnn lstm gru lmn-a lmn-b pret-lmn-b pret-rnn
 results-table2: install
 	[ ! -f $(STUDIES) ] || $(T2_RUN) search-import $(STUDIES)
+	[ ! -f $(JSB_RERUN) ] || $(T2_RUN) search-import $(JSB_RERUN)
 	for d in nottingham piano muse; do $(T2_SEARCH) --data $$d && $(T2_RUN) search-export $(STUDIES); done
-	$(T2_RUN) search --data jsb --model pret-rnn --grid paper --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
+	$(T2_RUN) search --data jsb $(foreach m,$(T2_JSB_MODELS),--model $(m)) --grid paper --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 	$(T2_RUN) search-export $(STUDIES)
 	for d in nottingham piano musedata; do $(T2_RUN) train --data $$d $(RBM_ALL) --out runs/rnn-rbm/$$d-rnn-rbm-h100-r150; done
 	for d in nottingham piano musedata; do run=runs/rnn-rbm/$$d-rnn-rbm-h100-r150; \
@@ -183,13 +189,13 @@ results-report: install
 	  $$(ls -d results/seeds 2>/dev/null | sed 's/^/--seed-runs /') --out results
 # every search of Table 2, those not started yet too (projected, see `linmem progress --plan`)
 T2_PLAN = $(foreach d,nottingham piano musedata,$(foreach m,$(T2_MODELS),--plan $(d):$(m):reduced)) \
-	--plan jsb:pret-rnn:paper \
+	$(foreach m,$(T2_JSB_MODELS),--plan jsb:$(m):paper) \
 	$(foreach m,lmn-b pret-lmn-b lstm,--plan-seeds jsb:$(m):paper \
 	  $(foreach d,nottingham piano musedata,--plan-seeds $(d):$(m):reduced)) \
 	$(foreach d,nottingham piano musedata,--plan-run $(d):results/rnn-rbm/jsb-rnn-rbm-h100-r150)
 results-progress: install
 	$(VENV)/bin/linmem progress --storage sqlite:///runs/search/search.db --runs-root . --summary results/summary.json \
-	  $$(ls -d results/rnn-rbm results/seeds 2>/dev/null | sed 's/^/--run /') $(T2_PLAN) --out results/progress.md
+	  $$(ls -d results/rnn-rbm results/seeds results/seeds-jsb-first-run 2>/dev/null | sed 's/^/--run /') $(T2_PLAN) --out results/progress.md
 
 # Issue 17 (results/nade): the NADE models on JSB Chorales, grid 'nade' selected on validation
 # NLL, then the regularisation of LMN-B-NADE's selected point; resumable.

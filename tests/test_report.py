@@ -207,6 +207,12 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
     table = table2_markdown(records)
     # no per-frame selection kept: the global selection's per-frame score, marked
     assert "| LMN-B | 33.98 | **31.00§** |" in table
+    assert "(§: selected on the global accuracy instead" in table
+    # with its own per-frame selection the cell is unmarked, and the mark is not explained
+    selected = {**records[0], "frame_selection": {"test_acc_frame": 30.5}}
+    table = table2_markdown([selected])
+    assert "| LMN-B | 33.98 | **30.50** |" in table and "§" not in table
+    assert "selected on validation under this definition:\n" in table
     assert f"lmn-b (paper) 30/30 complete, 2 pruned, from `{path}`" in table
     # a trial failed by a killed worker and done again is no failed point
     path.write_text(json.dumps([{**earlier[0], "trials_failed": 2}]))
