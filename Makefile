@@ -137,15 +137,15 @@ results-chunking: install
 	$(VENV)/bin/linmem summarize results/chunking > results/chunking/table.md
 
 # Issue 15: Table 2 on the four data sets. The reduced grid (results/search.md) of seven models
-# per data set, batch 4 on whole sequences everywhere (results/chunking), pret-RNN on JSB's
-# paper grid, the RNN-RBM's single configuration on each set with its expected accuracy, the
-# selected LMN-B, pret-LMN-B and LSTM with seeds 1-3, then the report. JSB's paper grids run
-# again with the current code (their first run, before trials kept the per-frame validation
-# score, is only in results/summary.json; the second is results/search-studies-jsb-rerun.jsonl,
-# imported first). Resumable: run it again, on any machine: the finished trials are exported to
+# per data set, batch 4 on whole sequences everywhere (results/chunking), JSB's paper grids
+# (pret-RNN's, and the six others run again with the current code: their first run, before
+# trials kept the per-frame validation score, is only in results/summary.json; the second is
+# results/search-studies-jsb-rerun.jsonl, imported first), the RNN-RBM's single configuration on
+# each set with its expected accuracy, the selected LMN-B, pret-LMN-B and LSTM with seeds 1-3,
+# then the report. Resumable: run it again, on any machine: the finished trials are exported to
 # results/search-studies.jsonl after each data set and imported first.
-# About 60 CPU hours; the background scripts that ran it here split the same commands over two
-# one-thread workers.
+# About 100 CPU hours (results/progress.md); the background scripts that ran it here split the
+# same commands over two one-thread workers.
 T2_JOBS ?= 2
 # a machine with a time limit: T2_STOP_BY=2026-11-25T07:10 (a time, not a duration: the
 # searches start one after another) starts no search point and no seed that would end after it
