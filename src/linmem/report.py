@@ -888,6 +888,7 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
         return rows
 
     lines = table("test_acc", "ours")
+    frame_rows = table("test_acc_frame", "ours, per-frame mean")
     lines += ["", "Test frame accuracy in % (Bay et al. 2009, global, threshold 0.5; equal to "
               "mir_eval's multipitch accuracy: our headline) of the configuration selected on "
               "validation accuracy. *RNN-RBM: the paper quotes Boulanger-Lewandowski et al. "
@@ -900,13 +901,10 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
               "The per-frame mean of TP / (TP + FP + FN) (`frame_accuracy(..., "
               "average=\"frame\")`; the definition of the authors' code in the paper's period, "
               "see `results/search.md`: the figure to compare with the paper's), each "
-              "configuration selected on validation under this definition"]
-    frame_rows = table("test_acc_frame", "ours, per-frame mean")
-    if any("§" in row for row in frame_rows):
-        lines[-1] += (" (§: selected on the global accuracy instead, the grid's per-frame "
-                      "validation scores not being kept)")
-    lines[-1] += ":"
-    lines += ["", *frame_rows]
+              "configuration selected on validation under this definition"
+              + (" (§: selected on the global accuracy instead, the grid's per-frame "
+                 "validation scores not being kept)" if any("§" in r for r in frame_rows)
+                 else "") + ":", "", *frame_rows]
     expected = [m for m in models if any(ours.get((d, m), {}).get("test_acc_expected")
                                          is not None for d in TABLE2_DATASETS)]
     if expected:
