@@ -166,10 +166,13 @@ results-table2: install
 	$(T2_RUN) search --data jsb $(foreach m,$(T2_JSB_MODELS),--model $(m)) --grid paper --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 	$(T2_RUN) search-export $(STUDIES)
 	for d in nottingham piano musedata; do $(T2_RUN) train --data $$d $(RBM_ALL) --out runs/rnn-rbm/$$d-rnn-rbm-h100-r150; done
-	for d in nottingham piano musedata; do run=runs/rnn-rbm/$$d-rnn-rbm-h100-r150; \
+	# Nottingham's did not settle at Adam's 1e-3 (results/rnn-rbm): a second run at 3e-4; the
+	# report's row is the best of a data set's runs on validation
+	$(T2_RUN) train --data nottingham $(RBM_ALL) --lr 3e-4 --out runs/rnn-rbm/nottingham-rnn-rbm-h100-r150-lr3e-4
+	for run in $(foreach d,nottingham piano musedata,runs/rnn-rbm/$(d)-rnn-rbm-h100-r150) runs/rnn-rbm/nottingham-rnn-rbm-h100-r150-lr3e-4; do \
 	  [ -f $$run/expected.json ] || $(T2_RUN) evaluate $$run --split test --expected 100 --seed 0 --out $$run/expected.json > /dev/null; \
-	  mkdir -p results/rnn-rbm/$$d-rnn-rbm-h100-r150; \
-	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json $$run/expected.json results/rnn-rbm/$$d-rnn-rbm-h100-r150/; done
+	  mkdir -p results/rnn-rbm/$$(basename $$run); \
+	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json $$run/expected.json results/rnn-rbm/$$(basename $$run)/; done
 	$(MAKE) results-report
 	# each from the report's copy of the selected run (its own folder may be on another machine;
 	# a seed that diverged makes reseed exit 1: the loop goes on)
