@@ -86,6 +86,7 @@ def test_table2_puts_ours_beside_the_paper():
     # LMN-B: paper 33.98 beside ours 35.12 (bold: the best of ours on JSB)
     assert rows["LMN-B"].startswith("| LMN-B | 33.98 | **35.12** | 35.56 | – |")
     assert rows["LSTM"].startswith("| LSTM | 32.64 | 30.00† |")  # incomplete grid marked
+    assert "†: selected from a grid that is not complete yet." in main  # and the mark explained
     assert rows["pret-LMN-B"].startswith("| pret-LMN-B | **34.49** | – |")  # best published
     assert "| RNN-RBM* | 33.12 | – | 34.02 | – | **75.40** |" in rows["RNN-RBM*"]
     assert "- JSB Chorales: lmn-b (paper) 30/30 complete, 2 pruned; lstm (paper) 7/30" in table
@@ -212,6 +213,7 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
     selected = {**records[0], "frame_selection": {"test_acc_frame": 30.5}}
     table = table2_markdown([selected])
     assert "| LMN-B | 33.98 | **30.50** |" in table and "§" not in table
+    assert "†" not in table  # a complete grid: no mark, no note
     assert "selected on validation under this definition:\n" in table
     assert f"lmn-b (paper) 30/30 complete, 2 pruned, from `{path}`" in table
     # a trial failed by a killed worker and done again is no failed point

@@ -889,11 +889,13 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
 
     lines = table("test_acc", "ours")
     frame_rows = table("test_acc_frame", "ours, per-frame mean")
+    incomplete = any("†" in r for r in lines)  # the mark explained only where a cell has it
     lines += ["", "Test frame accuracy in % (Bay et al. 2009, global, threshold 0.5; equal to "
               "mir_eval's multipitch accuracy: our headline) of the configuration selected on "
               "validation accuracy. *RNN-RBM: the paper quotes Boulanger-Lewandowski et al. "
-              "(2012), whose figures are expected accuracies over samples of the model. †: "
-              "selected from a grid that is not complete yet. ‡: not a grid search: the best on "
+              "(2012), whose figures are expected accuracies over samples of the model."
+              + (" †: selected from a grid that is not complete yet." if incomplete else "")
+              + " ‡: not a grid search: the best on "
               "validation of the runs listed below. –: not run. Bold: the best published and "
               "the best of ours per data set." + (" The previous-frame row predicts each frame "
               "to be the one before (no training): it calibrates every other row." if baseline
