@@ -58,7 +58,11 @@ from .report import (
 )
 from .train import (
     DIVERGENCE,
+    FROM_PROTOCOL,
+    LOSS_REDUCTIONS,
     OPTIMIZERS,
+    PROTOCOL_FIELDS,
+    PROTOCOLS,
     SELECTIONS,
     TrainConfig,
     TrainingDiverged,
@@ -67,6 +71,13 @@ from .train import (
 )
 
 _DEFAULT = TrainConfig()
+
+
+def _train_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The command line's training options without the protocol fields left unset (None;
+    ``--clip``: FROM_PROTOCOL): :class:`TrainConfig` takes those from ``--protocol``."""
+    return {k: v for k, v in options.items()
+            if not (k in PROTOCOL_FIELDS and (v is None or v is FROM_PROTOCOL))}
 
 
 __all__ = ["cli", "main"]
@@ -143,8 +154,15 @@ def _thresholds(ctx, param, value: str | None) -> tuple[float, ...]:
     return tuple(dict.fromkeys(values))
 
 
+def _protocol_values(field: str) -> str:
+    """``--help``'s text for a protocol field's default: each protocol's value."""
+    return ", ".join(f"{getattr(p, field)} ({p.name})" for p in PROTOCOLS.values())
+
+
 def _clip(ctx, param, value):
-    if value is None or str(value).lower() in ("none", "0", "off"):
+    if value is None:
+        return FROM_PROTOCOL  # not given
+    if str(value).lower() in ("none", "0", "off"):
         return None
     try:
         clip = float(value)
@@ -161,18 +179,32 @@ _RUN_OPTIONS = (
                  show_default=True),
     click.option("--epochs", type=int, default=_DEFAULT.epochs, show_default=True,
                  callback=_positive, help="Upper bound on epochs."),
-    click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
-                 callback=_positive, help="Epochs without a better validation accuracy."),
-    click.option("--batch-size", type=int, default=_DEFAULT.batch_size, show_default=True,
-                 callback=_positive),
-    click.option("--select", type=click.Choice(SELECTIONS), default=_DEFAULT.select,
-                 show_default=True, help="The validation score that picks the best epoch: "
-                                         "accuracy (the paper's) or NLL."),
+    click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=_DEFAULT.protocol,
+                 show_default=True,
+                 help="The training protocol: the defaults of --batch-size, --loss-reduction, "
+                      "--clip, --init-bias, --patience and --select (" + "; ".join(
+                          f"{p.name}: {p.about}" for p in PROTOCOLS.values()) + ")."),
+    click.option("--patience", type=int, default=None, callback=_positive,
+                 help="Epochs without a better validation score [default: the protocol's, "
+                      + _protocol_values("patience") + "]."),
+    click.option("--batch-size", type=int, default=None, callback=_positive,
+                 help="Sequences per update [default: the protocol's, "
+                      + _protocol_values("batch_size") + "]."),
+    click.option("--loss-reduction", type=click.Choice(LOSS_REDUCTIONS), default=None,
+                 help="The training loss: the NLL summed over the keys per frame (frame), or "
+                      "averaged over the keys too (mean: PyTorch's BCE default; --weight-decay "
+                      "and --clip are relative to it) [default: the protocol's, "
+                      + _protocol_values("loss_reduction") + "]."),
+    click.option("--select", type=click.Choice(SELECTIONS), default=None,
+                 help="The validation score that picks the best epoch: global accuracy, "
+                      "per-frame mean accuracy or NLL [default: the protocol's, "
+                      + _protocol_values("select") + "]."),
     click.option("--chunk", type=int, default=_DEFAULT.chunk, callback=_positive,
                  help="Truncated backpropagation through time: an update per window of N steps, "
                       "the state carried between windows [default: whole sequences]."),
-    click.option("--clip", default=str(_DEFAULT.clip), show_default=True, callback=_clip,
-                 help="Gradient-norm clipping, or 'none'."),
+    click.option("--clip", default=None, callback=_clip,
+                 help="Gradient-norm clipping, or 'none' [default: the protocol's, "
+                      + _protocol_values("clip") + "]."),
     click.option("--on-divergence", type=click.Choice(DIVERGENCE),
                  default=_DEFAULT.on_divergence, show_default=True,
                  help="A NaN/inf loss or validation output: end the run at its last good epoch "
@@ -242,8 +274,10 @@ def cli(ctx: click.Context) -> None:
 @click.option("--transpose", type=click.IntRange(0, 87), default=_DEFAULT.transpose,
               show_default=True,
               help="Augmentation: shift each training sequence by up to +-N semitones.")
-@click.option("--init-bias/--no-init-bias", default=_DEFAULT.init_bias, show_default=True,
-              help="Start the readout bias at the training split's key rates.")
+@click.option("--init-bias/--no-init-bias", default=None,
+              help="Start the readout bias at the training split's key rates, or at "
+                   "nn.Linear's default [default: the protocol's, "
+                   + _protocol_values("init_bias") + "].")
 @click.option("--nonlinearity", type=click.Choice(NONLINEARITIES), default=None,
               help="Recurrent activation [default: selu for ulm and pret-lmn-*, else tanh].")
 @click.option("--ulm-nonlinearity", type=click.Choice(NONLINEARITIES), default=None,
@@ -297,10 +331,10 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
     try:
         if resume and (Path(out) / "config.json").is_file():
             saved = read_json(Path(out) / "config.json")
-            given = {k: v for k, v in options.items()
+            given = {k: v for k, v in _train_options(options).items()
                      if ctx.get_parameter_source(k) != ParameterSource.DEFAULT}
             options = {**saved, **given}
-        config = TrainConfig.from_dict(options)
+        config = TrainConfig.from_dict(_train_options(options))
     except ValueError as err:
         raise UsageFailure(str(err)) from None
     if config.data_dir is not None and not Path(config.data_dir).is_dir():
@@ -432,9 +466,10 @@ _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow
               show_default=True, help="Folder of the trials' run directories.")
 @click.option("--jobs", "-j", type=int, default=1, show_default=True, callback=_positive,
               help="Worker processes on this machine (the CPU threads are shared out).")
-@click.option("--pruner", type=click.Choice(["median", "none"]), default="median",
-              show_default=True, help="Stop a trial whose validation accuracy is below the "
-                                      "median of the others' at the same epoch.")
+@click.option("--pruner", type=click.Choice(["median", "none"]), default=None,
+              help="Stop a trial whose validation accuracy is below the median of the others' "
+                   "at the same epoch (median), or run every point to its end (none) "
+                   "[default: the protocol's, " + _protocol_values("pruner") + "].")
 @click.option("--prune-warmup", type=int, default=50, show_default=True,
               help="Epochs before a trial may be pruned.")
 @click.option("--subset", type=int, default=None, callback=_positive,
@@ -458,7 +493,7 @@ _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow
 @_run_options
 @click.option("--quiet", is_flag=True)
 def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
-               storage: str | None, out: str, jobs: int, pruner: str, prune_warmup: int,
+               storage: str | None, out: str, jobs: int, pruner: str | None, prune_warmup: int,
                subset: int | None, heartbeat: int, grace: int | None, poll: float, wait: bool,
                stop_by: float | None, max_retry: int | None, quiet: bool,
                **train_options) -> None:
@@ -474,7 +509,7 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
     try:
         config = SearchConfig(
             data=datasets, models=models, grid=grid, out_dir=out, storage=storage,
-            base=TrainConfig.from_dict(train_options), pruner=pruner,
+            base=TrainConfig.from_dict(_train_options(train_options)), pruner=pruner,
             prune_warmup=prune_warmup, subset=subset, heartbeat_interval=heartbeat,
             grace_period=grace, poll_s=poll, progress=not quiet, wait=wait, stop_by=stop_by,
             **({} if max_retry is None else {"max_retry": max_retry}))

@@ -80,7 +80,7 @@ from .report import (
     scoring_cpu_seconds,
     training_cpu_seconds,
 )
-from .train import PLACE_FIELDS, TrainConfig, TrainingDiverged, check_size
+from .train import PLACE_FIELDS, PROTOCOLS, TrainConfig, TrainingDiverged, check_size
 
 __all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "count_points",
            "default_storage", "export_studies", "grid_points", "import_studies", "make_storage",
@@ -164,8 +164,10 @@ def grid_points(model: str, grid: str | Grid) -> list[Point]:
     return [Point(h, m, wd) for h, m in sizes for wd in g.weight_decay]
 
 
-def study_name(data: str, model: str, grid: str) -> str:
-    return f"{data}-{model}-{grid}"
+def study_name(data: str, model: str, grid: str, protocol: str = "linmem") -> str:
+    """``DATA-MODEL-GRID``, and ``@PROTOCOL`` after it for a protocol other than linmem's (the
+    studies of both protocols share a storage)."""
+    return f"{data}-{model}-{grid}" + ("" if protocol == "linmem" else f"@{protocol}")
 
 
 def default_storage(out_dir: str | os.PathLike) -> str:
@@ -259,7 +261,7 @@ class SearchConfig:
     out_dir: str = "runs/search"
     storage: str | None = None  # None: default_storage(out_dir)
     base: TrainConfig | None = None  # training settings other than the grid's (None: defaults)
-    pruner: str = "median"  # "median" or "none"
+    pruner: str | None = None  # "median" or "none"; None: the base's protocol's
     prune_warmup: int = 50  # epochs before a trial may be pruned
     prune_startup: int = 5  # trials per study that finish before pruning starts
     subset: int | None = None  # the first N sequences of each split (quick runs and tests)
@@ -273,12 +275,14 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         _check_grid(self.grid)
+        self.base = self.base or TrainConfig()
+        if self.pruner is None:
+            self.pruner = PROTOCOLS[self.base.protocol].pruner
         if self.pruner not in ("median", "none"):
             raise ValueError(f"pruner must be 'median' or 'none', got {self.pruner!r}")
         check_int("subset", self.subset, none_ok=True)
         if not self.poll_s > 0:
             raise ValueError(f"poll_s must be > 0, got {self.poll_s!r}")
-        self.base = self.base or TrainConfig()
         self.models = list(self.models)
         self.data = [resolve_name(d) for d in self.data]
         if not self.models or not self.data:
@@ -304,7 +308,8 @@ def open_study(config: SearchConfig, data: str, model: str, storage=None):
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=config.prune_startup,
                                           n_warmup_steps=config.prune_warmup)
               if config.pruner == "median" else optuna.pruners.NopPruner())
-    study = optuna.create_study(storage=storage, study_name=study_name(data, model, config.grid),
+    name = study_name(data, model, config.grid, config.base.protocol)
+    study = optuna.create_study(storage=storage, study_name=name,
                                 direction="maximize", pruner=pruner, load_if_exists=True,
                                 sampler=optuna.samplers.RandomSampler(0))  # params are enqueued
     attrs = _study_attrs(config, data, model)
@@ -384,17 +389,20 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
 
 
 def _score(row: dict[str, Any], select: str) -> float:
-    """A trial's objective (maximised): its validation accuracy, or minus its NLL."""
-    return row["valid_acc"] if select == "acc" else -row["valid_nll"]
+    """A trial's objective (maximised): its validation accuracy (global or per-frame, as the
+    run selects its epoch), or minus its NLL."""
+    return -row["valid_nll"] if select == "nll" else row[f"valid_{select}"]
 
 
 def _row(value: float, select: str) -> dict[str, float]:
     """The validation score of a trial's objective ``value`` (:func:`_score`'s inverse)."""
-    return {"valid_acc": value} if select == "acc" else {"valid_nll": -value}
+    return {"valid_nll": -value} if select == "nll" else {f"valid_{select}": value}
 
 
 def _score_text(row: dict[str, Any], select: str) -> str:
-    return f"acc {row['valid_acc']:.2f}%" if select == "acc" else f"nll {row['valid_nll']:.3f}"
+    if select == "nll":
+        return f"nll {row['valid_nll']:.3f}"
+    return f"acc {row[f'valid_{select}']:.2f}%" + (" per-frame" if select == "acc_frame" else "")
 
 
 def _load_data(config: SearchConfig, name: str) -> dict[str, list[np.ndarray]]:

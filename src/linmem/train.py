@@ -65,12 +65,17 @@ from .models import (
 __all__ = [
     "BUDGET_FIELDS",
     "DIVERGENCE",
+    "FROM_PROTOCOL",
+    "LOSS_REDUCTIONS",
     "OPTIMIZERS",
     "PLACE_FIELDS",
+    "PROTOCOLS",
+    "PROTOCOL_FIELDS",
     "RECIPE_OPTIONS",
     "SELECTIONS",
     "CheckpointError",
     "NonFiniteOutputs",
+    "Protocol",
     "TrainConfig",
     "TrainingDiverged",
     "batch_updates",
@@ -89,9 +94,16 @@ __all__ = [
 ]
 
 OPTIMIZERS = ("adam", "sgd")
-# what chooses the best epoch on validation: accuracy (the paper's), or the NLL (a likelihood
-# goal; for a joint readout it also spares the sampling of the marginals at every epoch)
-SELECTIONS = ("acc", "nll")
+# what chooses the best epoch on validation: the global accuracy (Bay et al.), the per-frame mean
+# accuracy (the metric of the paper's code), or the NLL (a likelihood goal; for a joint readout it
+# also spares the sampling of the marginals at every epoch)
+SELECTIONS = ("acc", "acc_frame", "nll")
+# the training loss's normalisation: "frame" sums the Bernoulli NLL over the keys and averages it
+# over the valid frames (nats per step); "mean" also averages over the keys (PyTorch's default
+# BCE reduction, the paper's code). Adam ignores the loss's scale (up to eps), not the scale of
+# its weight decay nor of a gradient-norm clip: the paper's decay 1e-5 on "mean" is 8.8e-4 on
+# "frame". Logs and metrics report the NLL in nats per step either way.
+LOSS_REDUCTIONS = ("frame", "mean")
 DIVERGENCE = ("stop", "raise")  # TrainConfig.on_divergence
 # what bounds a run's length: --resume may change them; every other field is the run's identity
 BUDGET_FIELDS = ("epochs", "patience")
@@ -100,6 +112,52 @@ PLACE_FIELDS = ("device", "data_dir", "ulm_cache")
 # optional fields (None: unset) that only some models' pretraining reads
 # (ModelSpec.recipe_options); any other model refuses a value for them
 RECIPE_OPTIONS = ("ulm_nonlinearity", "ulm_cache")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A training protocol: the settings that the paper's text leaves open and that change the
+    result, named as one unit (:data:`PROTOCOLS`), so that a table can say which one produced each
+    figure. A :class:`TrainConfig` takes them from its ``protocol`` unless given field by field."""
+
+    name: str
+    batch_size: int  # sequences per update (whole sequences, shuffled every epoch)
+    loss_reduction: str  # LOSS_REDUCTIONS: what weight_decay and clip are relative to
+    clip: float | None  # gradient-norm clipping on that loss; None: none
+    init_bias: bool  # readout bias from the key rates (False: nn.Linear's default init)
+    patience: int  # early stopping: epochs without a better validation score
+    select: str  # SELECTIONS: the validation score of early stopping and of best.pt
+    pruner: str  # linmem search: "median" (from its warm-up epoch) or "none"
+    about: str
+
+
+PROTOCOLS: dict[str, Protocol] = {
+    # ours, measured on JSB Chorales' validation split (results/foundation): batches of 4
+    # length-bucketed sequences, the NLL in nats per step, key-rate readout bias
+    "linmem": Protocol("linmem", batch_size=4, loss_reduction="frame", clip=5.0, init_bias=True,
+                       patience=50, select="acc", pruner="median",
+                       about="linmem's: batch 4 length-bucketed, NLL summed over keys, clip 5, "
+                             "key-rate readout bias, global accuracy, median pruner"),
+    # the authors' code (AntonioCarta/cannon, 2018; issue 43): batch 1, BCE averaged over keys and
+    # frames (so the paper's weight decays mean what they meant), clip 10 on it, nn.Linear's
+    # readout init, early stopping on the per-frame mean accuracy, every grid point to its end
+    "paper": Protocol("paper", batch_size=1, loss_reduction="mean", clip=10.0, init_bias=False,
+                      patience=50, select="acc_frame", pruner="none",
+                      about="the paper's code: batch 1, BCE averaged over keys and frames, clip "
+                            "10, default readout init, per-frame accuracy, no pruning"),
+}
+# the TrainConfig fields a protocol sets (its pruner is the search's)
+PROTOCOL_FIELDS = ("batch_size", "loss_reduction", "clip", "init_bias", "patience", "select")
+
+
+class _FromProtocol:
+    """The default of a :data:`PROTOCOL_FIELDS` field: its protocol's value."""
+
+    def __repr__(self) -> str:
+        return "FROM_PROTOCOL"
+
+
+FROM_PROTOCOL: Any = _FromProtocol()
 
 
 class TrainingDiverged(RuntimeError):
@@ -114,8 +172,15 @@ class NonFiniteOutputs(ValueError):
 
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run (saved as ``config.json``)."""
+    """Everything that defines a training run (saved as ``config.json``).
 
+    ``protocol`` (:data:`PROTOCOLS`) sets the fields of :data:`PROTOCOL_FIELDS` that are not
+    given; a field given explicitly overrides it (``TrainConfig(protocol="paper",
+    batch_size=4)``). The saved config holds the protocol's name and every resolved value.
+    ``dataclasses.replace(config, protocol=...)`` keeps the other fields as they are: build a new
+    config to change the protocol."""
+
+    protocol: str = "linmem"
     data: str = "jsb"
     model: str = DEFAULT_MODEL
     hidden: int = 100
@@ -129,18 +194,19 @@ class TrainConfig:
     # Defaults measured on JSB Chorales' validation split (figures in issue 2's closing note):
     # batch 4 reaches a given accuracy in ~4x fewer epochs than 8; validation accuracy keeps
     # rising long after the validation NLL bottoms out, hence the long patience.
-    batch_size: int = 4
+    batch_size: int = FROM_PROTOCOL  # linmem: 4; paper: 1
     # truncated backpropagation through time: an update per window of `chunk` steps, the state
     # carried (detached) from window to window of a batch; None: one update per whole batch
     chunk: int | None = None
     epochs: int = 1000  # upper bound; early stopping ends the run first
-    patience: int = 50  # epochs without a better validation score before stopping
-    select: str = "acc"  # the validation score of early stopping and of best.pt (SELECTIONS)
-    clip: float | None = 5.0  # gradient-norm clipping; None disables it
+    patience: int = FROM_PROTOCOL  # epochs without a better validation score before stopping
+    select: str = FROM_PROTOCOL  # the validation score of early stopping and best.pt (SELECTIONS)
+    clip: float | None = FROM_PROTOCOL  # gradient-norm clipping; None disables it
+    loss_reduction: str = FROM_PROTOCOL  # LOSS_REDUCTIONS
     # a NaN/inf training loss or validation output: "stop" ends the run at its last good epoch
     # with its best checkpoint (as early stopping; Lightning's check_finite), "raise" fails it
     on_divergence: str = "stop"
-    init_bias: bool = True  # readout bias from the training split's key rates
+    init_bias: bool = FROM_PROTOCOL  # readout bias from the training split's key rates
     transpose: int = 0  # augmentation: shift each training sequence by up to +-N semitones
     seed: int = 0
     device: str = "cpu"
@@ -173,6 +239,14 @@ class TrainConfig:
     nade_samples: int = 100
 
     def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {self.protocol!r}")
+        for name in PROTOCOL_FIELDS:
+            if getattr(self, name) is FROM_PROTOCOL:
+                setattr(self, name, getattr(PROTOCOLS[self.protocol], name))
+        if self.loss_reduction not in LOSS_REDUCTIONS:
+            raise ValueError(f"loss_reduction must be one of {list(LOSS_REDUCTIONS)}, "
+                             f"got {self.loss_reduction!r}")
         self.data = resolve_name(self.data)
         device_form(self.device)
         # the model with its activation, depth and dropout: fail now, not after hours of pretraining
@@ -234,6 +308,17 @@ class TrainConfig:
         return {k: v for k, v in asdict(self).items()
                 if k not in BUDGET_FIELDS and k not in PLACE_FIELDS}
 
+    def protocol_overrides(self) -> dict[str, Any]:
+        """The fields of :data:`PROTOCOL_FIELDS` where this run departs from its protocol."""
+        spec = PROTOCOLS[self.protocol]
+        return {name: getattr(self, name) for name in PROTOCOL_FIELDS
+                if getattr(self, name) != getattr(spec, name)}
+
+    def loss_scale(self, n_keys: int) -> float:
+        """The factor from the models' training loss (nats per step, summed over ``n_keys``) to
+        the loss that is minimised (:data:`LOSS_REDUCTIONS`)."""
+        return 1.0 / n_keys if self.loss_reduction == "mean" else 1.0
+
     def model_options(self) -> dict[str, Any]:
         """The fields the model's registry entry takes as its own options."""
         return {name: getattr(self, name) for name in get_spec(self.model).options}
@@ -248,24 +333,25 @@ def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
-               clip: float | None = None) -> float | None:
+               clip: float | None = None, scale: float = 1.0) -> float | None:
     """One update on ``batch`` (already on the model's device): the model's
-    ``training_loss(batch)`` (the masked NLL; the RNN-RBM's contrastive-divergence cost),
-    backward, optional gradient-norm clipping, optimizer step. Returns the loss, or None (and no
-    update) when the loss is not finite."""
-    return _update(model, optimizer, model.training_loss(batch), clip)
+    ``training_loss(batch)`` (the masked NLL; the RNN-RBM's contrastive-divergence cost) times
+    ``scale`` (:meth:`TrainConfig.loss_scale`), backward, optional gradient-norm clipping,
+    optimizer step. Returns the unscaled loss, or None (and no update) when it is not finite."""
+    return _update(model, optimizer, model.training_loss(batch), clip, scale)
 
 
 def chunked_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
-                  chunk: int, clip: float | None = None) -> Iterator[tuple[float | None, Batch]]:
+                  chunk: int, clip: float | None = None, scale: float = 1.0
+                  ) -> Iterator[tuple[float | None, Batch]]:
     """Truncated backpropagation through time over ``batch``: one update per window of
-    ``chunk`` steps (the model's ``chunk_loss(window, state)``), the state carried from window
-    to window without gradient. Yields ``(loss or None if not finite, window)`` after each
-    update."""
+    ``chunk`` steps (the model's ``chunk_loss(window, state)``, times ``scale``), the state
+    carried from window to window without gradient. Yields ``(unscaled loss or None if not
+    finite, window)`` after each update."""
     state = None
     for window in batch.windows(chunk):
         loss, state = model.chunk_loss(window, state)  # state: detached by the model
-        yield _update(model, optimizer, loss, clip), window
+        yield _update(model, optimizer, loss, clip, scale), window
 
 
 def batch_updates(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
@@ -273,9 +359,10 @@ def batch_updates(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batc
     """The updates of ``config``'s training on ``batch``: one on the whole sequences, or one
     per window of ``config.chunk`` steps (:func:`chunked_steps`). Yields ``(loss or None if not
     finite, the part of the batch it was computed on)``."""
+    scale = config.loss_scale(batch.targets.shape[-1])
     if config.chunk is None:
-        return [(train_step(model, optimizer, batch, config.clip), batch)]
-    return chunked_steps(model, optimizer, batch, config.chunk, config.clip)
+        return [(train_step(model, optimizer, batch, config.clip, scale), batch)]
+    return chunked_steps(model, optimizer, batch, config.chunk, config.clip, scale)
 
 
 def epoch_plan(config: TrainConfig, lengths: Sequence[int],
@@ -299,11 +386,11 @@ def training_batch(train_seqs: Sequence[np.ndarray], idx: Sequence[int], shifts:
 
 
 def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
-            clip: float | None) -> float | None:
+            clip: float | None, scale: float = 1.0) -> float | None:
     if not torch.isfinite(loss):
         return None
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss * scale if scale != 1.0 else loss).backward()
     if clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     optimizer.step()
@@ -604,7 +691,7 @@ def train(
             loss_sum, frames = _train_epoch(model, optimizer, bar, train_seqs, shifts, config,
                                             device, epoch)
             valid = evaluate(model, data["valid"], config.eval_batch_size, device,
-                             accuracy=config.select == "acc", thresholds=())
+                             accuracy=config.select != "nll", thresholds=())
         except _LossNotFinite as err:
             why = str(err)
         except NonFiniteOutputs as err:  # a finite training loss, a diverged model all the same
@@ -627,7 +714,7 @@ def train(
             if progress:
                 tqdm.write(f"linmem: {state['stop_reason']}", file=sys.stderr)
             break
-        score = valid["acc"] if config.select == "acc" else -valid["nll"]
+        score = -valid["nll"] if config.select == "nll" else valid[config.select]
         improved = score > state["best_score"]
         if improved:
             state.update(best_score=score, best_epoch=epoch, bad_epochs=0)
@@ -636,6 +723,7 @@ def train(
             state["bad_epochs"] += 1
         row = {"epoch": epoch, model.train_loss_name: loss_sum / frames,
                "valid_acc": 100 * valid["acc"] if "acc" in valid else None,
+               "valid_acc_frame": 100 * valid["acc_frame"] if "acc_frame" in valid else None,
                model.valid_nll_name: valid["nll"], "epoch_time_s": time.perf_counter() - t0,
                "epoch_cpu_s": time.process_time() - c0, "best": improved}
         state["history"].append(row)
@@ -651,12 +739,14 @@ def train(
                     "state": state, **rng}, run_dir)
         _write_log(run_dir, state["history"])
         if progress:
-            best_text = (f"{100 * state['best_score']:.2f}%" if config.select == "acc" else
-                         f"nll {-state['best_score']:.3f}")
+            best_text = (f"nll {-state['best_score']:.3f}" if config.select == "nll" else
+                         f"{100 * state['best_score']:.2f}%"
+                         + (" per-frame" if config.select == "acc_frame" else ""))
             since = ("  * best so far" if improved else
                      f"  (best {best_text} at {state['best_epoch']}; "
                      f"{state['bad_epochs']}/{config.patience} without a better one)")
-            acc_text = "" if row["valid_acc"] is None else f"acc {row['valid_acc']:.2f}%  "
+            acc_text = "" if row["valid_acc"] is None else (
+                f"acc {row['valid_acc']:.2f}% (per-frame {row['valid_acc_frame']:.2f}%)  ")
             tqdm.write(f"epoch {epoch:4d}/{config.epochs}  train {loss_name} "
                        f"{loss_sum / frames:.3f}  valid {acc_text}nll "
                        f"{valid['nll']:.3f}{' (marginals)' if marginal_nll else ''}  "
@@ -699,7 +789,8 @@ def _run_fields(config: TrainConfig) -> dict[str, Any]:
     """What a run's result files say of the configuration first."""
     return {"dataset": config.data, "model": config.model, "hidden": config.hidden,
             "memory": config.memory, "num_layers": config.num_layers,
-            "weight_decay": config.weight_decay}
+            "weight_decay": config.weight_decay, "protocol": config.protocol,
+            "protocol_overrides": config.protocol_overrides()}
 
 
 def _pretraining_record(run_dir: Path) -> dict[str, Any] | None:
