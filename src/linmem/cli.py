@@ -75,9 +75,11 @@ _DEFAULT = TrainConfig()
 
 def _train_options(options: dict[str, Any]) -> dict[str, Any]:
     """The command line's training options without the protocol fields left unset (None;
-    ``--clip``: FROM_PROTOCOL): :class:`TrainConfig` takes those from ``--protocol``."""
-    return {k: v for k, v in options.items()
-            if not (k in PROTOCOL_FIELDS and (v is None or v is FROM_PROTOCOL))}
+    ``--clip``, where None is 'none': FROM_PROTOCOL): :class:`TrainConfig` takes those from
+    ``--protocol``."""
+    unset = {k for k, v in options.items() if k in PROTOCOL_FIELDS
+             and (v is FROM_PROTOCOL or (v is None and k != "clip"))}
+    return {k: v for k, v in options.items() if k not in unset}
 
 
 __all__ = ["cli", "main"]

@@ -1,0 +1,165 @@
+"""Training protocols (issue 43): a named unit of settings, overridable field by field, and what
+each setting does to an update, checked against plain arithmetic on the same model."""
+
+import copy
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+from linmem.data import collate
+from linmem.models import build_model
+from linmem.train import (
+    PROTOCOL_FIELDS,
+    PROTOCOLS,
+    TrainConfig,
+    build_run_model,
+    make_optimizer,
+    train,
+    train_step,
+)
+
+
+def test_a_protocol_sets_its_fields_and_an_explicit_value_overrides_it():
+    ours, paper = TrainConfig(), TrainConfig(protocol="paper")
+    assert ours.protocol == "linmem"
+    assert (ours.batch_size, ours.loss_reduction, ours.clip, ours.init_bias, ours.patience,
+            ours.select) == (4, "frame", 5.0, True, 50, "acc")
+    assert (paper.batch_size, paper.loss_reduction, paper.clip, paper.init_bias,
+            paper.patience, paper.select) == (1, "mean", 10.0, False, 50, "acc_frame")
+    assert ours.protocol_overrides() == {} and paper.protocol_overrides() == {}
+    mixed = TrainConfig(protocol="paper", batch_size=4, clip=None)
+    assert (mixed.batch_size, mixed.clip, mixed.loss_reduction) == (4, None, "mean")
+    assert mixed.protocol_overrides() == {"batch_size": 4, "clip": None}
+    with pytest.raises(ValueError, match="protocol must be one of"):
+        TrainConfig(protocol="authors")
+    with pytest.raises(ValueError, match="loss_reduction must be one of"):
+        TrainConfig(loss_reduction="sum")
+    assert set(PROTOCOL_FIELDS) <= {f for f in asdict(ours)}
+
+
+def test_a_config_saved_before_protocols_loads_as_linmem_and_round_trips():
+    saved = asdict(TrainConfig(protocol="paper", batch_size=2))
+    assert TrainConfig.from_dict(json.loads(json.dumps(saved))) == TrainConfig(
+        protocol="paper", batch_size=2)
+    old = {k: v for k, v in asdict(TrainConfig()).items()
+           if k not in ("protocol", "loss_reduction")}
+    loaded = TrainConfig.from_dict(old)
+    assert loaded.identity() == TrainConfig().identity()  # --resume of an old run: unchanged
+
+
+def _one_update(reduction: str, lr: float, weight_decay: float, clip: float | None, batch):
+    config = TrainConfig(model="lmn-b", hidden=6, memory=5, loss_reduction=reduction,
+                         optimizer="sgd", lr=lr, weight_decay=weight_decay, clip=clip, seed=1)
+    model = build_run_model(config, [np.zeros((3, 88))])
+    optimizer = make_optimizer(model.parameters(), config)
+    loss = train_step(model, optimizer, batch, config.clip, config.loss_scale(88))
+    return loss, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("clip", [None, 1e-3])
+def test_the_mean_loss_scales_the_gradient_against_decay_and_clip(small, clip):
+    """Plain SGD makes the loss's scale visible: a step on the loss averaged over the 88 keys
+    with learning rate lr, weight decay wd and clip c is the step on the NLL summed over the keys
+    with lr / 88, wd * 88 and clip 88 c (the paper's 1e-5 is our 8.8e-4, its clip 10 our 880)."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        batch = collate(small["train"][:2], dtype=torch.float64)
+        loss_m, mean = _one_update("mean", 0.1, 1e-3, clip, batch)
+        loss_f, frame = _one_update("frame", 0.1 / 88, 88e-3,
+                                    None if clip is None else 88 * clip, batch)
+        loss_u, unscaled = _one_update("frame", 0.1, 1e-3, clip, batch)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert loss_m == pytest.approx(loss_f) == pytest.approx(loss_u)  # logged in nats per step
+    # clip_grad_norm_ divides by (norm + 1e-6): the one term that does not scale
+    tol = dict(rtol=1e-10, atol=1e-12) if clip is None else dict(rtol=1e-5, atol=1e-8)
+    for a, b in zip(mean, frame, strict=True):
+        torch.testing.assert_close(a, b, **tol)
+    if clip is None:  # the same lr and decay on the unscaled loss: another step
+        assert any(not torch.allclose(a, b) for a, b in zip(mean, unscaled, strict=True))
+
+
+def test_the_paper_protocol_keeps_the_default_readout_and_selects_per_frame(tmp_path, small):
+    paper = TrainConfig(protocol="paper", model="lmn-b", hidden=8, memory=6, epochs=6, seed=2)
+    built = build_run_model(paper, small["train"])
+    torch.manual_seed(2)
+    reference = build_model("lmn-b", 8, 6)  # nn.Linear's own initialisation
+    torch.testing.assert_close(built.readout.bias, reference.readout.bias, rtol=0, atol=0)
+    ours = build_run_model(TrainConfig(model="lmn-b", hidden=8, memory=6, seed=2),
+                           small["train"])
+    rate = np.concatenate(small["train"]).mean(0).clip(1e-3, 1 - 1e-3)
+    torch.testing.assert_close(ours.readout.bias,
+                               torch.tensor(np.log(rate / (1 - rate)), dtype=torch.float32))
+
+    metrics = train(paper, tmp_path / "run", progress=False, data=small)
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 6 and all(r["valid_acc_frame"] is not None for r in log)
+    best = max(log, key=lambda r: (r["valid_acc_frame"], -r["epoch"]))
+    assert metrics["best_epoch"] == best["epoch"]
+    assert metrics["valid_acc_frame"] == pytest.approx(best["valid_acc_frame"])
+    assert metrics["protocol"] == "paper" and metrics["protocol_overrides"] == {}
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["protocol"] == "paper" and saved["batch_size"] == 1
+
+
+def test_batch_one_visits_every_sequence_once_in_an_order_that_changes(small):
+    from linmem.train import epoch_plan
+
+    config = TrainConfig(protocol="paper")
+    lengths = [len(s) for s in small["train"]]
+    first, _ = epoch_plan(config, lengths, 1)
+    second, _ = epoch_plan(config, lengths, 2)
+    assert all(len(b) == 1 for b in first)
+    assert sorted(i for b in first for i in b) == list(range(len(lengths)))
+    assert first != second
+    # not sorted by length: at batch 1 the batches' shuffle is a shuffle of the sequences
+    order = [lengths[b[0]] for b in first]
+    assert order != sorted(order) and order != sorted(order, reverse=True)
+
+
+def test_protocols_are_documented_as_one_unit():
+    for name, protocol in PROTOCOLS.items():
+        assert protocol.name == name and protocol.about
+        assert protocol.pruner in ("median", "none")
+        copy.deepcopy(TrainConfig(protocol=name))
+
+
+def test_the_command_line_takes_a_protocol_and_overrides(tmp_path, data_dir, capsys):
+    from linmem.cli import main
+
+    def run(*args: str) -> int:
+        try:
+            main(list(args))
+        except SystemExit as exit_:
+            return exit_.code
+        return 0
+
+    out = tmp_path / "run"
+    assert run("train", "--data", "jsb", "--data-dir", str(data_dir), "--model", "lmn-b",
+               "--hidden", "4", "--memory", "4", "--epochs", "1", "--protocol", "paper",
+               "--batch-size", "16", "--clip", "none", "--out", str(out), "--quiet") == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["protocol"], saved["batch_size"], saved["clip"], saved["loss_reduction"],
+            saved["init_bias"], saved["select"]) == ("paper", 16, None, "mean", False,
+                                                     "acc_frame")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["protocol_overrides"] == {"batch_size": 16, "clip": None}
+    # --resume without the options keeps the run's protocol and overrides
+    assert run("train", "--out", str(out), "--resume", "--epochs", "2", "--quiet",
+               "--data-dir", str(data_dir)) == 0
+    assert json.loads((out / "config.json").read_text())["batch_size"] == 16
+    capsys.readouterr()
+
+
+def test_a_search_under_the_paper_protocol_has_its_own_studies_and_no_pruner():
+    from linmem.search import SearchConfig, study_name
+
+    paper = SearchConfig(base=TrainConfig(protocol="paper"))
+    assert paper.pruner == "none"
+    assert SearchConfig().pruner == "median"
+    assert SearchConfig(base=TrainConfig(protocol="paper"), pruner="median").pruner == "median"
+    assert study_name("jsb", "lmn-b", "paper") == "jsb-lmn-b-paper"  # the existing studies
+    assert study_name("jsb", "lmn-b", "paper", "paper") == "jsb-lmn-b-paper@paper"
