@@ -226,3 +226,53 @@ def test_plot_of_a_nade_run_selected_on_nll(tmp_path):
     assert plot_run(run, tmp_path / "c.png") == ["training nll",
                                                   "validation NLL (nats per step)"]
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_your_own_music_keeps_its_tempo_from_import_to_generation(tmp_path, jsb, capsys):
+    """Imported at 0.5 s a frame, a data set keeps that step: the runs on it record it, and
+    `generate` writes its MIDI and reads a .mid prime at it (`--step-seconds` overrides it)."""
+    import json
+
+    from linmem.cli import main
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for i, roll in enumerate(jsb["train"][:6]):
+        roll_to_midi(roll, 0.5).write(str(folder / f"s{i}.mid"))
+    data = tmp_path / "mine.pickle"
+    main(["data", "import-midi", str(folder), "--out", str(data), "--step-seconds", "0.5"])
+    from linmem.data import load_polyphonic, step_seconds
+
+    assert step_seconds(str(data)) == 0.5
+    # the frames are the songs' own: read at the step they were written at
+    imported = load_polyphonic(str(data))
+    got = sorted(r.tobytes() for split in imported.values() for r in split)
+    assert got == sorted(np.asarray(r, np.uint8).tobytes() for r in jsb["train"][:6])
+    run = tmp_path / "run"
+    main(["train", "--data", str(data), "--model", "lstm", "--hidden", "6", "--epochs", "1",
+          "--out", str(run), "--quiet"])
+    assert json.loads((run / "metrics.json").read_text())["step_seconds"] == 0.5
+    prime = imported["test"][0][:12]
+    main(["generate", str(run), "--prime", "test:0", "--prime-steps", "12", "--steps", "8",
+          "--out", str(tmp_path / "a.mid")])
+    record = json.loads((tmp_path / "a.json").read_text())
+    assert record["seconds_per_frame"] == 0.5
+    song = pretty_midi.PrettyMIDI(str(tmp_path / "a.mid"))
+    # every note starts on a multiple of 0.5 s, and the roll read back at 0.5 s is the prime
+    starts = [n.start for inst in song.instruments for n in inst.notes]
+    assert starts and all(abs(s / 0.5 - round(s / 0.5)) < 1e-6 for s in starts)
+    assert np.array_equal(midi_to_roll(song, 0.5, n_steps=20)[:12], prime)
+    assert song.get_end_time() <= 20 * 0.5 + 1e-6
+    # a .mid prime is read at the data set's step: the same frames as the split's
+    own = tmp_path / "own.mid"
+    roll_to_midi(prime, 0.5).write(str(own))
+    main(["generate", str(run), "--prime", str(own), "--steps", "4", "--out",
+          str(tmp_path / "b.mid")])
+    assert json.loads((tmp_path / "b.json").read_text())["prime_frames"] == 12
+    # --step-seconds overrides the step: the same music at twice the speed
+    main(["generate", str(run), "--prime", "test:0", "--prime-steps", "12", "--steps", "8",
+          "--step-seconds", "0.25", "--out", str(tmp_path / "c.mid")])
+    fast = pretty_midi.PrettyMIDI(str(tmp_path / "c.mid"))
+    assert np.array_equal(midi_to_roll(fast, 0.25, n_steps=20)[:12], prime)
+    assert fast.get_end_time() == pytest.approx(song.get_end_time() / 2)
+    capsys.readouterr()

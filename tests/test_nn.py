@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_sequence, pad_packed_sequence
 
 from linmem import LMN, LMNCell, _ext
 from linmem import nn as lmn_nn
@@ -186,15 +186,14 @@ def test_bidirectional_matches_explicit_loops(output):
     assert m_u.shape == (4, 4)
 
 
-def test_bidirectional_equals_torch_rnn_when_memory_copies_hidden():
-    """With W^hm = I, W^mm = 0, b^m = 0 in both directions of both layers, a bidirectional
-    LMN-B is torch's bidirectional Elman RNN, packed input included."""
-    n = 5
-    lmn = randomise(LMN(3, n, n, num_layers=2, bidirectional=True), 6)
-    rnn = torch.nn.RNN(3, n, num_layers=2, bidirectional=True)
+def _lmn_as_elman_rnn(n: int, num_layers: int = 1, bidirectional: bool = False, seed: int = 6):
+    """An LMN-B and a ``torch.nn.RNN`` that compute the same function: W^hm = I, W^mm = 0,
+    b^m = 0 make the memory a copy of the functional state."""
+    lmn = randomise(LMN(3, n, n, num_layers=num_layers, bidirectional=bidirectional), seed)
+    rnn = torch.nn.RNN(3, n, num_layers=num_layers, bidirectional=bidirectional)
     with torch.no_grad():
-        for k in range(2):
-            for reverse in (False, True):
+        for k in range(num_layers):
+            for reverse in (False, True)[: 1 + bidirectional]:
                 w = lmn.layer_weights(k, reverse)
                 w["weight_hm"].copy_(torch.eye(n))
                 w["weight_mm"].zero_()
@@ -204,6 +203,34 @@ def test_bidirectional_equals_torch_rnn_when_memory_copies_hidden():
                                          ("bias_h", "bias_ih")):
                     getattr(rnn, f"{torch_name}_l{k}{suffix}").copy_(w[mine])
                 getattr(rnn, f"bias_hh_l{k}{suffix}").zero_()
+    return lmn, rnn
+
+
+@pytest.mark.parametrize("lengths,enforce_sorted", [
+    ((4, 4), True), ((4, 4), False), ((6,), True), ((6,), False), ((5, 5, 2), False),
+    ((2, 5, 5), False), ((3, 7, 3, 7), False)])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_packed_input_returns_what_torch_rnn_returns(lengths, enforce_sorted, bidirectional):
+    """Equal lengths, a single sequence and ties included: the output is a PackedSequence with
+    torch.nn.RNN's data, batch sizes and sorting indices, and the same final state."""
+    lmn, rnn = _lmn_as_elman_rnn(4, bidirectional=bidirectional)
+    g = torch.Generator().manual_seed(sum(lengths))
+    seqs = [torch.randn(t, 3, generator=g) for t in lengths]
+    packed = pack_sequence(seqs, enforce_sorted=enforce_sorted)
+    out, (_h_n, m_n) = lmn(packed)
+    expected, h_rnn = rnn(packed)
+    assert isinstance(out, PackedSequence)
+    torch.testing.assert_close(out.data, expected.data)
+    for field in ("batch_sizes", "sorted_indices", "unsorted_indices"):
+        a, b = getattr(out, field), getattr(expected, field)
+        assert (a is None and b is None) or torch.equal(a, b), field
+    torch.testing.assert_close(m_n, h_rnn)
+
+
+def test_bidirectional_equals_torch_rnn_when_memory_copies_hidden():
+    """With W^hm = I, W^mm = 0, b^m = 0 in both directions of both layers, a bidirectional
+    LMN-B is torch's bidirectional Elman RNN, packed input included."""
+    lmn, rnn = _lmn_as_elman_rnn(5, num_layers=2, bidirectional=True)
     g = torch.Generator().manual_seed(6)
     seqs = [torch.randn(t, 3, generator=g) for t in (5, 8, 3)]
     packed = pack_sequence(seqs, enforce_sorted=False)

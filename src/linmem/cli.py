@@ -988,14 +988,17 @@ def import_midi_cmd(folder: str, out: str, step_seconds: float, split: str, seed
               help="Also render audio (pretty_midi's sine synthesizer).")
 @click.option("--without-prime", is_flag=True,
               help="The MIDI and audio hold the generated frames only (the PNG shows both).")
+@click.option("--step-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds per frame of the MIDI written and of a .mid prime [default: the "
+                   "run's data set's; a data set of your own: the step it was imported at].")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
                  temperature: float, seed: int, out: str, png: str | None, wav: str | None,
-                 without_prime: bool, data_dir: str | None) -> None:
+                 without_prime: bool, step_seconds: float | None, data_dir: str | None) -> None:
     """Continue a prime with the best checkpoint of RUN_DIR: OUT (MIDI) and OUT.json."""
     try:
         record = continue_run(run_dir, prime, out, steps, prime_steps, temperature, seed, png,
-                              wav, data_dir, with_prime=not without_prime)
+                              wav, data_dir, with_prime=not without_prime, seconds=step_seconds)
     except (DataError, ValueError, FileNotFoundError, OSError) as err:
         raise UsageFailure(str(err)) from None
     click.echo(f"{record['model']}: {record['prime_frames']} prime frames + {steps} generated "

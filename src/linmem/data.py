@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -38,11 +38,37 @@ from tqdm.auto import tqdm
 from ._check import check_int
 from ._io import atomic_write
 
-__all__ = ["DATASETS", "EVAL_MAX_RATIO", "HIGHEST_NOTE", "LOWEST_NOTE", "N_KEYS", "SPLITS",
-           "Batch", "DataError", "DatasetInfo", "bucket_batches", "collate", "content_digest",
-           "data_checksum", "data_root", "default_root", "is_data_file", "iterate_batches",
-           "load_polyphonic", "next_step_pairs", "padding_fraction", "read_pickle",
-           "resolve_name", "sha256_file", "transpose", "write_pickle"]
+__all__ = [
+    "DATASETS",
+    "DEFAULT_STEP_SECONDS",
+    "EVAL_MAX_RATIO",
+    "HIGHEST_NOTE",
+    "LOWEST_NOTE",
+    "N_KEYS",
+    "SPLITS",
+    "STEP_SECONDS",
+    "Batch",
+    "DataError",
+    "DatasetInfo",
+    "bucket_batches",
+    "collate",
+    "content_digest",
+    "data_checksum",
+    "data_root",
+    "default_root",
+    "is_data_file",
+    "iterate_batches",
+    "load_polyphonic",
+    "next_step_pairs",
+    "padding_fraction",
+    "pickle_step_seconds",
+    "read_pickle",
+    "resolve_name",
+    "sha256_file",
+    "step_seconds",
+    "transpose",
+    "write_pickle",
+]
 
 N_KEYS = 88
 LOWEST_NOTE = 21  # MIDI number of A0, column 0
@@ -131,6 +157,21 @@ _ALIASES = {
     }.items()
     for alias in aliases
 }
+
+
+# the seconds one frame lasts, played at 120 beats per minute (linmem.midi): the data sets' frames
+# are quarter notes (JSB Chorales) or eighth notes (the others)
+STEP_SECONDS = {"jsb": 0.5, "musedata": 0.25, "nottingham": 0.25, "piano": 0.25}
+DEFAULT_STEP_SECONDS = 0.25  # your own MIDI files: eighth notes at 120 beats per minute
+
+
+def step_seconds(dataset: str) -> float:
+    """The duration of one frame of ``dataset``: the four data sets' at 120 beats per minute
+    (:data:`STEP_SECONDS`); a data set file of your own, the step it was imported at
+    (:func:`pickle_step_seconds`), else :data:`DEFAULT_STEP_SECONDS`."""
+    if is_data_file(dataset):
+        return pickle_step_seconds(dataset) or DEFAULT_STEP_SECONDS
+    return STEP_SECONDS[resolve_name(dataset)]
 
 
 def is_data_file(name: str | os.PathLike) -> bool:
@@ -255,15 +296,37 @@ def read_pickle(path: str | os.PathLike) -> dict[str, list[np.ndarray]]:
     }
 
 
-def write_pickle(data: dict[str, list[np.ndarray]], path: str | os.PathLike) -> None:
-    """Write piano rolls in the original pickle format (lists of MIDI note numbers)."""
-    notes = {
+def write_pickle(data: dict[str, list[np.ndarray]], path: str | os.PathLike,
+                 step_seconds: float | None = None) -> None:
+    """Write piano rolls in the original pickle format (lists of MIDI note numbers), with the
+    seconds one frame lasts under the key ``step_seconds`` when given (readers of the original
+    format look only at the splits' keys; :func:`pickle_step_seconds` reads it)."""
+    notes: dict[str, Any] = {
         split: [[[int(j) + LOWEST_NOTE for j in np.flatnonzero(frame)] for frame in seq]
                 for seq in data[split]]
         for split in SPLITS
     }
+    if step_seconds is not None:
+        notes["step_seconds"] = float(step_seconds)
     with atomic_write(path) as f:
         pickle.dump(notes, f, protocol=2)
+
+
+def pickle_step_seconds(path: str | os.PathLike) -> float | None:
+    """The seconds per frame that ``linmem data import-midi`` stored in a data set file of your
+    own; None for a pickle without it (the original four, or one written elsewhere)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = _RestrictedUnpickler(io.BufferedReader(f), encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
+        raise DataError(f"{path}: not a readable data pickle ({err})") from err
+    value = raw.get("step_seconds") if isinstance(raw, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or not value > 0:
+        raise DataError(f"{path}: step_seconds must be a positive number, got {value!r}")
+    return float(value)
 
 
 def content_digest(data: dict[str, list[np.ndarray]]) -> str:

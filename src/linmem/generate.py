@@ -18,8 +18,8 @@ import torch
 from scipy.io import wavfile
 
 from ._io import atomic_write, command_line, git_commit, provenance, write_json
-from .data import data_checksum, load_polyphonic, resolve_name
-from .midi import midi_to_roll, roll_to_midi, step_seconds
+from .data import data_checksum, load_polyphonic, resolve_name, step_seconds
+from .midi import midi_to_roll, roll_to_midi
 from .report import plot_prediction, plot_roll
 from .train import load_run_model
 
@@ -90,23 +90,28 @@ def continue_run(run_dir: str | os.PathLike, prime: str, out: str | os.PathLike,
                  steps: int = 64, prime_steps: int | None = None, temperature: float = 1.0,
                  seed: int = 0, png: str | os.PathLike | None = None,
                  wav: str | os.PathLike | None = None, data_dir: str | None = None,
-                 command: str | None = None, with_prime: bool = True) -> dict[str, Any]:
+                 command: str | None = None, with_prime: bool = True,
+                 seconds: float | None = None) -> dict[str, Any]:
     """``linmem generate``: the best checkpoint of ``run_dir`` continues ``prime`` (see
     :func:`load_prime`; its first ``prime_steps`` frames) by ``steps`` frames; writes the prime
     and the continuation as MIDI to ``out`` (and a piano-roll PNG, a WAV rendered by
     pretty_midi's sine synthesizer), with a JSON record beside ``out``; returns the record.
     ``with_prime=False``: the MIDI and the audio hold the generated frames only (a sample to
-    share without the data set's music; the PNG still shows the prime)."""
+    share without the data set's music; the PNG still shows the prime). ``seconds``: one
+    frame's duration in the MIDI written and in a ``.mid`` prime [default: the run's data set's,
+    :func:`linmem.data.step_seconds`: the step a data set of your own was imported at]."""
     started, commit = time.perf_counter(), git_commit()
     model, config = load_run_model(run_dir)
-    roll, checksum = load_prime(prime, config.data, data_dir or config.data_dir)
+    if seconds is not None and not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    seconds = seconds or step_seconds(config.data)
+    roll, checksum = load_prime(prime, config.data, data_dir or config.data_dir, seconds)
     if prime_steps is not None:
         roll = roll[:prime_steps]
     if len(roll) == 0:
         raise ValueError("the prime has no frame")
     continuation = generate(model, roll, steps, temperature,
                             torch.Generator().manual_seed(seed))
-    seconds = step_seconds(config.data)
     midi = roll_to_midi(np.concatenate([roll, continuation]) if with_prime else continuation,
                         seconds)
     with atomic_write(out) as f:

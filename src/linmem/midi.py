@@ -6,7 +6,8 @@ C minor and sampling frames every eighth note (quarter note for JSB chorales) fo
 information present in the MIDI file" (Boulanger-Lewandowski et al. 2012, the data sets' page).
 A frame is therefore a musical duration, not a time; :data:`STEP_SECONDS` plays those durations
 at 120 beats per minute (a quarter note 0.5 s): 0.5 s per frame for JSB Chorales, 0.25 s for
-the others.
+the others. A data set of your own keeps the step it was imported at
+(:func:`linmem.data.step_seconds`).
 """
 
 from __future__ import annotations
@@ -18,30 +19,18 @@ import numpy as np
 import pretty_midi
 
 from .data import (
+    DEFAULT_STEP_SECONDS,
     LOWEST_NOTE,
     N_KEYS,
     SPLITS,
+    STEP_SECONDS,
     DataError,
-    is_data_file,
-    resolve_name,
+    step_seconds,
     write_pickle,
 )
 
 __all__ = ["DEFAULT_STEP_SECONDS", "STEP_SECONDS", "import_midi_folder", "midi_to_roll",
            "roll_to_midi", "step_seconds"]
-DEFAULT_STEP_SECONDS = 0.25  # your own files: eighth notes at 120 beats per minute
-
-STEP_SECONDS = {"jsb": 0.5, "musedata": 0.25, "nottingham": 0.25, "piano": 0.25}
-
-
-def step_seconds(dataset: str) -> float:
-    """The duration of one frame of ``dataset`` at 120 beats per minute (a data set file of
-    your own: an eighth note, 0.25 s)."""
-    if is_data_file(dataset):
-        return DEFAULT_STEP_SECONDS
-    return STEP_SECONDS[resolve_name(dataset)]
-
-
 def roll_to_midi(roll: np.ndarray, step_seconds: float, program: int = 0, velocity: int = 80
                  ) -> pretty_midi.PrettyMIDI:
     """A one-instrument MIDI of ``roll`` ``(T, 88)``: a note spans each run of consecutive active
@@ -123,7 +112,7 @@ def import_midi_folder(folder: str | os.PathLike, out: str | os.PathLike,
         raise DataError(f"{folder}: {len(rolls)} files leave no training sequence with {split}")
     parts = np.split(order, [n_train, n_train + n_valid])
     data = {name: [rolls[i] for i in part] for name, part in zip(SPLITS, parts, strict=True)}
-    write_pickle(data, out)
+    write_pickle(data, out, step_seconds)
     return {"files": len(paths), "sequences": {k: len(v) for k, v in data.items()},
             "frames": {k: int(sum(len(r) for r in v)) for k, v in data.items()},
             "skipped": skipped, "step_seconds": step_seconds, "split": list(split),

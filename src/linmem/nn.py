@@ -667,10 +667,11 @@ class LMN(nn.Module):
                 raise ValueError(f"h_0 must have shape {expected}, got {tuple(h0.shape)}")
         _check_dtype(m0, self.weight_xh_l0, "the memory state")
         mask = None
+        packed_lengths = lengths
         if lengths is not None and bool((lengths != steps).any()):
             mask = (torch.arange(steps)[:, None] < lengths[None, :]).to(x.device)
         else:
-            lengths = None
+            lengths = None  # every sequence is as long as the batch: no masking to do
         h_n, m_n = [], []
         layer_in = x
         for k in range(self.num_layers):
@@ -694,8 +695,7 @@ class LMN(nn.Module):
         if packed:
             if mask is not None:
                 out = out * mask[:, :, None].to(out.dtype)
-            out = pack_padded_sequence(out, lengths, enforce_sorted=False)
-            return out, (h_n, m_n)
+            return _pack_like(out, packed_lengths, input), (h_n, m_n)
         if unbatched:
             return out.squeeze(1), (h_n.squeeze(1), m_n.squeeze(1))
         if self.batch_first:
@@ -712,6 +712,15 @@ class LMN(nn.Module):
         if self.bidirectional:
             s += ", bidirectional=True"
         return s
+
+
+def _pack_like(out: Tensor, lengths: Tensor, like: PackedSequence) -> PackedSequence:
+    """``out`` ``(T, B, n)`` (the batch in its original order, ``lengths`` steps each) packed
+    as ``like`` is: the same batch sizes and sorting indices, as ``torch.nn.RNN`` returns."""
+    if like.sorted_indices is not None:
+        out, lengths = out.index_select(1, like.sorted_indices), lengths[like.sorted_indices.cpu()]
+    data = pack_padded_sequence(out, lengths, enforce_sorted=True).data
+    return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
 
 def _reverse_steps(seq: Tensor, lengths: Tensor | None) -> Tensor:

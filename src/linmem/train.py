@@ -39,6 +39,7 @@ from ._io import atomic_write, command_line, git_commit, provenance, read_json, 
 from .data import (
     EVAL_MAX_RATIO,
     Batch,
+    DataError,
     bucket_batches,
     collate,
     content_digest,
@@ -48,6 +49,7 @@ from .data import (
     iterate_batches,
     load_polyphonic,
     resolve_name,
+    step_seconds,
     transpose,
 )
 from .metrics import THRESHOLD_GRID, FrameScores
@@ -771,6 +773,7 @@ def train(
         **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
                      spent()[0], device),
         "data_digest": content_digest(data), "device": str(device),
+        "step_seconds": _step_or_none(config),
         "pretraining": _pretraining_record(run_dir),
         "units": "accuracies in percent (Bay et al. 2009, global, threshold 0.5 unless named), "
                  "NLL in nats per time step",
@@ -840,6 +843,15 @@ def _stop_reason(state: dict[str, Any], config: TrainConfig) -> str | None:
 
 def _budget_left(state: dict[str, Any], config: TrainConfig) -> bool:
     return _stop_reason(state, config) is None
+
+
+def _step_or_none(config: TrainConfig) -> float | None:
+    """The seconds one frame of the run's data lasts (a data set file of your own: the step it
+    was imported at); None for data given in memory under a name that is neither."""
+    try:
+        return step_seconds(config.data)
+    except (ValueError, DataError, OSError):
+        return None
 
 
 def _checksum_or_none(config: TrainConfig) -> str | None:
