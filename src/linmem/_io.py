@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,73 @@ import torch
 
 from . import __version__
 
-__all__ = ["atomic_write", "command_line", "cpu_description", "git_commit", "machine",
-           "provenance", "read_json", "write_json"]
+__all__ = ["RunDirBusy", "RunDirClaim", "atomic_write", "command_line", "cpu_description",
+           "git_commit", "machine", "provenance", "read_json", "write_json"]
+
+
+class RunDirBusy(RuntimeError):
+    """Another process holds the run directory (:class:`RunDirClaim`)."""
+
+
+class RunDirClaim:
+    """``with RunDirClaim(run_dir) as claim``: the one process that writes a run directory.
+
+    :meth:`acquire` takes an exclusive OS lock (``fcntl.flock``) on ``run_dir/.lock``, and writes
+    the holder (process, host, start time) into it; a second process that asks for the same
+    directory gets :class:`RunDirBusy` naming the holder. :meth:`release` removes the file; the
+    operating system drops the lock when the holder ends in any other way (``kill -9``
+    included), so a stale file cannot block a ``--resume``. Without ``fcntl`` (Windows) there is
+    no lock."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.file = None
+
+    def acquire(self) -> None:
+        """Lock the (existing) directory; a no-op when this claim holds it already."""
+        if self.file is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # not POSIX
+            return
+        path = self.run_dir / ".lock"
+        while True:
+            file = open(path, "a+")  # held open as long as the claim
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                file.seek(0)
+                holder = file.read().strip() or "another process"
+                file.close()
+                raise RunDirBusy(f"{self.run_dir} is in use by {holder}: wait for it to end, "
+                                 "or choose another output folder") from None
+            try:  # the holder before removed the file as it let go: lock the one there now
+                same = os.stat(path).st_ino == os.fstat(file.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            file.close()
+        file.seek(0)
+        file.truncate()
+        file.write(f"linmem process {os.getpid()} on {platform.node()} (since "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        file.flush()
+        self.file = file
+
+    def release(self) -> None:
+        """Remove the lock file and let go (a killed holder leaves the file, not the lock)."""
+        if self.file is not None:
+            (self.run_dir / ".lock").unlink(missing_ok=True)
+            self.file.close()  # closing the descriptor drops the lock
+            self.file = None
+
+    def __enter__(self) -> RunDirClaim:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 class atomic_write:
@@ -39,16 +105,38 @@ class atomic_write:
         return self.file
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            # mkstemp makes the file private (0600); a result is as readable as any new file
-            os.fchmod(self.file.fileno(), 0o666 & ~_umask())
-        self.file.close()
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            os.unlink(self.tmp)
+        try:
+            if exc_type is None:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+                # mkstemp makes the file private (0600); a result is as readable as any new file
+                os.fchmod(self.file.fileno(), 0o666 & ~_umask())
+            self.file.close()
+            if exc_type is None:
+                os.replace(self.tmp, self.path)
+        except BaseException as err:  # a full disk at the flush: no temporary file left either
+            exc_type, exc = type(err), err
+            raise self._named(err) from None
+        finally:
+            if exc_type is not None:
+                if not self.file.closed:
+                    try:
+                        self.file.close()
+                    except OSError:  # the data it could not write
+                        pass
+                Path(self.tmp).unlink(missing_ok=True)
+        if exc is not None:
+            named = self._named(exc)
+            if named is not exc:
+                raise named from None
+
+    def _named(self, err: BaseException) -> BaseException:
+        """An ``OSError`` of the write that names the file written (a write to the temporary
+        file's descriptor names none, or a number), else ``err`` itself."""
+        if isinstance(err, OSError) and err.errno is not None and (
+                err.filename is None or isinstance(err.filename, int)):
+            return type(err)(err.errno, err.strerror, str(self.path))
+        return err
 
 
 def _umask() -> int:

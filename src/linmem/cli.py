@@ -6,6 +6,7 @@ Usage errors (unknown data set or model, bad sizes, missing data) print one line
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sys
@@ -19,7 +20,16 @@ import click
 from click.core import ParameterSource
 
 from ._check import check_device
-from ._io import atomic_write, command_line, git_commit, machine, provenance, read_json, write_json
+from ._io import (
+    RunDirBusy,
+    atomic_write,
+    command_line,
+    git_commit,
+    machine,
+    provenance,
+    read_json,
+    write_json,
+)
 from .data import (
     DATASETS,
     DataError,
@@ -1119,4 +1129,30 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(line.strip() for line in err.format_message().splitlines())
         click.echo(f"linmem: error: {message}", err=True)
         sys.exit(2 if isinstance(err, click.UsageError | UsageFailure) else err.exit_code)
+    except RunDirBusy as err:  # another process: the environment, not the command line
+        click.echo(f"linmem: error: {err}", err=True)
+        sys.exit(1)
+    except OSError as err:  # a fault of the machine (no space, read-only, permissions)
+        click.echo(f"linmem: error: {os_error_text(err)}", err=True)
+        sys.exit(1)
+
+
+# what to do about a fault of the machine, by errno
+_OS_ADVICE = {
+    errno.ENOSPC: "free some space on that disk, or write elsewhere; --resume continues a run "
+                  "from its last finished epoch",
+    errno.EDQUOT: "free some of your disk quota, or write elsewhere",
+    errno.EROFS: "that file system is read-only: choose a folder you can write",
+    errno.EACCES: "you may not write there: choose a folder you can write, or change its "
+                  "permissions",
+    errno.EPERM: "you may not write there: choose a folder you can write",
+}
+
+
+def os_error_text(err: OSError) -> str:
+    """One line for an ``OSError``: what failed, on which file, and what to do."""
+    what = err.strerror or str(err) or type(err).__name__
+    where = f": {err.filename}" if err.filename else ""
+    advice = _OS_ADVICE.get(err.errno)
+    return f"{what}{where}" + (f" ({advice})" if advice else "")
 

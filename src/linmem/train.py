@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,7 +36,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ._check import check_device, check_int, device_form
-from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
+from ._io import (
+    RunDirClaim,
+    atomic_write,
+    command_line,
+    git_commit,
+    provenance,
+    read_json,
+    write_json,
+)
 from .data import (
     EVAL_MAX_RATIO,
     Batch,
@@ -259,6 +268,7 @@ class TrainConfig:
                      "eval_batch_size", "k", "rbm_hidden", "cd_k", "ais_chains", "ais_betas",
                      "nade_hidden", "nade_samples"):
             check_int(name, getattr(self, name))
+        check_int("seed", self.seed, minimum=0)
         check_int("memory", self.memory, none_ok=True)
         check_int("chunk", self.chunk, none_ok=True)
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
@@ -604,7 +614,42 @@ def train(
             ``last.pt`` keeps the last good epoch, ``diverged.json`` records why. With
             ``"stop"`` the run ends there instead and stays ended on ``resume``.
     """
-    run_dir = Path(run_dir)
+    if not str(run_dir).strip():
+        raise ValueError("the run directory must be named (an empty name is the current folder)")
+    created = not Path(run_dir).exists()
+    with RunDirClaim(run_dir) as claim:
+        try:
+            return _train(config, Path(run_dir), claim, resume, progress, data, on_epoch_end,
+                          command, initialize)
+        except OSError:
+            # a fault of the machine (a full disk) before anything could be kept: the start
+            # failed, and leaves no half-made folder behind
+            if created and Path(run_dir).is_dir() and not any(Path(run_dir).rglob("last.pt")):
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """``ValueError`` when ``run_dir`` holds files but no run of ours (no ``config.json``): a
+    run never writes into a folder of someone else's files."""
+    others = sorted(p.name for p in run_dir.iterdir() if p.name != ".lock")
+    if others and not (run_dir / "config.json").is_file():
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ValueError(f"{run_dir} holds files that are not a linmem run ({shown}): choose a "
+                         "new or empty folder")
+
+
+def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool, progress: bool,
+           data: dict[str, list[np.ndarray]] | None,
+           on_epoch_end: Callable[[int, dict], None] | None, command: str | None,
+           initialize: Callable[[torch.nn.Module], None] | None) -> dict[str, Any]:
+    """:func:`train`, with ``run_dir`` claimed (:class:`linmem._io.RunDirClaim`) as soon as it
+    exists."""
+    if run_dir.is_dir():
+        claim.acquire()  # before reading what it holds: no other process writes it meanwhile
+        _check_run_dir(run_dir)
+    elif run_dir.exists():
+        raise ValueError(f"{run_dir} is a file, not a folder")
     started, cpu_started = time.perf_counter(), time.process_time()
     commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
     command = command or command_line()
@@ -653,6 +698,7 @@ def train(
                          "chunk_loss")
     # the run exists once its data and model do: a start that failed before leaves nothing
     run_dir.mkdir(parents=True, exist_ok=True)
+    claim.acquire()
     write_json(run_dir / "config.json", asdict(config))
     if initialize is not None and ckpt is None:
         initialize(model)
