@@ -70,7 +70,7 @@ def test_a_second_process_on_the_same_run_fails_in_one_line(tmp_path, data_dir, 
         first.send_signal(signal.SIGKILL)
         first.wait()
     # the lock died with its holder
-    code, out, err = run_cli("train", *TINY, "--epochs", "3", "--resume", "--data-dir",
+    code, _, err = run_cli("train", *TINY, "--epochs", "3", "--resume", "--data-dir",
                              data_dir, "--out", run, capsys=capsys)
     assert code == 0, err
     assert (run / "metrics.json").is_file()
