@@ -134,7 +134,7 @@ def test_generate_command_writes_midi_png_wav_and_its_record(tmp_path, data_dir,
     with wave.open(str(files["wav"])) as w:
         assert w.getframerate() == 22050 and w.getnframes() > 36 * 0.5 * 22050 * 0.9
     first = files["mid"].read_bytes()
-    main(args)  # the same seed: the same music
+    main([*args, "--force"])  # the same seed: the same music (written over the first)
     assert files["mid"].read_bytes() == first
     alone = tmp_path / "alone.mid"
     main([*args[:-6], "--out", str(alone), "--without-prime"])  # same seed, no png/wav

@@ -159,3 +159,188 @@ def test_a_full_disk_later_keeps_the_run_and_resume_finishes_it_cleanly(tmp_path
                            "--data-dir", data_dir, "--out", run, capsys=capsys)
     assert code == 0, err
     assert (run / "metrics.json").is_file() and leftovers(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, data_dir):
+    """A tiny finished run on JSB Chorales."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    main(["train", *TINY, "--epochs", "2", "--data-dir", str(data_dir), "--out", str(run)])
+    return run
+
+
+def test_generated_outputs_are_never_overwritten_silently(tmp_path, finished_run, capsys):
+    """Row 6: --out and --png naming one file is refused before anything runs; an existing
+    output (or the record beside it) is kept unless --force."""
+    out = tmp_path / "same.mid"
+    base = ("generate", finished_run, "--prime", "test:0", "--prime-steps", "4", "--steps", "3")
+    code, _, err = run_cli(*base, "--out", out, "--png", out, capsys=capsys)
+    one_line(code, err, 2, "--out", "--png", "same file")
+    assert not out.exists()
+    code, _, err = run_cli(*base, "--out", out, capsys=capsys)
+    assert code == 0, err
+    before = out.read_bytes(), out.with_suffix(".json").read_text()
+    code, _, err = run_cli(*base, "--seed", "9", "--out", out, capsys=capsys)
+    one_line(code, err, 2, str(out), "already exists", "--force")
+    assert (out.read_bytes(), out.with_suffix(".json").read_text()) == before
+    code, _, err = run_cli(*base, "--seed", "9", "--out", out, "--force", capsys=capsys)
+    assert code == 0, err
+    assert '"seed": 9' in out.with_suffix(".json").read_text()
+    # the record beside --out is an output too
+    other = tmp_path / "other.mid"
+    other.with_suffix(".json").write_text("mine")
+    code, _, err = run_cli(*base, "--out", other, capsys=capsys)
+    one_line(code, err, 2, "other.json", "already exists")
+    assert other.with_suffix(".json").read_text() == "mine" and not other.exists()
+
+
+def _midi_folder(folder: Path, rolls) -> Path:
+    from linmem.midi import roll_to_midi
+
+    folder.mkdir()
+    for i, roll in enumerate(rolls):
+        roll_to_midi(roll, 0.25).write(str(folder / f"s{i}.mid"))
+    return folder
+
+
+def test_import_midi_refuses_to_overwrite_and_checks_its_split(tmp_path, jsb, capsys):
+    """Rows 6 and 11: import-midi keeps an existing OUT unless --force; --split 1,0,0 (a split
+    with no sequence) and --split a,b,c name the option."""
+    folder = _midi_folder(tmp_path / "mine", jsb["train"][:5])
+    out = tmp_path / "mine.pickle"
+    out.write_bytes(b"mine")
+    code, _, err = run_cli("data", "import-midi", folder, "--out", out, capsys=capsys)
+    one_line(code, err, 2, str(out), "already exists", "--force")
+    assert out.read_bytes() == b"mine"
+    code, _, err = run_cli("data", "import-midi", folder, "--out", out, "--force", capsys=capsys)
+    assert code == 0, err
+    for split in ("1,0,0", "0.5,0.5", "a,b,c"):
+        code, _, err = run_cli("data", "import-midi", folder, "--out", tmp_path / "x.pickle",
+                               "--split", split, capsys=capsys)
+        one_line(code, err, 2, "--split")
+        assert not (tmp_path / "x.pickle").exists()
+
+
+def test_a_damaged_midi_file_is_named_in_one_line(tmp_path, jsb, finished_run, capsys):
+    """Row 11: a truncated or empty .mid given to generate --prime is one line naming the file
+    (not Ctrl-C's 'aborted', exit 130); import-midi skips it saying why; notes outside A0-C8
+    are counted, not dropped without a word."""
+    import pretty_midi
+
+    from linmem.midi import roll_to_midi
+
+    good = tmp_path / "good.mid"
+    roll_to_midi(jsb["test"][0][:16], 0.5).write(str(good))
+    truncated, empty = tmp_path / "truncated.mid", tmp_path / "empty.mid"
+    truncated.write_bytes(good.read_bytes()[:40])
+    empty.write_bytes(b"")
+    for bad in (truncated, empty):
+        code, _, err = run_cli("generate", finished_run, "--prime", bad, "--steps", "2", "--out",
+                               tmp_path / "o.mid", capsys=capsys)
+        one_line(code, err, 2, str(bad), "not a readable MIDI file")
+    folder = _midi_folder(tmp_path / "mine", jsb["train"][:4])
+    (folder / "truncated.mid").write_bytes(truncated.read_bytes())
+    wide = pretty_midi.PrettyMIDI()
+    piano = pretty_midi.Instrument(0)
+    piano.notes += [pretty_midi.Note(80, 60, 0, 1), pretty_midi.Note(80, 110, 0, 1),
+                    pretty_midi.Note(80, 15, 1, 2)]  # two notes above C8 and below A0
+    wide.instruments.append(piano)
+    wide.write(str(folder / "wide.mid"))
+    code, out, err = run_cli("data", "import-midi", folder, "--out", tmp_path / "m.pickle",
+                             capsys=capsys)
+    assert code == 0, err
+    assert "from 6 MIDI files (1 skipped)" in out
+    assert f"skipped {folder / 'truncated.mid'}: not a readable MIDI file" in err
+    assert not any(line.rstrip().endswith(":") for line in err.splitlines())  # a reason each
+    assert f"{folder / 'wide.mid'}: 2 notes outside the piano's A0-C8 left out" in err
+
+
+def test_damaged_run_files_are_named_without_unsafe_advice(tmp_path, finished_run, capsys):
+    """Row 12: a checkpoint that is not ours never suggests weights_only=False; a truncated one
+    says so; a bad line of log.jsonl names the file and the line."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    torch.save({"model": Path("x")}, run / "best.pt")  # an object, not tensors: refused
+    code, _, err = run_cli("evaluate", run, capsys=capsys)
+    one_line(code, err, 2, "best.pt", "not a checkpoint written by linmem")
+    assert "weights_only" not in err
+    data = (finished_run / "best.pt").read_bytes()
+    (run / "best.pt").write_bytes(data[: len(data) // 2])
+    code, _, err = run_cli("evaluate", run, capsys=capsys)
+    one_line(code, err, 2, "best.pt", "truncated or damaged")
+    assert "Errno 22" not in err
+    lines = (run / "log.jsonl").read_text().splitlines()
+    (run / "log.jsonl").write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    code, _, err = run_cli("memory", run, capsys=capsys)
+    one_line(code, err, 2, "log.jsonl", "line 2")
+
+
+def test_a_missing_matplotlib_is_one_line_before_anything_is_written(tmp_path, finished_run,
+                                                                      monkeypatch, capsys):
+    """Row 13: plot, generate --png and report without the plot extra: one line naming the
+    extra, exit 1, and no output written."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    before = sorted(p.name for p in finished_run.iterdir())
+    for args in (("plot", finished_run),
+                 ("generate", finished_run, "--prime", "test:0", "--steps", "2", "--out",
+                  tmp_path / "a.mid", "--png", tmp_path / "a.png"),
+                 ("report", "--storage", f"sqlite:///{tmp_path / 'none.db'}", "--run",
+                  finished_run, "--out", tmp_path / "results")):
+        code, _, err = run_cli(*args, capsys=capsys)
+        one_line(code, err, 1, "matplotlib", "linear-memory-networks[plot]")
+    assert sorted(p.name for p in finished_run.iterdir()) == before
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["report", "progress", "search-export", "search"])
+def test_a_damaged_or_unknown_storage_is_one_line(tmp_path, data_dir, command, capsys):
+    """Row 9: a corrupt SQLite file is a fault of the machine (exit 1), a URL no database
+    answers to a usage error (exit 2); one line each, no traceback."""
+    bad = tmp_path / "bad.db"
+    bad.write_text("not a database at all, " * 20)
+    extra = {"search-export": [tmp_path / "x.jsonl"],
+             "search": ["--grid", "tiny", "--subset", "3", "--data-dir", data_dir]}.get(command, [])
+    code, _, err = run_cli(command, *extra, "--storage", f"sqlite:///{bad}", capsys=capsys)
+    one_line(code, err, 1, str(bad), "cannot open it")
+    code, _, err = run_cli(command, *extra, "--storage", "foo://bar", capsys=capsys)
+    one_line(code, err, 2, "foo://bar", "sqlite:///FILE")
+
+
+def test_a_search_without_its_data_leaves_no_storage(tmp_path, capsys, monkeypatch):
+    """Row 9: `search` with no data is one usage line and makes no search.db."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LINMEM_DATA", raising=False)
+    import dataclasses
+
+    from linmem import data as D
+
+    for name, info in list(D.DATASETS.items()):
+        monkeypatch.setitem(D.DATASETS, name,
+                            dataclasses.replace(info, urls=("http://127.0.0.1:9/x.pickle",)))
+    (tmp_path / "nodata").mkdir()  # a data folder without the data
+    code, _, err = run_cli("search", "--grid", "tiny", "--out", tmp_path / "s", "--data-dir",
+                           tmp_path / "nodata", capsys=capsys)
+    one_line(code, err, 2, "JSB")
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_documented_postgresql_url_opens_with_the_extra_we_ship():
+    """Row 10: SQLAlchemy 2 reads postgresql:// as psycopg (3); the postgres extra installs
+    psycopg2, so the URL is given its driver (the server itself: tests/test_search.py)."""
+    import importlib.util
+
+    from linmem.search import storage_url
+
+    url = storage_url("postgresql://me@127.0.0.1:5432/db")
+    if importlib.util.find_spec("psycopg") is None:
+        assert url == "postgresql+psycopg2://me@127.0.0.1:5432/db"
+    else:
+        assert url == "postgresql://me@127.0.0.1:5432/db"
+    assert storage_url("postgresql+psycopg2://x@h/d") == "postgresql+psycopg2://x@h/d"
+    assert storage_url("sqlite:///a.db") == "sqlite:///a.db"

@@ -510,7 +510,7 @@ def test_search_cli_passes_max_retry_and_wait(tmp_path, data_dir, monkeypatch, c
 
     seen = []
     monkeypatch.setattr(linmem.search, "run_search",
-                        lambda config, jobs, command: seen.append(config) or {})
+                        lambda config, jobs, command, **kw: seen.append(config) or {})
     for extra, expected, wait in (([], MAX_RETRY, True), (["--max-retry", "0"], 0, True),
                                   (["--no-wait"], MAX_RETRY, False)):
         main(["search", "--grid", "tiny", "--out", str(tmp_path), "--data-dir", str(data_dir),

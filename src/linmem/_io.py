@@ -18,8 +18,30 @@ import torch
 
 from . import __version__
 
-__all__ = ["RunDirBusy", "RunDirClaim", "atomic_write", "command_line", "cpu_description",
-           "git_commit", "machine", "provenance", "read_json", "write_json"]
+__all__ = ["RunDirBusy", "RunDirClaim", "atomic_write", "check_outputs", "command_line",
+           "cpu_description", "git_commit", "machine", "provenance", "read_json", "write_json"]
+
+
+def check_outputs(outputs: dict[str, str | os.PathLike | None], force: bool = False) -> None:
+    """Before anything is written: ``ValueError`` when two of ``outputs`` (a name, such as an
+    option, per file; None: not written) are the same file, and ``FileExistsError`` when one
+    exists already and ``force`` is not set (a result is never overwritten silently)."""
+    seen: dict[Path, str] = {}
+    for name, path in outputs.items():
+        if path is None:
+            continue
+        resolved = Path(path).expanduser().resolve()
+        if resolved in seen:
+            raise ValueError(f"{seen[resolved]} and {name} name the same file ({path})")
+        seen[resolved] = name
+        if Path(path).is_dir():
+            raise ValueError(f"{name} {path} is a folder, not a file")
+    if not force:
+        existing = [f"{name} {path}" for name, path in outputs.items()
+                    if path is not None and Path(path).exists()]
+        if existing:
+            raise FileExistsError(f"{', '.join(existing)}: already exists (pass --force to "
+                                  "overwrite)")
 
 
 class RunDirBusy(RuntimeError):

@@ -19,7 +19,6 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ._check import check_device
 from ._io import (
     RunDirBusy,
     atomic_write,
@@ -96,6 +95,31 @@ __all__ = ["cli", "main"]
 
 class UsageFailure(click.ClickException):
     exit_code = 2
+
+
+def _opened_storage(storage: str) -> str:
+    """``storage`` opened once (:func:`linmem.search.check_storage`), in the form to use: a URL
+    no database answers to is a usage error (exit 2); one that cannot be opened (a damaged
+    file, a server out of reach, no driver) a fault of the machine (exit 1). One line each."""
+    from .search import StorageError, check_storage  # optuna: slow to import
+
+    try:
+        return check_storage(storage)
+    except ValueError as err:
+        raise UsageFailure(str(err)) from None
+    except StorageError as err:
+        raise click.ClickException(str(err)) from None
+
+
+def _needs_matplotlib(what: str) -> None:
+    """Exit 1 in one line, before anything is written, when matplotlib (the ``plot`` extra) is
+    not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise click.ClickException(
+            f"{what} needs matplotlib, which is not installed: pip install "
+            "'linear-memory-networks[plot]'")
 
 
 class _ModelChoice(click.Choice):
@@ -409,6 +433,7 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
                             ulm_run: str | None, epochs: int, patience: int, seed: int,
                             data_dir: str | None, out: str, quiet: bool) -> None:
     """The paper's pretraining analysis (Figure 5): OUT/analysis.json and OUT/figure5.png."""
+    _needs_matplotlib("analyze-pretraining (figure5.png)")
     try:
         result = analyze_pretraining(
             data=data, hidden=hidden, k=k, memories=[int(v) for v in memories.split(",")],
@@ -516,7 +541,12 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
     the studies stand; a trial whose worker died is retried from its run's last epoch.
     `linmem report` then selects on validation and writes the tables.
     """
-    from .search import SearchConfig, default_storage, run_search  # optuna: slow to import
+    from .search import (  # optuna: slow to import
+        SearchConfig,
+        check_search,
+        default_storage,
+        run_search,
+    )
 
     try:
         config = SearchConfig(
@@ -527,14 +557,14 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
             **({} if max_retry is None else {"max_retry": max_retry}))
         if config.base.data_dir is not None and not Path(config.base.data_dir).is_dir():
             raise ValueError(f"--data-dir {config.base.data_dir}: no such directory")
-        check_device(config.base.device)
+        check_search(config)
         click.echo(f"linmem search: storage {storage or default_storage(out)}, runs in {out}",
                    err=True)
-        counts = run_search(config, jobs, command_line())
-    except RuntimeError as err:
-        raise click.ClickException(str(err)) from None
+        counts = run_search(config, jobs, command_line(), check=False)
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
+    except RuntimeError as err:  # a worker that failed, a storage that cannot be opened
+        raise click.ClickException(str(err)) from None
     except KeyboardInterrupt:
         click.echo("\nlinmem: interrupted; run the same command again to continue", err=True)
         sys.exit(130)
@@ -573,6 +603,7 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                baseline: str | None) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
+    _needs_matplotlib("report (figure4.png)")
     from .search import default_storage, search_records, sqlite_path  # optuna: slow to import
 
     storage = storage or default_storage("runs/search")
@@ -581,7 +612,8 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
         raise UsageFailure(f"no search database at {database} (run `linmem search` first, or "
                            "pass --storage)")
     records = ([] if database is not None and not database.is_file() else
-               search_records(storage, None if grid == "all" else grid, runs_root))
+               search_records(_opened_storage(storage), None if grid == "all" else grid,
+                              runs_root))
     # a study imported from another machine: what its run directories held, from the last report
     records = [with_selected_run_fields(r, Path(out) / "selected") if "test_acc" in r else r
                for r in records]
@@ -672,6 +704,7 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
     database = sqlite_path(storage)
     if database is not None and not database.is_file():
         raise UsageFailure(f"no search database at {database} (pass --storage)")
+    storage = _opened_storage(storage)
     studies = progress_records(storage, None if grid == "all" else grid, runs_root,
                                MAX_RETRY if max_retry is None else max_retry)
     for earlier in _summary_files(summaries):
@@ -777,7 +810,8 @@ def search_export_cmd(file: str, storage: str | None, grid: str, runs_root: str)
     database = sqlite_path(storage)
     if database is not None and not database.is_file():
         raise UsageFailure(f"no search database at {database} (pass --storage)")
-    counts = export_studies(storage, file, None if grid == "all" else grid, runs_root)
+    counts = export_studies(_opened_storage(storage), file, None if grid == "all" else grid,
+                            runs_root)
     click.echo(f"{sum(counts.values())} finished trials of {len(counts)} studies -> {file}")
 
 
@@ -789,7 +823,7 @@ def search_import_cmd(file: str, storage: str | None) -> None:
     search` then goes on from them. Points the storage has finished are kept as they are."""
     from .search import default_storage, import_studies, make_storage  # optuna: slow import
 
-    storage = storage or default_storage("runs/search")
+    storage = _opened_storage(storage or default_storage("runs/search"))
     try:
         added = import_studies(file, make_storage(storage))
     except ValueError as err:
@@ -962,17 +996,26 @@ def data_cmd(name: str, data_dir: str | None, no_download: bool) -> None:
 @click.option("--split", default="0.8,0.1,0.1", show_default=True,
               help="Fractions of train, valid and test.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split.")
-def import_midi_cmd(folder: str, out: str, step_seconds: float, split: str, seed: int) -> None:
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+def import_midi_cmd(folder: str, out: str, step_seconds: float, split: str, seed: int,
+                    force: bool) -> None:
     """Make a data set of the MIDI files under FOLDER: OUT, for `linmem train --data OUT`."""
     if not out.endswith(".pickle"):
         raise UsageFailure(f"--out {out}: the file must end in .pickle")
     try:
         fractions = tuple(float(v) for v in split.split(","))
-        result = import_midi_folder(folder, out, step_seconds, fractions, seed)
-    except (DataError, ValueError) as err:
-        raise UsageFailure(str(err)) from None
+    except ValueError:
+        raise UsageFailure(f"--split {split!r}: expected three fractions such as 0.8,0.1,0.1"
+                           ) from None
+    try:
+        result = import_midi_folder(folder, out, step_seconds, fractions, seed, force)
+    except (DataError, ValueError, FileExistsError) as err:
+        raise UsageFailure(f"--split: {err}" if str(err).startswith("split") else str(err)
+                           ) from None
     for path, why in result["skipped"].items():
         click.echo(f"linmem: skipped {path}: {why}", err=True)
+    for path, n in result["notes_outside"].items():
+        click.echo(f"linmem: {path}: {n} notes outside the piano's A0-C8 left out", err=True)
     seqs = result["sequences"]
     click.echo(f"{out}: {seqs['train']} train, {seqs['valid']} valid, {seqs['test']} test "
                f"sequences from {result['files']} MIDI files ({len(result['skipped'])} "
@@ -1001,15 +1044,21 @@ def import_midi_cmd(folder: str, out: str, step_seconds: float, split: str, seed
 @click.option("--step-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds per frame of the MIDI written and of a .mid prime [default: the "
                    "run's data set's; a data set of your own: the step it was imported at].")
+@click.option("--force", is_flag=True, help="Overwrite OUT, OUT.json, --png and --wav if they "
+                                             "exist.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
                  temperature: float, seed: int, out: str, png: str | None, wav: str | None,
-                 without_prime: bool, step_seconds: float | None, data_dir: str | None) -> None:
+                 without_prime: bool, step_seconds: float | None, data_dir: str | None,
+                 force: bool) -> None:
     """Continue a prime with the best checkpoint of RUN_DIR: OUT (MIDI) and OUT.json."""
+    if png is not None:
+        _needs_matplotlib("--png")
     try:
         record = continue_run(run_dir, prime, out, steps, prime_steps, temperature, seed, png,
-                              wav, data_dir, with_prime=not without_prime, seconds=step_seconds)
-    except (DataError, ValueError, FileNotFoundError, OSError) as err:
+                              wav, data_dir, with_prime=not without_prime, seconds=step_seconds,
+                              force=force)
+    except (DataError, ValueError, FileNotFoundError, FileExistsError) as err:
         raise UsageFailure(str(err)) from None
     click.echo(f"{record['model']}: {record['prime_frames']} prime frames + {steps} generated "
                f"({record['notes_per_frame']:.1f} notes per frame) -> "
@@ -1027,6 +1076,7 @@ def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
 def plot_cmd(run_dir: str, prediction: str | None, out: str | None, data_dir: str | None
              ) -> None:
     """Draw a run: its training curves, or its predictions for one sequence."""
+    _needs_matplotlib("plot")
     try:
         if prediction is None:
             out = out or str(Path(run_dir) / "curves.png")
@@ -1070,7 +1120,7 @@ def memory_cmd(paths: tuple[str, ...]) -> None:
     try:
         click.echo(memory_markdown(collect_metrics(paths, diverged=True), command_line(),
                                    git_commit()), nl=False)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:  # a damaged run file, named
         raise UsageFailure(str(err)) from None
 
 
@@ -1089,7 +1139,7 @@ def patience_cmd(paths: tuple[str, ...], values: str, out: str | None) -> None:
     try:
         text = patience_markdown(patience_records(collect_metrics(paths), patiences),
                                  command_line(), git_commit())
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:  # a damaged run file, named
         raise UsageFailure(str(err)) from None
     click.echo(text, nl=False)
     if out is not None:

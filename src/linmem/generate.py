@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from scipy.io import wavfile
 
-from ._io import atomic_write, command_line, git_commit, provenance, write_json
+from ._io import atomic_write, check_outputs, command_line, git_commit, provenance, write_json
 from .data import data_checksum, load_polyphonic, resolve_name, step_seconds
-from .midi import midi_to_roll, roll_to_midi
+from .midi import midi_to_roll, read_midi, roll_to_midi
 from .report import plot_prediction, plot_roll
 from .train import load_run_model
 
@@ -69,9 +69,7 @@ def load_prime(spec: str, dataset: str, data_dir: str | None = None,
     run's data set: ``test:3``) or a MIDI file; returns it with the data checksum (``None`` for a
     file). ``seconds``: the MIDI file's seconds per frame (default: the run data set's)."""
     if Path(spec).suffix.lower() in (".mid", ".midi"):
-        if not Path(spec).is_file():
-            raise FileNotFoundError(f"{spec}: no such MIDI file")
-        return midi_to_roll(spec, seconds or step_seconds(dataset)), None
+        return midi_to_roll(read_midi(spec), seconds or step_seconds(dataset)), None
     parts = spec.split(":")
     if len(parts) == 2:
         parts = [dataset, *parts]
@@ -91,7 +89,7 @@ def continue_run(run_dir: str | os.PathLike, prime: str, out: str | os.PathLike,
                  seed: int = 0, png: str | os.PathLike | None = None,
                  wav: str | os.PathLike | None = None, data_dir: str | None = None,
                  command: str | None = None, with_prime: bool = True,
-                 seconds: float | None = None) -> dict[str, Any]:
+                 seconds: float | None = None, force: bool = False) -> dict[str, Any]:
     """``linmem generate``: the best checkpoint of ``run_dir`` continues ``prime`` (see
     :func:`load_prime`; its first ``prime_steps`` frames) by ``steps`` frames; writes the prime
     and the continuation as MIDI to ``out`` (and a piano-roll PNG, a WAV rendered by
@@ -99,7 +97,10 @@ def continue_run(run_dir: str | os.PathLike, prime: str, out: str | os.PathLike,
     ``with_prime=False``: the MIDI and the audio hold the generated frames only (a sample to
     share without the data set's music; the PNG still shows the prime). ``seconds``: one
     frame's duration in the MIDI written and in a ``.mid`` prime [default: the run's data set's,
-    :func:`linmem.data.step_seconds`: the step a data set of your own was imported at]."""
+    :func:`linmem.data.step_seconds`: the step a data set of your own was imported at].
+    Existing outputs are overwritten only with ``force`` (checked before anything runs)."""
+    check_outputs({"--out": out, "the record": Path(out).with_suffix(".json"), "--png": png,
+                   "--wav": wav}, force)
     started, commit = time.perf_counter(), git_commit()
     model, config = load_run_model(run_dir)
     if seconds is not None and not seconds > 0:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pretty_midi
 
+from ._io import check_outputs
 from .data import (
     DEFAULT_STEP_SECONDS,
     LOWEST_NOTE,
@@ -30,7 +31,7 @@ from .data import (
 )
 
 __all__ = ["DEFAULT_STEP_SECONDS", "STEP_SECONDS", "import_midi_folder", "midi_to_roll",
-           "roll_to_midi", "step_seconds"]
+           "notes_outside", "read_midi", "roll_to_midi", "step_seconds"]
 def roll_to_midi(roll: np.ndarray, step_seconds: float, program: int = 0, velocity: int = 80
                  ) -> pretty_midi.PrettyMIDI:
     """A one-instrument MIDI of ``roll`` ``(T, 88)``: a note spans each run of consecutive active
@@ -55,6 +56,27 @@ def roll_to_midi(roll: np.ndarray, step_seconds: float, program: int = 0, veloci
     return midi
 
 
+def read_midi(path: str | os.PathLike) -> pretty_midi.PrettyMIDI:
+    """A MIDI file; ``DataError`` naming it when it cannot be read (truncated, empty, not MIDI),
+    ``FileNotFoundError`` when it does not exist."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such MIDI file")
+    try:
+        return pretty_midi.PrettyMIDI(os.fspath(path))
+    except Exception as err:  # mido and pretty_midi raise many kinds (EOFError, KeyError, ...)
+        why = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        if isinstance(err, EOFError) or not why:
+            why = "the file ends early (truncated or empty)" + (f": {why}" if why else "")
+        raise DataError(f"{path}: not a readable MIDI file ({why})") from None
+
+
+def notes_outside(midi: pretty_midi.PrettyMIDI) -> int:
+    """How many of ``midi``'s pitched notes lie outside the piano's A0-C8, which a roll leaves
+    out."""
+    return sum(not LOWEST_NOTE <= n.pitch < LOWEST_NOTE + N_KEYS
+               for inst in midi.instruments if not inst.is_drum for n in inst.notes)
+
+
 def midi_to_roll(midi: str | os.PathLike | pretty_midi.PrettyMIDI, step_seconds: float,
                  n_steps: int | None = None) -> np.ndarray:
     """The ``(T, 88)`` uint8 roll of a MIDI file or object, ``step_seconds`` per frame: a note
@@ -63,7 +85,7 @@ def midi_to_roll(midi: str | os.PathLike | pretty_midi.PrettyMIDI, step_seconds:
     if not step_seconds > 0:
         raise ValueError(f"step_seconds must be > 0, got {step_seconds!r}")
     if not isinstance(midi, pretty_midi.PrettyMIDI):
-        midi = pretty_midi.PrettyMIDI(os.fspath(midi))
+        midi = read_midi(midi)
     notes = [n for inst in midi.instruments if not inst.is_drum for n in inst.notes
              if LOWEST_NOTE <= n.pitch < LOWEST_NOTE + N_KEYS]
     spans = [(round(n.start / step_seconds), round(n.end / step_seconds), n.pitch)
@@ -77,24 +99,31 @@ def midi_to_roll(midi: str | os.PathLike | pretty_midi.PrettyMIDI, step_seconds:
 
 def import_midi_folder(folder: str | os.PathLike, out: str | os.PathLike,
                        step_seconds: float = DEFAULT_STEP_SECONDS,
-                       split: tuple[float, float, float] = (0.8, 0.1, 0.1), seed: int = 0
-                       ) -> dict:
+                       split: tuple[float, float, float] = (0.8, 0.1, 0.1), seed: int = 0,
+                       force: bool = False) -> dict:
     """A data set of your own: every ``.mid``/``.midi`` file under ``folder`` as a piano roll
     (:func:`midi_to_roll`), shuffled by ``seed`` and split into train, valid and test by the
     fractions ``split``, written to ``out`` in the original pickle format (which
     :func:`linmem.data.load_polyphonic` and ``linmem train --data OUT`` read). A file that cannot
-    be read, or holds no note, is skipped and named in the result (``skipped``: name -> why);
+    be read, or holds no note, is skipped and named in the result (``skipped``: name -> why),
+    and notes outside the piano's range (A0-C8) are counted (``notes_outside``: name -> count);
+    an existing ``out`` is overwritten only with ``force``;
     ``DataError`` when fewer files than splits remain. Returns the counts per split."""
-    if len(split) != 3 or any(f < 0 for f in split) or not abs(sum(split) - 1) < 1e-9:
-        raise ValueError(f"split must be three fractions summing to 1, got {split!r}")
+    if len(split) != 3 or any(not f > 0 for f in split) or not abs(sum(split) - 1) < 1e-9:
+        raise ValueError(f"split must be three fractions above 0 summing to 1 (every split "
+                         f"needs a sequence), got {split!r}")
+    check_outputs({"the output": out}, force)
     paths = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in (".mid", ".midi"))
-    rolls, skipped = [], {}
+    rolls, skipped, outside = [], {}, {}
     for path in paths:
         try:
-            roll = midi_to_roll(path, step_seconds)
-        except Exception as err:  # mido and pretty_midi raise many kinds on a bad file
-            skipped[str(path)] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            midi = read_midi(path)
+            roll = midi_to_roll(midi, step_seconds)
+        except DataError as err:
+            skipped[str(path)] = str(err).removeprefix(f"{path}: ")
             continue
+        if notes_outside(midi):
+            outside[str(path)] = notes_outside(midi)
         if len(roll) < 2 or not roll.any():
             skipped[str(path)] = "no note (or a single frame)"
             continue
@@ -115,5 +144,6 @@ def import_midi_folder(folder: str | os.PathLike, out: str | os.PathLike,
     write_pickle(data, out, step_seconds)
     return {"files": len(paths), "sequences": {k: len(v) for k, v in data.items()},
             "frames": {k: int(sum(len(r) for r in v)) for k, v in data.items()},
-            "skipped": skipped, "step_seconds": step_seconds, "split": list(split),
+            "skipped": skipped, "notes_outside": outside, "step_seconds": step_seconds,
+            "split": list(split),
             "seed": seed, "out": str(out)}

@@ -58,7 +58,15 @@ def _log_rows(run_dir: str | os.PathLike) -> list[dict]:
     log = Path(run_dir) / "log.jsonl"
     if not log.is_file():
         return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(log.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{log}: line {number} is not valid JSON ({err.msg}, column "
+                                 f"{err.colno})") from None
+    return rows
 
 
 def _log_fields(run_dir: Path) -> dict:

@@ -82,12 +82,12 @@ from .report import (
 )
 from .train import PLACE_FIELDS, PROTOCOLS, TrainConfig, TrainingDiverged, check_size
 
-__all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "count_points",
-           "default_storage", "export_studies", "grid_points", "import_studies", "make_storage",
-           "open_study", "planned_record", "planned_run_record", "point_seconds", "point_states",
-           "progress_records", "project_points", "run_search", "run_worker", "search_records",
-           "seeds_record", "select", "select_per_frame", "sqlite_path", "study_name",
-           "trial_point"]
+__all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "StorageError", "check_search",
+           "check_storage", "count_points", "default_storage", "export_studies", "grid_points",
+           "import_studies", "make_storage", "open_study", "planned_record", "planned_run_record",
+           "point_seconds", "point_states", "progress_records", "project_points", "run_search",
+           "run_worker", "search_records", "seeds_record", "select", "select_per_frame",
+           "sqlite_path", "storage_url", "study_name", "trial_point"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 MAX_RETRY = 10  # a point whose worker died more often than this is failed (module docstring)
@@ -181,10 +181,65 @@ def sqlite_path(url: str) -> Path | None:
     return Path(url[len(prefix):]) if url.startswith(prefix) else None
 
 
+class StorageError(RuntimeError):
+    """A search storage that cannot be opened: a corrupt file, a server out of reach, a missing
+    database driver (the machine's fault, not the command line's)."""
+
+
+def storage_url(url: str) -> str:
+    """``url`` with its database driver made explicit where SQLAlchemy would pick one that is
+    not installed: ``postgresql://`` means psycopg (version 3) to SQLAlchemy 2, while the
+    ``postgres`` extra installs psycopg2, so without psycopg it becomes
+    ``postgresql+psycopg2://``."""
+    import importlib.util
+
+    if url.startswith(("postgresql://", "postgres://")) and \
+            importlib.util.find_spec("psycopg") is None:
+        return "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return url
+
+
+def check_storage(url: str) -> str:
+    """Open the storage at ``url`` once (:func:`storage_url`'s form, returned): ``ValueError``
+    for a URL that names no database Optuna can use, :class:`StorageError` when it cannot be
+    opened (each one line, with what to do)."""
+    import sqlalchemy.exc
+
+    url = storage_url(url)
+    database = sqlite_path(url)
+    if database is not None:  # a new SQLite file is made in its folder, as Optuna does
+        database.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optuna.storages.RDBStorage(url)
+    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError, ValueError) as err:
+        raise ValueError(f"--storage {url}: not a database URL Optuna can open "
+                         f"({_first_line(err)}); use sqlite:///FILE or "
+                         "postgresql://USER@HOST/DATABASE") from None
+    except ImportError as err:
+        raise StorageError(f"--storage {url}: its database driver is not installed "
+                           f"({_first_line(err)}); for PostgreSQL: pip install "
+                           "'linear-memory-networks[postgres]'") from None
+    except sqlalchemy.exc.SQLAlchemyError as err:
+        what = _first_line(getattr(err, "orig", None) or err)
+        hint = (f"{database} is not a search database, or is damaged: pass another --storage "
+                "(or move the file away to start a new one)" if database is not None else
+                "check that the server runs and the URL, user and database are right")
+        raise StorageError(f"--storage {url}: cannot open it ({what}); {hint}") from None
+    return url
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
 def make_storage(url: str, heartbeat_interval: int = 60, grace_period: int | None = None,
                  max_retry: int = MAX_RETRY):
     """An ``optuna.storages.RDBStorage`` with heartbeats and the retry of failed trials."""
 
+    url = storage_url(url)
     database = sqlite_path(url)
     if database is not None:
         database.parent.mkdir(parents=True, exist_ok=True)
@@ -574,13 +629,25 @@ def _worker_process(config: SearchConfig, command: str, threads: int) -> None:
     run_worker(config, command)
 
 
+def check_search(config: SearchConfig) -> None:
+    """What a search needs, checked once before any worker starts: the device, every data set
+    (missing data is one error, and no storage is made for nothing) and the storage
+    (:func:`check_storage`)."""
+    check_device(config.base.device)
+    for name in config.data:
+        _load_data(replace(config, progress=False), name)
+    check_storage(config.storage or default_storage(config.out_dir))
+
+
 def run_search(config: SearchConfig, jobs: int = 1, command: str | None = None,
-               start_gap_s: float = 2.0) -> dict[str, dict[str, int]]:
+               start_gap_s: float = 2.0, check: bool = True) -> dict[str, dict[str, int]]:
     """Run ``config`` with ``jobs`` worker processes on this machine (one in this process when
     ``jobs`` is 1), each with its share of the usable CPUs, until every point is done or failed;
-    returns :func:`count_points`. Raises ``RuntimeError`` when a worker process fails."""
+    returns :func:`count_points`. Raises ``RuntimeError`` when a worker process fails.
+    ``check``: :func:`check_search` first (skip it when the caller did)."""
     check_int("jobs", jobs)
-    check_device(config.base.device)  # one clear error, not one per worker process
+    if check:
+        check_search(config)
     command = command or command_line()
     if jobs == 1:
         run_worker(config, command)

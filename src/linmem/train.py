@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -500,9 +501,25 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
     except FileNotFoundError:
         raise
     except Exception as err:  # truncated, empty or foreign files fail in many ways
-        why = str(err).strip().splitlines()[0][:200] if str(err).strip() else "empty"
-        raise CheckpointError(f"{path}: unreadable checkpoint ({type(err).__name__}: {why})"
+        raise CheckpointError(f"{path}: unreadable checkpoint ({_checkpoint_fault(path, err)})"
                               ) from None
+
+
+def _checkpoint_fault(path: str | Path, err: Exception) -> str:
+    """What is wrong with a checkpoint that ``torch.load(weights_only=True)`` refused, in a few
+    words; never torch's advice to load it unsafely (``weights_only=False`` runs any code the
+    file holds)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = None
+    if size == 0:
+        return "the file is empty"
+    if isinstance(err, pickle.UnpicklingError) or "weights only" in str(err).lower():
+        return ("it holds objects other than tensors, numbers and strings: not a checkpoint "
+                "written by linmem, and not loaded (that could run code)")
+    return ("the file is truncated or damaged (a copy cut short, or a disk that filled while "
+            f"it was written); {type(err).__name__}")
 
 
 def _save_torch(obj: Any, path: Path) -> None:
