@@ -344,3 +344,103 @@ def test_the_documented_postgresql_url_opens_with_the_extra_we_ship():
         assert url == "postgresql://me@127.0.0.1:5432/db"
     assert storage_url("postgresql+psycopg2://x@h/d") == "postgresql+psycopg2://x@h/d"
     assert storage_url("sqlite:///a.db") == "sqlite:///a.db"
+
+
+def test_ctrl_c_to_search_is_one_line(tmp_path, data_dir):
+    """Row 9: SIGINT to `linmem search` ends it with its own line, not Optuna's traceback."""
+    out = tmp_path / "s"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "linmem", "search", "--grid", "tiny", "--subset", "3",
+         "--epochs", "100000", "--patience", "100000", "--data-dir", str(data_dir), "--out",
+         str(out), "--quiet"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.rglob("last.pt")):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1] == "linmem: interrupted; run the same command again to continue"
+    assert len(lines) <= 2, err  # the storage line the search starts with, and that one
+
+
+def test_the_kernel_path_is_recorded_and_can_be_pinned(tmp_path, data_dir, capsys):
+    """Row 14: metrics.json names the recurrences' CPU path; --cpu-kernel best pins it without
+    a timing race, so the same seed gives the same numbers; loop is the PyTorch loop."""
+    import json
+
+    from linmem import _ext
+
+    best = (_ext.kernel_variants() or ["loop"])[0]
+    scores = []
+    for name in ("a", "b", "c"):
+        kernel = "loop" if name == "c" else "best"
+        code, _, err = run_cli("train", *TINY, "--epochs", "3", "--cpu-kernel", kernel,
+                               "--data-dir", data_dir, "--out", tmp_path / name, capsys=capsys)
+        assert code == 0, err
+        metrics = json.loads((tmp_path / name / "metrics.json").read_text())
+        assert metrics["recurrence_path"] == (best if kernel == "best" else "loop")
+        scores.append((metrics["valid_acc"], metrics["test_acc"], metrics["test_nll"]))
+    assert scores[0] == scores[1]  # bit for bit
+    assert scores[2] == pytest.approx(scores[0], rel=1e-3)  # another order: rounding apart
+    code, _, err = run_cli("train", *TINY, "--cpu-kernel", "neon", "--out", tmp_path / "d",
+                           capsys=capsys)
+    one_line(code, err, 2, "--cpu-kernel")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_silent_data_set_warns_that_its_accuracy_means_nothing(tmp_path, capsys):
+    """Row 15: an all-silent split scores 100 % (mir_eval's convention, kept), with a warning
+    naming the splits; the command line prints it as one line."""
+    import numpy as np
+
+    from linmem.data import write_pickle
+    from linmem.train import SilentDataWarning
+
+    rng = np.random.default_rng(0)
+    music = [(rng.random((20, 88)) < 0.05).astype(np.uint8) for _ in range(4)]
+    silence = [np.zeros((20, 88), np.uint8) for _ in range(2)]
+    data = tmp_path / "silent.pickle"
+    write_pickle({"train": music, "valid": silence, "test": silence}, data)
+    with pytest.warns(SilentDataWarning, match="valid and test splits .* hold no note"):
+        code, _, err = run_cli("train", "--data", data, "--model", "lstm", "--hidden", "4",
+                               "--epochs", "1", "--out", tmp_path / "run", "--quiet",
+                               capsys=capsys)
+    assert code == 0, err
+    run = subprocess.run(
+        [sys.executable, "-m", "linmem", "train", "--data", str(data), "--model", "lstm",
+         "--hidden", "4", "--epochs", "1", "--out", str(tmp_path / "run2"), "--quiet"],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    warned = [line for line in run.stderr.splitlines() if "hold no note" in line]
+    assert len(warned) == 1 and warned[0].startswith("linmem: warning: the valid and test")
+    assert "warnings.warn" not in run.stderr
+
+
+def test_a_reduced_search_is_marked_and_another_grid_is_suggested(tmp_path, data_dir, capsys):
+    """Row 16: a search run on a subset, or with fewer epochs, is marked in Table 2 and never
+    bold beside the paper's figures; `report` for a grid the storage lacks names the grids it
+    holds."""
+    out = tmp_path / "s"
+    code, _, err = run_cli("search", "--grid", "tiny", "--model", "lmn-b", "--subset", "6",
+                           "--epochs", "2", "--data-dir", data_dir, "--out", out, "--quiet",
+                           capsys=capsys)
+    assert code == 0, err
+    storage = f"sqlite:///{out / 'search.db'}"
+    code, _, err = run_cli("report", "--storage", storage, "--out", tmp_path / "r",
+                           capsys=capsys)
+    one_line(code, err, 2, "no study of grid 'paper'", "--grid tiny")
+    code, _, err = run_cli("report", "--storage", storage, "--grid", "tiny", "--out",
+                           tmp_path / "r", capsys=capsys)
+    assert code == 0, err
+    table = (tmp_path / "r" / "table2.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| LMN-B |"))
+    ours = row.split("|")[3]  # JSB (ours)
+    assert "¶" in ours and "**" not in ours, row
+    assert "¶: from a reduced search (lmn-b on jsb: the first 6 sequences of each split, " \
+           "epochs 2)" in table

@@ -66,6 +66,7 @@ from .report import (
     write_search_report,
 )
 from .train import (
+    CPU_KERNELS,
     DIVERGENCE,
     FROM_PROTOCOL,
     LOSS_REDUCTIONS,
@@ -252,7 +253,13 @@ _RUN_OPTIONS = (
     click.option("--nade-samples", type=int, default=_DEFAULT.nade_samples, show_default=True,
                  callback=_positive, help="*-nade: frames drawn per step for the key marginals "
                                           "and the expected accuracy."),
-    click.option("--seed", type=int, default=_DEFAULT.seed, show_default=True),
+    click.option("--seed", type=click.IntRange(min=0), default=_DEFAULT.seed, show_default=True),
+    click.option("--cpu-kernel", type=click.Choice(CPU_KERNELS), default=_DEFAULT.cpu_kernel,
+                 show_default=True,
+                 help="The recurrences' CPU path: auto (measured fastest on this machine's first "
+                      "use), best (the best variant the CPU runs, not timed: the same numbers "
+                      "for the same seed on this machine), loop (PyTorch), or a variant. Paths "
+                      "agree to rounding, not bit for bit; metrics.json names the one used."),
     click.option("--device", default=_DEFAULT.device, show_default=True,
                  help="cpu, cuda, cuda:1"),
     click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -618,7 +625,13 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
     records = [with_selected_run_fields(r, Path(out) / "selected") if "test_acc" in r else r
                for r in records]
     if not records and not (summaries or runs):
-        raise UsageFailure(f"no study of grid {grid!r} in {storage}")
+        from .search import storage_grids
+
+        others = [] if database is not None and not database.is_file() else \
+            storage_grids(storage)
+        hint = (f" (it holds the grid{'s' if len(others) > 1 else ''} {', '.join(others)}: "
+                f"pass --grid {others[0]}, or --grid all)" if others else "")
+        raise UsageFailure(f"no study of grid {grid!r} in {storage}{hint}")
     if runs:
         searched = {(r["dataset"], r["model"]) for r in records}
         try:

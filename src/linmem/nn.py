@@ -41,6 +41,7 @@ __all__ = [
     "LMNCell",
     "UnrolledNet",
     "activation_slope",
+    "cpu_kernel_path",
     "lmn_recurrence",
     "measure_cpu_paths",
     "memory_loop_gains",
@@ -89,6 +90,13 @@ def _eager(fn):
     otherwise): the recurrences' autograd functions, their compiled kernel, its one-time build
     and path measurement (``lru_cache``) are not for dynamo to trace."""
     return functools.wraps(fn)(torch.compiler.disable(fn))
+
+
+def cpu_kernel_path() -> str:
+    """The path the recurrences take on the CPU now: a kernel variant's name or ``"loop"``
+    (:func:`use_cpu_kernel`'s choice inside its block, else :func:`linmem._ext.cpu_path`'s)."""
+    path = _path_override or cpu_path(measure_cpu_paths)
+    return path if path == LOOP or load_cpu_kernel() is not None else LOOP
 
 
 @_eager

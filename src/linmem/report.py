@@ -850,7 +850,9 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
         if value is None:
             return "–"
         text = f"{value:.2f}" + mark
-        return f"**{text}**" if top is not None and round(value, 2) == round(top, 2) else text
+        reduced = "¶" in mark  # never bold beside the paper's figures
+        return (f"**{text}**" if top is not None and round(value, 2) == round(top, 2)
+                and not reduced else text)
 
     def score(r: dict, key: str) -> float | None:
         if key == "test_acc_frame" and r.get("frame_selection"):  # the column's own selection
@@ -876,6 +878,8 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
                     cells.append(cell(published[d][m], top_pub[d]))
                 mark = "" if r is None else ("‡" if r["grid"] == "runs" else
                                              "" if r["grid_complete"] else "†")
+                if r is not None and r.get("reduced"):
+                    mark += "¶"
                 if r is not None and key == "test_acc_frame" and not r.get("frame_selection"):
                     mark += "§"
                 if r is not None and key == "test_acc_at_valid_threshold" and \
@@ -899,11 +903,15 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
     frame_rows = table("test_acc_frame", "ours, per-frame mean")
     # a mark is explained only where a cell carries it
     incomplete, frame_from_global = any("†" in r for r in lines), any("§" in r for r in frame_rows)
+    reductions = sorted({f"{r['model']} on {r['dataset']}: {', '.join(r['reduced'])}"
+                         for r in ours.values() if r.get("reduced")})
     lines += ["", "Test frame accuracy in % (Bay et al. 2009, global, threshold 0.5; equal to "
               "mir_eval's multipitch accuracy: our headline) of the configuration selected on "
               "validation accuracy. *RNN-RBM: the paper quotes Boulanger-Lewandowski et al. "
               "(2012), whose figures are expected accuracies over samples of the model."
               + (" †: selected from a grid that is not complete yet." if incomplete else "")
+              + (" ¶: from a reduced search (" + "; ".join(reductions) + "): not comparable "
+                 "with the paper's figures, and never bold." if reductions else "")
               + " ‡: not a grid search: the best on "
               "validation of the runs listed below. –: not run. Bold: the best published and "
               "the best of ours per data set." + (" The previous-frame row predicts each frame "

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -87,7 +88,7 @@ __all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "StorageError"
            "import_studies", "make_storage", "open_study", "planned_record", "planned_run_record",
            "point_seconds", "point_states", "progress_records", "project_points", "run_search",
            "run_worker", "search_records", "seeds_record", "select", "select_per_frame",
-           "sqlite_path", "storage_url", "study_name", "trial_point"]
+           "sqlite_path", "storage_grids", "storage_url", "study_name", "trial_point"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 MAX_RETRY = 10  # a point whose worker died more often than this is failed (module docstring)
@@ -428,6 +429,9 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         try:
             metrics = run_training(train_config, run_dir, resume=True, progress=False,
                                    data=data, on_epoch_end=report, command=command)
+        except KeyboardInterrupt:  # Ctrl-C: the run resumes later; Optuna need not say more
+            _quiet_after_interrupt.interrupted = True
+            raise
         except TrainingDiverged as err:
             trial.set_user_attr("error", str(err))
             raise
@@ -441,6 +445,20 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         return _score(metrics, train_config.select)
 
     return objective
+
+
+class _QuietAfterInterrupt(logging.Filter):
+    """Drops Optuna's log records once the user interrupted a trial (Ctrl-C): its traceback of
+    the ``KeyboardInterrupt`` and "failed with value None" say nothing that the command's own
+    line does not."""
+
+    interrupted = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.interrupted
+
+
+_quiet_after_interrupt = _QuietAfterInterrupt()
 
 
 def _score(row: dict[str, Any], select: str) -> float:
@@ -538,6 +556,9 @@ def run_worker(config: SearchConfig, command: str | None = None,
     command = command or command_line()
     check_device(config.base.device)  # here, before a trial could fail for want of it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for handler in logging.getLogger("optuna").handlers:
+        if _quiet_after_interrupt not in handler.filters:
+            handler.addFilter(_quiet_after_interrupt)
     # heartbeats and fail_stale_trials are marked experimental since Optuna 2.9
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     storage = make_storage(config.storage or default_storage(config.out_dir),
@@ -977,6 +998,7 @@ def search_records(storage: str, grid: str | None = None,
         record: dict[str, Any] = {
             "study": study.study_name, "dataset": attrs["data"], "model": attrs["model"],
             "grid": attrs["grid"], "subset": attrs.get("subset"),
+            "reduced": _reductions(attrs),
             "selected_on": "valid acc" if on_acc else "valid nll",
             "grid_points": len(points), "points_done": sum(s == "done" for s in states.values()),
             "points_failed": sum(s == "failed" for s in states.values()),
@@ -1013,6 +1035,25 @@ def search_records(storage: str, grid: str | None = None,
                 "search_wall_time_s": sum(t["wall_time_s"] or 0.0 for t in trials)})
         records.append(record)
     return records
+
+
+def _reductions(attrs: dict[str, Any]) -> list[str]:
+    """How a study's search was cut down from a full one (its ``--subset`` of the sequences, an
+    epoch bound or a patience below the defaults): its figures are not comparable with the
+    paper's."""
+    train, default = attrs.get("train", {}), TrainConfig()
+    out = []
+    if attrs.get("subset") is not None:
+        out.append(f"the first {attrs['subset']} sequences of each split")
+    for name in ("epochs", "patience"):
+        if train.get(name, getattr(default, name)) < getattr(default, name):
+            out.append(f"{name} {train[name]}")
+    return out
+
+
+def storage_grids(storage: str) -> list[str]:
+    """The grids of the search studies in ``storage``."""
+    return sorted({attrs["grid"] for attrs, _ in _grid_studies(storage, None)})
 
 
 def _journal(path: str | os.PathLike):

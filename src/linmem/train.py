@@ -20,6 +20,7 @@ The test split is scored once, at the end, on the checkpoint chosen on the valid
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -27,6 +28,7 @@ import pickle
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -73,9 +75,11 @@ from .models import (
     get_spec,
     model_names,
 )
+from .nn import cpu_kernel_path, use_cpu_kernel
 
 __all__ = [
     "BUDGET_FIELDS",
+    "CPU_KERNELS",
     "DIVERGENCE",
     "FROM_PROTOCOL",
     "LOSS_REDUCTIONS",
@@ -88,6 +92,7 @@ __all__ = [
     "CheckpointError",
     "NonFiniteOutputs",
     "Protocol",
+    "SilentDataWarning",
     "TrainConfig",
     "TrainingDiverged",
     "batch_updates",
@@ -116,6 +121,7 @@ SELECTIONS = ("acc", "acc_frame", "nll")
 # its weight decay nor of a gradient-norm clip: the paper's decay 1e-5 on "mean" is 8.8e-4 on
 # "frame". Logs and metrics report the NLL in nats per step either way.
 LOSS_REDUCTIONS = ("frame", "mean")
+CPU_KERNELS = ("auto", "best", "loop", "avx512", "avx2", "generic")  # TrainConfig.cpu_kernel
 DIVERGENCE = ("stop", "raise")  # TrainConfig.on_divergence
 # what bounds a run's length: --resume may change them; every other field is the run's identity
 BUDGET_FIELDS = ("epochs", "patience")
@@ -172,6 +178,10 @@ class _FromProtocol:
 FROM_PROTOCOL: Any = _FromProtocol()
 
 
+class SilentDataWarning(UserWarning):
+    """A split of the data holds no note: its accuracy is 100 % for a silent model."""
+
+
 class TrainingDiverged(RuntimeError):
     """The training loss, or the model's outputs on the validation sequences, became NaN or
     infinite."""
@@ -225,6 +235,12 @@ class TrainConfig:
     data_dir: str | None = None
     eval_batch_size: int = 64
     nonlinearity: str | None = None  # None: models.default_nonlinearity (selu for ulm/pret-lmn)
+    # the CPU path of the recurrences (CPU_KERNELS): "auto" the one measured fastest on this
+    # machine's first use (linmem._ext.cpu_path); "best" the best variant the CPU runs, chosen
+    # without timing (the same numbers for the same seed on this machine, whatever a timing
+    # said); "loop" the PyTorch loop; or a variant's name. Every path computes the same function
+    # in another order of floating-point operations: figures agree to rounding, not bit for bit
+    cpu_kernel: str = "auto"
     # pretraining (linmem.pretrain): ulm and pret-* models only
     k: int = 10  # past blocks of the unrolled network
     la_window: int | None = None  # None: k + 1 for pret-lmn, full length for pret-rnn; 0: full
@@ -256,6 +272,9 @@ class TrainConfig:
         for name in PROTOCOL_FIELDS:
             if getattr(self, name) is FROM_PROTOCOL:
                 setattr(self, name, getattr(PROTOCOLS[self.protocol], name))
+        if self.cpu_kernel not in CPU_KERNELS:
+            raise ValueError(f"cpu_kernel must be one of {list(CPU_KERNELS)}, "
+                             f"got {self.cpu_kernel!r}")
         if self.loss_reduction not in LOSS_REDUCTIONS:
             raise ValueError(f"loss_reduction must be one of {list(LOSS_REDUCTIONS)}, "
                              f"got {self.loss_reduction!r}")
@@ -634,7 +653,7 @@ def train(
     if not str(run_dir).strip():
         raise ValueError("the run directory must be named (an empty name is the current folder)")
     created = not Path(run_dir).exists()
-    with RunDirClaim(run_dir) as claim:
+    with RunDirClaim(run_dir) as claim, _kernel_choice(config.cpu_kernel):
         try:
             return _train(config, Path(run_dir), claim, resume, progress, data, on_epoch_end,
                           command, initialize)
@@ -644,6 +663,20 @@ def train(
             if created and Path(run_dir).is_dir() and not any(Path(run_dir).rglob("last.pt")):
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+
+
+def _kernel_choice(cpu_kernel: str):
+    """The ``with`` block in which the recurrences take ``cpu_kernel``'s CPU path
+    (:data:`CPU_KERNELS`; :func:`linmem.nn.use_cpu_kernel`)."""
+    if cpu_kernel == "auto":
+        return contextlib.nullcontext()
+    return use_cpu_kernel({"best": True, "loop": False}.get(cpu_kernel, cpu_kernel))
+
+
+def _recurrence_path(device: torch.device) -> str:
+    """What ran the recurrences: the CPU path (a kernel variant, or the PyTorch loop), or the
+    device's loop."""
+    return cpu_kernel_path() if device.type == "cpu" else f"loop ({device.type})"
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -708,6 +741,14 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     train_seqs = [s for s in data["train"] if len(s) >= 2]
     if not train_seqs:
         raise ValueError("the training split has no sequence of length >= 2")
+    silent = [split for split in ("train", "valid", "test")
+              if not any(np.asarray(seq).any() for seq in data[split])]
+    if silent:
+        warnings.warn(f"the {' and '.join(silent)} split{'s' if len(silent) > 1 else ''} of "
+                      f"{config.data} hold no note: a model that predicts silence scores 100 % "
+                      "there (frames silent in both truth and prediction count as correct, as "
+                      "in mir_eval); the accuracy says nothing of such a split",
+                      SilentDataWarning, stacklevel=3)
 
     model = build_run_model(config, train_seqs)
     if config.chunk is not None and not hasattr(model, "chunk_loss"):
@@ -837,6 +878,8 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
                      spent()[0], device),
         "data_digest": content_digest(data), "device": str(device),
         "step_seconds": _step_or_none(config),
+        # the order of the floating-point operations: a figure depends on it to rounding
+        "recurrence_path": _recurrence_path(device),
         "pretraining": _pretraining_record(run_dir),
         "units": "accuracies in percent (Bay et al. 2009, global, threshold 0.5 unless named), "
                  "NLL in nats per time step",
