@@ -163,3 +163,39 @@ def test_a_search_under_the_paper_protocol_has_its_own_studies_and_no_pruner():
     assert SearchConfig(base=TrainConfig(protocol="paper"), pruner="median").pruner == "median"
     assert study_name("jsb", "lmn-b", "paper") == "jsb-lmn-b-paper"  # the existing studies
     assert study_name("jsb", "lmn-b", "paper", "paper") == "jsb-lmn-b-paper@paper"
+
+
+def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_path, data_dir,
+                                                                           capsys):
+    """A storage holding both protocols' studies: each report sees its own; a paper study's
+    runs stop on the per-frame accuracy, its global column is selected on the global validation
+    accuracy and its per-frame column on the per-frame one, from the trials' own scores."""
+    from linmem.cli import main
+    from linmem.search import search_records
+
+    out = tmp_path / "s"
+    for protocol in ("linmem", "paper"):
+        main(["search", "--grid", "tiny", "--model", "lmn-b", "--subset", "6", "--epochs", "3",
+              "--protocol", protocol, "--data-dir", str(data_dir), "--out", str(out),
+              "--quiet"])
+    capsys.readouterr()
+    storage = f"sqlite:///{out / 'search.db'}"
+    ours, = search_records(storage, "tiny")
+    paper, = search_records(storage, "tiny", protocol="paper")
+    assert ours["study"] == "jsb-lmn-b-tiny" and "protocol" not in ours
+    assert paper["study"] == "jsb-lmn-b-tiny@paper" and paper["protocol"] == "paper"
+    assert len(search_records(storage, "tiny", protocol=None)) == 2
+    trials = paper["trials_run"]
+    assert len(trials) == 4 and all(t["valid_acc_frame"] is not None for t in trials)
+    best_global = max(trials, key=lambda t: (t["valid_acc"], -t["number"]))
+    best_frame = max(trials, key=lambda t: (t["valid_acc_frame"], -t["number"]))
+    assert paper["valid_acc"] == pytest.approx(best_global["valid_acc"])
+    assert paper["frame_selection"]["valid_acc_frame"] == pytest.approx(
+        best_frame["valid_acc_frame"])
+    for t in trials:  # each run kept the epoch of its best per-frame validation accuracy
+        run = out / "jsb-lmn-b-tiny@paper" / t["point"]
+        log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert metrics["best_epoch"] == max(log, key=lambda r: (r["valid_acc_frame"],
+                                                                -r["epoch"]))["epoch"]
+        assert json.loads((run / "config.json").read_text())["batch_size"] == 1

@@ -444,3 +444,36 @@ def test_a_reduced_search_is_marked_and_another_grid_is_suggested(tmp_path, data
     assert "¶" in ours and "**" not in ours, row
     assert "¶: from a reduced search (lmn-b on jsb: the first 6 sequences of each split, " \
            "epochs 2)" in table
+
+
+@pytest.mark.parametrize("command", ["plot", "generate", "import-midi", "train"])
+def test_a_read_only_folder_is_one_line_for_every_command(tmp_path, finished_run, data_dir, jsb,
+                                                          monkeypatch, command, capsys):
+    """Row 8: where a file cannot be created (read-only, no permission; injected at the
+    temporary file every write goes through, since root ignores permissions), each command
+    ends in one line naming the file and what to do, exit 1."""
+    import shutil
+    import tempfile
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    folder = _midi_folder(tmp_path / "mine", jsb["train"][:4]) if command == "import-midi" else None
+    target = tmp_path / "ro"
+    real = tempfile.mkstemp
+
+    def refuse(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() in (target.resolve(), run.resolve()):
+            raise PermissionError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    args = {"plot": ("plot", run),
+            "generate": ("generate", run, "--prime", "test:0", "--steps", "2", "--out",
+                         target / "a.mid"),
+            "import-midi": ("data", "import-midi", folder, "--out", target / "m.pickle"),
+            "train": ("train", *TINY, "--epochs", "3", "--resume", "--data-dir", data_dir,
+                      "--out", run)}[command]
+    code, _, err = run_cli(*args, capsys=capsys)
+    one_line(code, err, 1, "Read-only file system", "choose a folder you can write")
+    assert (str(target) if command in ("generate", "import-midi") else str(run)) in err
+    assert leftovers(tmp_path) == []

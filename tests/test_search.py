@@ -938,3 +938,18 @@ def test_a_worker_without_wait_leaves_live_workers_their_points_and_takes_over_t
     assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE
     assert time.monotonic() - started > config.grace_period
     assert study.get_trials()[trials[live].number].state == TrialState.RUNNING
+
+
+@pytest.mark.slow
+def test_the_documented_postgresql_url_works_with_the_extra(postgres_url):
+    """Issue 46, row 10: `--storage postgresql://...` as the README writes it (SQLAlchemy 2 maps
+    it to psycopg 3; the postgres extra installs psycopg2) opens the server and holds a study."""
+    from linmem.search import check_storage
+
+    plain = "postgresql://" + postgres_url.split("://", 1)[1]
+    url = check_storage(plain)
+    study = optuna.create_study(storage=make_storage(plain), study_name="documented-url",
+                                load_if_exists=True)
+    study.set_user_attr("ok", True)
+    assert optuna.load_study(study_name="documented-url", storage=url).user_attrs["ok"]
+    optuna.delete_study(study_name="documented-url", storage=url)

@@ -120,9 +120,14 @@ class atomic_write:
         self.mode = mode
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
-                                        suffix=".part")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
+                                            suffix=".part")
+        except OSError as err:  # read-only, no permission: name the file meant, not the temp
+            if err.errno is None:
+                raise
+            raise type(err)(err.errno, err.strerror, str(self.path)) from None
         self.file = os.fdopen(fd, self.mode)
         return self.file
 

@@ -271,6 +271,9 @@ _RUN_OPTIONS = (
 _storage_option = click.option(
     "--storage", default=None,
     help="Optuna storage URL of the search [default: sqlite:///runs/search/search.db].")
+_protocol_option = click.option(
+    "--protocol", type=click.Choice(list(PROTOCOLS)), default="linmem", show_default=True,
+    help="The studies trained under this protocol (linmem search --protocol).")
 _runs_root_option = click.option(
     "--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
     help="Folder the trials' run directories are relative to (where search ran).")
@@ -605,9 +608,10 @@ def _summary_files(paths: tuple[str, ...]) -> list[list[dict]]:
                    "their spread, a table of its own.")
 @click.option("--baseline", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The previous-frame baseline (`linmem baseline`'s JSON): a row of Table 2.")
+@_protocol_option
 def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                runs: tuple[str, ...], summaries: tuple[str, ...], seed_runs: tuple[str, ...],
-               baseline: str | None) -> None:
+               baseline: str | None, protocol: str) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     _needs_matplotlib("report (figure4.png)")
@@ -620,7 +624,7 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                            "pass --storage)")
     records = ([] if database is not None and not database.is_file() else
                search_records(_opened_storage(storage), None if grid == "all" else grid,
-                              runs_root))
+                              runs_root, protocol))
     # a study imported from another machine: what its run directories held, from the last report
     records = [with_selected_run_fields(r, Path(out) / "selected") if "test_acc" in r else r
                for r in records]
@@ -694,10 +698,11 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                    "another data set) on DATA, projected from RUN scaled by the data sets' "
                    "frames; left out once a run of that model on DATA is among --run.")
 @_max_retry_option
+@_protocol_option
 def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str, ...],
                  summaries: tuple[str, ...], out: str | None, plans: tuple[str, ...],
                  seed_plans: tuple[str, ...], run_plans: tuple[str, ...],
-                 max_retry: int | None) -> None:
+                 max_retry: int | None, protocol: str) -> None:
     """Where the searches stand: points done per study, the CPU hours their runs logged, the
     hours projected for the rest; nothing is run (safe beside running workers)."""
     import datetime
@@ -719,7 +724,7 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
         raise UsageFailure(f"no search database at {database} (pass --storage)")
     storage = _opened_storage(storage)
     studies = progress_records(storage, None if grid == "all" else grid, runs_root,
-                               MAX_RETRY if max_retry is None else max_retry)
+                               MAX_RETRY if max_retry is None else max_retry, protocol)
     for earlier in _summary_files(summaries):
         here = {(r["dataset"], r["model"]) for r in studies}
         for r in earlier:
@@ -740,7 +745,7 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
             raise UsageFailure(f"--plan {plan}: expected DATA:MODEL:GRID (or DATA:MODEL with a "
                                "--grid other than 'all')")
         try:
-            record = planned_record(*parts)
+            record = planned_record(*parts, protocol=protocol)
         except ValueError as err:
             raise UsageFailure(f"--plan {plan}: {err}") from None
         if not any((r["dataset"], r["model"], r["grid"]) ==
@@ -766,7 +771,7 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
             seeds = int(parts[3]) if len(parts) == 4 else 3
             done = sum(_finished_seed(Path(p), f"{data}-{model}") for p, _ in singles)
             studies.append(seeds_record(storage, data, model, plan_grid, seeds, done,
-                                        runs_root))
+                                        runs_root, protocol))
         except (ValueError, KeyError) as err:
             raise UsageFailure(f"--plan-seeds {plan}: {err}") from None
     made = set()  # (data set, model) of the single runs given, for --plan-run

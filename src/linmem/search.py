@@ -88,7 +88,8 @@ __all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "StorageError"
            "import_studies", "make_storage", "open_study", "planned_record", "planned_run_record",
            "point_seconds", "point_states", "progress_records", "project_points", "run_search",
            "run_worker", "search_records", "seeds_record", "select", "select_per_frame",
-           "sqlite_path", "storage_grids", "storage_url", "study_name", "trial_point"]
+           "sqlite_path", "storage_grids", "storage_url", "study_name", "study_protocol",
+           "trial_point"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 MAX_RETRY = 10  # a point whose worker died more often than this is failed (module docstring)
@@ -694,22 +695,32 @@ def run_search(config: SearchConfig, jobs: int = 1, command: str | None = None,
     return count_points(config)
 
 
-def select(study) -> tuple[Any, dict[str, int]] | None:
-    """The complete trial with the best validation score (accuracy, or minus the NLL when the
-    study selects on it; ties: the lower trial number), and
-    the counts of trials that were run (``complete``, ``pruned``, ``failed``); None when no trial
-    is complete. Test scores play no part."""
+def select(study, key: str | None = None) -> tuple[Any, dict[str, int]] | None:
+    """The complete trial with the best validation score (the trial's value: the accuracy its
+    runs select on, or minus the NLL; or the user attribute ``key``, such as ``valid_acc``;
+    ties: the lower trial number), and the counts of trials that were run (``complete``,
+    ``pruned``, ``failed``); None when no trial is complete. Test scores play no part."""
 
     trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in t.user_attrs]
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
                 and math.isfinite(t.value)]
-    counts = {"complete": len({trial_point(t) for t in complete}),
-              "pruned": len({trial_point(t) for t in trials if t.state == TrialState.PRUNED}),
-              "failed": len({trial_point(t) for t in trials if t.state == TrialState.FAIL
-                             and "error" in t.user_attrs})}
+    if key is not None:
+        complete = [t for t in complete if t.user_attrs.get(key) is not None]
+        return None if not complete else (
+            max(complete, key=lambda t: (t.user_attrs[key], -t.number)),
+            _trial_counts(trials, complete))
+    counts = _trial_counts(trials, complete)
     if not complete:
         return None
     return max(complete, key=lambda t: (t.value, -t.number)), counts
+
+
+def _trial_counts(trials: list, complete: list) -> dict[str, int]:
+    """Points complete, pruned and failed (with an error) among a study's ``trials``."""
+    return {"complete": len({trial_point(t) for t in complete}),
+            "pruned": len({trial_point(t) for t in trials if t.state == TrialState.PRUNED}),
+            "failed": len({trial_point(t) for t in trials if t.state == TrialState.FAIL
+                           and "error" in t.user_attrs})}
 
 
 def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any] | None:
@@ -738,18 +749,26 @@ def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any
             "test_acc_frame": u["test_acc_frame"], "run_dir": u.get("run_dir")}
 
 
-def _grid_studies(storage: str, grid: str | None) -> Iterator[tuple[dict[str, Any], Any]]:
-    """``(user attributes, study)`` of each search study of ``grid`` (None: every grid) in
-    ``storage``."""
+def study_protocol(attrs: dict[str, Any]) -> str:
+    """The training protocol of a study from its user attributes (a study made before protocols
+    were named trained under linmem's)."""
+    return attrs.get("train", {}).get("protocol", "linmem")
+
+
+def _grid_studies(storage: str, grid: str | None, protocol: str | None = None
+                  ) -> Iterator[tuple[dict[str, Any], Any]]:
+    """``(user attributes, study)`` of each search study of ``grid`` (None: every grid) trained
+    under ``protocol`` (None: any) in ``storage``."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for summary in optuna.get_all_study_summaries(storage):
         attrs = summary.user_attrs
-        if "grid" in attrs and (grid is None or attrs["grid"] == grid):
+        if "grid" in attrs and (grid is None or attrs["grid"] == grid) and (
+                protocol is None or study_protocol(attrs) == protocol):
             yield attrs, optuna.load_study(study_name=summary.study_name, storage=storage)
 
 
 def progress_records(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
-                     max_retry: int = MAX_RETRY) -> list[dict]:
+                     max_retry: int = MAX_RETRY, protocol: str | None = "linmem") -> list[dict]:
     """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
     points by state and the CPU seconds its points' runs logged (:func:`linmem.report.
     run_cpu_seconds`: one thread per run), and the seconds its points left would take
@@ -761,7 +780,7 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
 
     here = machine()["cpu"]
     records = []
-    for attrs, study in _grid_studies(storage, grid):
+    for attrs, study in _grid_studies(storage, grid, protocol):
         points = grid_points(attrs["model"], attrs["grid"])
         states = point_states(study, points, max_retry)
         seconds = dict.fromkeys(points, 0.0)
@@ -800,7 +819,8 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
 
 
 def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
-                 done: int = 0, runs_root: str | os.PathLike = ".") -> dict:
+                 done: int = 0, runs_root: str | os.PathLike = ".",
+                 protocol: str = "linmem") -> dict:
     """The progress record of the seeds still to run (``seeds - done``, ``linmem reseed``) of a
     study's selected configuration, each projected at the selected run's CPU seconds and, when
     that run read its unrolled network from the cache, the network's own (a seed trains its
@@ -810,7 +830,7 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
     trial: one thread per run, an upper bound of its CPU time). Their logged time is the seed
     runs' (``linmem progress --run``), not counted here."""
     data = resolve_name(data)
-    name = study_name(data, model, grid)
+    name = study_name(data, model, grid, protocol)
     todo = max(seeds - done, 0)
     try:
         chosen = select(optuna.load_study(study_name=name, storage=storage)) if todo else None
@@ -863,7 +883,7 @@ def planned_run_record(data: str, run: str | os.PathLike) -> dict:
             "left_cpu_s": per}
 
 
-def planned_record(data: str, model: str, grid: str) -> dict:
+def planned_record(data: str, model: str, grid: str, protocol: str = "linmem") -> dict:
     """The progress record (:func:`progress_records`) of a study not created yet: every point of
     ``grid`` to do. Its cost is then projected like any other's (:func:`project_points`), so that
     the projection covers the searches still to start, not only those under way."""
@@ -871,7 +891,7 @@ def planned_record(data: str, model: str, grid: str) -> dict:
     data = resolve_name(data)
     get_spec(model)  # a clear error for an unknown model
     n = len(grid_points(model, grid))
-    return {"study": f"{study_name(data, model, grid)} (planned)", "dataset": data,
+    return {"study": f"{study_name(data, model, grid, protocol)} (planned)", "dataset": data,
             "model": model, "grid": grid, "grid_points": n, "states": {"todo": n}, "cpu_s": 0.0,
             "finished_cpu_s": [], "running_cpu_s": [], "todo": n, "points_from_trials": 0}
 
@@ -962,17 +982,23 @@ def _trial_seconds(trial) -> float:
 
 
 def search_records(storage: str, grid: str | None = None,
-                   runs_root: str | os.PathLike = ".") -> list[dict[str, Any]]:
-    """One record per study in ``storage`` (of ``grid``, or every grid): the configuration
-    selected on validation with its test scores, the coverage of the grid, and every trial that
-    was run (points, states and validation accuracies only: no test score but the selected one).
-    Fields a trial did not store (``command``, the per-frame accuracies) are read from its run's
-    ``metrics.json`` under ``runs_root`` when that is there.
+                   runs_root: str | os.PathLike = ".", protocol: str | None = "linmem"
+                   ) -> list[dict[str, Any]]:
+    """One record per study in ``storage`` (of ``grid``, or every grid; trained under
+    ``protocol``, None: any): the configuration selected on validation with its test scores, the
+    coverage of the grid, and every trial that was run (points, states and validation
+    accuracies only: no test score but the selected one). Fields a trial did not store
+    (``command``, the per-frame accuracies) are read from its run's ``metrics.json`` under
+    ``runs_root`` when that is there. A study whose runs select their epoch on the per-frame
+    accuracy (the ``paper`` protocol) has its global column selected on the global validation
+    accuracy all the same, and its per-frame column (``frame_selection``) on the per-frame.
     """
 
     records = []
-    for attrs, study in _grid_studies(storage, grid):
-        on_acc = attrs.get("train", {}).get("select", "acc") == "acc"
+    for attrs, study in _grid_studies(storage, grid, protocol):
+        selects = attrs.get("train", {}).get("select", "acc")
+        on_acc = selects == "acc"
+        on_frame = selects == "acc_frame"
         points = grid_points(attrs["model"], attrs["grid"])
         states = point_states(study, points)
         trials = []
@@ -984,6 +1010,8 @@ def search_records(storage: str, grid: str | None = None,
                            "memory": p.memory, "weight_decay": p.weight_decay,
                            "state": t.state.name.lower(),
                            "valid_acc": t.value if on_acc else t.user_attrs.get("valid_acc"),
+                           **({"valid_acc_frame": t.user_attrs.get("valid_acc_frame")}
+                              if on_frame else {}),
                            "valid_nll": t.user_attrs.get("valid_nll"),
                            "best_intermediate_valid_acc": (
                                max(t.intermediate_values.values(), default=None) if on_acc
@@ -999,13 +1027,15 @@ def search_records(storage: str, grid: str | None = None,
             "study": study.study_name, "dataset": attrs["data"], "model": attrs["model"],
             "grid": attrs["grid"], "subset": attrs.get("subset"),
             "reduced": _reductions(attrs),
-            "selected_on": "valid acc" if on_acc else "valid nll",
+            "selected_on": "valid nll" if selects == "nll" else "valid acc",
+            **({"protocol": study_protocol(attrs)} if study_protocol(attrs) != "linmem"
+               else {}),
             "grid_points": len(points), "points_done": sum(s == "done" for s in states.values()),
             "points_failed": sum(s == "failed" for s in states.values()),
             "grid_complete": all(s in ("done", "failed") for s in states.values()),
             "trials_run": trials}
-        chosen = select(study)
-        if chosen is not None and on_acc:  # the per-frame column's own selection
+        chosen = select(study, "valid_acc" if on_frame else None)
+        if chosen is not None and (on_acc or on_frame):  # the per-frame column's own selection
             record["frame_selection"] = select_per_frame(study, runs_root)
         if chosen is not None:
             best, counts = chosen
