@@ -341,3 +341,28 @@ def test_truncated_equals_a_smaller_fit():
     np.testing.assert_allclose(cut.encode(seqs[0]), small.encode(seqs[0]), atol=1e-10)
     with pytest.raises(ValueError, match="n_components"):
         big.truncated(13)
+
+
+def test_the_fft_follows_the_thread_policy(monkeypatch):
+    """The randomized solver's FFTs use torch's thread count (a search worker's share of the
+    CPUs), not every CPU of the machine (issue 47)."""
+    import scipy.fft
+    import torch
+
+    seen = []
+    real = scipy.fft.rfft
+
+    def rfft(*args, workers=None, **kwargs):
+        seen.append(workers)
+        return real(*args, workers=workers, **kwargs)
+
+    monkeypatch.setattr(scipy.fft, "rfft", rfft)
+    rng = np.random.default_rng(0)
+    seqs = [rng.standard_normal((30, 4)) for _ in range(3)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        LinearAutoencoder(3, solver="randomized").fit(seqs)
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}

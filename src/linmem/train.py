@@ -519,24 +519,23 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
         return torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise
-    except Exception as err:  # truncated, empty or foreign files fail in many ways
+    except pickle.UnpicklingError:  # torch's weights-only unpickler refused an object
+        raise CheckpointError(f"{path}: unreadable checkpoint (it holds objects other than "
+                              "tensors, numbers and strings: not a checkpoint written by "
+                              "linmem, and not loaded, since that could run code)") from None
+    except Exception as err:  # truncated, empty or damaged files fail in many ways
         raise CheckpointError(f"{path}: unreadable checkpoint ({_checkpoint_fault(path, err)})"
                               ) from None
 
 
 def _checkpoint_fault(path: str | Path, err: Exception) -> str:
-    """What is wrong with a checkpoint that ``torch.load(weights_only=True)`` refused, in a few
-    words; never torch's advice to load it unsafely (``weights_only=False`` runs any code the
-    file holds)."""
+    """What is wrong with a checkpoint that ``torch.load`` could not read, in a few words (never
+    torch's advice to load it with ``weights_only=False``)."""
     try:
-        size = os.path.getsize(path)
+        if os.path.getsize(path) == 0:
+            return "the file is empty"
     except OSError:
-        size = None
-    if size == 0:
-        return "the file is empty"
-    if isinstance(err, pickle.UnpicklingError) or "weights only" in str(err).lower():
-        return ("it holds objects other than tensors, numbers and strings: not a checkpoint "
-                "written by linmem, and not loaded (that could run code)")
+        pass
     return ("the file is truncated or damaged (a copy cut short, or a disk that filled while "
             f"it was written); {type(err).__name__}")
 
