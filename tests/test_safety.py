@@ -264,7 +264,7 @@ def test_damaged_run_files_are_named_without_unsafe_advice(tmp_path, finished_ru
     shutil.copytree(finished_run, run)
     torch.save({"model": Path("x")}, run / "best.pt")  # an object, not tensors: refused
     code, _, err = run_cli("evaluate", run, capsys=capsys)
-    one_line(code, err, 2, "best.pt", "not a checkpoint written by linmem")
+    one_line(code, err, 2, "best.pt", "not written by linmem")
     assert "weights_only" not in err
     data = (finished_run / "best.pt").read_bytes()
     (run / "best.pt").write_bytes(data[: len(data) // 2])

@@ -66,8 +66,8 @@ def read_midi(path: str | os.PathLike) -> pretty_midi.PrettyMIDI:
     except Exception as err:  # mido and pretty_midi raise many kinds (EOFError, KeyError, ...)
         why = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         if isinstance(err, EOFError) or not why:
-            why = "the file ends early (truncated or empty)" + (f": {why}" if why else "")
-        raise DataError(f"{path}: not a readable MIDI file ({why})") from None
+            why = "the file ends early: truncated or empty"
+        raise DataError(f"{path}: not a readable MIDI file: {why}") from None
 
 
 def notes_outside(midi: pretty_midi.PrettyMIDI) -> int:

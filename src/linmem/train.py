@@ -520,11 +520,11 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
     except FileNotFoundError:
         raise
     except pickle.UnpicklingError:  # torch's weights-only unpickler refused an object
-        raise CheckpointError(f"{path}: unreadable checkpoint (it holds objects other than "
-                              "tensors, numbers and strings: not a checkpoint written by "
-                              "linmem, and not loaded, since that could run code)") from None
+        raise CheckpointError(f"{path}: unreadable checkpoint: it holds objects other than "
+                              "tensors, numbers and strings, so it was not written by linmem "
+                              "and is not loaded (that could run code)") from None
     except Exception as err:  # truncated, empty or damaged files fail in many ways
-        raise CheckpointError(f"{path}: unreadable checkpoint ({_checkpoint_fault(path, err)})"
+        raise CheckpointError(f"{path}: unreadable checkpoint: {_checkpoint_fault(path, err)}"
                               ) from None
 
 
@@ -536,8 +536,8 @@ def _checkpoint_fault(path: str | Path, err: Exception) -> str:
             return "the file is empty"
     except OSError:
         pass
-    return ("the file is truncated or damaged (a copy cut short, or a disk that filled while "
-            f"it was written); {type(err).__name__}")
+    return ("the file is truncated or damaged, as a copy cut short or a disk that filled while "
+            f"it was written leave it ({type(err).__name__})")
 
 
 def _save_torch(obj: Any, path: Path) -> None:
