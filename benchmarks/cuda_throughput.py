@@ -4,7 +4,7 @@ Side by side in one run, on random piano-roll-like sequences of ``--steps`` step
 second of training (forward, masked next-step NLL, backward, Adam step) and of inference for
 
 - ``lmn``: the LMN-B predictor on ``--device`` (on CUDA its recurrence is the PyTorch loop of
-  ``linmem.nn._Recurrence``: one small kernel launch per product and step);
+  the ``linmem::lmn_scan`` operator (``linmem.ops``): one small kernel launch per product and step);
 - ``naive-loop``: the same LMN as the straightforward per-step autograd loop
   (``throughput.NaiveLMN``), on the same device;
 - ``rnn``, ``lstm``, ``gru``: ``torch.nn.RNN``/``LSTM``/``GRU`` (cuDNN's fused kernels on

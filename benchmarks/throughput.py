@@ -94,8 +94,8 @@ class NaiveLMN(_Wrapped):
 
 class PathLMN(_Wrapped):
     """``model`` with its recurrence forced onto one CPU path: a variant of the compiled kernel
-    (``"avx2"``, ...) or, with ``False``, the PyTorch loop of ``linmem.nn._Recurrence`` (forward
-    and backward). Shares the parameters."""
+    (``"avx2"``, ...) or, with ``False``, the PyTorch loop of the ``linmem::lmn_scan``
+    operator (``linmem.ops``; forward and backward). Shares the parameters."""
 
     def __init__(self, model: nn.Module, path: str | bool):
         super().__init__()

@@ -12,6 +12,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_sequence, pad_packed_sequenc
 
 from linmem import LMN, LMNCell, _ext
 from linmem import nn as lmn_nn
+from linmem import ops as lmn_ops
 from linmem._io import cpu_description
 from linmem.nn import lmn_recurrence, use_cpu_kernel
 
@@ -488,8 +489,8 @@ def test_kernel_switch_and_fallback(monkeypatch):
     """``use_cpu_kernel(False)`` runs the PyTorch loop; an unbuildable kernel warns once and
     falls back; ``LINMEM_CPU_KERNEL=0`` disables it."""
     calls = []
-    loop = lmn_nn._loop_forward
-    monkeypatch.setattr(lmn_nn, "_loop_forward", lambda *a: calls.append(1) or loop(*a))
+    loop = lmn_ops._loop_forward
+    monkeypatch.setattr(lmn_ops, "_loop_forward", lambda *a: calls.append(1) or loop(*a))
     ops = kernel_case(3, 2, 4, 5, torch.float64, 5)
     lmn_recurrence(*ops)
     assert calls == []
@@ -573,13 +574,13 @@ def test_measurement_times_the_paths_in_turns(monkeypatch):
     """Each round times every path once (a burst of load from another process slows them alike,
     not the one path timed then), after a round that warms them up and is not counted."""
     order = []
-    recurrence = lmn_nn.lmn_recurrence
+    recurrence = lmn_ops.lmn_scan
 
     def recorded(*args, **kwargs):
-        order.append(lmn_nn._path_override)
+        order.append(lmn_ops._path_override)
         return recurrence(*args, **kwargs)
 
-    monkeypatch.setattr(lmn_nn, "lmn_recurrence", recorded)
+    monkeypatch.setattr(lmn_ops, "lmn_scan", recorded)
     rec = lmn_nn.measure_cpu_paths(VARIANTS, repeats=2)
     paths = [*VARIANTS, "loop"]
     assert order == paths * 3 * 2  # three rounds, two sizes

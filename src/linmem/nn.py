@@ -20,12 +20,9 @@ PyTorch ops; :func:`use_cpu_kernel` chooses between them.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import re
-import time
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +30,19 @@ from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from linmem._check import check_int
-from linmem._ext import LOOP, cpu_path, kernel_variants, load_cpu_kernel
+from linmem.ops import (
+    _KERNEL_CODES,
+    SELU_ALPHA,
+    SELU_SCALE,
+    _batch_major,
+    _eager,
+    _kernel_for,
+    _rows,
+    cpu_kernel_path,
+    lmn_scan,
+    measure_cpu_paths,
+    use_cpu_kernel,
+)
 
 __all__ = [
     "LMN",
@@ -51,126 +60,9 @@ __all__ = [
 
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}
 NONLINEARITIES = tuple(_FUNCTIONS)
-_SELU_SCALE, _SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
 _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
 
 State = Tensor | tuple[Tensor | None, Tensor] | None
-
-_KERNEL_CODES = {"tanh": 0, "relu": 1, "selu": 2}  # csrc/lmn_kernel_api.h's Nonlinearity
-_path_override: str | None = None  # set by use_cpu_kernel
-
-
-@contextlib.contextmanager
-def use_cpu_kernel(enabled: bool | str | None = True) -> Iterator[None]:
-    """Choose the CPU path of the recurrence inside the ``with`` block: ``True`` the compiled
-    kernel (the best variant this CPU runs), ``False`` the PyTorch loop, a variant's name
-    (``"avx512"``, ``"avx2"``, ``"generic"``; :func:`linmem._ext.kernel_variants`) that variant,
-    ``None`` the automatic choice (:func:`linmem._ext.cpu_path`). All compute the same function
-    (tested); the switch is process-wide, for comparisons and benchmarks."""
-    global _path_override
-    if enabled is True:
-        variants = kernel_variants()
-        path = variants[0] if variants else LOOP
-    elif enabled is False:
-        path = LOOP
-    elif enabled is None or enabled in kernel_variants():
-        path = enabled
-    else:
-        raise ValueError(f"unknown or unsupported kernel variant {enabled!r}; this CPU runs "
-                         f"{kernel_variants()}")
-    previous, _path_override = _path_override, path
-    try:
-        yield
-    finally:
-        _path_override = previous
-
-
-def _eager(fn):
-    """``fn``, run as it is under ``torch.compile`` (a graph break there; 1-2 us per call
-    otherwise): the recurrences' autograd functions, their compiled kernel, its one-time build
-    and path measurement (``lru_cache``) are not for dynamo to trace."""
-    return functools.wraps(fn)(torch.compiler.disable(fn))
-
-
-def cpu_kernel_path() -> str:
-    """The path the recurrences take on the CPU now: a kernel variant's name or ``"loop"``
-    (:func:`use_cpu_kernel`'s choice inside its block, else :func:`linmem._ext.cpu_path`'s)."""
-    path = _path_override or cpu_path(measure_cpu_paths)
-    return path if path == LOOP or load_cpu_kernel() is not None else LOOP
-
-
-@_eager
-def _kernel_for(x: Tensor):
-    """``(module, variant)`` when the compiled kernel runs ``x`` (CPU, float32/float64), else
-    ``None`` (the PyTorch loop)."""
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
-        return None
-    path = _path_override or cpu_path(measure_cpu_paths)
-    module = load_cpu_kernel() if path != LOOP else None
-    return None if module is None else (module, path)
-
-
-def measure_cpu_paths(variants: list[str], repeats: int = 5) -> dict:
-    """Time the recurrence's forward and backward (float32, this process's thread count)
-    through every kernel variant and the PyTorch loop on a small and a large layer, best of
-    ``repeats`` taken in turns (each round times every path once, after a round that warms them
-    up: a burst of load from other processes slows the paths alike rather than the one timed
-    then); with one thread the time is the process's CPU time, which the other processes'
-    share of the cores does not count, else the wall time. The choice is the fastest variant
-    that beats the loop at both sizes, else the loop. Used once per machine by
-    :func:`linmem._ext.cpu_path`; takes about a second."""
-    with torch.inference_mode(False), torch.enable_grad():  # whatever context asked first
-        return _measure_cpu_paths(variants, repeats)
-
-
-_PATH_PROBLEMS = {"small": (32, 8, 50, 50), "large": (32, 32, 250, 250)}  # steps, batch, H, M
-
-
-def _path_problem(steps: int, batch: int, hidden: int, memory: int) -> list[Tensor]:
-    """The arguments of :func:`lmn_recurrence` that :func:`measure_cpu_paths` times (seeded,
-    requiring gradients)."""
-    g = torch.Generator().manual_seed(0)
-    ops = [torch.randn(steps, batch, hidden, generator=g), torch.zeros(batch, memory),
-           torch.randn(hidden, memory, generator=g) * memory ** -0.5,
-           torch.randn(memory, hidden, generator=g) * 0.5 * hidden ** -0.5,
-           torch.randn(memory, memory, generator=g) * 0.5 * memory ** -0.5,
-           torch.zeros(memory)]
-    return [t.requires_grad_() for t in ops]
-
-
-def _measure_cpu_paths(variants: list[str], repeats: int) -> dict:
-    problems = _PATH_PROBLEMS
-    seconds: dict[str, dict[str, float]] = {}
-    threads = torch.get_num_threads()
-    clock = time.process_time if threads == 1 else time.perf_counter
-    for size, shape in problems.items():
-        ops = _path_problem(*shape)
-        best = dict.fromkeys((*variants, LOOP), math.inf)
-        for round_ in range(repeats + 1):  # round 0 warms the buffers up
-            for path in best:
-                with use_cpu_kernel(path if path != LOOP else False):
-                    start = clock()
-                    hs, ms, _, _ = lmn_recurrence(*ops)
-                    torch.autograd.grad((hs.sum(), ms.sum()), ops)
-                    elapsed = clock() - start
-                if round_:
-                    best[path] = min(best[path], elapsed)
-        for path, value in best.items():
-            seconds.setdefault(path, {})[size] = value
-    speedup = {v: min(seconds[LOOP][s] / seconds[v][s] for s in problems) for v in variants}
-    fastest = max(variants, key=speedup.get)
-    return {"choice": fastest if speedup[fastest] >= 1.0 else LOOP,
-            "speedup_over_loop": speedup, "seconds": seconds,
-            "problems": {k: dict(zip(("steps", "batch", "hidden", "memory"), v, strict=True))
-                         for k, v in problems.items()},
-            "threads": threads, "clock": "cpu" if threads == 1 else "wall",
-            "torch": torch.__version__}
-
-
-def _rows(t: Tensor | None) -> Tensor | None:
-    """``t`` with a contiguous last dimension (the kernel's only layout requirement)."""
-    return t if t is None or t.stride(-1) == 1 else t.contiguous()
-
 
 def _check_nonlinearity(name: str) -> None:
     if name not in NONLINEARITIES:
@@ -252,162 +144,6 @@ def _reset_layer(weights: dict[str, Tensor | None], input_size: int, hidden_size
                 nn.init.zeros_(weights[name])
 
 
-def _batch_major(steps: Tensor) -> bool:
-    """Whether a ``(T, B, n)`` tensor is a view of ``(B, T, n)`` memory (``batch_first``)."""
-    return steps.shape[1] > 1 and steps.transpose(0, 1).is_contiguous()
-
-
-def _new_steps(like: Tensor, width: int, batch_major: bool) -> Tensor:
-    """An uninitialised ``(T, B, width)`` buffer, stored ``(B, T, width)`` when ``batch_major``."""
-    steps, batch = like.shape[:2]
-    if batch_major:
-        return like.new_empty(batch, steps, width).transpose(0, 1)
-    return like.new_empty(steps, batch, width)
-
-
-def _flat(steps: Tensor, batch_major: bool) -> Tensor:
-    """``(T, B, n)`` -> ``(T * B, n)`` in memory order, a view for buffers of :func:`_new_steps`."""
-    return (steps.transpose(0, 1) if batch_major else steps).reshape(-1, steps.shape[2])
-
-
-def _lagged_product(g: Tensor, ms: Tensor, m0: Tensor, batch_major: bool) -> Tensor:
-    """``sum_t g_t^T m_{t-1}`` with ``m_{-1} = m0``: large products over all steps at once.
-
-    In memory order the row before ``(t, b)`` is ``(t - 1, b)`` for time-major buffers (shift by
-    ``B`` rows); for batch-major ones it is ``(t - 1, b)`` except at ``t = 0``, where it is the
-    last step of sequence ``b - 1``: those ``B - 1`` pairs are subtracted again.
-    """
-    steps, batch = g.shape[:2]
-    out = g[0].t() @ m0
-    if steps == 1:
-        return out
-    gf, mf = _flat(g, batch_major), _flat(ms, batch_major)
-    if batch_major:
-        out += gf[1:].t() @ mf[:-1]
-        out -= g[0, 1:].t() @ ms[-1, :-1]
-    else:
-        out += gf[batch:].t() @ mf[:-batch]
-    return out
-
-
-class _Recurrence(torch.autograd.Function):
-    """Eqs. (6)-(7) over all steps, with an explicit backward through time.
-
-    Forward, per step: ``a_t = x_proj_t + m_{t-1} W^mh^T``, ``h_t = sigma(a_t)``, ``m_t = b^m +
-    m_{t-1} W^mm^T + h_t W^hm^T``, as in-place products into buffers laid out like ``x_proj``
-    (time- or batch-major), so that nothing is copied before the readout. Backward, per step:
-    ``dm_t`` (from the output and from step ``t + 1``), ``da_t = (dm_t W^hm + dh_t) * sigma'``,
-    ``dm_{t-1} = [da_t, dm_t] [W^mh; W^mm]``; the weight gradients are then large products over
-    all steps at once.
-    """
-
-    @staticmethod
-    def forward(ctx, x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity):
-        hidden = x_proj.shape[2]
-        memory = m0.shape[1]
-        batch_major = _batch_major(x_proj)
-        hs = _new_steps(x_proj, hidden, batch_major)
-        ms = _new_steps(x_proj, memory, batch_major)  # m_1 .. m_T
-        kernel = _kernel_for(x_proj)
-        if kernel is not None:
-            module, variant = kernel
-            module.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm,
-                           bias_m.contiguous(), _KERNEL_CODES[nonlinearity], hs, ms, variant)
-        else:
-            _loop_forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity,
-                          hs, ms)
-        ctx.nonlinearity, ctx.batch_major, ctx.kernel = nonlinearity, batch_major, kernel
-        if x_proj.shape[1] == 0:  # shapes of the (zero) gradients of an empty batch
-            ctx.x_like, ctx.bias_like = x_proj.detach(), bias_m.detach()
-        ctx.save_for_backward(m0, hs, ms, weight_mh, weight_hm, weight_mm)
-        ctx.set_materialize_grads(False)
-        return hs, ms
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_hs, grad_ms):
-        m0, hs, ms, weight_mh, weight_hm, weight_mm = ctx.saved_tensors
-        _, batch, hidden = hs.shape
-        memory = ms.shape[2]
-        if batch == 0:  # nothing flows back; torch.nn.RNN allows an empty batch too
-            need = ctx.needs_input_grad
-            zeros = [torch.zeros_like(t) if n else None for t, n in zip(
-                (ctx.x_like, m0, weight_mh, weight_hm, weight_mm, ctx.bias_like), need[:6],
-                strict=True)]
-            return (*zeros, None)
-        batch_major = ctx.batch_major
-        # grads[t] = [dL/da_t, dL/dm_t]: a_t the pre-activation of h_t, m_t = ms[t]
-        grads = _new_steps(hs, hidden + memory, batch_major)
-        grad_m0 = hs.new_empty(batch, memory)
-        if ctx.kernel is not None:  # the backward runs where the forward ran
-            module, variant = ctx.kernel
-            module.backward(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm, weight_mm,
-                            _KERNEL_CODES[ctx.nonlinearity], grads, grad_m0, variant)
-        else:
-            _loop_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm,
-                           ctx.nonlinearity, grads, grad_m0)
-        need = ctx.needs_input_grad
-        flat = _flat(grads, batch_major)
-        d_m = flat[:, hidden:]
-        d_cat = _lagged_product(grads, ms, m0, batch_major) if need[2] or need[4] else None
-        return (
-            grads[..., :hidden] if need[0] else None,
-            grad_m0 if need[1] else None,
-            d_cat[:hidden] if need[2] else None,
-            d_m.t() @ _flat(hs, batch_major) if need[3] else None,
-            d_cat[hidden:] if need[4] else None,
-            d_m.sum(0) if need[5] else None,
-            None,
-        )
-
-
-def _loop_forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity, hs, ms):
-    """The forward loop of :class:`_Recurrence` in PyTorch ops (CUDA, other dtypes)."""
-    w_mh_t, w_mm_t, w_hm_t = (w.t().contiguous() for w in (weight_mh, weight_mm, weight_hm))
-    m = m0
-    for x_t, h_t, m_t in zip(x_proj.unbind(0), hs.unbind(0), ms.unbind(0), strict=True):
-        torch.addmm(x_t, m, w_mh_t, out=h_t)
-        if nonlinearity == "tanh":
-            h_t.tanh_()                                                   # (6)
-        elif nonlinearity == "relu":
-            h_t.clamp_min_(0.0)
-        else:
-            torch.selu_(h_t)
-        torch.addmm(bias_m, m, w_mm_t, out=m_t).addmm_(h_t, w_hm_t)       # (7)
-        m = m_t
-
-
-def _loop_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonlinearity, grads,
-                   grad_m0):
-    """The backward loop of :class:`_Recurrence` in PyTorch ops: fills ``grads`` and
-    ``grad_m0``."""
-    steps, hidden = hs.shape[0], hs.shape[2]
-    w_bwd = torch.cat([weight_mh, weight_mm], 0)  # (H + M, M)
-    if grad_ms is None:
-        grads[-1, :, hidden:] = 0
-    else:
-        grads[-1, :, hidden:] = grad_ms[-1]
-    g_t, h_t = grads.unbind(0), hs.unbind(0)
-    for t in range(steps - 1, -1, -1):
-        da, dm = g_t[t][:, :hidden], g_t[t][:, hidden:]
-        if grad_hs is None:
-            torch.mm(dm, weight_hm, out=da)
-        else:
-            torch.addmm(grad_hs[t], dm, weight_hm, out=da)
-        if nonlinearity == "tanh":  # da *= 1 - h_t^2, in one kernel
-            torch.ops.aten.tanh_backward.grad_input(da, h_t[t], grad_input=da)
-        elif nonlinearity == "relu":
-            da.masked_fill_(h_t[t] <= 0, 0.0)
-        else:  # selu' = scale for h > 0, h + scale * alpha below
-            da.mul_(torch.where(h_t[t] > 0, _SELU_SCALE, h_t[t] + _SELU_SCALE * _SELU_ALPHA))
-        if t == 0:
-            torch.mm(g_t[0], w_bwd, out=grad_m0)
-        elif grad_ms is None:
-            torch.mm(g_t[t], w_bwd, out=g_t[t - 1][:, hidden:])
-        else:
-            torch.addmm(grad_ms[t - 1], g_t[t], w_bwd, out=g_t[t - 1][:, hidden:])
-
-
 def _time_major_linear(seq: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``seq W^T + b`` for a ``(T, B, F)`` sequence, computed in ``seq``'s memory order so that
     a batch-first input is neither copied nor transposed in memory."""
@@ -416,7 +152,6 @@ def _time_major_linear(seq: Tensor, weight: Tensor, bias: Tensor | None) -> Tens
     return nn.functional.linear(seq, weight, bias)
 
 
-@_eager
 def lmn_recurrence(
     x_proj: Tensor,
     m0: Tensor,
@@ -427,7 +162,7 @@ def lmn_recurrence(
     nonlinearity: str = "tanh",
     lengths: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Run eqs. (6)-(7) over time (the fast path: see :class:`_Recurrence`).
+    """Run eqs. (6)-(7) over time (the fast path: the operator :func:`linmem.ops.lmn_scan`).
 
     Args:
         x_proj: ``(T, B, H)``, the input term ``W^xh x_t + b^h`` for every step.
@@ -448,8 +183,7 @@ def lmn_recurrence(
                 x_proj.new_zeros(batch, hidden), m0)
     if bias_m is None:
         bias_m = x_proj.new_zeros(weight_hm.shape[0])
-    hs, ms = _Recurrence.apply(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m,
-                               nonlinearity)
+    hs, ms = lmn_scan(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity)
     if lengths is None:
         return hs, ms, hs[-1], ms[-1]
     index = torch.arange(batch, device=x_proj.device)
@@ -749,7 +483,7 @@ def activation_slope(h: Tensor, nonlinearity: str) -> Tensor:
         return 1 - h * h
     if nonlinearity == "relu":
         return (h > 0).to(h.dtype)
-    return torch.where(h > 0, _SELU_SCALE, h + _SELU_SCALE * _SELU_ALPHA)
+    return torch.where(h > 0, SELU_SCALE, h + SELU_SCALE * SELU_ALPHA)
 
 
 def _lmn_layers(state: dict[str, Tensor]) -> list[dict[str, Tensor]]:
@@ -788,7 +522,7 @@ def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float
     one, and the state can grow geometrically along a sequence. A tanh LMN's ``|h| <= 1`` keeps
     its memory bounded while ``rho(W^mm) < 1`` whatever this gain."""
     _check_nonlinearity(nonlinearity)
-    slope = _SELU_SCALE if nonlinearity == "selu" else 1.0
+    slope = SELU_SCALE if nonlinearity == "selu" else 1.0
     return [_spectral_radius(w["weight_mm"] + slope * w["weight_hm"] @ w["weight_mh"])
             for w in _lmn_layers(state)]
 

@@ -42,16 +42,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .nn import (
-    _KERNEL_CODES,
-    _autocast_enabled,
-    _eager,
-    _kernel_for,
-    _lagged_product,
-    _rows,
-    _to_dtype,
-    activation_slope,
-)
+from .nn import _autocast_enabled, _to_dtype, activation_slope
+from .ops import _KERNEL_CODES, _eager, _kernel_for, _lagged_product, _rows
 
 __all__ = ["GRU", "LSTM", "RNN", "as_torch", "gru_recurrence", "lstm_recurrence",
            "rnn_recurrence"]
