@@ -4,8 +4,8 @@ in the code, such as the compiled kernel's layout of its packed weights.
 
 Each round runs one process per tree, in turn (``PYTHONPATH=TREE/src``; each builds or reuses
 its own kernel); a process times forward, masked NLL and backward of LMN-B at each size, batch
-4, sequences of 256 steps, for ``--min-time`` seconds after a warm-up, and prints frames per
-second. The median over rounds is reported, with each tree's commit.
+``--batch`` (4), sequences of 256 steps, for ``--min-time`` seconds after a warm-up, and prints
+frames per second. The median over rounds is reported, with each tree's commit.
 
     OMP_NUM_THREADS=1 python benchmarks/ab_trees.py --trees ../tree-old . \\
         --json results/speed/ab_trees.json
@@ -26,9 +26,9 @@ INNER = """
 import json, sys, time, torch
 from linmem.data import collate
 from linmem.models import build_model
-sizes, min_time = json.loads(sys.argv[1]), float(sys.argv[2])
+sizes, min_time, n_seqs = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 g = torch.Generator().manual_seed(1)
-batch = collate([(torch.rand(257, 88, generator=g) < 0.1).float().numpy() for _ in range(4)])
+batch = collate([(torch.rand(257, 88, generator=g) < 0.1).float().numpy() for _ in range(n_seqs)])
 rates = {}
 for hidden, memory in sizes:
     torch.manual_seed(0)
@@ -39,7 +39,7 @@ for hidden, memory in sizes:
         model.zero_grad()
         model.training_loss(batch).backward()
         n += 1
-    rates[f"{hidden}x{memory}"] = 4 * 256 * n / (time.perf_counter() - t0)
+    rates[f"{hidden}x{memory}"] = n_seqs * 256 * n / (time.perf_counter() - t0)
 print(json.dumps(rates))
 """
 
@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["250x250", "250x500"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-time", type=float, default=2.0)
+    parser.add_argument("--batch", type=int, default=4, help="sequences per step")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from linmem._io import command_line, git_commit, machine, provenance, write_json
@@ -67,15 +68,16 @@ def main() -> None:
         for tree in trees:
             env = {**os.environ, "PYTHONPATH": str(tree / "src")}
             out = subprocess.run([sys.executable, "-c", INNER, json.dumps(sizes),
-                                  str(args.min_time)], env=env, capture_output=True, text=True,
-                                 check=True).stdout
+                                  str(args.min_time), str(args.batch)], env=env,
+                                 capture_output=True, text=True, check=True).stdout
             for size, rate in json.loads(out.strip().splitlines()[-1]).items():
                 runs[str(tree)][size].append(rate)
     rows = []
     for size in args.sizes:
         a, b = (statistics.median(runs[str(t)][size]) for t in trees)
         rows.append({"size": size, "a_fps": a, "b_fps": b, "b_over_a": b / a})
-        print(f"LMN-B {size}, batch 4, training step: A {a / 1e3:.1f}k  B {b / 1e3:.1f}k "
+        print(f"LMN-B {size}, batch {args.batch}, training step: A {a / 1e3:.1f}k  "
+              f"B {b / 1e3:.1f}k "
               f"frames/s  B/A {b / a:.2f}x", flush=True)
     print(f"A = {trees[0]} ({commit_of(trees[0])[:7]}), B = {trees[1]} "
           f"({commit_of(trees[1])[:7]}); {machine()}")
@@ -84,7 +86,7 @@ def main() -> None:
             **provenance(command_line(), git_commit(), 0, None, time.perf_counter() - started),
             "trees": {"a": {"path": str(trees[0]), "commit": commit_of(trees[0])},
                       "b": {"path": str(trees[1]), "commit": commit_of(trees[1])}},
-            "rounds": args.rounds, "runs": runs, "rows": rows,
+            "rounds": args.rounds, "batch": args.batch, "runs": runs, "rows": rows,
             "units": "frames per second of forward + masked NLL + backward"})
 
 

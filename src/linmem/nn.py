@@ -40,6 +40,7 @@ from linmem.ops import (
     _rows,
     cpu_kernel_path,
     lmn_scan,
+    lmn_scan_ref,
     measure_cpu_paths,
     use_cpu_kernel,
 )
@@ -183,7 +184,10 @@ def lmn_recurrence(
                 x_proj.new_zeros(batch, hidden), m0)
     if bias_m is None:
         bias_m = x_proj.new_zeros(weight_hm.shape[0])
-    hs, ms = lmn_scan(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity)
+    # torch.func's transforms (grad, vmap, jacrev) take the reference in PyTorch ops: an
+    # operator's registered autograd is not a functorch transform's
+    scan = lmn_scan_ref if torch._C._are_functorch_transforms_active() else lmn_scan
+    hs, ms = scan(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity)
     if lengths is None:
         return hs, ms, hs[-1], ms[-1]
     index = torch.arange(batch, device=x_proj.device)
