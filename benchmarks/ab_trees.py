@@ -14,11 +14,13 @@ frames per second. The median over rounds is reported, with each tree's commit.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,7 +68,11 @@ def main() -> None:
     runs: dict[str, dict[str, list[float]]] = {str(t): {s: [] for s in args.sizes} for t in trees}
     for _ in range(args.rounds):
         for tree in trees:
-            env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+            # a kernel build per tree: the extension's cache is keyed by its sources' paths too,
+            # and one folder for both would rebuild it at every alternation
+            key = hashlib.sha256(str(tree).encode()).hexdigest()[:12]
+            env = {**os.environ, "PYTHONPATH": str(tree / "src"), "TORCH_EXTENSIONS_DIR":
+                   str(Path(tempfile.gettempdir()) / "linmem-ab-ext" / key)}
             out = subprocess.run([sys.executable, "-c", INNER, json.dumps(sizes),
                                   str(args.min_time), str(args.batch)], env=env,
                                  capture_output=True, text=True, check=True).stdout
