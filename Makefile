@@ -38,6 +38,7 @@ $(VENV)/.docs: $(VENV)/.installed
 
 docs: $(VENV)/.docs
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(PY) -m sphinx -W --keep-going -q -b doctest docs docs/_build/doctest
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache docs/_build

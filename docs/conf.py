@@ -5,7 +5,7 @@ from importlib import metadata
 project = "linmem"
 author = "linmem developers"
 release = metadata.version("linear-memory-networks")
-extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon"]
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.doctest"]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 autodoc_default_options = {"members": True, "show-inheritance": False}

@@ -1,0 +1,172 @@
+"""The LMN's recurrence as a registered operator (issue 44): ``torch.library.opcheck``, the
+operator against its references, and PyTorch's tools around a model holding an LMN:
+``torch.compile(fullgraph=True, dynamic=True)``, ``torch.export``, ``torch.func`` and double
+backward."""
+
+import pytest
+import torch
+from torch.export import Dim, export
+from torch.func import functional_call, grad, jacrev, stack_module_state, vmap
+from torch.library import opcheck
+
+from linmem import LMN
+from linmem.models import build_model
+from linmem.ops import (
+    NONLINEARITIES,
+    lmn_scan,
+    lmn_scan_backward,
+    lmn_scan_backward_ref,
+    lmn_scan_ref,
+    use_cpu_kernel,
+)
+
+
+def scan_case(steps, batch, hidden, memory, dtype=torch.float64, batch_major=False, seed=0):
+    """Arguments of ``lmn_scan`` (requiring gradients), ``x_proj`` stored time- or
+    batch-major."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=dtype) * scale).requires_grad_()
+
+    x = (torch.randn(batch, steps, hidden, generator=g, dtype=dtype).transpose(0, 1)
+         if batch_major else torch.randn(steps, batch, hidden, generator=g, dtype=dtype))
+    return [x.requires_grad_(), rand(batch, memory), rand(hidden, memory, scale=0.4),
+            rand(memory, hidden, scale=0.4), rand(memory, memory, scale=0.4), rand(memory)]
+
+
+@pytest.mark.parametrize("nonlinearity", NONLINEARITIES)
+@pytest.mark.parametrize("batch_major", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck_passes_on_the_operators(nonlinearity, batch_major, dtype):
+    """Schema, fake tensors (strides included), the autograd registration and AOT dispatch with
+    dynamic shapes, for the operator and its backward."""
+    args = scan_case(5, 3, 4, 6, dtype, batch_major)
+    opcheck(lmn_scan, (*args, nonlinearity))
+    # the backward operator is not differentiated (a graph of the gradient takes the
+    # differentiable reference instead): checked on tensors that need no gradient
+    plain = [a.detach() for a in args]
+    hs, ms = lmn_scan(*plain, nonlinearity)
+    grads = torch.randn_like(hs), torch.randn_like(ms)
+    opcheck(lmn_scan_backward, (*grads, plain[1], hs, ms, *plain[2:5], nonlinearity))
+    opcheck(lmn_scan_backward, (None, grads[1], plain[1], hs, ms, *plain[2:5], nonlinearity))
+
+
+@pytest.mark.parametrize("path", ["kernel", "loop"])
+@pytest.mark.parametrize("nonlinearity", NONLINEARITIES)
+def test_the_operator_equals_its_references(path, nonlinearity):
+    """Forward and every gradient of the operator (the compiled kernel, or the PyTorch loop)
+    equal the per-step reference and autograd through it (float64, to 1e-10); the backward
+    reference equals autograd through the forward reference."""
+    args = scan_case(7, 3, 5, 4, batch_major=True, seed=2)
+    with use_cpu_kernel(path == "kernel"):
+        hs, ms = lmn_scan(*args, nonlinearity)
+        g_hs, g_ms = torch.randn_like(hs), torch.randn_like(ms)
+        got = torch.autograd.grad((hs * g_hs).sum() + (ms * g_ms).sum(), args)
+    hs_r, ms_r = lmn_scan_ref(*args, nonlinearity)
+    expected = torch.autograd.grad((hs_r * g_hs).sum() + (ms_r * g_ms).sum(), args)
+    torch.testing.assert_close((hs, ms), (hs_r, ms_r), rtol=1e-10, atol=1e-10)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    ref_grads = lmn_scan_backward_ref(g_hs, g_ms, args[1], hs_r.detach(), ms_r.detach(),
+                                      *args[2:5], nonlinearity)
+    for a, b in zip(ref_grads, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("nonlinearity", ["tanh", "selu"])
+def test_double_backward(nonlinearity):
+    """gradcheck and gradgradcheck in float64: with a graph of the gradient asked for, the
+    backward is differentiable."""
+    args = scan_case(4, 3, 3, 2, seed=3)
+    assert torch.autograd.gradcheck(lambda *a: lmn_scan(*a, nonlinearity), args)
+    assert torch.autograd.gradgradcheck(lambda *a: lmn_scan(*a, nonlinearity), args)
+    lmn = LMN(3, 4, 2, batch_first=True, nonlinearity=nonlinearity).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x: lmn(x)[0], (x,))
+
+
+def _equal_grads(model, out_a, out_b):
+    params = list(model.parameters())
+    for a, b in zip(torch.autograd.grad(out_a.sum(), params),
+                    torch.autograd.grad(out_b.sum(), params), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", ["lmn-a", "lmn-b", "pret-lmn-b"])
+def test_compile_fullgraph_dynamic_without_recompiling(name):
+    """torch.compile(model, fullgraph=True, dynamic=True): one graph for every batch and length,
+    outputs and gradients equal eager."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = build_model(name, 6, 5).double()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    for batch, steps in [(3, 9), (5, 13), (2, 4), (4, 30)]:
+        x = torch.rand(batch, steps, 88, dtype=torch.float64)
+        got, expected = compiled(x), model(x)
+        torch.testing.assert_close(got, expected)
+        _equal_grads(model, got, expected)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"]
+
+
+def test_compile_with_inductor_trains_like_eager():
+    """The default backend (inductor) around the operator: the same loss and gradients."""
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    model = build_model("lmn-b", 6, 5)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for batch, steps in [(3, 9), (4, 15)]:
+        x = torch.rand(batch, steps, 88)
+        got, expected = compiled(x), model(x)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_export_saves_loads_and_runs_at_another_length(tmp_path):
+    """torch.export with batch and time dynamic: the program holds linmem::lmn_scan, runs,
+    saves and loads, and gives eager's outputs at a batch and length it was not exported at."""
+    torch.manual_seed(2)
+    model = build_model("lmn-b", 6, 5).double()
+    x = torch.rand(3, 9, 88, dtype=torch.float64)
+    program = export(model, (x,), dynamic_shapes=({0: Dim("batch", min=2),
+                                                   1: Dim("time", min=2)},))
+    assert "linmem.lmn_scan" in str(program.graph)
+    other = torch.rand(4, 17, 88, dtype=torch.float64)
+    torch.testing.assert_close(program.module()(other), model(other))
+    torch.export.save(program, tmp_path / "lmn.pt2")
+    loaded = torch.export.load(tmp_path / "lmn.pt2")
+    torch.testing.assert_close(loaded.module()(other), model(other))
+
+
+def test_torch_func_grad_vmap_and_jacrev():
+    """grad of a loss over the parameters, vmap over a stack of parameter sets (an ensemble)
+    and jacrev of the output with respect to the input, each against plain autograd."""
+    torch.manual_seed(3)
+    model = build_model("lmn-b", 6, 5).double()
+    x = torch.rand(2, 7, 88, dtype=torch.float64)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x):
+        return functional_call(model, p, (x,)).pow(2).mean()
+
+    got = grad(loss)(params, x)
+    expected = torch.autograd.grad(loss(dict(model.named_parameters()), x),
+                                   list(model.parameters()))
+    for a, b in zip(got.values(), expected, strict=True):
+        torch.testing.assert_close(a, b)
+
+    models = [build_model("lmn-b", 6, 5).double() for _ in range(3)]
+    stacked, buffers = stack_module_state(models)
+    skeleton = build_model("lmn-b", 6, 5).double().to("meta")
+    out = vmap(lambda p, b, x: functional_call(skeleton, (p, b), (x,)),
+               in_dims=(0, 0, None))(stacked, buffers, x)
+    for i, m in enumerate(models):
+        torch.testing.assert_close(out[i], m(x))
+
+    lmn = LMN(3, 4, 2).double()
+    xs = torch.rand(5, 3, dtype=torch.float64)
+    jac = jacrev(lambda x: lmn(x)[0])(xs)
+    torch.testing.assert_close(jac, torch.autograd.functional.jacobian(lambda x: lmn(x)[0], xs))
+    assert jac.shape == (5, 2, 5, 3)
