@@ -170,3 +170,25 @@ def test_torch_func_grad_vmap_and_jacrev():
     jac = jacrev(lambda x: lmn(x)[0])(xs)
     torch.testing.assert_close(jac, torch.autograd.functional.jacobian(lambda x: lmn(x)[0], xs))
     assert jac.shape == (5, 2, 5, 3)
+
+
+@pytest.mark.parametrize("name", ["lmn-b", "lmn-a"])
+def test_onnx_export_runs_in_onnxruntime_at_another_length(tmp_path, name):
+    """torch.onnx.export(dynamo=True): the recurrence becomes one ONNX Scan over time, and
+    onnxruntime gives eager's outputs (to 1e-5) at a batch and length other than the
+    exported ones."""
+    import onnx
+    import onnxruntime
+
+    torch.manual_seed(4)
+    model = build_model(name, 6, 5)
+    program = torch.onnx.export(model, (torch.rand(3, 9, 88),), dynamo=True,
+                                dynamic_shapes=({0: Dim("batch", min=2),
+                                                 1: Dim("time", min=2)},))
+    program.save(tmp_path / "lmn.onnx")
+    assert "Scan" in {node.op_type for node in onnx.load(tmp_path / "lmn.onnx").graph.node}
+    session = onnxruntime.InferenceSession(tmp_path / "lmn.onnx")
+    other = torch.rand(4, 23, 88)
+    got = session.run(None, {session.get_inputs()[0].name: other.numpy()})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), model(other), rtol=1e-5, atol=1e-5)

@@ -40,6 +40,7 @@ from linmem.ops import (
     _rows,
     cpu_kernel_path,
     lmn_scan,
+    lmn_scan_onnx,
     lmn_scan_ref,
     measure_cpu_paths,
     use_cpu_kernel,
@@ -186,7 +187,9 @@ def lmn_recurrence(
         bias_m = x_proj.new_zeros(weight_hm.shape[0])
     # torch.func's transforms (grad, vmap, jacrev) take the reference in PyTorch ops: an
     # operator's registered autograd is not a functorch transform's
-    scan = lmn_scan_ref if torch._C._are_functorch_transforms_active() else lmn_scan
+    # and the ONNX exporter writes the scan higher-order operator as an ONNX Scan
+    scan = (lmn_scan_ref if torch._C._are_functorch_transforms_active() else
+            lmn_scan_onnx if torch.onnx.is_in_onnx_export() else lmn_scan)
     hs, ms = scan(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity)
     if lengths is None:
         return hs, ms, hs[-1], ms[-1]

@@ -18,6 +18,7 @@ the output and from step ``t + 1``), ``da_t = (dm_t W^hm + dh_t) * sigma'``, ``d
 dm_t] [W^mh; W^mm]``; the weight gradients are then large products over all steps at once.
 When a graph of the gradient is asked for (``create_graph``: double backward, ``torch.func``)
 the backward is :func:`lmn_scan_backward_ref`, the same equations in differentiable PyTorch ops.
+The ONNX exporter sees :func:`lmn_scan_onnx` instead (PyTorch's ``scan``, an ONNX ``Scan``).
 
 :func:`lmn_scan_ref` and :func:`lmn_scan_backward_ref` are the references every path is tested
 against (mamba's ``*_ref`` beside each op).
@@ -37,8 +38,8 @@ from torch import Tensor
 from linmem._ext import LOOP, cpu_path, kernel_variants, load_cpu_kernel
 
 __all__ = ["NONLINEARITIES", "SELU_ALPHA", "SELU_SCALE", "activation_grad", "cpu_kernel_path",
-           "lmn_scan", "lmn_scan_backward", "lmn_scan_backward_ref", "lmn_scan_ref",
-           "measure_cpu_paths", "use_cpu_kernel"]
+           "lmn_scan", "lmn_scan_backward", "lmn_scan_backward_ref", "lmn_scan_onnx",
+           "lmn_scan_ref", "measure_cpu_paths", "use_cpu_kernel"]
 
 NONLINEARITIES = ("tanh", "relu", "selu")
 SELU_SCALE, SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
@@ -307,6 +308,23 @@ def lmn_scan_backward_ref(grad_hs: Tensor | None, grad_ms: Tensor | None, m0: Te
     return (da, carry, torch.einsum("tbh,tbm->hm", da, m_prev),
             torch.einsum("tbm,tbh->mh", dm, hs), torch.einsum("tbm,tbn->mn", dm, m_prev),
             dm.sum((0, 1)))
+
+
+def lmn_scan_onnx(x_proj: Tensor, m0: Tensor, weight_mh: Tensor, weight_hm: Tensor,
+                  weight_mm: Tensor, bias_m: Tensor, nonlinearity: str = "tanh"
+                  ) -> tuple[Tensor, Tensor]:
+    """Eqs. (6)-(7) as PyTorch's ``scan`` higher-order operator, which the ONNX exporter
+    (``torch.onnx.export(..., dynamo=True)``) writes as one ONNX ``Scan`` over the time
+    dimension, whatever the length: what the recurrence is decomposed into for ONNX."""
+    from torch._higher_order_ops.scan import scan
+
+    def step(m: Tensor, x_t: Tensor):
+        h = _activate(x_t + m @ weight_mh.t(), nonlinearity)           # (6)
+        m = bias_m + m @ weight_mm.t() + h @ weight_hm.t()               # (7)
+        return m, (h, m.clone())
+
+    _, (hs, ms) = scan(step, m0, x_proj)
+    return hs, ms
 
 
 # --------------------------------------------------------------------------------- operators
