@@ -17,6 +17,9 @@ from linmem.ops import (
     lmn_scan_backward,
     lmn_scan_backward_ref,
     lmn_scan_ref,
+    ulm_scan,
+    ulm_scan_backward,
+    ulm_scan_ref,
     use_cpu_kernel,
 )
 
@@ -93,13 +96,13 @@ def _equal_grads(model, out_a, out_b):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("name", ["lmn-a", "lmn-b", "pret-lmn-b"])
+@pytest.mark.parametrize("name", ["lmn-a", "lmn-b", "pret-lmn-b", "ulm"])
 def test_compile_fullgraph_dynamic_without_recompiling(name):
     """torch.compile(model, fullgraph=True, dynamic=True): one graph for every batch and length,
     outputs and gradients equal eager."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = build_model(name, 6, 5).double()
+    model = build_model(name, 6, None if name == "ulm" else 5).double()
     counters = torch._dynamo.utils.counters
     counters.clear()
     compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
@@ -192,3 +195,40 @@ def test_onnx_export_runs_in_onnxruntime_at_another_length(tmp_path, name):
     got = session.run(None, {session.get_inputs()[0].name: other.numpy()})[0]
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(got), model(other), rtol=1e-5, atol=1e-5)
+
+
+def ulm_case(steps, batch, hidden, k, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(steps, batch, hidden, generator=g, dtype=dtype).requires_grad_(),
+            torch.randn(batch, k * hidden, generator=g, dtype=dtype).requires_grad_(),
+            (torch.randn(hidden, k * hidden, generator=g, dtype=dtype) * 0.4).requires_grad_()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck_passes_on_the_unrolled_operators(dtype):
+    """The unrolled network's recurrence (eq. 10) as registered operators."""
+    args = ulm_case(5, 3, 4, 2, dtype)
+    opcheck(ulm_scan, (*args, "tanh"))
+    plain = [a.detach() for a in args]
+    hs, buf = ulm_scan(*plain, "tanh")
+    opcheck(ulm_scan_backward, (torch.randn_like(hs), buf, plain[2], "tanh"))
+    opcheck(ulm_scan_backward, (None, buf, plain[2], "tanh"))
+
+
+@pytest.mark.parametrize("path", ["kernel", "loop"])
+@pytest.mark.parametrize("nonlinearity", NONLINEARITIES)
+def test_the_unrolled_operator_equals_its_reference(path, nonlinearity):
+    """States and every gradient of ulm_scan against the per-step reference (float64), and
+    gradgradcheck: with a graph of the gradient asked for, its backward is differentiable."""
+    args = ulm_case(6, 3, 4, 3, seed=5)
+    weights = torch.randn(6, 3, 4, dtype=torch.float64)
+    with use_cpu_kernel(path == "kernel"):
+        hs = ulm_scan(*args, nonlinearity)[0]
+        got = torch.autograd.grad((hs * weights).sum(), args)
+    expected_hs = ulm_scan_ref(*args, nonlinearity)
+    expected = torch.autograd.grad((expected_hs * weights).sum(), args)
+    torch.testing.assert_close(hs, expected_hs, rtol=1e-10, atol=1e-10)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    small = ulm_case(3, 2, 2, 2, seed=6)
+    assert torch.autograd.gradgradcheck(lambda *a: ulm_scan(*a, nonlinearity)[0], small)

@@ -99,12 +99,12 @@ def test_unrolled_net_gradients_match_autograd_loop(nonlinearity):
     theirs = torch.autograd.grad((ref_lagged * weights).sum() + (ref ** 2).sum(), params)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b)
-    from linmem.nn import _UnrolledRecurrence
+    from linmem.ops import ulm_scan
 
     x_proj = torch.randn(7, 2, h, generator=g, requires_grad=True)
     weight_hh = net.weight_hh.detach().clone().requires_grad_()
     assert torch.autograd.gradcheck(
-        lambda *a: _UnrolledRecurrence.apply(*a, nonlinearity), (x_proj, past, weight_hh))
+        lambda *a: ulm_scan(*a, nonlinearity)[0], (x_proj, past, weight_hh))
 
 
 def ulm_and_states(k=2, h=3, keys=6, seed=0):
@@ -432,7 +432,7 @@ def test_unrolled_recurrence_kernel_equals_the_loop(shape, nonlinearity, threads
     PyTorch loop: states and the gradients of x_proj, the past states and W^hh, float64 to
     1e-12; sizes off every variant's lanes and 6-row tiles, batches split over threads."""
     from linmem import _ext
-    from linmem.nn import _UnrolledRecurrence, use_cpu_kernel
+    from linmem.ops import ulm_scan, use_cpu_kernel
 
     steps, batch, h, k = shape
     g = torch.Generator().manual_seed(sum(shape))
@@ -444,7 +444,7 @@ def test_unrolled_recurrence_kernel_equals_the_loop(shape, nonlinearity, threads
 
     def run(path):
         with use_cpu_kernel(path):
-            hs = _UnrolledRecurrence.apply(*ops, nonlinearity)
+            hs = ulm_scan(*ops, nonlinearity)[0]
             return (hs, *torch.autograd.grad((hs * weights).sum(), ops))
 
     previous = torch.get_num_threads()

@@ -26,23 +26,20 @@ import re
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from linmem._check import check_int
 from linmem.ops import (
-    _KERNEL_CODES,
-    SELU_ALPHA,
     SELU_SCALE,
     _batch_major,
-    _eager,
-    _kernel_for,
-    _rows,
+    activation_grad,
     cpu_kernel_path,
     lmn_scan,
     lmn_scan_onnx,
     lmn_scan_ref,
     measure_cpu_paths,
+    ulm_scan,
+    ulm_scan_ref,
     use_cpu_kernel,
 )
 
@@ -483,14 +480,7 @@ def _reverse_steps(seq: Tensor, lengths: Tensor | None) -> Tensor:
     return seq.gather(0, index[:, :, None].expand_as(seq))
 
 
-def activation_slope(h: Tensor, nonlinearity: str) -> Tensor:
-    """``sigma'(a)`` from ``h = sigma(a)``: ``1 - h^2`` (tanh), ``h > 0`` (relu), ``scale`` above
-    zero and ``h + scale * alpha`` below (selu)."""
-    if nonlinearity == "tanh":
-        return 1 - h * h
-    if nonlinearity == "relu":
-        return (h > 0).to(h.dtype)
-    return torch.where(h > 0, SELU_SCALE, h + SELU_SCALE * SELU_ALPHA)
+activation_slope = activation_grad  # sigma'(a) from h = sigma(a) (linmem.ops)
 
 
 def _lmn_layers(state: dict[str, Tensor]) -> list[dict[str, Tensor]]:
@@ -534,86 +524,13 @@ def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float
             for w in _lmn_layers(state)]
 
 
-class _UnrolledRecurrence(torch.autograd.Function):
-    """Eq. (10) over all steps given ``x_proj = W^xh x_t + b^h`` ``(T, B, H)`` and the states
-    before the start ``past`` ``(B, k H)`` (``[h_0, h_{-1}, ...]``): ``hs (T, B, H)``.
-
-    The states live in one batch-major buffer ``(B, k + T, H)`` in time order, so that the ``k``
-    states before step ``t`` are one strided ``(B, k H)`` matrix: each step is one product with
-    the lag blocks in time order, ``[W^hh_k ... W^hh_1]``. Backward: per step ``da_t = dh_t
-    sigma'`` and the window's gradient ``+= da_t [W^hh_k ... W^hh_1]``; the weight gradient is
-    then a few large products over all steps (not a ``H x k H`` product per step, as autograd
-    would form). Both loops run in the compiled kernel where the LMN's do (``_kernel_for``)."""
-
-    @staticmethod
-    def forward(ctx, x_proj, past, weight_hh, nonlinearity):
-        steps, batch, hidden = x_proj.shape
-        k = weight_hh.shape[1] // hidden
-        buf = x_proj.new_empty(batch, k + steps, hidden)
-        buf[:, :k] = past.unflatten(1, (k, hidden)).flip(1)
-        w_time = weight_hh.unflatten(1, (k, hidden)).flip(1).flatten(1)  # [W_k ... W_1]
-        kernel = _kernel_for(x_proj)
-        if kernel is not None:  # the compiled loop (csrc/lmn_kernel.h), the same equations
-            module, variant = kernel
-            module.ulm_forward(_rows(x_proj), w_time, _KERNEL_CODES[nonlinearity], buf, variant)
-        else:
-            w_t = w_time.t().contiguous()
-            row = (k + steps) * hidden
-            h_t = torch.empty_like(x_proj[0])
-            for t in range(steps):
-                window = buf.as_strided((batch, k * hidden), (row, 1), t * hidden)
-                torch.addmm(x_proj[t], window, w_t, out=h_t)                      # (10)
-                if nonlinearity == "tanh":
-                    h_t.tanh_()
-                elif nonlinearity == "relu":
-                    h_t.clamp_min_(0.0)
-                else:
-                    torch.selu_(h_t)
-                buf[:, k + t] = h_t
-        ctx.nonlinearity, ctx.k, ctx.kernel = nonlinearity, k, kernel
-        ctx.save_for_backward(buf, w_time)
-        ctx.set_materialize_grads(False)
-        return buf[:, k:].transpose(0, 1).clone()
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_hs):
-        buf, w_time = ctx.saved_tensors
-        k, (batch, total, hidden) = ctx.k, buf.shape
-        steps, row = total - k, total * hidden
-        d_buf = torch.zeros_like(buf)  # dL/dh of every state, the past's included
-        if grad_hs is not None:
-            d_buf[:, k:] = grad_hs.transpose(0, 1)
-        d_a = buf.new_empty(batch, steps, hidden)  # dL/d(pre-activation), batch-major
-        if ctx.kernel is not None:  # the backward runs where the forward ran
-            module, variant = ctx.kernel
-            module.ulm_backward(buf, w_time, _KERNEL_CODES[ctx.nonlinearity], d_buf, d_a,
-                                variant)
-        else:
-            slope = activation_slope(buf[:, k:], ctx.nonlinearity)  # (B, T, H)
-            for t in range(steps - 1, -1, -1):
-                da = torch.mul(d_buf[:, k + t], slope[:, t], out=d_a[:, t])
-                d_buf.as_strided((batch, k * hidden), (row, 1), t * hidden).addmm_(da, w_time)
-        need = ctx.needs_input_grad
-        grad_w = None
-        if need[2]:
-            grad_time = w_time.new_zeros(w_time.shape)
-            chunk = max(1, 2 ** 22 // max(1, batch * k * hidden))  # windows copied per product
-            for start in range(0, steps, chunk):
-                n = min(chunk, steps - start)
-                windows = buf.as_strided((batch, n, k * hidden), (row, hidden, 1),
-                                         start * hidden).reshape(-1, k * hidden)
-                grad_time.addmm_(d_a[:, start:start + n].reshape(-1, hidden).t(), windows)
-            grad_w = grad_time.unflatten(1, (k, hidden)).flip(1).flatten(1)
-        return (d_a.transpose(0, 1) if need[0] else None,
-                d_buf[:, :k].flip(1).flatten(1) if need[1] else None, grad_w, None)
-
-
-@_eager
 def _unrolled_states(x_proj: Tensor, past: Tensor, weight_hh: Tensor,
                      nonlinearity: str) -> Tensor:
-    """Eq. (10)'s states ``(T, B, H)`` (:class:`_UnrolledRecurrence`)."""
-    return _UnrolledRecurrence.apply(x_proj, past, weight_hh, nonlinearity)
+    """Eq. (10)'s states ``(T, B, H)``: the operator :func:`linmem.ops.ulm_scan` (its reference
+    under torch.func's transforms)."""
+    if torch._C._are_functorch_transforms_active():
+        return ulm_scan_ref(x_proj, past, weight_hh, nonlinearity)
+    return ulm_scan(x_proj, past, weight_hh, nonlinearity)[0]
 
 
 class UnrolledNet(nn.Module):
