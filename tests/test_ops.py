@@ -232,3 +232,109 @@ def test_the_unrolled_operator_equals_its_reference(path, nonlinearity):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     small = ulm_case(3, 2, 2, 2, seed=6)
     assert torch.autograd.gradgradcheck(lambda *a: ulm_scan(*a, nonlinearity)[0], small)
+
+
+def _baseline_cases(dtype=torch.float64, seed=7):
+    """``(op, arguments, extra, forward-to-states)`` of the RNN, GRU and LSTM operators."""
+    from linmem import rnns
+
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=dtype) * scale).requires_grad_()
+
+    steps, batch, hidden = 5, 3, 4
+    return {
+        "rnn": (rnns.rnn_scan, [rand(steps, batch, hidden), rand(batch, hidden),
+                                rand(hidden, hidden, scale=0.4), rand(hidden)], ("tanh",),
+                lambda out: (out,), rnns.rnn_scan_ref),
+        "gru": (rnns.gru_scan, [rand(steps, batch, 3 * hidden), rand(batch, hidden),
+                                rand(3 * hidden, hidden, scale=0.4), rand(3 * hidden)], (),
+                lambda out: out[:1], rnns.gru_scan_ref),
+        "lstm": (rnns.lstm_scan, [rand(steps, batch, 4 * hidden), rand(batch, hidden),
+                                  rand(batch, hidden), rand(4 * hidden, hidden, scale=0.4),
+                                  rand(4 * hidden)], (), lambda out: out[:2],
+                 rnns.lstm_scan_ref),
+    }
+
+
+@pytest.mark.parametrize("name", ["rnn", "gru", "lstm"])
+def test_the_baselines_recurrences_are_registered_operators(name):
+    """opcheck of the RNN, GRU and LSTM operators; states and gradients against their
+    references on the kernel and the loop (float64); gradgradcheck."""
+    op, args, extra, states, reference = _baseline_cases()[name]
+    opcheck(op, (*args, *extra))
+    expected = reference(*args, *extra)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    weights = [torch.randn_like(e) for e in expected]
+    want = torch.autograd.grad(sum((e * w).sum() for e, w in zip(expected, weights,
+                                                                   strict=True)), args)
+    for path in (True, False):
+        with use_cpu_kernel(path):
+            got = states(op(*args, *extra))
+            grads = torch.autograd.grad(sum((o * w).sum() for o, w in zip(got, weights,
+                                                                            strict=True)), args)
+        for a, b in zip((*got, *grads), (*expected, *want), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert torch.autograd.gradgradcheck(lambda *a: states(op(*a, *extra)), args)
+
+
+@pytest.mark.parametrize("name", ["rnn", "gru", "lstm"])
+def test_the_baselines_compile_in_one_graph_with_allow_rnn(name):
+    """With PyTorch's switch for RNN modules on (torch.nn.LSTM needs it too), a baseline model
+    compiles in one graph for every batch and length, equal to eager."""
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    model = build_model(name, 6, None).double()
+    if name == "lstm":
+        model.core.min_kernel_hidden = 1  # the fast path at this size too
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+        for batch, steps in [(3, 9), (5, 13), (2, 4)]:
+            x = torch.rand(batch, steps, 88, dtype=torch.float64)
+            got, expected = compiled(x), model(x)
+            torch.testing.assert_close(got, expected)
+            _equal_grads(model, got, expected)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_torch_func_grad_through_the_baselines_and_the_unrolled_network():
+    """torch.func.grad of a loss of the GRU, LSTM and unrolled-network models equals autograd
+    (their references run under the transforms)."""
+    torch.manual_seed(6)
+    x = torch.rand(2, 6, 88, dtype=torch.float64)
+    for name in ("gru", "lstm", "rnn", "ulm"):
+        model = build_model(name, 5, None).double()
+        if name == "lstm":
+            model.core.min_kernel_hidden = 1
+        params = {k: v.detach() for k, v in model.named_parameters()}
+
+        def loss(p, model=model):
+            return functional_call(model, p, (x,)).pow(2).mean()
+
+        got = grad(loss)(params)
+        expected = torch.autograd.grad(loss(dict(model.named_parameters())),
+                                       list(model.parameters()))
+        for a, b in zip(got.values(), expected, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_a_nade_readout_trains_in_one_compiled_graph():
+    """An LMN-B with a NADE over the keys: its exact likelihood (what it trains on) compiles in
+    one graph, equal to eager."""
+    torch._dynamo.reset()
+    torch.manual_seed(8)
+    model = build_model("lmn-b-nade", 6, 5, nade_hidden=7).double()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    compiled = torch.compile(model.likelihood_logits, fullgraph=True, dynamic=True,
+                             backend="aot_eager")
+    for batch, steps in [(3, 9), (5, 13)]:
+        x = (torch.rand(batch, steps, 88) < 0.1).double()
+        y = (torch.rand(batch, steps, 88) < 0.1).double()
+        got, expected = compiled(x, y), model.likelihood_logits(x, y)
+        torch.testing.assert_close(got, expected)
+        _equal_grads(model, got, expected)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

@@ -520,7 +520,7 @@ def _ulm_forward(x_proj, past, weight_hh, nonlinearity, kernel):
             else:
                 torch.selu_(h_t)
             buf[:, k + t] = h_t
-    return buf[:, k:].transpose(0, 1).contiguous(), buf
+    return buf[:, k:].transpose(0, 1).clone(memory_format=torch.contiguous_format), buf
 
 
 @torch.library.custom_op("linmem::ulm_scan", mutates_args=())

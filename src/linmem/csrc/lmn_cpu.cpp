@@ -13,7 +13,7 @@
 // this file is compiled for the baseline, picks a variant by name at each call (the CPU must
 // support it: `variants()` lists those it does, best first), splits the batch over torch's
 // threads and packs the weights. The weight gradients are large products over all steps, left
-// to BLAS by the caller (linmem.nn._Recurrence).
+// to BLAS by the caller (linmem.ops.lmn_scan).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

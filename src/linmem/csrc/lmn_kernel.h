@@ -22,7 +22,7 @@
 //   [a_t | s_t] = m_{t-1} [W^mh^T | W^mm^T]            one product, m_{t-1} read once
 //   h_t = sigma(x_proj_t + a_t)                          (6)
 //   m_t = b^m + s_t + h_t W^hm^T                         (7)
-// Backward, per step (g_t = [dL/da_t, dL/dm_t], the layout of linmem.nn._Recurrence):
+// Backward, per step (g_t = [dL/da_t, dL/dm_t], the layout of linmem.ops.lmn_scan):
 //   dL/da_t = (grad_h_t + dL/dm_t W^hm) * sigma'(a_t)
 //   dL/dm_{t-1} = grad_m_{t-1} + g_t [W^mh; W^mm]
 #pragma once
