@@ -199,3 +199,27 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
         assert metrics["best_epoch"] == max(log, key=lambda r: (r["valid_acc_frame"],
                                                                 -r["epoch"]))["epoch"]
         assert json.loads((run / "config.json").read_text())["batch_size"] == 1
+
+
+def test_the_protocols_table_sets_both_selections_side_by_side():
+    """protocols.md: per data set and model the paper's figure, ours under each protocol (the
+    per-frame column from its own selection, the global one from the record's), incomplete
+    grids marked, models run under neither protocol left out."""
+    from linmem.report import PAPER_TABLE2, protocols_markdown
+
+    def record(model, test, frame, complete=True):
+        return {"dataset": "jsb", "model": model, "test_acc": test, "grid": "paper",
+                "grid_complete": complete, "frame_selection": {"test_acc_frame": frame}}
+
+    text = protocols_markdown([record("lmn-b", 29.82, 33.78), record("lstm", 29.25, 33.52,
+                                                                     complete=False)],
+                              [record("lmn-b", 28.20, 31.51), record("rnn", 26.67, 29.40)],
+                              "linmem report --compare x")
+    rows = {line.split("|")[2].strip(): line for line in text.splitlines()
+            if line.startswith("| JSB Chorales")}
+    assert set(rows) == {"LMN-B", "LSTM", "RNN"}
+    assert rows["LMN-B"] == (f"| JSB Chorales | LMN-B | {PAPER_TABLE2['lmn-b'][0]:.2f} | 33.78 | "
+                             "29.82 | 31.51 | 28.20 |")
+    assert "| 33.52† | 29.25† | – | – |" in rows["LSTM"]
+    assert "| – | – | 29.40 | 26.67 |" in rows["RNN"]
+    assert text.rstrip().endswith("Made by `linmem report --compare x`.")

@@ -56,6 +56,7 @@ from .report import (
     plot_run,
     previous_frame_report,
     progress_markdown,
+    protocols_markdown,
     run_cpu_seconds,
     run_machine,
     run_records,
@@ -609,9 +610,12 @@ def _summary_files(paths: tuple[str, ...]) -> list[list[dict]]:
 @click.option("--baseline", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The previous-frame baseline (`linmem baseline`'s JSON): a row of Table 2.")
 @_protocol_option
+@click.option("--compare", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The summary.json of a report under the other protocol: OUT/protocols.md "
+                   "sets both protocols' Table 2 side by side.")
 def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                runs: tuple[str, ...], summaries: tuple[str, ...], seed_runs: tuple[str, ...],
-               baseline: str | None, protocol: str) -> None:
+               baseline: str | None, protocol: str, compare: str | None) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     _needs_matplotlib("report (figure4.png)")
@@ -662,6 +666,9 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
     except (ValueError, FileNotFoundError) as err:
         raise UsageFailure(f"--seed-runs: {err}") from None
     write_search_report(records, out_dir, command_line(), runs_root, calibration, seeds)
+    if compare is not None:  # the other protocol's selections beside these
+        with atomic_write(out_dir / "protocols.md", "w") as f:
+            f.write(protocols_markdown(records, *_summary_files((compare,)), command_line()))
     for r in records:
         sel = (f"selected {r['model']} h{r['hidden']}"
                + (f" m{r['memory']}" if r.get("memory") else "")

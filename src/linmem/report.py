@@ -24,8 +24,8 @@ __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "epochs_cpu_second
            "expected_fields", "figure4_data", "first_updates_markdown", "markdown_table",
            "memory_markdown", "memory_radii", "patience_markdown",
            "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
-           "plot_run", "previous_frame_report", "progress_markdown", "rerun_cpu_seconds",
-           "run_cpu_seconds", "run_machine", "run_records", "scoring_cpu_seconds",
+           "plot_run", "previous_frame_report", "progress_markdown", "protocols_markdown",
+           "rerun_cpu_seconds", "run_cpu_seconds", "run_machine", "run_records", "scoring_cpu_seconds",
            "seed_groups", "seeds_markdown", "stop_early",
            "summary_file_records", "summary_records", "table2_markdown", "training_cpu_seconds",
            "with_selected_run_fields", "write_search_report"]
@@ -988,6 +988,47 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
 
 
 FIGURE4_MODELS = ("rnn", "lstm", "lmn-b", "pret-lmn-b")
+
+
+def protocols_markdown(paper: Sequence[dict], linmem: Sequence[dict],
+                       command: str | None = None) -> str:
+    """Table 2 under both training protocols side by side (issue 43): per data set and model
+    the paper's figure, ours under the paper's protocol (the per-frame mean first: the paper's
+    metric; the global accuracy beside it) and ours under linmem's, each cell the test accuracy
+    of the configuration selected on that accuracy's validation score. ``paper`` and ``linmem``
+    are the two reports' records (:func:`linmem.search.search_records`,
+    :func:`summary_file_records`)."""
+    def by_key(records: Sequence[dict]) -> dict[tuple[str, str], dict]:
+        return {(r["dataset"], r["model"]): r for r in records if r.get("test_acc") is not None}
+
+    def cells(r: dict | None) -> list[str]:
+        if r is None:
+            return ["–", "–"]
+        mark = "" if r.get("grid") == "runs" or r.get("grid_complete") else "†"
+        frame = (r.get("frame_selection") or {}).get("test_acc_frame")
+        return [("–" if frame is None else f"{frame:.2f}{mark}"), f"{r['test_acc']:.2f}{mark}"]
+
+    ours, theirs = by_key(paper), by_key(linmem)
+    lines = ["| data set | model | paper | paper protocol: per-frame | global | "
+             "linmem protocol: per-frame | global |", "|---|---|---:|---:|---:|---:|---:|"]
+    for i, d in enumerate(TABLE2_DATASETS):
+        for m in TABLE2_MODELS:
+            if (d, m) not in ours and (d, m) not in theirs:
+                continue
+            published = PAPER_TABLE2[m][i] if m in PAPER_TABLE2 else None
+            lines.append(f"| {TABLE2_TITLES[d]} | {display_name(m)} | "
+                         + ("–" if published is None else f"{published:.2f}") + " | "
+                         + " | ".join(cells(ours.get((d, m))) + cells(theirs.get((d, m))))
+                         + " |")
+    lines += ["", "Test frame accuracy in %: the per-frame mean of TP / (TP + FP + FN) (the "
+              "metric of the paper's code) and the global one (Bay et al., mir_eval's), each of "
+              "the configuration selected on that accuracy's validation score. The paper "
+              "protocol: batch 1, BCE averaged over keys and frames, clip 10, the readout's "
+              "default initialisation, early stopping on the per-frame accuracy, no pruning; "
+              "linmem's: batch 4, the NLL summed over keys, clip 5, the readout bias at the keys' "
+              "rates, early stopping on the global accuracy, the median pruner. †: selected "
+              "from a grid that is not complete yet. –: not run."]
+    return "\n".join(lines + _made_by(command)) + "\n"
 
 
 def figure4_data(records: Sequence[dict], dataset: str = "jsb",
