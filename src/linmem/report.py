@@ -25,8 +25,8 @@ __all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "epochs_cpu_second
            "memory_markdown", "memory_radii", "patience_markdown",
            "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
            "plot_run", "previous_frame_report", "progress_markdown", "protocols_markdown",
-           "rerun_cpu_seconds", "run_cpu_seconds", "run_machine", "run_records", "scoring_cpu_seconds",
-           "seed_groups", "seeds_markdown", "stop_early",
+           "rerun_cpu_seconds", "run_cpu_seconds", "run_machine", "run_records",
+           "scoring_cpu_seconds", "seed_groups", "seeds_markdown", "stop_early",
            "summary_file_records", "summary_records", "table2_markdown", "training_cpu_seconds",
            "with_selected_run_fields", "write_search_report"]
 
