@@ -199,6 +199,14 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
         assert metrics["best_epoch"] == max(log, key=lambda r: (r["valid_acc_frame"],
                                                                 -r["epoch"]))["epoch"]
         assert json.loads((run / "config.json").read_text())["batch_size"] == 1
+    # the report keeps each column's selected run (the per-frame one apart where it differs)
+    from linmem.report import write_search_report
+
+    write_search_report([paper], tmp_path / "report", "test", runs_root=".")
+    selected = tmp_path / "report" / "selected"
+    assert (selected / "jsb-lmn-b" / "metrics.json").is_file()
+    frame_run = paper["frame_selection"]["run_dir"]
+    assert (selected / "jsb-lmn-b-per-frame").is_dir() == (frame_run != paper["run_dir"])
 
 
 def test_the_protocols_table_sets_both_selections_side_by_side():

@@ -1203,7 +1203,9 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
     """``out_dir``: ``summary.json``, ``table2.md``, ``figure4.json`` (and ``.png`` when it has a
     curve; JSB Chorales, as the paper's; ``figure4-DATA.json``/``.png`` for each other data set
     with a curve), ``search_trials.json`` (no test scores) and, under ``selected/``, the files
-    of each selected run found (search runs under ``runs_root``, single runs where they are)."""
+    of each selected run found (search runs under ``runs_root``, single runs where they are):
+    ``DATA-MODEL`` the global column's, ``DATA-MODEL-per-frame`` the per-frame column's where
+    that is another run."""
 
     out_dir = Path(out_dir)
     summary = summary_records(records)
@@ -1226,14 +1228,19 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
                                               "grid_points", "points_done", "grid_complete",
                                               "trials_run")} for r in in_order])
     for r in summary:
-        run = Path(r["run_dir"]) if r["grid"] == "runs" else Path(runs_root) / str(r["run_dir"])
-        if run.is_dir():
-            dest = out_dir / "selected" / f"{r['dataset']}-{r['model']}"
-            dest.mkdir(parents=True, exist_ok=True)
-            for name in ("config.json", "log.jsonl", "metrics.json", "pretraining.json",
-                         "expected.json"):
-                if (run / name).is_file():
-                    shutil.copyfile(run / name, dest / name)
+        # the global column's selection, and the per-frame column's where it is another run
+        frame_run = (r.get("frame_selection") or {}).get("run_dir")
+        for run_dir, suffix in ((r["run_dir"], ""), (frame_run, "-per-frame")):
+            if run_dir is None or (suffix and run_dir == r["run_dir"]):
+                continue
+            run = Path(run_dir) if r["grid"] == "runs" else Path(runs_root) / str(run_dir)
+            if run.is_dir():
+                dest = out_dir / "selected" / f"{r['dataset']}-{r['model']}{suffix}"
+                dest.mkdir(parents=True, exist_ok=True)
+                for name in ("config.json", "log.jsonl", "metrics.json", "pretraining.json",
+                             "expected.json"):
+                    if (run / name).is_file():
+                        shutil.copyfile(run / name, dest / name)
 
 
 def previous_frame_report(datasets: Sequence[str], data_dir: str | None = None,
