@@ -34,10 +34,8 @@ from linmem.ops import (
     _batch_major,
     activation_grad,
     cpu_kernel_path,
-    lmn_scan,
-    lmn_scan_onnx,
-    lmn_scan_ref,
     measure_cpu_paths,
+    scan,
     ulm_scan,
     ulm_scan_ref,
     use_cpu_kernel,
@@ -182,11 +180,6 @@ def lmn_recurrence(
                 x_proj.new_zeros(batch, hidden), m0)
     if bias_m is None:
         bias_m = x_proj.new_zeros(weight_hm.shape[0])
-    # torch.func's transforms (grad, vmap, jacrev) take the reference in PyTorch ops: an
-    # operator's registered autograd is not a functorch transform's
-    # and the ONNX exporter writes the scan higher-order operator as an ONNX Scan
-    scan = (lmn_scan_ref if torch._C._are_functorch_transforms_active() else
-            lmn_scan_onnx if torch.onnx.is_in_onnx_export() else lmn_scan)
     hs, ms = scan(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity)
     if lengths is None:
         return hs, ms, hs[-1], ms[-1]
