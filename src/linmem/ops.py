@@ -461,17 +461,20 @@ class _EagerScan(torch.autograd.Function):
     same backward. torch.compile, torch.export and opcheck see the registered operator
     (:func:`scan`)."""
 
+    # forward(ctx, ...), not setup_context: Function.apply then binds no signature per call
+    # (inspect.signature, about 40 us); torch.func takes the reference instead (see scan)
     @staticmethod
-    def forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity):
+    def forward(ctx, x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity):
         if x_proj.device.type == "cpu":
-            return _lmn_scan_cpu(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m,
-                                 nonlinearity)
-        return _scan_loop(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        _setup_context(ctx, inputs, output)
+            hs, ms = _lmn_scan_cpu(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m,
+                                   nonlinearity)
+        else:
+            hs, ms = _scan_loop(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m,
+                                nonlinearity)
+        _setup_context(ctx, (x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m,
+                             nonlinearity), (hs, ms))
         ctx.set_materialize_grads(False)  # an output not used (LMN-B's hs): no zeros to read
+        return hs, ms
 
     @staticmethod
     def backward(ctx, grad_hs, grad_ms):
