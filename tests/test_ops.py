@@ -232,6 +232,12 @@ def test_the_unrolled_operator_equals_its_reference(path, nonlinearity):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     small = ulm_case(3, 2, 2, 2, seed=6)
     assert torch.autograd.gradgradcheck(lambda *a: ulm_scan(*a, nonlinearity)[0], small)
+    from linmem.ops import ulm_states
+
+    assert torch.autograd.gradgradcheck(lambda *a: ulm_states(*a, nonlinearity), small)
+    with use_cpu_kernel(path == "kernel"):
+        torch.testing.assert_close(ulm_states(*args, nonlinearity), expected_hs, rtol=1e-10,
+                                   atol=1e-10)
 
 
 def _baseline_cases(dtype=torch.float64, seed=7):
@@ -277,6 +283,16 @@ def test_the_baselines_recurrences_are_registered_operators(name):
         for a, b in zip((*got, *grads), (*expected, *want), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     assert torch.autograd.gradgradcheck(lambda *a: states(op(*a, *extra)), args)
+    # the eager path (the operator's implementations without its dispatch) likewise
+    from linmem import rnns
+
+    public = {"rnn": lambda *a: rnns.rnn_recurrence(*a, *extra),
+              "gru": rnns.gru_recurrence, "lstm": rnns.lstm_recurrence}[name]
+    assert torch.autograd.gradgradcheck(public, args)
+    with use_cpu_kernel(True):
+        eager = public(*args)
+    for a, b in zip(eager if isinstance(eager, tuple) else (eager,), expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", ["rnn", "gru", "lstm"])

@@ -36,8 +36,7 @@ from linmem.ops import (
     cpu_kernel_path,
     measure_cpu_paths,
     scan,
-    ulm_scan,
-    ulm_scan_ref,
+    ulm_states,
     use_cpu_kernel,
 )
 
@@ -519,11 +518,8 @@ def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float
 
 def _unrolled_states(x_proj: Tensor, past: Tensor, weight_hh: Tensor,
                      nonlinearity: str) -> Tensor:
-    """Eq. (10)'s states ``(T, B, H)``: the operator :func:`linmem.ops.ulm_scan` (its reference
-    under torch.func's transforms)."""
-    if torch._C._are_functorch_transforms_active():
-        return ulm_scan_ref(x_proj, past, weight_hh, nonlinearity)
-    return ulm_scan(x_proj, past, weight_hh, nonlinearity)[0]
+    """Eq. (10)'s states ``(T, B, H)`` (:func:`linmem.ops.ulm_states`)."""
+    return ulm_states(x_proj, past, weight_hh, nonlinearity)
 
 
 class UnrolledNet(nn.Module):

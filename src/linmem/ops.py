@@ -40,7 +40,7 @@ from linmem._ext import LOOP, cpu_path, kernel_variants, load_cpu_kernel
 __all__ = ["NONLINEARITIES", "SELU_ALPHA", "SELU_SCALE", "activation_grad", "cpu_kernel_path",
            "lmn_scan", "lmn_scan_backward", "lmn_scan_backward_ref", "lmn_scan_onnx",
            "lmn_scan_ref", "measure_cpu_paths", "scan", "ulm_scan", "ulm_scan_backward",
-           "ulm_scan_ref", "use_cpu_kernel"]
+           "ulm_scan_ref", "ulm_states", "use_cpu_kernel"]
 
 NONLINEARITIES = ("tanh", "relu", "selu")
 SELU_SCALE, SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
@@ -328,6 +328,42 @@ def lmn_scan_onnx(x_proj: Tensor, m0: Tensor, weight_mh: Tensor, weight_hm: Tens
     return hs, ms
 
 
+# ----------------------------------------------------------- eager calls without dispatch
+
+
+def by_device(cpu_impl, other_impl):
+    """An implementation that runs ``cpu_impl`` (the compiled kernel's) when its first tensor
+    argument is on the CPU, else ``other_impl`` (the PyTorch loop)."""
+
+    def call(*args):
+        first = next(a for a in args if isinstance(a, Tensor))
+        return (cpu_impl if first.device.type == "cpu" else other_impl)(*args)
+
+    return call
+
+
+def eager_function(name: str, forward, setup_context, backward, backward_impl):
+    """An ``autograd.Function`` that runs a registered operator's implementations in eager mode
+    without the operator's dispatch (its Python wrappers cost 50-200 us a call, a tenth of a
+    small layer's training step): ``forward``, the operator's ``setup_context``, and its
+    ``backward`` with ``backward_impl`` in place of the backward operator. Old-style
+    ``forward(ctx, ...)``: ``Function.apply`` then binds no signature per call (about 40 us);
+    torch.func's transforms take the references instead."""
+
+    def fwd(ctx, *args):
+        out = forward(*args)
+        setup_context(ctx, args, out)
+        ctx.set_materialize_grads(False)  # an output not used (LMN-B's hs): no zeros to read
+        return out
+
+    def bwd(ctx, *grads):
+        return backward(ctx, *grads, backward_op=backward_impl)
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(fwd), "backward": staticmethod(bwd),
+        "__doc__": f"The eager path of an operator ({name}; :func:`eager_function`)."})
+
+
 # --------------------------------------------------------------------------------- operators
 
 
@@ -441,52 +477,23 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(m0, hs, ms, weight_mh, weight_hm, weight_mm)
 
 
-def _backward(ctx, grad_hs, grad_ms):
+def _backward(ctx, grad_hs, grad_ms, backward_op=None):
     m0, hs, ms, weight_mh, weight_hm, weight_mm = ctx.saved_tensors
     if torch.is_grad_enabled():  # a graph of the gradient is asked for: differentiable ops
         grads = lmn_scan_backward_ref(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm,
                                       weight_mm, ctx.nonlinearity)
     else:
-        grads = lmn_scan_backward(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, weight_mm,
-                                  ctx.nonlinearity)
+        grads = (backward_op or lmn_scan_backward)(grad_hs, grad_ms, m0, hs, ms, weight_mh,
+                                                   weight_hm, weight_mm, ctx.nonlinearity)
     return (*grads, None)
 
 
 lmn_scan.register_autograd(_backward, setup_context=_setup_context)
 
 
-class _EagerScan(torch.autograd.Function):
-    """:func:`lmn_scan` in eager mode without the operator's dispatch (its Python wrappers cost
-    about 0.15 ms a training step, a tenth of a small layer's): the same implementations, the
-    same backward. torch.compile, torch.export and opcheck see the registered operator
-    (:func:`scan`)."""
-
-    # forward(ctx, ...), not setup_context: Function.apply then binds no signature per call
-    # (inspect.signature, about 40 us); torch.func takes the reference instead (see scan)
-    @staticmethod
-    def forward(ctx, x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity):
-        if x_proj.device.type == "cpu":
-            hs, ms = _lmn_scan_cpu(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m,
-                                   nonlinearity)
-        else:
-            hs, ms = _scan_loop(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m,
-                                nonlinearity)
-        _setup_context(ctx, (x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m,
-                             nonlinearity), (hs, ms))
-        ctx.set_materialize_grads(False)  # an output not used (LMN-B's hs): no zeros to read
-        return hs, ms
-
-    @staticmethod
-    def backward(ctx, grad_hs, grad_ms):
-        m0, hs, ms, weight_mh, weight_hm, weight_mm = ctx.saved_tensors
-        if torch.is_grad_enabled():  # a graph of the gradient: differentiable ops
-            grads = lmn_scan_backward_ref(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm,
-                                          weight_mm, ctx.nonlinearity)
-        else:
-            grads = _scan_backward(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, weight_mm,
-                                   ctx.nonlinearity,
-                                   _kernel_for(hs) if hs.device.type == "cpu" else None)
-        return (*grads, None)
+_EagerScan = eager_function(
+    "_EagerScan", by_device(_lmn_scan_cpu, _scan_loop), _setup_context, _backward,
+    by_device(_lmn_scan_backward_cpu, lambda *a: _scan_backward(*a, None)))
 
 
 def scan(x_proj: Tensor, m0: Tensor, weight_mh: Tensor, weight_hm: Tensor, weight_mm: Tensor,
@@ -653,7 +660,7 @@ def _ulm_setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(x_proj, past, weight_hh, output[1])
 
 
-def _ulm_backward_fn(ctx, grad_hs, grad_buf):
+def _ulm_backward_fn(ctx, grad_hs, grad_buf, backward_op=None):
     x_proj, past, weight_hh, buf = ctx.saved_tensors
     if torch.is_grad_enabled():  # a graph of the gradient: autograd through the reference
         inputs = (x_proj, past, weight_hh)
@@ -663,8 +670,25 @@ def _ulm_backward_fn(ctx, grad_hs, grad_buf):
         grads = torch.autograd.grad(hs, inputs, grad_hs, create_graph=True,
                                     allow_unused=True, materialize_grads=True)
     else:
-        grads = ulm_scan_backward(grad_hs, buf, weight_hh, ctx.nonlinearity)
+        grads = (backward_op or ulm_scan_backward)(grad_hs, buf, weight_hh, ctx.nonlinearity)
     return (*grads, None)
 
 
 ulm_scan.register_autograd(_ulm_backward_fn, setup_context=_ulm_setup_context)
+
+_EagerULMScan = eager_function(
+    "_EagerULMScan", by_device(_ulm_scan_cpu, lambda *a: _ulm_forward(*a, None)),
+    _ulm_setup_context, _ulm_backward_fn,
+    by_device(_ulm_scan_backward_cpu, lambda *a: _ulm_backward(*a, None)))
+
+
+def ulm_states(x_proj: Tensor, past: Tensor, weight_hh: Tensor, nonlinearity: str = "tanh"
+               ) -> Tensor:
+    """Eq. (10)'s states ``(T, B, H)`` by what runs them best here (as :func:`scan`): the
+    operator :func:`ulm_scan` where PyTorch traces, the reference under torch.func, in eager mode
+    the operator's implementations without its dispatch."""
+    if torch._C._are_functorch_transforms_active():
+        return ulm_scan_ref(x_proj, past, weight_hh, nonlinearity)
+    if torch.compiler.is_compiling():
+        return ulm_scan(x_proj, past, weight_hh, nonlinearity)[0]
+    return _EagerULMScan.apply(x_proj, past, weight_hh, nonlinearity)[0]

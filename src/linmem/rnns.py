@@ -43,7 +43,15 @@ from torch import Tensor, nn
 
 from ._ext import LOOP
 from .nn import _autocast_enabled, _to_dtype, activation_slope
-from .ops import _KERNEL_CODES, _kernel_for, _lagged_product, _rows, cpu_kernel_path
+from .ops import (
+    _KERNEL_CODES,
+    _kernel_for,
+    _lagged_product,
+    _rows,
+    by_device,
+    cpu_kernel_path,
+    eager_function,
+)
 
 __all__ = ["GRU", "LSTM", "RNN", "as_torch", "gru_recurrence", "gru_scan", "gru_scan_ref",
            "lstm_recurrence", "lstm_scan", "lstm_scan_ref", "rnn_recurrence", "rnn_scan",
@@ -196,17 +204,20 @@ def _rnn_setup(ctx, inputs, output):
     ctx.save_for_backward(gi, h0, weight_hh, bias_hh, output)
 
 
-def _rnn_grad(ctx, grad_hs):
+def _rnn_grad(ctx, grad_hs, backward_op=None):
     gi, h0, weight_hh, bias_hh, hs = ctx.saved_tensors
     if torch.is_grad_enabled():
         grads = _through_reference(rnn_scan_ref, (gi, h0, weight_hh, bias_hh, ctx.nonlinearity),
                                    None, (grad_hs,))
     else:
-        grads = rnn_scan_backward(grad_hs, h0, hs, weight_hh, ctx.nonlinearity)
+        grads = (backward_op or rnn_scan_backward)(grad_hs, h0, hs, weight_hh, ctx.nonlinearity)
     return (*grads, None)
 
 
 rnn_scan.register_autograd(_rnn_grad, setup_context=_rnn_setup)
+_EagerRNN = eager_function(
+    "_EagerRNN", by_device(_rnn_scan_cpu, lambda *a: _rnn_forward(*a, None)), _rnn_setup,
+    _rnn_grad, by_device(_rnn_scan_backward_cpu, lambda *a: _rnn_backward(*a, None)))
 
 
 def rnn_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor,
@@ -217,7 +228,9 @@ def rnn_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor,
         raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
     if torch._C._are_functorch_transforms_active():
         return rnn_scan_ref(gi, h0, weight_hh, bias_hh, nonlinearity)
-    return rnn_scan(gi, h0, weight_hh, bias_hh, nonlinearity)
+    if torch.compiler.is_compiling():
+        return rnn_scan(gi, h0, weight_hh, bias_hh, nonlinearity)
+    return _EagerRNN.apply(gi, h0, weight_hh, bias_hh, nonlinearity)
 
 
 # -------------------------------------------------------------------------------------- GRU
@@ -311,14 +324,17 @@ def _gru_setup(ctx, inputs, output):
     ctx.save_for_backward(gi, h0, weight_hh, bias_hh, *output)
 
 
-def _gru_grad(ctx, grad_hs, grad_gates, grad_gh):
+def _gru_grad(ctx, grad_hs, grad_gates, grad_gh, backward_op=None):
     gi, h0, weight_hh, bias_hh, hs, gates, gh = ctx.saved_tensors
     if torch.is_grad_enabled():
         return _through_reference(gru_scan_ref, (gi, h0, weight_hh, bias_hh), None, (grad_hs,))
-    return gru_scan_backward(grad_hs, h0, hs, gates, gh, weight_hh)
+    return (backward_op or gru_scan_backward)(grad_hs, h0, hs, gates, gh, weight_hh)
 
 
 gru_scan.register_autograd(_gru_grad, setup_context=_gru_setup)
+_EagerGRU = eager_function(
+    "_EagerGRU", by_device(_gru_scan_cpu, lambda *a: _gru_forward(*a, None)), _gru_setup,
+    _gru_grad, by_device(_gru_scan_backward_cpu, lambda *a: _gru_backward(*a, None)))
 
 
 def _gru_loop_backward(grad_hs, h0, hs, gates, gh, weight_hh):
@@ -353,7 +369,9 @@ def gru_recurrence(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor) -
     ``(T, B, 3H)`` and initial state ``h0 (B, H)``, differentiable in all four."""
     if torch._C._are_functorch_transforms_active():
         return gru_scan_ref(gi, h0, weight_hh, bias_hh)
-    return gru_scan(gi, h0, weight_hh, bias_hh)[0]
+    if torch.compiler.is_compiling():
+        return gru_scan(gi, h0, weight_hh, bias_hh)[0]
+    return _EagerGRU.apply(gi, h0, weight_hh, bias_hh)[0]
 
 
 # ------------------------------------------------------------------------------------- LSTM
@@ -450,15 +468,19 @@ def _lstm_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs, output[0], *output[2:])
 
 
-def _lstm_grad(ctx, grad_hs, grad_cn, *_):
+def _lstm_grad(ctx, grad_hs, grad_cn, *_, backward_op=None):
     gi, h0, c0, weight_hh, bias_hh, hs, cs, tcs, gates = ctx.saved_tensors
     if torch.is_grad_enabled():
         return _through_reference(lstm_scan_ref, (gi, h0, c0, weight_hh, bias_hh), None,
                                   (grad_hs, grad_cn))
-    return lstm_scan_backward(grad_hs, grad_cn, h0, c0, hs, cs, tcs, gates, weight_hh)
+    return (backward_op or lstm_scan_backward)(grad_hs, grad_cn, h0, c0, hs, cs, tcs, gates,
+                                               weight_hh)
 
 
 lstm_scan.register_autograd(_lstm_grad, setup_context=_lstm_setup)
+_EagerLSTM = eager_function(
+    "_EagerLSTM", by_device(_lstm_scan_cpu, lambda *a: _lstm_forward(*a, None)), _lstm_setup,
+    _lstm_grad, by_device(_lstm_scan_backward_cpu, lambda *a: _lstm_backward(*a, None)))
 
 
 def _lstm_loop_backward(grad_hs, grad_cn, c0, cs, tcs, gates, weight_hh):
@@ -495,7 +517,8 @@ def lstm_recurrence(gi: Tensor, h0: Tensor, c0: Tensor, weight_hh: Tensor,
     H)``, differentiable in all five."""
     if torch._C._are_functorch_transforms_active():
         return lstm_scan_ref(gi, h0, c0, weight_hh, bias_hh)
-    hs, c_n, *_ = lstm_scan(gi, h0, c0, weight_hh, bias_hh)
+    scan = lstm_scan if torch.compiler.is_compiling() else _EagerLSTM.apply
+    hs, c_n, *_ = scan(gi, h0, c0, weight_hh, bias_hh)
     return hs, c_n
 
 
