@@ -268,8 +268,22 @@ def _baseline_cases(dtype=torch.float64, seed=7):
 def test_the_baselines_recurrences_are_registered_operators(name):
     """opcheck of the RNN, GRU and LSTM operators; states and gradients against their
     references on the kernel and the loop (float64); gradgradcheck."""
+    from linmem import rnns
+
     op, args, extra, states, reference = _baseline_cases()[name]
     opcheck(op, (*args, *extra))
+    plain = [a.detach() for a in args]  # the backward operators, on what needs no gradient
+    out = op(*plain, *extra)
+    out = out if isinstance(out, tuple) else (out,)
+    grad = torch.randn_like(out[0])
+    if name == "rnn":
+        opcheck(rnns.rnn_scan_backward, (grad, plain[1], out[0], plain[2], *extra))
+    elif name == "gru":
+        opcheck(rnns.gru_scan_backward, (grad, plain[1], *out, plain[2]))
+    else:
+        hs, c_n, cs, tcs, gates = out
+        opcheck(rnns.lstm_scan_backward, (grad, torch.randn_like(c_n), plain[1], plain[2], hs,
+                                          cs, tcs, gates, plain[3]))
     expected = reference(*args, *extra)
     expected = expected if isinstance(expected, tuple) else (expected,)
     weights = [torch.randn_like(e) for e in expected]
@@ -284,8 +298,6 @@ def test_the_baselines_recurrences_are_registered_operators(name):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     assert torch.autograd.gradgradcheck(lambda *a: states(op(*a, *extra)), args)
     # the eager path (the operator's implementations without its dispatch) likewise
-    from linmem import rnns
-
     public = {"rnn": lambda *a: rnns.rnn_recurrence(*a, *extra),
               "gru": rnns.gru_recurrence, "lstm": rnns.lstm_recurrence}[name]
     assert torch.autograd.gradgradcheck(public, args)
@@ -338,8 +350,9 @@ def test_torch_func_grad_through_the_baselines_and_the_unrolled_network():
 
 
 def test_a_nade_readout_trains_in_one_compiled_graph():
-    """An LMN-B with a NADE over the keys: its exact likelihood (what it trains on) compiles in
-    one graph, equal to eager."""
+    """An LMN-B with a NADE over the keys: its exact likelihood (what it trains on) and its
+    sampled key marginals (forward; the seeded sampling is the operator
+    linmem::nade_marginals) each compile in one graph, equal to eager."""
     torch._dynamo.reset()
     torch.manual_seed(8)
     model = build_model("lmn-b-nade", 6, 5, nade_hidden=7).double()
@@ -353,4 +366,18 @@ def test_a_nade_readout_trains_in_one_compiled_graph():
         got, expected = compiled(x, y), model.likelihood_logits(x, y)
         torch.testing.assert_close(got, expected)
         _equal_grads(model, got, expected)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    from linmem.nade import nade_marginals
+
+    opcheck(nade_marginals, (torch.rand(4, 5, dtype=torch.float64),
+                             torch.rand(4, 3, dtype=torch.float64),
+                             torch.randn(5, 3, dtype=torch.float64),
+                             torch.randn(3, 5, dtype=torch.float64), 6, 0),
+            test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    torch._dynamo.reset()
+    counters.clear()
+    forward = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    for batch, steps in [(3, 9), (5, 13)]:
+        x = (torch.rand(batch, steps, 88) < 0.1).double()
+        torch.testing.assert_close(forward(x), model(x))
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

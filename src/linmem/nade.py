@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ._check import check_int
 
-__all__ = ["NADE"]
+__all__ = ["NADE", "nade_marginals"]
 
 _ROWS = 1 << 16  # frames x samples drawn at once by NADE.sample (bounds its memory)
 
@@ -104,19 +104,8 @@ class NADE(nn.Module):
             raise ValueError(f"temperature must be > 0, got {temperature!r}")
         lead = context.shape[:-1]
         flat = context.reshape(-1, context.shape[-1])
-        b, c = self.visible_bias(flat), self.hidden_bias(flat)  # (N, D), (N, H)
-        v = torch.empty(n, len(flat), self.n_visible, dtype=b.dtype, device=b.device)
-        p = torch.empty_like(v)
-        rows = max(1, _ROWS // n)
-        for start in range(0, len(flat), rows):
-            part = slice(start, start + rows)
-            a = c[part].expand(n, -1, -1).clone()  # (n, rows, H)
-            for i in range(self.n_visible):
-                p_i = torch.sigmoid((b[part, i] + torch.sigmoid(a) @ self.V[i]) / temperature)
-                v_i = (torch.rand(p_i.shape, generator=generator, dtype=p_i.dtype,
-                                  device=p_i.device) < p_i).to(p_i.dtype)
-                a += v_i.unsqueeze(-1) * self.W[:, i]
-                v[:, part, i], p[:, part, i] = v_i, p_i
+        v, p = _ancestral(self.visible_bias(flat), self.hidden_bias(flat), self.V, self.W, n,
+                          temperature, generator)
         return v.reshape(n, *lead, -1), p.reshape(n, *lead, -1)
 
     @torch.no_grad()
@@ -132,7 +121,47 @@ class NADE(nn.Module):
 
     def forward(self, context: Tensor) -> Tensor:
         """Logits of the estimated marginals (:meth:`marginals`, ``n_samples`` paths drawn with
-        ``seed``: the same figures on every call), for the accuracy of the key predictions."""
-        gen = torch.Generator(device=context.device).manual_seed(self.seed)
-        p = self.marginals(context, generator=gen)[0].clamp(1e-6, 1 - 1e-6)
+        ``seed``: the same figures on every call), for the accuracy of the key predictions.
+        The sampling is the operator ``linmem::nade_marginals`` (a seeded generator that
+        torch.compile cannot hold sits inside it)."""
+        self._check(context)
+        flat = context.reshape(-1, context.shape[-1])
+        p = nade_marginals(self.visible_bias(flat).detach(), self.hidden_bias(flat).detach(),
+                           self.V.detach(), self.W.detach(), self.n_samples, self.seed)
+        p = p.reshape(*context.shape[:-1], -1).clamp(1e-6, 1 - 1e-6)
         return torch.log(p) - torch.log1p(-p)
+
+
+def _ancestral(b: Tensor, c: Tensor, V: Tensor, W: Tensor, n: int, temperature: float,
+               generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """``n`` ancestral paths of the NADE with visible biases ``b`` ``(N, D)`` and hidden biases
+    ``c`` ``(N, H)`` per context: ``(v, p)``, each ``(n, N, D)``."""
+    d = V.shape[0]
+    v = torch.empty(n, len(b), d, dtype=b.dtype, device=b.device)
+    p = torch.empty_like(v)
+    rows = max(1, _ROWS // n)
+    for start in range(0, len(b), rows):
+        part = slice(start, start + rows)
+        a = c[part].expand(n, -1, -1).clone()  # (n, rows, H)
+        for i in range(d):
+            p_i = torch.sigmoid((b[part, i] + torch.sigmoid(a) @ V[i]) / temperature)
+            v_i = (torch.rand(p_i.shape, generator=generator, dtype=p_i.dtype,
+                              device=p_i.device) < p_i).to(p_i.dtype)
+            a += v_i.unsqueeze(-1) * W[:, i]
+            v[:, part, i], p[:, part, i] = v_i, p_i
+    return v, p
+
+
+@torch.library.custom_op("linmem::nade_marginals", mutates_args=())
+def nade_marginals(b: Tensor, c: Tensor, V: Tensor, W: Tensor, n: int, seed: int) -> Tensor:
+    """The key marginals ``(N, D)`` of a NADE (visible biases ``b`` ``(N, D)``, hidden biases
+    ``c`` ``(N, H)``), each the mean over ``n`` ancestral paths drawn from a generator seeded
+    with ``seed`` of the key's conditional probability along the path. Not differentiable."""
+    generator = torch.Generator(device=b.device).manual_seed(seed)
+    with torch.no_grad():
+        return _ancestral(b, c, V, W, n, 1.0, generator)[1].mean(0)
+
+
+@nade_marginals.register_fake
+def _nade_marginals_fake(b, c, V, W, n, seed):
+    return torch.empty_like(b)
