@@ -276,15 +276,21 @@ def _roll_from_notes(steps: Sequence, where: str) -> np.ndarray:
     return roll
 
 
+def _unpickle(path: Path) -> Any:
+    """A data pickle's contents, read by the restricted unpickler; ``DataError`` naming the file
+    when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return _RestrictedUnpickler(io.BufferedReader(f), encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
+        raise DataError(f"{path}: not a readable data pickle ({err})") from err
+
+
 def read_pickle(path: str | os.PathLike) -> dict[str, list[np.ndarray]]:
     """Read an original-format pickle: ``{split: [sequence]}``, a sequence a list of time steps,
     a time step a list of the MIDI note numbers (21..108) that sound."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = _RestrictedUnpickler(io.BufferedReader(f), encoding="latin1").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
-        raise DataError(f"{path}: not a readable data pickle ({err})") from err
+    raw = _unpickle(path)
     if not isinstance(raw, dict) or any(split not in raw for split in SPLITS):
         raise DataError(f"{path}: expected a dict with keys {SPLITS}")
     return {
@@ -316,11 +322,7 @@ def pickle_step_seconds(path: str | os.PathLike) -> float | None:
     """The seconds per frame that ``linmem data import-midi`` stored in a data set file of your
     own; None for a pickle without it (the original four, or one written elsewhere)."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = _RestrictedUnpickler(io.BufferedReader(f), encoding="latin1").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
-        raise DataError(f"{path}: not a readable data pickle ({err})") from err
+    raw = _unpickle(path)
     value = raw.get("step_seconds") if isinstance(raw, dict) else None
     if value is None:
         return None
