@@ -96,7 +96,7 @@ def _equal_grads(model, out_a, out_b):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("name", ["lmn-a", "lmn-b", "pret-lmn-b", "ulm"])
+@pytest.mark.parametrize("name", ["lmn-a", "lmn-b", "pret-lmn-a", "pret-lmn-b", "ulm"])
 def test_compile_fullgraph_dynamic_without_recompiling(name):
     """torch.compile(model, fullgraph=True, dynamic=True): one graph for every batch and length,
     outputs and gradients equal eager."""
