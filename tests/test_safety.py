@@ -12,22 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_faults import run_cli  # (exit code, stdout, stderr) of linmem ARGS in this process
 
 from linmem.cli import main
 
 TINY = ("--data", "jsb", "--model", "lmn-b", "--hidden", "6", "--memory", "5", "--batch-size",
         "64", "--quiet")
-
-
-def run_cli(*args, capsys):
-    """(exit code, stdout, stderr) of ``linmem ARGS`` run in this process."""
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(code, err, expected_code, *words):
