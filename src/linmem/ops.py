@@ -39,8 +39,8 @@ from linmem._ext import LOOP, cpu_path, kernel_variants, load_cpu_kernel
 
 __all__ = ["NONLINEARITIES", "SELU_ALPHA", "SELU_SCALE", "activation_grad", "cpu_kernel_path",
            "lmn_scan", "lmn_scan_backward", "lmn_scan_backward_ref", "lmn_scan_onnx",
-           "lmn_scan_ref", "measure_cpu_paths", "scan", "ulm_scan", "ulm_scan_backward",
-           "ulm_scan_ref", "ulm_states", "use_cpu_kernel"]
+           "lmn_scan_ref", "measure_cpu_paths", "scan", "through_reference", "ulm_scan",
+           "ulm_scan_backward", "ulm_scan_ref", "ulm_states", "use_cpu_kernel"]
 
 NONLINEARITIES = ("tanh", "relu", "selu")
 SELU_SCALE, SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
@@ -329,6 +329,19 @@ def lmn_scan_onnx(x_proj: Tensor, m0: Tensor, weight_mh: Tensor, weight_hm: Tens
 
 
 # ----------------------------------------------------------- eager calls without dispatch
+
+
+def through_reference(reference, inputs, grads):
+    """The gradients of ``reference(*inputs)`` with respect to its tensor inputs, given those of
+    its outputs ``grads`` (None: zero), as a differentiable graph: the backward of an operator
+    when a graph of the gradient is asked for (double backward)."""
+    tensors = [t for t in inputs if isinstance(t, Tensor)]
+    with torch.enable_grad():
+        out = reference(*inputs)
+    out = out if isinstance(out, tuple) else (out,)
+    grads = [torch.zeros_like(o) if g is None else g for o, g in zip(out, grads, strict=False)]
+    return torch.autograd.grad(out, tensors, grads, create_graph=True, allow_unused=True,
+                               materialize_grads=True)
 
 
 def by_device(cpu_impl, other_impl):
@@ -663,12 +676,8 @@ def _ulm_setup_context(ctx, inputs, output) -> None:
 def _ulm_backward_fn(ctx, grad_hs, grad_buf, backward_op=None):
     x_proj, past, weight_hh, buf = ctx.saved_tensors
     if torch.is_grad_enabled():  # a graph of the gradient: autograd through the reference
-        inputs = (x_proj, past, weight_hh)
-        with torch.enable_grad():
-            hs = ulm_scan_ref(*inputs, ctx.nonlinearity)
-        grad_hs = torch.zeros_like(hs) if grad_hs is None else grad_hs
-        grads = torch.autograd.grad(hs, inputs, grad_hs, create_graph=True,
-                                    allow_unused=True, materialize_grads=True)
+        grads = through_reference(ulm_scan_ref, (x_proj, past, weight_hh, ctx.nonlinearity),
+                                  (grad_hs,))
     else:
         grads = (backward_op or ulm_scan_backward)(grad_hs, buf, weight_hh, ctx.nonlinearity)
     return (*grads, None)

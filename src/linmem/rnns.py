@@ -45,12 +45,14 @@ from ._ext import LOOP
 from .nn import _autocast_enabled, _to_dtype, activation_slope
 from .ops import (
     _KERNEL_CODES,
+    _activate,
     _kernel_for,
     _lagged_product,
     _rows,
     by_device,
     cpu_kernel_path,
     eager_function,
+    through_reference,
 )
 
 __all__ = ["GRU", "LSTM", "RNN", "as_torch", "gru_recurrence", "gru_scan", "gru_scan_ref",
@@ -64,16 +66,12 @@ __all__ = ["GRU", "LSTM", "RNN", "as_torch", "gru_recurrence", "gru_scan", "gru_
 # through the per-step reference instead; under torch.func's transforms the reference runs.
 
 
-def _act(a: Tensor, nonlinearity: str) -> Tensor:
-    return torch.tanh(a) if nonlinearity == "tanh" else torch.relu(a)
-
-
 def rnn_scan_ref(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor,
                  nonlinearity: str = "tanh") -> Tensor:
     """One RNN layer's states, step by step in differentiable PyTorch ops."""
     h, hs = h0, []
     for g in gi.unbind(0):
-        h = _act(g + bias_hh + h @ weight_hh.t(), nonlinearity)
+        h = _activate(g + bias_hh + h @ weight_hh.t(), nonlinearity)
         hs.append(h)
     return torch.stack(hs) if hs else gi.new_zeros(gi.shape)
 
@@ -102,19 +100,6 @@ def lstm_scan_ref(gi: Tensor, h0: Tensor, c0: Tensor, weight_hh: Tensor, bias_hh
         h = torch.sigmoid(o) * torch.tanh(c)
         hs.append(h)
     return (torch.stack(hs) if hs else gi.new_zeros(gi.shape[0], gi.shape[1], h0.shape[1])), c
-
-
-def _through_reference(reference, inputs, outputs, grads):
-    """The gradients of ``reference(*inputs)`` (its outputs ``outputs``' first ones) given
-    ``grads`` (None: zero), as a differentiable graph: the backward of an operator when a graph
-    of the gradient is asked for."""
-    tensors = [t for t in inputs if isinstance(t, Tensor)]
-    with torch.enable_grad():
-        out = reference(*inputs)
-    out = out if isinstance(out, tuple) else (out,)
-    grads = [torch.zeros_like(o) if g is None else g for o, g in zip(out, grads, strict=False)]
-    return torch.autograd.grad(out, tensors, grads, create_graph=True, allow_unused=True,
-                               materialize_grads=True)
 
 
 # -------------------------------------------------------------------------------------- RNN
@@ -207,8 +192,8 @@ def _rnn_setup(ctx, inputs, output):
 def _rnn_grad(ctx, grad_hs, backward_op=None):
     gi, h0, weight_hh, bias_hh, hs = ctx.saved_tensors
     if torch.is_grad_enabled():
-        grads = _through_reference(rnn_scan_ref, (gi, h0, weight_hh, bias_hh, ctx.nonlinearity),
-                                   None, (grad_hs,))
+        grads = through_reference(rnn_scan_ref, (gi, h0, weight_hh, bias_hh, ctx.nonlinearity),
+                                  (grad_hs,))
     else:
         grads = (backward_op or rnn_scan_backward)(grad_hs, h0, hs, weight_hh, ctx.nonlinearity)
     return (*grads, None)
@@ -327,7 +312,7 @@ def _gru_setup(ctx, inputs, output):
 def _gru_grad(ctx, grad_hs, grad_gates, grad_gh, backward_op=None):
     gi, h0, weight_hh, bias_hh, hs, gates, gh = ctx.saved_tensors
     if torch.is_grad_enabled():
-        return _through_reference(gru_scan_ref, (gi, h0, weight_hh, bias_hh), None, (grad_hs,))
+        return through_reference(gru_scan_ref, (gi, h0, weight_hh, bias_hh), (grad_hs,))
     return (backward_op or gru_scan_backward)(grad_hs, h0, hs, gates, gh, weight_hh)
 
 
@@ -471,8 +456,8 @@ def _lstm_setup(ctx, inputs, output):
 def _lstm_grad(ctx, grad_hs, grad_cn, *_, backward_op=None):
     gi, h0, c0, weight_hh, bias_hh, hs, cs, tcs, gates = ctx.saved_tensors
     if torch.is_grad_enabled():
-        return _through_reference(lstm_scan_ref, (gi, h0, c0, weight_hh, bias_hh), None,
-                                  (grad_hs, grad_cn))
+        return through_reference(lstm_scan_ref, (gi, h0, c0, weight_hh, bias_hh),
+                                 (grad_hs, grad_cn))
     return (backward_op or lstm_scan_backward)(grad_hs, grad_cn, h0, c0, hs, cs, tcs, gates,
                                                weight_hh)
 
