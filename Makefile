@@ -31,14 +31,15 @@ test: lint
 test-all: lint
 	LINMEM_TEST_DATA=$(DATA) $(PY) -m pytest
 
-# The API reference (Sphinx, autodoc + napoleon); warnings are errors.
+# The user guide and the API reference (Sphinx, MyST, autodoc + napoleon), warnings as errors;
+# the guide's examples run as doctests on the data.
 $(VENV)/.docs: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[docs]'
 	touch $@
 
 docs: $(VENV)/.docs
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
-	$(PY) -m sphinx -W --keep-going -q -b doctest docs docs/_build/doctest
+	LINMEM_DATA=$(DATA) $(PY) -m sphinx -W --keep-going -q -b doctest docs docs/_build/doctest
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache docs/_build

@@ -3,26 +3,36 @@
 Side by side in one run, on random piano-roll-like sequences of ``--steps`` steps, frames per
 second of training (forward, masked next-step NLL, backward, Adam step) and of inference for
 
-- ``lmn``: the LMN-B predictor on ``--device`` (on CUDA its recurrence is the PyTorch loop of
-  the ``linmem::lmn_scan`` operator (``linmem.ops``): one small kernel launch per product and step);
-- ``naive-loop``: the same LMN as the straightforward per-step autograd loop
+- ``lmn``: the LMN-B predictor on ``--device`` on the path ``linmem.ops.gpu_kernel_path``
+  chooses (measured on first use: the fused kernels or the loop);
+- ``lmn-fused``: the same with the recurrence forced onto the fused Triton kernels
+  (``linmem.ops_gpu``: one launch for the forward over all steps, one for the backward);
+- ``lmn-loop``: forced onto the PyTorch loop of the ``linmem::lmn_scan`` operator (one small
+  kernel launch per product and step);
+- ``naive-loop`` (``--naive``): the straightforward per-step autograd loop
   (``throughput.NaiveLMN``), on the same device;
 - ``rnn``, ``lstm``, ``gru``: ``torch.nn.RNN``/``LSTM``/``GRU`` (cuDNN's fused kernels on
   CUDA) with ``hidden = functional + memory``;
 - ``lmn-cpu``: the LMN-B on this machine's CPU with one thread (the compiled kernel, the
-  setting of the project's searches: a run per core).
+  setting of the project's searches: a run per core), at batches up to ``--cpu-max-batch``.
 
-``--epochs`` then times one training epoch on real data sets with the trainer's batching, for
-LMN-B and LSTM on the device and LMN-B on one CPU thread. The GPU is fast at large batches; the
-trainer's default batch is 4 sequences, where a step is a chain of small products.
+``--epochs`` then times one training epoch on real data sets with the trainer's batching (batch
+1 is the paper's protocol, 4 ours), for LMN-B and cuDNN's LSTM on the device, and for both on one
+CPU thread over the first ``--cpu-frames`` frames of the epoch (scaled to the epoch). From those,
+``--progress`` files (``linmem progress`` tables) give each LMN-B and LSTM study of those data
+sets a projected wall time on this GPU: its CPU hours times the GPU's epoch time over one CPU
+thread's, at the batch of the study's protocol (the CPU hours were logged on the search
+machines, the ratio is this machine's CPU: an estimate, labelled as one).
 
-    python benchmarks/cuda_throughput.py --json results/cuda/throughput.json
+    python benchmarks/cuda_throughput.py --json results/cuda/fused.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -34,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # throughput.py beside
 
 from throughput import NaiveLMN, epoch_batches, median_rates, random_batch, torch_rnns
 
+from linmem import ops, ops_gpu
 from linmem._check import check_device
 from linmem._io import command_line, git_commit, provenance, write_json
 from linmem.data import load_polyphonic
@@ -63,9 +74,25 @@ def frames_per_second(step, frames: int, min_time: float, device: torch.device) 
             return frames * n / elapsed
 
 
-def measure(model: nn.Module, batch, min_time: float, device: torch.device
+def _path(name: str):
+    """The ``with`` block of a model's recurrence path: forced fused, forced loop, or chosen."""
+    if name.endswith("-fused"):
+        return ops.use_gpu_kernel(True)
+    if name.endswith("-loop") and not name.startswith("naive"):
+        return ops.use_gpu_kernel(False)
+    return contextlib.nullcontext()
+
+
+def measure(model: nn.Module, batch, min_time: float, device: torch.device, name: str = ""
             ) -> tuple[float, float]:
-    """(training, inference) frames per second of ``model`` on ``batch``, both on ``device``."""
+    """(training, inference) frames per second of ``model`` on ``batch``, both on ``device``,
+    on the recurrence path ``name`` asks for (:func:`_path`)."""
+    with _path(name):
+        return _measure(model, batch, min_time, device)
+
+
+def _measure(model: nn.Module, batch, min_time: float, device: torch.device
+             ) -> tuple[float, float]:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     frames = int(batch.mask.sum())
     train = frames_per_second(lambda: train_step(model, optimizer, batch), frames, min_time,
@@ -99,6 +126,9 @@ def _epoch(model: nn.Module, batches: list, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+LMN_PATHS = ("lmn", "lmn-fused", "lmn-loop")
+
+
 def bench_sizes(args, device: torch.device) -> list[dict]:
     cpu = torch.device("cpu")
     rows = []
@@ -106,25 +136,33 @@ def bench_sizes(args, device: torch.device) -> list[dict]:
         f, m = (int(v) for v in size.split("x"))
         for batch_size in args.batches:
             batch = random_batch(batch_size, args.steps)
-            torch.manual_seed(0)
-            lmn = build_model("lmn-b", f, m)
-            models = {"lmn": (lmn.to(device), device),
-                      "naive-loop": (NaiveLMN(lmn).to(device), device),
-                      **{name: (model.to(device), device)  # cuDNN's on CUDA
-                         for name, model in torch_rnns(f + m).items()}}
-            models["lmn-cpu"] = (build_model("lmn-b", f, m), cpu)
+            models = {}
+            for name in LMN_PATHS:
+                torch.manual_seed(0)
+                models[name] = (build_model("lmn-b", f, m).to(device), device)
+            if args.naive:
+                models["naive-loop"] = (NaiveLMN(models["lmn"][0]).to(device), device)
+            models.update({name: (model.to(device), device)  # cuDNN's on CUDA
+                           for name, model in torch_rnns(f + m).items()})
+            if batch_size <= args.cpu_max_batch:
+                models["lmn-cpu"] = (build_model("lmn-b", f, m), cpu)
             runs = {name: [] for name in models}
             for _ in range(args.rounds):  # interleaved rounds: drift hits every model alike
                 for name, (model, where) in models.items():
-                    timing = (model, batch.to(where), args.min_time, where)
+                    timing = (model, batch.to(where), args.min_time, where, name)
                     runs[name].append(_one_thread(measure, *timing) if where.type == "cpu"
                                       else measure(*timing))
             row = {"functional": f, "memory": m, "batch": batch_size, "steps": args.steps,
                    **median_rates(runs)}
+            if device.type == "cuda":
+                probe = torch.empty(args.steps, batch_size, f, device=device)
+                row["chosen_path"] = ops.gpu_kernel_path(probe, m)
             for mode in ("train", "infer"):
-                fps = row[f"lmn_{mode}_fps"]
-                for other in ("lstm", "naive-loop", "lmn-cpu"):
-                    row[f"{mode}_vs_{other}"] = fps / row[f"{other}_{mode}_fps"]
+                for lmn in LMN_PATHS:
+                    for other in ("lstm", "gru", "lmn-loop", "lmn-cpu"):
+                        if other != lmn and f"{other}_{mode}_fps" in row:
+                            row[f"{lmn}_{mode}_vs_{other}"] = (row[f"{lmn}_{mode}_fps"]
+                                                               / row[f"{other}_{mode}_fps"])
             rows.append(row)
             print_row(row, device)
     return rows
@@ -132,64 +170,135 @@ def bench_sizes(args, device: torch.device) -> list[dict]:
 
 def print_row(r: dict, device: torch.device) -> None:
     k = 1e3
-    print(f"LMN ({r['functional']},{r['memory']}) batch {r['batch']}, {r['steps']} steps:",
-          flush=True)
+    print(f"LMN ({r['functional']},{r['memory']}) batch {r['batch']}, {r['steps']} steps"
+          f"{', chosen path: ' + r['chosen_path'] if 'chosen_path' in r else ''}:", flush=True)
     for mode in ("train", "infer"):
-        print(f"  {mode}: on {device.type}: lmn {r[f'lmn_{mode}_fps'] / k:8.1f}k  naive loop "
-              f"{r[f'naive-loop_{mode}_fps'] / k:7.1f}k  rnn {r[f'rnn_{mode}_fps'] / k:7.1f}k  "
-              f"lstm {r[f'lstm_{mode}_fps'] / k:7.1f}k  gru {r[f'gru_{mode}_fps'] / k:7.1f}k | "
-              f"on one CPU thread: lmn {r[f'lmn-cpu_{mode}_fps'] / k:7.1f}k frames/s | "
-              f"lmn/lstm {r[f'{mode}_vs_lstm']:.2f}x  lmn/naive {r[f'{mode}_vs_naive-loop']:.2f}x"
-              f"  lmn {device.type}/cpu {r[f'{mode}_vs_lmn-cpu']:.2f}x", flush=True)
+        rates = "  ".join(f"{name} {r[f'{name}_{mode}_fps'] / k:.1f}k"
+                          for name in ("lmn", "lmn-fused", "lmn-loop", "naive-loop", "rnn",
+                                       "lstm", "gru", "lmn-cpu")
+                          if f"{name}_{mode}_fps" in r)
+        ratios = "  ".join(f"{a}/{b} {r[f'{a}_{mode}_vs_{b}']:.2f}x"
+                           for a, b in (("lmn-fused", "lstm"), ("lmn-fused", "lmn-loop"),
+                                        ("lmn", "lstm"), ("lmn", "lmn-loop"), ("lmn", "lmn-cpu"))
+                           if f"{a}_{mode}_vs_{b}" in r)
+        print(f"  {mode} (frames/s; lmn-cpu: one CPU thread): {rates} | {ratios}", flush=True)
+
+
+def _cpu_epoch(model: nn.Module, batches: list, frames: int, limit: int) -> float:
+    """Seconds of one epoch on one CPU thread, timed over the first batches up to ``limit``
+    frames and scaled to the epoch's ``frames``."""
+    head, counted = [], 0
+    for b in batches:
+        head.append(b)
+        counted += int(b.mask.sum())
+        if counted >= limit:
+            break
+    return _one_thread(_epoch, model, head, torch.device("cpu")) * frames / counted
 
 
 def bench_epochs(args, device: torch.device) -> list[dict]:
     """One training epoch with the trainer's batching (length buckets, padding)."""
     f, m = (int(v) for v in args.epoch_size.split("x"))
-    cpu = torch.device("cpu")
     rows = []
     for name in args.epochs:
         data = load_polyphonic(name, root=args.data_dir, progress=False)
         for batch_size in args.epoch_batches:
             row, padded = epoch_batches(data, name, batch_size, args.data_dir)
             row.update(functional=f, memory=m)
-            for label, model_name, size, where in (("lmn-b", "lmn-b", (f, m), device),
-                                                   ("lstm", "lstm", (f + m, None), device),
-                                                   ("lmn-b-cpu", "lmn-b", (f, m), cpu)):
+            labels = [("lmn-b", "lmn-b", (f, m), device), ("lstm", "lstm", (f + m, None), device)]
+            if args.epoch_loop:
+                labels.append(("lmn-b-loop", "lmn-b", (f, m), device))
+            labels += [("lmn-b-cpu", "lmn-b", (f, m), None), ("lstm-cpu", "lstm", (f + m, None),
+                                                               None)]
+            for label, model_name, size, where in labels:
                 torch.manual_seed(0)
                 model = build_model(model_name, *size)
-                if model_name == "lstm":
-                    model.core = as_torch(model.core)
-                timing = (model.to(where), [b.to(where) for b in padded], where)
-                seconds = (_one_thread(_epoch, *timing) if where.type == "cpu"
-                           else _epoch(*timing))
+                if where is None:  # our kernels on one CPU thread, as the searches ran
+                    seconds = _cpu_epoch(model, padded, row["frames"], args.cpu_frames)
+                else:
+                    if model_name == "lstm":
+                        model.core = as_torch(model.core)  # cuDNN's
+                    with _path(label):
+                        seconds = _epoch(model.to(where), [b.to(where) for b in padded], where)
                 row[f"{label}_epoch_s"] = seconds
                 row[f"{label}_train_fps"] = row["frames"] / seconds
             row["lmn_vs_lstm"] = row["lmn-b_train_fps"] / row["lstm_train_fps"]
             row["lmn_device_vs_cpu"] = row["lmn-b_train_fps"] / row["lmn-b-cpu_train_fps"]
             rows.append(row)
+            loop = (f", loop {row['lmn-b-loop_epoch_s']:.1f}s" if "lmn-b-loop_epoch_s" in row
+                    else "")
             print(f"epoch on {name} ({row['frames']} frames, batch {batch_size}, "
                   f"{row['batches']} batches): on {device.type}: LMN-B({f},{m}) "
-                  f"{row['lmn-b_epoch_s']:.1f}s, LSTM({f + m}) {row['lstm_epoch_s']:.1f}s; "
-                  f"LMN-B on one CPU thread {row['lmn-b-cpu_epoch_s']:.1f}s | lmn/lstm "
+                  f"{row['lmn-b_epoch_s']:.1f}s{loop}, LSTM({f + m}) {row['lstm_epoch_s']:.1f}s;"
+                  f" on one CPU thread: LMN-B {row['lmn-b-cpu_epoch_s']:.1f}s, LSTM "
+                  f"{row['lstm-cpu_epoch_s']:.1f}s (from {args.cpu_frames} frames) | lmn/lstm "
                   f"{row['lmn_vs_lstm']:.2f}x  lmn {device.type}/cpu "
                   f"{row['lmn_device_vs_cpu']:.2f}x", flush=True)
     return rows
 
 
+_STUDY = re.compile(r"^\| (?P<data>[a-z]+)-(?P<model>lmn-b|lstm)-(?P<grid>[a-z]+)"
+                    r"(?P<protocol>@paper)?(?: \([^|]*\))? \| (?P<done>\d+) / (?P<points>\d+) "
+                    r"\|[^|]*\|[^|]*\| (?P<cpu_h>[0-9.]+) \|")
+
+
+def project_studies(progress_files: list[str], epochs: list[dict]) -> list[dict]:
+    """Each LMN-B and LSTM study of the timed data sets in ``progress_files``: its CPU hours and
+    the projected wall hours on this GPU (CPU hours x GPU epoch / one CPU thread's epoch, at
+    the batch of its protocol: 1 under ``@paper``, else 4)."""
+    ratio = {}
+    for row in epochs:
+        for model, gpu, cpu in (("lmn-b", "lmn-b", "lmn-b-cpu"), ("lstm", "lstm", "lstm-cpu")):
+            ratio[row["dataset"], model, row["batch"]] = (row[f"{gpu}_epoch_s"]
+                                                          / row[f"{cpu}_epoch_s"])
+    out = []
+    for path in progress_files:
+        for line in Path(path).read_text().splitlines():
+            match = _STUDY.match(line)
+            if not match:
+                continue
+            batch = 1 if match["protocol"] else 4
+            key = (match["data"], match["model"], batch)
+            if key not in ratio:
+                continue
+            cpu_h = float(match["cpu_h"])
+            out.append({"study": line.split("|")[1].strip(), "file": path, "batch": batch,
+                        "cpu_hours": cpu_h, "gpu_over_cpu_epoch": ratio[key],
+                        "projected_gpu_hours": cpu_h * ratio[key]})
+            print(f"{out[-1]['study']}: {cpu_h:.2f} CPU h -> about "
+                  f"{out[-1]['projected_gpu_hours']:.2f} h on this GPU (batch {batch})",
+                  flush=True)
+    return out
+
+
+def ops_gpu_tiles(batch: int, size: str) -> dict:
+    f, m = (int(v) for v in size.split("x"))
+    return ops_gpu.tiles(batch, f, m)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", help="cuda, cuda:N (cpu: a smoke test)")
-    p.add_argument("--sizes", nargs="+", default=["50x50", "100x100", "250x250", "250x500"])
-    p.add_argument("--batches", nargs="+", type=int, default=[4, 32, 128])
+    p.add_argument("--sizes", nargs="*", default=["50x50", "100x100", "250x250", "250x500"])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 4, 32, 128, 512])
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; median reported")
-    p.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement")
-    p.add_argument("--epochs", nargs="*", default=["jsb", "nottingham", "musedata"],
+    p.add_argument("--min-time", type=float, default=0.2, help="seconds per measurement")
+    p.add_argument("--naive", action="store_true", help="add the per-step autograd loop")
+    p.add_argument("--cpu-max-batch", type=int, default=32,
+                   help="the largest batch timed on one CPU thread")
+    p.add_argument("--epochs", nargs="*", default=["nottingham", "musedata"],
                    help="data sets to time a training epoch on (none to skip)")
     p.add_argument("--epoch-size", default="250x250")
-    p.add_argument("--epoch-batches", nargs="+", type=int, default=[4, 32],
-                   help="batch sizes of the epochs (the trainer's default is 4)")
+    p.add_argument("--epoch-batches", nargs="+", type=int, default=[1, 4, 32],
+                   help="batch sizes of the epochs (1: the paper's protocol; 4: ours)")
+    p.add_argument("--epoch-loop", action="store_true",
+                   help="also time the epochs with the LMN's recurrence on the loop")
+    p.add_argument("--cpu-frames", type=int, default=20000,
+                   help="frames of an epoch timed on one CPU thread (scaled to the epoch)")
+    p.add_argument("--progress", nargs="*", default=["results/progress.md",
+                                                     "results/paper-protocol/progress.md"],
+                   help="linmem progress tables whose studies get a projected GPU time")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -200,16 +309,21 @@ def main() -> None:
     started = time.perf_counter()
     commit = git_commit()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    triton = ops_gpu._triton()
     print(f"device: {gpu or device}; torch {torch.__version__}, cuDNN "
-          f"{torch.backends.cudnn.version()}", flush=True)
-    sizes = bench_sizes(args, device)
+          f"{torch.backends.cudnn.version()}, Triton "
+          f"{triton[0].__version__ if triton else 'not installed'}", flush=True)
+    sizes = bench_sizes(args, device) if args.sizes else []
     epochs = bench_epochs(args, device) if args.epochs else []
+    studies = project_studies(args.progress, epochs) if epochs else []
     if args.json:
         checksums = {row["dataset"]: row["data_sha256"] for row in epochs} or None
         write_json(args.json, {
             **provenance(command_line(), commit, 0, checksums, time.perf_counter() - started,
                          device),
-            "sizes": sizes, "epochs": epochs,
+            "gpu_kernel_tiles": {f"{b}x{s}": ops_gpu_tiles(b, s) for s in args.sizes
+                                 for b in args.batches} if args.sizes else {},
+            "sizes": sizes, "epochs": epochs, "projected_studies": studies,
             "units": "frames per second; a frame is one time step of one sequence",
         })
     print(json.dumps({"wall_time_s": round(time.perf_counter() - started, 1)}))

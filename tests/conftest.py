@@ -9,6 +9,12 @@ from linmem._threads import configure_threads
 configure_threads()
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Triton's kernels (linmem.ops_gpu) run on CPU tensors under its interpreter where no GPU is, as
+# CI runs them (tests/test_ops_gpu.py); Triton reads the switch when it is first imported
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from linmem.data import load_polyphonic  # noqa: E402
 

@@ -155,20 +155,38 @@ def test_rnnrbm_step_reference_is_the_former_chain():
 @pytest.mark.slow
 def test_cuda_throughput_script_runs_on_the_cpu(tmp_path, data_dir):
     """The GPU benchmark's smoke test where there is no GPU (``--device cpu``): every model
-    trains and infers, an epoch of real data is timed, the ratios are those of the rates."""
+    trains and infers, an epoch of real data is timed, the ratios are those of the rates, and a
+    progress table's studies of the timed data set get their projection."""
     out = tmp_path / "c.json"
+    progress = tmp_path / "progress.md"
+    progress.write_text(
+        "| study | points done / grid | failed | running | CPU h | per point | left |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n"
+        "| jsb-lmn-b-paper@paper | 30 / 30 | 0 | 0 | 1.21 | 0.04 | 0.00 |\n"
+        "| jsb-lstm-paper (3 points: trial's stored time) | 25 / 25 | 0 | 0 | 0.85 | 0.03 | 0 |\n"
+        "| nottingham-lmn-b-reduced | 6 / 6 | 0 | 0 | 4.02 | 0.67 | 0.00 |\n")
     subprocess.run([sys.executable, str(BENCHMARKS / "cuda_throughput.py"), "--device", "cpu",
                     "--sizes", "8x8", "--batches", "2", "--steps", "6", "--rounds", "1",
-                    "--min-time", "0.01", "--epochs", "jsb", "--epoch-size", "6x5",
-                    "--epoch-batches", "64", "--data-dir", str(data_dir), "--json", str(out)],
-                   check=True, capture_output=True)
+                    "--min-time", "0.01", "--naive", "--epochs", "jsb", "--epoch-size", "6x5",
+                    "--epoch-batches", "1", "4", "--cpu-frames", "300", "--epoch-loop",
+                    "--data-dir", str(data_dir), "--progress", str(progress),
+                    "--json", str(out)], check=True, capture_output=True)
     result = json.loads(out.read_text())
     (row,) = result["sizes"]
-    for name in ("lmn", "naive-loop", "rnn", "lstm", "gru", "lmn-cpu"):
+    for name in ("lmn", "lmn-fused", "lmn-loop", "naive-loop", "rnn", "lstm", "gru", "lmn-cpu"):
         assert row[f"{name}_train_fps"] > 0 and row[f"{name}_infer_fps"] > 0
-    assert row["train_vs_lstm"] == pytest.approx(row["lmn_train_fps"] / row["lstm_train_fps"])
-    (epoch,) = result["epochs"]
-    assert epoch["dataset"] == "jsb" and epoch["batch"] == 64 and epoch["lmn-b_epoch_s"] > 0
-    assert epoch["lmn_device_vs_cpu"] == pytest.approx(epoch["lmn-b_train_fps"]
-                                                       / epoch["lmn-b-cpu_train_fps"])
+    assert row["lmn-fused_train_vs_lstm"] == pytest.approx(
+        row["lmn-fused_train_fps"] / row["lstm_train_fps"])
+    one, four = result["epochs"]
+    assert (one["dataset"], one["batch"], four["batch"]) == ("jsb", 1, 4)
+    for name in ("lmn-b", "lmn-b-loop", "lstm", "lmn-b-cpu", "lstm-cpu"):
+        assert one[f"{name}_epoch_s"] > 0
+    assert one["lmn_device_vs_cpu"] == pytest.approx(one["lmn-b_train_fps"]
+                                                     / one["lmn-b-cpu_train_fps"])
+    lmn, lstm = result["projected_studies"]  # Nottingham was not timed
+    assert lmn["batch"] == 1 and lstm["batch"] == 4
+    assert lmn["projected_gpu_hours"] == pytest.approx(
+        1.21 * one["lmn-b_epoch_s"] / one["lmn-b-cpu_epoch_s"])
+    assert lstm["projected_gpu_hours"] == pytest.approx(
+        0.85 * four["lstm_epoch_s"] / four["lstm-cpu_epoch_s"])
     assert result["data_sha256"]["jsb"] and "gpu" not in result["machine"]

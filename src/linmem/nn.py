@@ -15,7 +15,8 @@ backward through time (only the products that must be sequential stay in the loo
 laid out like the input so that batch-first data is never transposed in memory); the weight
 gradients are a few large products over all steps after it. On CPU (float32, float64) the loop
 and its backward are the compiled kernel of ``csrc/lmn_cpu.cpp`` (:mod:`linmem._ext`), elsewhere
-PyTorch ops; :func:`use_cpu_kernel` chooses between them.
+PyTorch ops; :func:`use_cpu_kernel` chooses between them. On CUDA the fused Triton kernels
+(:mod:`linmem.ops_gpu`) run where measured faster; :func:`use_gpu_kernel` chooses.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from linmem.ops import (
     scan,
     ulm_states,
     use_cpu_kernel,
+    use_gpu_kernel,
 )
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "memory_loop_gains",
     "memory_radii_of",
     "use_cpu_kernel",
+    "use_gpu_kernel",
 ]
 
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}

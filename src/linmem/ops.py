@@ -35,18 +35,24 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from linmem import ops_gpu
 from linmem._ext import LOOP, cpu_path, kernel_variants, load_cpu_kernel
 
-__all__ = ["NONLINEARITIES", "SELU_ALPHA", "SELU_SCALE", "activation_grad", "cpu_kernel_path",
-           "lmn_scan", "lmn_scan_backward", "lmn_scan_backward_ref", "lmn_scan_onnx",
-           "lmn_scan_ref", "measure_cpu_paths", "scan", "through_reference", "ulm_scan",
-           "ulm_scan_backward", "ulm_scan_ref", "ulm_states", "use_cpu_kernel"]
+__all__ = ["FUSED", "NONLINEARITIES", "SELU_ALPHA", "SELU_SCALE", "activation_grad",
+           "cpu_kernel_path", "gpu_kernel_path", "gpu_paths_taken", "lmn_scan", "lmn_scan_backward",
+           "lmn_scan_backward_ref", "lmn_scan_onnx", "lmn_scan_ref", "measure_cpu_paths",
+           "measure_gpu_paths", "scan", "through_reference", "ulm_scan", "ulm_scan_backward",
+           "ulm_scan_ref", "ulm_states", "use_cpu_kernel", "use_gpu_kernel"]
 
 NONLINEARITIES = ("tanh", "relu", "selu")
 SELU_SCALE, SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
 
 _KERNEL_CODES = {"tanh": 0, "relu": 1, "selu": 2}  # csrc/lmn_kernel_api.h's Nonlinearity
 _path_override: str | None = None  # set by use_cpu_kernel
+FUSED = "fused"  # the GPU path of ops_gpu's Triton kernels
+_gpu_override: bool | None = None  # set by use_gpu_kernel
+_gpu_choices: dict[tuple, dict] = {}  # size class -> measured record
+_gpu_taken: set[str] = set()  # the GPU paths the LMN's recurrence took in this process
 
 
 @contextlib.contextmanager
@@ -154,6 +160,131 @@ def _measure_cpu_paths(variants: list[str], repeats: int) -> dict:
                          for k, v in problems.items()},
             "threads": threads, "clock": "cpu" if threads == 1 else "wall",
             "torch": torch.__version__}
+
+
+# ------------------------------------------------------------------------- the GPU's path
+
+
+@contextlib.contextmanager
+def use_gpu_kernel(enabled: bool | None = True) -> Iterator[None]:
+    """Choose the LMN's GPU path inside the ``with`` block: ``True`` the fused Triton kernels
+    (:mod:`linmem.ops_gpu`), ``False`` the PyTorch loop, ``None`` the measured choice
+    (:func:`gpu_kernel_path`). Under Triton's interpreter (``TRITON_INTERPRET=1``), ``True`` also
+    runs the fused kernels on CPU tensors: how they are tested without a GPU."""
+    global _gpu_override
+    if enabled and not ops_gpu.available():
+        raise RuntimeError("the fused GPU kernels need Triton (pip install "
+                           "'linear-memory-networks[gpu]') and LINMEM_GPU_KERNEL not 0")
+    previous, _gpu_override = _gpu_override, enabled
+    try:
+        yield
+    finally:
+        _gpu_override = previous
+
+
+def _size_class(n: int) -> int:
+    """The power of two at or above ``n``: one measured choice per class of sizes."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def gpu_kernel_path(x_proj: Tensor, memory: int) -> str:
+    """The path the LMN's recurrence takes for ``x_proj`` ``(T, B, H)`` on a CUDA device:
+    :data:`FUSED` or ``"loop"``. :func:`use_gpu_kernel`'s choice inside its block; else the
+    loop for anything but float32 or without Triton (``LINMEM_GPU_KERNEL=0`` too); else the
+    faster path measured on the first use of each size class (batch, hidden and memory sizes
+    rounded up to powers of two) on this device, recorded beside Triton's cache
+    (``gpu-choice-<gpu>.json``) and read back afterwards."""
+    if _gpu_override is not None:
+        return FUSED if _gpu_override else LOOP
+    if x_proj.dtype != torch.float32 or not ops_gpu.available():
+        return LOOP
+    batch, hidden = x_proj.shape[1:]
+    key = (torch.cuda.get_device_name(x_proj.device), _size_class(batch),
+           _size_class(hidden), _size_class(memory))
+    if key not in _gpu_choices:
+        _gpu_choices.update(ops_gpu.read_choices(key[0]))
+    if key not in _gpu_choices:
+        _gpu_choices[key] = measure_gpu_paths(x_proj.device, batch, hidden, memory)
+        ops_gpu.write_choices(key[0], _gpu_choices)
+    return _gpu_choices[key]["choice"]
+
+
+def gpu_paths_taken(clear: bool = False) -> list[str]:
+    """The GPU paths the LMN's recurrence took in this process since the last ``clear``
+    (``metrics.json`` records those of its run)."""
+    taken = sorted(_gpu_taken)
+    if clear:
+        _gpu_taken.clear()
+    return taken
+
+
+@_eager
+def measure_gpu_paths(device: torch.device, batch: int, hidden: int, memory: int,
+                      steps: int = 64, repeats: int = 5) -> dict:
+    """Time the recurrence's forward and backward (float32) through the fused kernels and the
+    PyTorch loop at one size on ``device``, best of ``repeats`` taken in turns after a round
+    that compiles and warms up: ``{"choice", "seconds", "problem"}``, the choice the faster."""
+    with torch.inference_mode(False), torch.enable_grad():
+        ops = [t.detach().to(device).requires_grad_()
+               for t in _path_problem(steps, batch, hidden, memory)]
+        best = {FUSED: math.inf, LOOP: math.inf}
+        for round_ in range(repeats + 1):
+            for path in best:
+                with use_gpu_kernel(path == FUSED):
+                    torch.cuda.synchronize(device)
+                    start = time.perf_counter()
+                    hs, ms = lmn_scan(*ops, "tanh")
+                    torch.autograd.grad((hs.sum(), ms.sum()), ops)
+                    torch.cuda.synchronize(device)
+                    elapsed = time.perf_counter() - start
+                if round_:
+                    best[path] = min(best[path], elapsed)
+    return {"choice": FUSED if best[FUSED] <= best[LOOP] else LOOP, "seconds": best,
+            "problem": {"steps": steps, "batch": batch, "hidden": hidden, "memory": memory},
+            "torch": torch.__version__}
+
+
+def _cpu_fills(module, variant):
+    """The compiled CPU kernel's forward and backward in the loops' signatures."""
+
+    def forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity, hs, ms):
+        module.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm,
+                       bias_m.contiguous(), _KERNEL_CODES[nonlinearity], hs, ms, variant)
+
+    def backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonlinearity, grads,
+                 grad_m0):
+        module.backward(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm, weight_mm,
+                        _KERNEL_CODES[nonlinearity], grads, grad_m0, variant)
+
+    return forward, backward
+
+
+def _gpu_forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity, hs, ms):
+    ops_gpu.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm, bias_m,
+                    nonlinearity, hs, ms)
+
+
+def _gpu_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonlinearity, grads,
+                  grad_m0):
+    ops_gpu.backward_states(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm,
+                            weight_mm, nonlinearity, grads, grad_m0)
+
+
+@_eager
+def _lmn_fills(x: Tensor, memory: int):
+    """``(forward, backward)`` that fill the LMN's states and state gradients for ``x`` here:
+    the compiled CPU kernel, the fused GPU kernels, or the PyTorch loops."""
+    if x.device.type == "cuda":
+        path = gpu_kernel_path(x, memory)
+        _gpu_taken.add(path)
+        return (_gpu_forward, _gpu_backward) if path == FUSED else (_loop_forward, _loop_backward)
+    if x.device.type == "cpu":
+        if _gpu_override and ops_gpu.interpreting() and x.dtype == torch.float32:
+            return _gpu_forward, _gpu_backward  # Triton's interpreter (tests)
+        kernel = _kernel_for(x)
+        if kernel is not None:
+            return _cpu_fills(*kernel)
+    return _loop_forward, _loop_backward
 
 
 def _rows(t: Tensor | None) -> Tensor | None:
@@ -400,20 +531,16 @@ def lmn_scan(x_proj: Tensor, m0: Tensor, weight_mh: Tensor, weight_hm: Tensor,
     """Eqs. (6)-(7) over all steps: ``(hs, ms)``, ``(T, B, H)`` and ``(T, B, M)``, laid out
     like ``x_proj`` ``(T, B, H)``; ``m0`` ``(B, M)``; ``nonlinearity`` one of
     :data:`NONLINEARITIES`. This is the PyTorch loop (any device); the CPU runs the compiled
-    kernel."""
+    kernel, CUDA the fused Triton kernel where it is faster."""
     return _scan_loop(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity)
 
 
-@lmn_scan.register_kernel("cpu")
-def _lmn_scan_cpu(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity):
-    kernel = _kernel_for(x_proj)
-    if kernel is None:
-        return _scan_loop(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity)
+@lmn_scan.register_kernel(("cpu", "cuda"))
+def _lmn_scan_kernel(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity):
     hs, ms, _ = _scan_buffers(x_proj, m0.shape[1])
     if x_proj.shape[0] and x_proj.shape[1]:
-        module, variant = kernel
-        module.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm,
-                       bias_m.contiguous(), _KERNEL_CODES[nonlinearity], hs, ms, variant)
+        forward, _ = _lmn_fills(x_proj, m0.shape[1])
+        forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity, hs, ms)
     return hs, ms
 
 
@@ -430,16 +557,16 @@ def lmn_scan_backward(grad_hs: Tensor | None, grad_ms: Tensor | None, m0: Tensor
                       ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`lmn_scan` with respect to ``(x_proj, m0, weight_mh, weight_hm,
     weight_mm, bias_m)`` given those of ``(hs, ms)`` (None: zero): the PyTorch loop (any
-    device); the CPU runs the compiled kernel."""
+    device); the CPU runs the compiled kernel, CUDA the fused Triton kernel where it is faster."""
     return _scan_backward(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, weight_mm,
-                          nonlinearity, None)
+                          nonlinearity, _loop_backward)
 
 
-@lmn_scan_backward.register_kernel("cpu")
-def _lmn_scan_backward_cpu(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, weight_mm,
-                           nonlinearity):
+@lmn_scan_backward.register_kernel(("cpu", "cuda"))
+def _lmn_scan_backward_kernel(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, weight_mm,
+                              nonlinearity):
     return _scan_backward(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, weight_mm,
-                          nonlinearity, _kernel_for(hs))
+                          nonlinearity, _lmn_fills(hs, ms.shape[2])[1])
 
 
 def _backward_buffers(hs: Tensor, memory: int) -> tuple[Tensor, Tensor, bool]:
@@ -459,9 +586,9 @@ def _lmn_scan_backward_fake(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, 
 
 
 def _scan_backward(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, weight_mm,
-                   nonlinearity, kernel):
-    """The backward of :func:`lmn_scan`: ``kernel`` (the compiled kernel's module and variant)
-    or, when None, the PyTorch loop; then the weight gradients as large products."""
+                   nonlinearity, fill):
+    """The backward of :func:`lmn_scan`: the state gradients by ``fill`` (the PyTorch loop's
+    signature: :func:`_lmn_fills`), then the weight gradients as large products."""
     steps, batch, hidden = hs.shape
     memory = ms.shape[2]
     grads, grad_m0, batch_major = _backward_buffers(hs, memory)
@@ -470,13 +597,7 @@ def _scan_backward(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, weight_mm
         return (grads[..., :hidden], m0.new_zeros(m0.shape) if steps == 0 else grad_m0.zero_(),
                 torch.zeros_like(weight_mh), torch.zeros_like(weight_hm),
                 torch.zeros_like(weight_mm), weight_mm.new_zeros(memory))
-    if kernel is not None:
-        module, variant = kernel
-        module.backward(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm, weight_mm,
-                        _KERNEL_CODES[nonlinearity], grads, grad_m0, variant)
-    else:
-        _loop_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonlinearity,
-                       grads, grad_m0)
+    fill(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonlinearity, grads, grad_m0)
     d_m = _flat(grads, batch_major)[:, hidden:]
     d_cat = _lagged_product(grads, ms, m0, batch_major)
     return (grads[..., :hidden], grad_m0, d_cat[:hidden].clone(),
@@ -505,8 +626,7 @@ lmn_scan.register_autograd(_backward, setup_context=_setup_context)
 
 
 _EagerScan = eager_function(
-    "_EagerScan", by_device(_lmn_scan_cpu, _scan_loop), _setup_context, _backward,
-    by_device(_lmn_scan_backward_cpu, lambda *a: _scan_backward(*a, None)))
+    "_EagerScan", _lmn_scan_kernel, _setup_context, _backward, _lmn_scan_backward_kernel)
 
 
 def scan(x_proj: Tensor, m0: Tensor, weight_mh: Tensor, weight_hm: Tensor, weight_mm: Tensor,

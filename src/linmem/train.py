@@ -76,6 +76,7 @@ from .models import (
     model_names,
 )
 from .nn import cpu_kernel_path, use_cpu_kernel
+from .ops import gpu_paths_taken
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -673,9 +674,11 @@ def _kernel_choice(cpu_kernel: str):
 
 
 def _recurrence_path(device: torch.device) -> str:
-    """What ran the recurrences: the CPU path (a kernel variant, or the PyTorch loop), or the
-    device's loop."""
-    return cpu_kernel_path() if device.type == "cpu" else f"loop ({device.type})"
+    """What ran the recurrences: the CPU path (a kernel variant, or the PyTorch loop), or on a
+    GPU the paths the LMN's recurrence took in this process (the fused kernels, the loop)."""
+    if device.type == "cpu":
+        return cpu_kernel_path()
+    return f"{'+'.join(gpu_paths_taken()) or 'loop'} ({device.type})"
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -700,6 +703,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     elif run_dir.exists():
         raise ValueError(f"{run_dir} is a file, not a folder")
     started, cpu_started = time.perf_counter(), time.process_time()
+    gpu_paths_taken(clear=True)  # metrics.json records the GPU paths of this run's steps
     commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
     command = command or command_line()
     device = check_device(config.device)
