@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import linmem
-from linmem import models, recipes, report, search
+from linmem import models, recipes, search
 from linmem.cli import cli
 from linmem.metrics import masked_nll
 from linmem.train import TrainConfig, load_run_model
@@ -71,6 +71,31 @@ def test_imports_have_no_cycle():
     assert not graph["train"] & {"pretrain", "rnnrbm", "recipes", "search", "cli"}
     assert not graph["pretrain"] & {"train", "recipes"}
     assert not graph["rnnrbm"] & {"train", "recipes", "models"}
+    # the harness above the library (issue 47): a run directory is read in one module, which
+    # reads nothing else of ours; the searches know no table, figure or diagnostic
+    assert graph["runs"] <= {"_io"}
+    assert not graph["search"] & {"report", "plots", "analyses", "progress", "cli"}
+    assert not graph["report"] & {"search", "cli"}
+
+
+def _string_constants(tree: ast.AST) -> list[str]:
+    """The string literals of ``tree``, but the text between an f-string's fields."""
+    fragments = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                 for v in node.values}
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in fragments]
+
+
+def test_only_runs_names_the_files_of_a_run_directory():
+    """``linmem.runs`` is the one owner of a run directory's file names: no other module of the
+    package spells one as a string of its own (prose in messages and docstrings aside)."""
+    from linmem import runs
+
+    for path in PACKAGE.glob("*.py"):
+        if path.stem == "runs":
+            continue
+        found = set(_string_constants(ast.parse(path.read_text()))) & set(runs.RUN_FILES)
+        assert not found, f"{path.name} spells {sorted(found)}: use linmem.runs' names"
 
 
 def test_the_cycle_finder_finds_cycles():
@@ -152,7 +177,7 @@ def test_a_model_is_one_registry_entry(tmp_path, jsb, running_mean):
     assert "running-mean" in train_options["model"].type.choices
     assert [p.hidden for p in search.grid_points("running-mean", "quick")] \
         == [h for h in search.GRIDS["quick"].hidden for _ in search.GRIDS["quick"].weight_decay]
-    assert report.display_name("running-mean") == "Running mean"
+    assert models.display_name("running-mean") == "Running mean"
     with pytest.raises(ValueError, match="registered already"):
         models.register(running_mean)
 

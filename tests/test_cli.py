@@ -81,7 +81,7 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     assert written["command"] and written["wall_time_s"] > 0  # (in-process: pytest's argv)
     assert 0 < written["cpu_time_s"] <= written["wall_time_s"] * 4  # its CPU time (progress)
     assert written["commit"] == metrics["commit"]
-    from linmem.report import collect_metrics
+    from linmem.runs import collect_metrics
 
     (record,) = collect_metrics([out])  # what linmem report reads from the run
     assert record["valid_acc_expected"] == expected["acc_expected"]
@@ -218,7 +218,8 @@ def test_reseed_trains_the_same_configuration_with_other_seeds(tmp_path, data_di
     code, _, err = run_cli("reseed", str(out), "--seeds", "1,x", capsys=capsys)
     assert code == 2 and "--seeds" in err
 
-    from linmem.report import collect_metrics, seed_groups
+    from linmem.report import seed_groups
+    from linmem.runs import collect_metrics
 
     (group,) = seed_groups(collect_metrics([tmp_path / "run-seeds"]))
     accs = [m["test_acc"] for m in metrics]

@@ -190,7 +190,7 @@ def test_plots_of_a_run(tmp_path, data_dir, capsys):
     probabilities and the outcome of each key, whose counts are those of the metric."""
     from linmem.cli import main
     from linmem.generate import predict_sequence
-    from linmem.report import plot_run
+    from linmem.plots import plot_run
 
     run = tmp_path / "run"
     main(["train", "--data", "jsb", "--data-dir", str(data_dir), "--model", "lmn-b", "--hidden",
@@ -215,7 +215,7 @@ def test_plot_of_a_nade_run_selected_on_nll(tmp_path):
     that wrote best.pt."""
     import json
 
-    from linmem.report import plot_run
+    from linmem.plots import plot_run
 
     run = tmp_path / "run"
     run.mkdir()

@@ -13,7 +13,7 @@ from linmem import LinearAutoencoder, UnrolledNet
 from linmem.models import build_model
 from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, transfer
 from linmem.recipes import ulm_key
-from linmem.report import run_cpu_seconds
+from linmem.runs import run_cpu_seconds
 from linmem.train import TrainConfig, load_run_model
 
 

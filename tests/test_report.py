@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from linmem.report import collect_metrics, markdown_table, rerun_cpu_seconds
+from linmem.report import markdown_table
+from linmem.runs import collect_metrics, rerun_cpu_seconds
 
 
 def test_table_from_run_directories(tmp_path):
@@ -142,7 +143,8 @@ def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
 
 
 def test_single_runs_join_the_table_selected_on_validation(tmp_path):
-    from linmem.report import collect_metrics, run_records, summary_records, table2_markdown
+    from linmem.report import run_records, summary_records, table2_markdown
+    from linmem.runs import collect_metrics
 
     for name, valid, test in (("a", 27.0, 28.0), ("b", 26.0, 30.0)):
         run = tmp_path / name
@@ -171,7 +173,8 @@ def test_single_runs_join_the_table_selected_on_validation(tmp_path):
 
 
 def test_runs_selected_on_nll_are_chosen_by_their_lowest_validation_nll(tmp_path):
-    from linmem.report import collect_metrics, run_records
+    from linmem.report import run_records
+    from linmem.runs import collect_metrics
 
     for name, nll, acc, selected in (("a", 6.1, 24.0, "valid nll"), ("b", 5.9, 22.0, "valid nll"),
                                      ("c", 5.0, 30.0, "valid nll")):
@@ -292,7 +295,8 @@ def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
     """A seed whose training diverged (``diverged.json``, no scores) is read with the seeds,
     named in the table and in the claim, and left out of the means; the claim needs three seeds
     run and two finished per model."""
-    from linmem.report import collect_metrics, seed_groups, table2_markdown
+    from linmem.report import seed_groups, table2_markdown
+    from linmem.runs import collect_metrics
 
     def run(model, seed, acc=None):
         folder = tmp_path / f"{model}-s{seed}"
@@ -401,8 +405,8 @@ def test_figure4_is_drawn_for_every_data_set_with_a_curve(tmp_path):
 def test_memory_radii_and_table(tmp_path):
     import torch
 
+    from linmem.analyses import memory_markdown, memory_radii
     from linmem.models import build_model
-    from linmem.report import memory_markdown, memory_radii
 
     torch.manual_seed(0)
     model = build_model("lmn-b", 6, memory=3, num_layers=2)
@@ -458,7 +462,8 @@ def test_a_shorter_patience_is_replayed_from_the_runs_logs(tmp_path):
     """Stopping after P epochs without a better validation score, replayed on logged runs: the
     epoch each would have selected (checked by hand), the accuracy lost, the CPU time saved; a
     run whose own patience is not longer, or that diverged, is left out."""
-    from linmem.report import collect_metrics, patience_markdown, patience_records, stop_early
+    from linmem.analyses import patience_markdown, patience_records, stop_early
+    from linmem.runs import collect_metrics
 
     late = [10, 20, 21, 19, 18, 17, 16, 25, 24, 23, 22, 21, 20]  # best at epoch 8, after 5 bad
     early = [10, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19]  # best at epoch 2

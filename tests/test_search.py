@@ -17,6 +17,7 @@ import pytest
 from optuna.trial import TrialState
 
 from linmem._io import machine
+from linmem.progress import planned_record, progress_records, project_points
 from linmem.search import (
     GRIDS,
     MAX_RETRY,
@@ -26,11 +27,8 @@ from linmem.search import (
     grid_points,
     make_storage,
     open_study,
-    planned_record,
     point_seconds,
     point_states,
-    progress_records,
-    project_points,
     run_worker,
     search_records,
     select,
@@ -281,7 +279,8 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
     each at the selected run's CPU time plus its cached unrolled network's; no study needed
     once every seed is done; a missing study or a bad plan is a usage error."""
     from linmem.cli import main
-    from linmem.search import seeds_record, select
+    from linmem.progress import seeds_record
+    from linmem.search import select
 
     config = _config(tmp_path, data_dir)
     run_worker(config, command="test", log=lambda _: None)
@@ -330,7 +329,7 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
 
 
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
-    from linmem.report import run_cpu_seconds
+    from linmem.runs import run_cpu_seconds
 
     run = tmp_path / "run"
     run.mkdir()
@@ -365,7 +364,7 @@ def test_a_planned_single_run_is_projected_from_another_data_sets_run(tmp_path):
     usage error."""
     from linmem.cli import main
     from linmem.data import DATASETS
-    from linmem.search import planned_run_record
+    from linmem.progress import planned_run_record
 
     run = tmp_path / "rnn-rbm" / "jsb-run"
     run.mkdir(parents=True)
@@ -403,7 +402,7 @@ def test_a_planned_single_run_is_projected_from_another_data_sets_run(tmp_path):
 
 
 def test_run_cpu_seconds_counts_a_killed_ulm_stage_for_the_run_that_trained_it(tmp_path):
-    from linmem.report import run_cpu_seconds
+    from linmem.runs import run_cpu_seconds
 
     run, ulm = tmp_path / "run", tmp_path / "run" / "ulm"
     ulm.mkdir(parents=True)
@@ -817,7 +816,7 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
     scaled by the data sets' cost ratio over the models both have finished, those of its own
     grid first, then those of another grid; without any, from its data set's mean; a study's
     own finished points come first."""
-    from linmem.search import project_points
+    from linmem.progress import project_points
 
     def study(dataset, model, finished, todo=0, running=(), grid="reduced"):
         return {"dataset": dataset, "model": model, "grid": grid, "finished_cpu_s": finished,
@@ -863,7 +862,8 @@ def test_projection_scales_a_studys_points_left_by_their_parameters():
     import numpy as np
     import torch
 
-    from linmem.search import point_params, project_points, size_cost
+    from linmem.progress import project_points
+    from linmem.search import point_params, size_cost
 
     record = {"dataset": "muse", "model": "lstm", "grid": "reduced",
               "finished_cpu_s": [10.0, 50.0], "finished_params": [100, 500],  # 0.1 s / param

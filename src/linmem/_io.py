@@ -10,7 +10,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,9 @@ import torch
 
 from . import __version__
 
-__all__ = ["RunDirBusy", "RunDirClaim", "atomic_write", "check_outputs", "command_line",
-           "cpu_description", "git_commit", "machine", "provenance", "read_json", "write_json"]
+__all__ = ["atomic_write", "check_outputs", "command_line",
+           "cpu_description", "git_commit", "machine", "made_by", "provenance", "read_json",
+           "write_json"]
 
 
 def check_outputs(outputs: dict[str, str | os.PathLike | None], force: bool = False) -> None:
@@ -42,71 +42,6 @@ def check_outputs(outputs: dict[str, str | os.PathLike | None], force: bool = Fa
         if existing:
             raise FileExistsError(f"{', '.join(existing)}: already exists (pass --force to "
                                   "overwrite)")
-
-
-class RunDirBusy(RuntimeError):
-    """Another process holds the run directory (:class:`RunDirClaim`)."""
-
-
-class RunDirClaim:
-    """``with RunDirClaim(run_dir) as claim``: the one process that writes a run directory.
-
-    :meth:`acquire` takes an exclusive OS lock (``fcntl.flock``) on ``run_dir/.lock``, and writes
-    the holder (process, host, start time) into it; a second process that asks for the same
-    directory gets :class:`RunDirBusy` naming the holder. :meth:`release` removes the file; the
-    operating system drops the lock when the holder ends in any other way (``kill -9``
-    included), so a stale file cannot block a ``--resume``. Without ``fcntl`` (Windows) there is
-    no lock."""
-
-    def __init__(self, run_dir: str | os.PathLike):
-        self.run_dir = Path(run_dir)
-        self.file = None
-
-    def acquire(self) -> None:
-        """Lock the (existing) directory; a no-op when this claim holds it already."""
-        if self.file is not None:
-            return
-        try:
-            import fcntl
-        except ImportError:  # not POSIX
-            return
-        path = self.run_dir / ".lock"
-        while True:
-            file = open(path, "a+")  # held open as long as the claim
-            try:
-                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                file.seek(0)
-                holder = file.read().strip() or "another process"
-                file.close()
-                raise RunDirBusy(f"{self.run_dir} is in use by {holder}: wait for it to end, "
-                                 "or choose another output folder") from None
-            try:  # the holder before removed the file as it let go: lock the one there now
-                same = os.stat(path).st_ino == os.fstat(file.fileno()).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            file.close()
-        file.seek(0)
-        file.truncate()
-        file.write(f"linmem process {os.getpid()} on {platform.node()} (since "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n")
-        file.flush()
-        self.file = file
-
-    def release(self) -> None:
-        """Remove the lock file and let go (a killed holder leaves the file, not the lock)."""
-        if self.file is not None:
-            (self.run_dir / ".lock").unlink(missing_ok=True)
-            self.file.close()  # closing the descriptor drops the lock
-            self.file = None
-
-    def __enter__(self) -> RunDirClaim:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 class atomic_write:
@@ -276,3 +211,9 @@ def provenance(command: str, commit: str, seed: int | None, data_sha256: str | d
     return {"wall_time_s": wall_time_s, "seed": seed, "commit": commit, "command": command,
             "data_sha256": data_sha256, "machine": machine(device), "linmem": __version__,
             "torch": torch.__version__}
+
+
+def made_by(command: str | None, at: str | None = None) -> list[str]:
+    """A generated table's closing line: the command that made it, and when or at which commit
+    (none without a command)."""
+    return ["", f"Made by `{command}`" + (f" at {at}" if at else "") + "."] if command else []

@@ -20,14 +20,20 @@ import click
 from click.core import ParameterSource
 
 from ._io import (
-    RunDirBusy,
     atomic_write,
     command_line,
     git_commit,
-    machine,
     provenance,
     read_json,
     write_json,
+)
+from .analyses import (
+    STARTS,
+    first_updates,
+    first_updates_markdown,
+    memory_markdown,
+    patience_markdown,
+    patience_records,
 )
 from .data import (
     DATASETS,
@@ -42,29 +48,25 @@ from .generate import continue_run, predict_sequence
 from .midi import DEFAULT_STEP_SECONDS, import_midi_folder
 from .models import PREDICTIONS, expected_accuracy, get_spec, model_names
 from .nn import NONLINEARITIES
-from .onset import STARTS, first_updates
+from .plots import plot_pretraining, plot_run
 from .recipes import SeedsDiverged, analyze_pretraining, pretrained_models, reseed
 from .recipes import run as run_training
 from .report import (
-    collect_metrics,
-    first_updates_markdown,
     markdown_table,
-    memory_markdown,
-    patience_markdown,
-    patience_records,
-    plot_pretraining,
-    plot_run,
     previous_frame_report,
-    progress_markdown,
     protocols_markdown,
-    run_cpu_seconds,
-    run_machine,
     run_records,
     seed_groups,
     seeds_markdown,
     summary_file_records,
     with_selected_run_fields,
     write_search_report,
+)
+from .runs import (
+    CONFIG,
+    METRICS,
+    RunDirBusy,
+    collect_metrics,
 )
 from .train import (
     CPU_KERNELS,
@@ -376,8 +378,8 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
         out = (f"runs/{data}-{options['model']}-{sizes}-wd{options['weight_decay']:g}"
                f"-s{options['seed']}")
     try:
-        if resume and (Path(out) / "config.json").is_file():
-            saved = read_json(Path(out) / "config.json")
+        if resume and (Path(out) / CONFIG).is_file():
+            saved = read_json(Path(out) / CONFIG)
             given = {k: v for k, v in _train_options(options).items()
                      if ctx.get_parameter_source(k) != ParameterSource.DEFAULT}
             options = {**saved, **given}
@@ -401,7 +403,7 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
         f"{config.model} on {config.data}: valid acc {metrics['valid_acc']:.2f}%  "
         f"test acc {metrics['test_acc']:.2f}%  test nll {metrics['test_nll']:.3f}  "
         f"({metrics['n_params']} params, {metrics['epochs']} epochs, best {metrics['best_epoch']},"
-        f" {metrics['wall_time_s']:.0f}s) -> {Path(out) / 'metrics.json'}")
+        f" {metrics['wall_time_s']:.0f}s) -> {Path(out) / METRICS}")
 
 
 @cli.command("pretrain", context_settings={"ignore_unknown_options": True,
@@ -712,110 +714,25 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
                  max_retry: int | None, protocol: str) -> None:
     """Where the searches stand: points done per study, the CPU hours their runs logged, the
     hours projected for the rest; nothing is run (safe beside running workers)."""
-    import datetime
-
-    from .search import (  # optuna: slow import
-        MAX_RETRY,
-        default_storage,
-        planned_record,
-        planned_run_record,
-        progress_records,
-        project_points,
-        seeds_record,
-        sqlite_path,
-    )
+    from .progress import progress_table  # optuna: slow import
+    from .search import default_storage, sqlite_path
 
     storage = storage or default_storage("runs/search")
     database = sqlite_path(storage)
     if database is not None and not database.is_file():
         raise UsageFailure(f"no search database at {database} (pass --storage)")
-    storage = _opened_storage(storage)
-    studies = progress_records(storage, None if grid == "all" else grid, runs_root,
-                               MAX_RETRY if max_retry is None else max_retry, protocol)
-    for earlier in _summary_files(summaries):
-        here = {(r["dataset"], r["model"]) for r in studies}
-        for r in earlier:
-            if not r["study"] or (r["dataset"], r["model"]) in here:
-                continue
-            done, spent = r["points_done"] or 0, r.get("search_wall_time_s") or 0.0
-            # its points at their mean (their storage is gone): they inform the projections
-            studies.append({"study": f"{r['study']} (earlier: trial wall time)",
-                            "dataset": r["dataset"], "model": r["model"], "grid": r["grid"],
-                            "grid_points": r["grid_points"], "states": {"done": done},
-                            "cpu_s": spent, "finished_cpu_s": [spent / done] * done if done
-                            else [], "todo": 0, "running_cpu_s": []})
-    for plan in plans:
-        parts = plan.split(":")
-        if len(parts) == 2 and grid != "all":
-            parts.append(grid)
-        if len(parts) != 3:
-            raise UsageFailure(f"--plan {plan}: expected DATA:MODEL:GRID (or DATA:MODEL with a "
-                               "--grid other than 'all')")
-        try:
-            record = planned_record(*parts, protocol=protocol)
-        except ValueError as err:
-            raise UsageFailure(f"--plan {plan}: {err}") from None
-        if not any((r["dataset"], r["model"], r["grid"]) ==
-                   (record["dataset"], record["model"], record["grid"]) for r in studies):
-            studies.append(record)  # a planned search already started is counted as it stands
-    studies = project_points(studies)
-    singles = []
-    for path in map(Path, runs):
-        marks = ("log.jsonl", "diverged.json")  # a run diverged in its first epoch has no log
-        found = ([path] if any((path / m).is_file() for m in marks) else
-                 sorted({p.parent for m in marks for p in path.rglob(m)}))
-        if not found:
-            raise UsageFailure(f"--run {path}: no run (log.jsonl or diverged.json) there")
-        # a run's pretraining runs (RUN/ulm, RUN/rnn) count in their run's figure
-        singles += [(str(p), run_cpu_seconds(p)) for p in found
-                    if not any(q in p.parents for q in found)]
-    for plan in seed_plans:
-        parts = plan.split(":")
-        try:
-            if len(parts) not in (3, 4):
-                raise ValueError("expected DATA:MODEL:GRID[:N]")
-            data, model, plan_grid = resolve_name(parts[0]), parts[1], parts[2]
-            seeds = int(parts[3]) if len(parts) == 4 else 3
-            done = sum(_finished_seed(Path(p), f"{data}-{model}") for p, _ in singles)
-            studies.append(seeds_record(storage, data, model, plan_grid, seeds, done,
-                                        runs_root, protocol))
-        except (ValueError, KeyError) as err:
-            raise UsageFailure(f"--plan-seeds {plan}: {err}") from None
-    made = set()  # (data set, model) of the single runs given, for --plan-run
-    for p, _ in singles if run_plans else ():
-        config = Path(p) / "config.json"
-        if config.is_file():
-            c = read_json(config)
-            try:
-                made.add((resolve_name(c["data"]), c["model"]))
-            except ValueError:  # a data set file of its own that is not here
-                continue
-    for plan in run_plans:
-        data, _, run = plan.partition(":")
-        try:
-            record = planned_run_record(data, run)
-        except (ValueError, KeyError) as err:
-            raise UsageFailure(f"--plan-run {plan}: {err}") from None
-        if (record["dataset"], record["model"]) not in made:
-            studies.append(record)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    here = machine()["cpu"]  # a single run in flight (no record yet) runs here
-    text = progress_markdown(studies, singles, command_line(), when,
-                             {name: run_machine(name, here) for name, _ in singles})
+    try:
+        text = progress_table(_opened_storage(storage), None if grid == "all" else grid,
+                              runs_root, runs, list(_summary_files(summaries)), plans,
+                              seed_plans, run_plans, max_retry, protocol, command_line())
+    except ValueError as err:
+        raise UsageFailure(str(err)) from None
     if out is None:
         click.echo(text, nl=False)
     else:
         with atomic_write(out, "w") as f:
             f.write(text)
         click.echo(f"-> {out}")
-
-
-def _finished_seed(run: Path, name: str) -> bool:
-    """Whether ``run`` is a finished (or diverged) seed run of ``name`` (DATA-MODEL), as
-    ``linmem reseed`` lays them out (``NAME/sK``) or as results/seeds keeps them (``NAME-sK``)."""
-    named = (run.parent.name == name and run.name[:1] == "s" and run.name[1:].isdigit()) or (
-        run.name.startswith(f"{name}-s") and run.name[len(name) + 2:].isdigit())
-    return named and any((run / m).is_file() for m in ("metrics.json", "diverged.json"))
 
 
 @cli.command("search-export")

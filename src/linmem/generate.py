@@ -20,7 +20,7 @@ from scipy.io import wavfile
 from ._io import atomic_write, check_outputs, command_line, git_commit, provenance, write_json
 from .data import data_checksum, load_polyphonic, resolve_name, step_seconds
 from .midi import midi_to_roll, read_midi, roll_to_midi
-from .report import plot_prediction, plot_roll
+from .plots import plot_prediction, plot_roll
 from .train import load_run_model
 
 __all__ = ["continue_run", "generate", "load_prime", "predict_sequence"]
@@ -143,7 +143,7 @@ def predict_sequence(run_dir: str | os.PathLike, which: str, out: str | os.PathL
                      data_dir: str | None = None) -> list[str]:
     """``linmem plot RUN_DIR --prediction SPLIT:INDEX``: the best checkpoint's key
     probabilities for each next frame of that sequence of the run's data set, drawn under the
-    truth (:func:`linmem.report.plot_prediction`)."""
+    truth (:func:`linmem.plots.plot_prediction`)."""
     model, config = load_run_model(run_dir)
     roll, _ = load_prime(which, config.data, data_dir or config.data_dir)
     if len(roll) < 2:

@@ -51,11 +51,13 @@ __all__ = [
     "ModelSpec",
     "NADEPredictor",
     "NextStepPredictor",
+    "activation_of",
     "architecture",
     "build_model",
     "check_options",
     "count_parameters",
     "default_nonlinearity",
+    "display_name",
     "expected_accuracy",
     "get_spec",
     "model_names",
@@ -515,3 +517,16 @@ def recurrent_weight_count(name: str, x: int, h: int, m: int | None = None, k: i
             raise ValueError("the LMN count needs the memory size m")
         return (x + m) * h + (h + m) * m
     return {"rnn": 1, "gru": 3, "lstm": 4}[name] * (x + h) * h
+
+
+def display_name(model: str) -> str:
+    """A model's name in tables and figures: its registry entry's."""
+    spec = REGISTRY.get(model)
+    return spec.display if spec is not None else model
+
+
+def activation_of(record: dict) -> str | None:
+    """A run's recurrent activation from its record (its ``config.json``'s, else its model's
+    default)."""
+    spec = REGISTRY.get(record.get("model"))
+    return record.get("nonlinearity") or (spec.default_nonlinearity if spec else None)

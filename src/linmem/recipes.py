@@ -40,8 +40,16 @@ from .la import LinearAutoencoder
 from .models import REGISTRY, build_model, default_nonlinearity, get_spec
 from .nn import memory_loop_gains
 from .pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
-from .report import rerun_cpu_seconds, training_cpu_seconds
 from .rnnrbm import init_from_rnn, pretrain_rbm
+from .runs import (
+    CONFIG,
+    DIVERGED,
+    INIT,
+    METRICS,
+    PRETRAINING,
+    rerun_cpu_seconds,
+    training_cpu_seconds,
+)
 from .train import (
     PLACE_FIELDS,
     TrainConfig,
@@ -155,7 +163,7 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
 
     def finished(folder: Path) -> Path:
         nonlocal trained
-        if not (folder / "metrics.json").is_file():
+        if not (folder / METRICS).is_file():
             train(ulm_config(config), folder, resume=True, progress=progress, data=data)
             trained = True
         return folder
@@ -165,7 +173,7 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
         return finished(own), trained
     entry = Path(config.ulm_cache) / ulm_key(config)
     legacy = entry.parent / _legacy_ulm_key(config)
-    if not (entry / "metrics.json").is_file() and (legacy / "metrics.json").is_file():
+    if not (entry / METRICS).is_file() and (legacy / METRICS).is_file():
         return legacy, trained  # finished before the names changed: never written again
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(entry.parent / f".{entry.name}.lock", "a") as lock:
@@ -173,7 +181,7 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another process trains it
             return finished(own), trained
-        if (entry / "metrics.json").is_file():
+        if (entry / METRICS).is_file():
             return entry, trained
         if not entry.is_dir() and legacy.is_dir():  # begun under the former name: go on there
             with open(entry.parent / f".{legacy.name}.lock", "a") as old_lock:
@@ -198,7 +206,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
     the memory are kept for resuming. The CPU time of the ULM's training is recorded for the
     run that trained it (``ulm_cpu_time_s``, every session's; 0 for a run that read it), with
     the part spent in this process (``ulm_cpu_here_s``, inside the recipe's ``cpu_time_s``): a
-    ULM stage cut by a killed process counts in full (:func:`linmem.report.run_cpu_seconds`)."""
+    ULM stage cut by a killed process counts in full (:func:`linmem.runs.run_cpu_seconds`)."""
     window = lmn_window(config)
     cpu_started = time.process_time()
     ulm_dir, trained = _train_ulm(config, data, run_dir, progress)
@@ -218,7 +226,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
                       f"{model.nonlinearity}, an unbounded activation: its state may grow along a "
                       "sequence and the training diverge (a tanh LMN, --nonlinearity tanh, stays "
                       "bounded)", stacklevel=2)
-    ulm_metrics = read_json(ulm_dir / "metrics.json")
+    ulm_metrics = read_json(ulm_dir / METRICS)
     return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
             "la_window": window, "la_components": int(la.n_components_),
             "la_solver": la.solver_, "ulm_nonlinearity": ulm.nonlinearity,
@@ -276,7 +284,7 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
     """Initialise ``model`` in place by its registry entry's recipe, resumably: the initial
     weights are kept in ``run_dir/init.pt``, what was done in ``run_dir/pretraining.json``."""
     run_dir = Path(run_dir)
-    init_path, info_path = run_dir / "init.pt", run_dir / "pretraining.json"
+    init_path, info_path = run_dir / INIT, run_dir / PRETRAINING
     if init_path.is_file() and info_path.is_file():
         model.load_state_dict(torch.load(init_path, weights_only=True))
         return read_json(info_path)
@@ -312,14 +320,14 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
 
     With a deadline ``stop_by`` (a Unix time; ``linmem reseed --stop-by``) a seed not finished
     yet starts, or resumes, only if it is projected to end by then: ``run_dir``'s CPU time
-    (:func:`linmem.report.rerun_cpu_seconds`, on the machine that ran it) less what the seed's
+    (:func:`linmem.runs.rerun_cpu_seconds`, on the machine that ran it) less what the seed's
     folder has logged already. A seed left so is said to ``log`` and missing from the result:
     the same call later goes on with it, so that a machine's time limit cuts no run half-way
     whose folder would be lost with the machine."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    if not (run_dir / "config.json").is_file():
+    if not (run_dir / CONFIG).is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
-    config = TrainConfig.from_dict(read_json(run_dir / "config.json"))
+    config = TrainConfig.from_dict(read_json(run_dir / CONFIG))
     changes = dict(changes or {})
     unknown = sorted(set(changes) - {f.name for f in fields(TrainConfig)})
     if unknown or "seed" in changes:
@@ -337,10 +345,10 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     for seed in seeds:
         seed_dir, seed_config = out_dir / f"s{seed}", replace(config, seed=int(seed))
         if _diverged_before(seed_dir, seed_config):
-            diverged[seed] = (f"{read_json(seed_dir / 'diverged.json')['diverged']} (as "
-                              f"{seed_dir / 'diverged.json'} records: delete it to run it again)")
+            diverged[seed] = (f"{read_json(seed_dir / DIVERGED)['diverged']} (as "
+                              f"{seed_dir / DIVERGED} records: delete it to run it again)")
             continue  # a result, as a finished seed is: not run again on resume
-        if stop_by is not None and not (seed_dir / "metrics.json").is_file():
+        if stop_by is not None and not (seed_dir / METRICS).is_file():
             left = max(projected - training_cpu_seconds(seed_dir), 0.0)
             if time.time() + left > stop_by:
                 if log is not None:
@@ -363,10 +371,10 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
 def _diverged_before(run_dir: Path, config: TrainConfig) -> bool:
     """Whether ``run_dir`` holds ``config``'s run failed by diverging (``diverged.json``, no
     ``metrics.json``); a run of other settings there is left to :func:`run` to refuse."""
-    if not (run_dir / "diverged.json").is_file() or (run_dir / "metrics.json").is_file() \
-            or not (run_dir / "config.json").is_file():
+    if not (run_dir / DIVERGED).is_file() or (run_dir / METRICS).is_file() \
+            or not (run_dir / CONFIG).is_file():
         return False
-    saved = TrainConfig.from_dict(read_json(run_dir / "config.json"))
+    saved = TrainConfig.from_dict(read_json(run_dir / CONFIG))
     return saved.identity() == config.identity()
 
 

@@ -1,4 +1,7 @@
-"""Reports built from run directories: every number comes from a run's ``metrics.json``."""
+"""The paper's tables from run directories and search records: Table 2 (both accuracies, the
+NLL, the seeds' spread, the claims), the seeds' table, both protocols side by side, Figure 4's
+data, the summary files and the previous-frame baseline. Every number of a run comes from its
+``metrics.json`` (:mod:`linmem.runs`); the baseline is computed from the data and says so."""
 
 from __future__ import annotations
 
@@ -6,29 +9,50 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
 
-from ._io import atomic_write, command_line, git_commit, provenance, read_json, write_json
-from .data import data_checksum, load_polyphonic
+from ._io import (
+    atomic_write,
+    command_line,
+    git_commit,
+    made_by,
+    provenance,
+    read_json,
+    write_json,
+)
+from .data import DATASETS, data_checksum, load_polyphonic
 from .metrics import THRESHOLD_GRID, previous_frame_scores
-from .models import REGISTRY
-from .nn import memory_loop_gains, memory_radii_of
-from .train import load_checkpoint
+from .models import activation_of, display_name
+from .plots import plot_figure4
+from .runs import CONFIG, EXPECTED, LOG, METRICS, PRETRAINING
 
-__all__ = ["PAPER_TABLE2", "collect_metrics", "display_name", "epochs_cpu_seconds",
-           "expected_fields", "figure4_data", "first_updates_markdown", "markdown_table",
-           "memory_markdown", "memory_radii", "patience_markdown",
-           "patience_records", "plot_figure4", "plot_prediction", "plot_pretraining", "plot_roll",
-           "plot_run", "previous_frame_report", "progress_markdown", "protocols_markdown",
-           "rerun_cpu_seconds", "run_cpu_seconds", "run_machine", "run_records",
-           "scoring_cpu_seconds", "seed_groups", "seeds_markdown", "stop_early",
-           "summary_file_records", "summary_records", "table2_markdown", "training_cpu_seconds",
-           "with_selected_run_fields", "write_search_report"]
+__all__ = [
+    "FIGURE4_MODELS",
+    "MIN_CLAIM_SEEDS",
+    "PAPER_TABLE2",
+    "RUN_COLUMNS",
+    "SEED_METRICS",
+    "SELECTED_RUN_FIELDS",
+    "SUMMARY_FIELDS",
+    "TABLE2_DATASETS",
+    "TABLE2_MODELS",
+    "TABLE2_TITLES",
+    "figure4_data",
+    "markdown_table",
+    "previous_frame_report",
+    "protocols_markdown",
+    "run_records",
+    "seed_groups",
+    "seeds_markdown",
+    "summary_file_records",
+    "summary_records",
+    "table2_markdown",
+    "with_selected_run_fields",
+    "write_search_report",
+]
 
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
@@ -53,469 +77,6 @@ RUN_COLUMNS = (
 )
 
 
-def _log_rows(run_dir: str | os.PathLike) -> list[dict]:
-    """The per-epoch rows of a run's ``log.jsonl``; [] when it has none."""
-    log = Path(run_dir) / "log.jsonl"
-    if not log.is_file():
-        return []
-    rows = []
-    for number, line in enumerate(log.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{log}: line {number} is not valid JSON ({err.msg}, column "
-                                 f"{err.colno})") from None
-    return rows
-
-
-def _log_fields(run_dir: Path) -> dict:
-    """From a run's per-epoch ``log.jsonl``: the best validation NLL of any epoch and the
-    validation accuracy at that epoch (the selected checkpoint maximises accuracy instead)."""
-    rows = _log_rows(run_dir)
-    if not rows:
-        return {}
-    fields = {}
-    selected = [r["epoch"] for r in rows if r.get("best")]
-    if selected and all("epoch_time_s" in r for r in rows):  # training time to the checkpoint
-        fields["minutes_to_best"] = sum(r["epoch_time_s"] for r in rows
-                                        if r["epoch"] <= selected[-1]) / 60
-    epochs = [e for e in rows if e.get("valid_nll") is not None and e.get("valid_acc") is not None]
-    if epochs:
-        best = min(epochs, key=lambda e: e["valid_nll"])
-        fields.update(valid_nll_best=best["valid_nll"], valid_acc_at_best_nll=best["valid_acc"],
-                      best_nll_epoch=best["epoch"])
-    return fields
-
-
-def _seconds(record: dict[str, Any], cpu: str, wall: str) -> float:
-    """The CPU time ``record[cpu]`` where it was recorded (runs from commit 8b4fc25 on), else
-    the wall time ``record[wall]`` (one thread per run: not below the CPU time, above it when
-    other processes shared the cores)."""
-    return record.get(cpu, record.get(wall, 0.0))
-
-
-def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds a run's training took as its files record them: a finished run's
-    (``metrics.json``: every session's training and the final scoring; ``diverged.json``: that
-    of a run that failed by diverging, its last attempt's), else its epochs' in
-    ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
-    there), and the pretraining's (``pretraining.json``) once; 0 for a run that has written
-    neither; and the scoring of its expected accuracy (``expected.json``, ``linmem evaluate
-    --expected``), a process of its own. The CPU time where it is recorded, else the wall time
-    (one thread per run).
-
-    The unrolled network of a pret-LMN run counts for the run that trained it, every session's
-    (:func:`_ulm_before_seconds`): in flight, ``run_dir/ulm``'s epochs; once pretrained, what
-    its earlier, killed processes spent on it beside the recipe's own clock."""
-    return training_cpu_seconds(run_dir) + scoring_cpu_seconds(run_dir)
-
-
-def scoring_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds of a run's expected accuracy (``expected.json``; its wall time where it
-    did not record them); 0 without one."""
-    expected = Path(run_dir) / "expected.json"
-    return _seconds(read_json(expected), "cpu_time_s", "wall_time_s") if expected.is_file() \
-        else 0.0
-
-
-def epochs_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds of a run's logged epochs (``log.jsonl``: training and validation; the
-    wall time where they did not record it)."""
-    return sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in _log_rows(Path(run_dir)))
-
-
-def training_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """:func:`run_cpu_seconds` less the expected accuracy's scoring."""
-    run_dir = Path(run_dir)
-    epochs = epochs_cpu_seconds(run_dir)
-    if (run_dir / "pretraining.json").is_file():
-        record = read_json(run_dir / "pretraining.json")
-        pretraining = _seconds(record, "cpu_time_s", "wall_time_s")
-        before = _ulm_before_seconds(run_dir, record)
-    else:  # not pretrained, or a ULM stage in flight
-        ulm = run_dir / "ulm"
-        pretraining, before = 0.0, run_cpu_seconds(ulm) if ulm.is_dir() else 0.0
-    end = next((run_dir / n for n in ("metrics.json", "diverged.json")
-                if (run_dir / n).is_file()), None)
-    if end is None:
-        return epochs + pretraining + before
-    total = _seconds(read_json(end), "cpu_time_s", "wall_time_s")
-    # the pretraining runs inside the training's clock when one session did both (its wall
-    # time then exceeds the pretraining's and the epochs'); otherwise it is added
-    return before + (total if total >= pretraining + epochs else total + pretraining)
-
-
-def run_machine(run_dir: str | os.PathLike, unfinished: str | None = None) -> str | None:
-    """The CPU a run ended on, as its ``metrics.json`` (or ``diverged.json``) records it
-    (:func:`linmem._io.machine`: model name, x86 family and model); None for a run recorded
-    before machines were, ``unfinished`` for a run with neither file (in flight, or killed:
-    this machine's CPU, where the caller knows that the run is this machine's)."""
-    for name in ("metrics.json", "diverged.json"):
-        path = Path(run_dir) / name
-        if path.is_file():
-            cpu = (read_json(path).get("machine") or {}).get("cpu")
-            return str(cpu) if cpu else None
-    return unfinished
-
-
-def rerun_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds a run of ``run_dir``'s configuration with another seed would take
-    (``linmem reseed``'s projection), as ``run_dir``'s files record them: its training's
-    (:func:`training_cpu_seconds`), and for a pretrained run that read its unrolled network
-    from a cache, that network's too (``pretraining.json``'s ``ulm_cpu_time_s``, or
-    ``ulm_wall_time_s`` in older records): another seed trains its own. The times are those of
-    the machine that ran ``run_dir``."""
-    run_dir = Path(run_dir)
-    total = training_cpu_seconds(run_dir)
-    if (run_dir / "pretraining.json").is_file():
-        record = read_json(run_dir / "pretraining.json")
-        ulm = record.get("ulm_cpu_time_s") or record.get("ulm_wall_time_s") or 0.0
-        total = max(total, epochs_cpu_seconds(run_dir) + ulm)
-    return total
-
-
-def _ulm_before_seconds(run_dir: Path, record: dict[str, Any]) -> float:
-    """The CPU seconds a pret-LMN run spent on its unrolled network in processes that ended
-    before its pretraining did (the recipe's ``cpu_time_s`` holds the last one's): recorded
-    since the fields ``ulm_cpu_time_s`` and ``ulm_cpu_here_s`` were; for earlier records whose
-    ULM is the run's own (``run_dir/ulm``), the ULM's logged CPU time beyond the recipe's (a
-    lower bound: the recipe's time also holds the autoencoder's fit); else 0."""
-    if "ulm_cpu_time_s" in record:
-        return max(record["ulm_cpu_time_s"] - record["ulm_cpu_here_s"], 0.0)
-    own = run_dir / "ulm"  # a cache entry is named by its key (:func:`linmem.recipes.ulm_key`)
-    if Path(record.get("ulm_run", "ulm")).name != "ulm" or not (own / "metrics.json").is_file():
-        return 0.0
-    ulm = _seconds(read_json(own / "metrics.json"), "cpu_time_s", "wall_time_s")
-    return max(ulm - _seconds(record, "cpu_time_s", "wall_time_s"), 0.0)
-
-
-def _made_by(command: str | None, at: str | None = None) -> list[str]:
-    """A generated table's closing line: the command that made it, and when or at which commit
-    (none without a command)."""
-    return ["", f"Made by `{command}`" + (f" at {at}" if at else "") + "."] if command else []
-
-
-def _hours_by_machine(studies: Sequence[dict], runs: Sequence[tuple[str, float]],
-                      run_machines: dict[str, str | None]) -> str:
-    """The sentence of :func:`progress_markdown` that splits the CPU hours logged by the CPU
-    that ran them, the most first, those of no recorded CPU last."""
-    hours: dict[str | None, float] = {}
-    for r in studies:
-        for cpu, seconds in (r.get("cpu_s_by_machine") or {None: r["cpu_s"]}).items():
-            hours[cpu] = hours.get(cpu, 0.0) + seconds / 3600
-    for name, seconds in runs:
-        cpu = run_machines.get(name)
-        hours[cpu] = hours.get(cpu, 0.0) + seconds / 3600
-    parts = [f"{cpu} {h:.1f}" for cpu, h in sorted(hours.items(), key=lambda ch: -ch[1])
-             if cpu is not None and h > 0]
-    if hours.get(None, 0.0) > 0:
-        parts.append(f"not recorded (runs and trials from before the record) {hours[None]:.1f}")
-    return ("CPU hours logged by the CPU that ran them (machines differ between sessions; a run "
-            "resumed on another machine counts on the one it ended on, a run in flight on this "
-            "one): " + "; ".join(parts) + ".")
-
-
-def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]] = (),
-                      command: str | None = None, when: str | None = None,
-                      run_machines: dict[str, str | None] | None = None) -> str:
-    """The progress of the searches (:func:`linmem.search.progress_records`) and of single runs
-    (``(name, cpu seconds)``) as a Markdown table with the totals: CPU hours logged, projected
-    CPU hours left, and the hours logged by the CPU that ran them (a study's
-    ``cpu_s_by_machine``, a single run's CPU in ``run_machines``; not recorded where neither
-    says)."""
-
-    def hours(s: float | None) -> str:
-        return "?" if s is None else f"{s / 3600:.2f}"
-
-    lines = ["| study | points done / grid | failed | running | CPU h | CPU h per finished "
-             "point | projected CPU h left |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(studies, key=lambda r: r["study"]):
-        st = r["states"]
-        per = hours(r["mean_point_cpu_s"]) + {"data set": " (data set's)",
-                                              "model": " (model's, scaled)",
-                                              "model, other grid": " (model's in another grid, "
-                                                                   "scaled)",
-                                              "selected run": " (selected run's)",
-                                              "selected trial": " (selected run's, trial's "
-                                                                "stored time)",
-                                              "run, scaled": " (another data set's run, "
-                                                             "scaled)"
-                                              }.get(r["left_from"], "")
-        if r["mean_point_cpu_s"] is None and r["left_cpu_s"] == 0.0:
-            per = "–"  # nothing left, nothing to project from
-        name = r["study"] + (f" ({r['points_from_trials']} points: trial's stored time)"
-                             if r.get("points_from_trials") else "")
-        lines.append(f"| {name} | {st.get('done', 0)} / {r['grid_points']} | "
-                     f"{st.get('failed', 0)} | {st.get('running', 0) + st.get('waiting', 0)} | "
-                     f"{hours(r['cpu_s'])} | {per} | {hours(r['left_cpu_s'])} |")
-    for name, seconds in runs:
-        lines.append(f"| {name} (single run) | – | – | – | {hours(seconds)} | – | – |")
-    spent = sum(r["cpu_s"] for r in studies) + sum(s for _, s in runs)
-    unknown = [r["study"] for r in studies if r["left_cpu_s"] is None]
-    left = sum(r["left_cpu_s"] or 0.0 for r in studies)
-    lines += ["", f"CPU hours logged: **{spent / 3600:.1f}**; projected CPU hours left for the "
-              f"studies above: **{left / 3600:.1f}**"
-              + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + "."]
-    if spent > 0:
-        lines += ["", _hours_by_machine(studies, runs, run_machines or {})]
-    lines += ["", "CPU hours: each finished run's time (`metrics.json`), else the epochs' "
-              "times in its `log.jsonl`, and its pretraining time: the CPU time where the run "
-              "recorded it (from commit 8b4fc25 on), else the wall time, which is above it when "
-              "processes shared the cores (one thread per run; epochs cut short by a killed "
-              "worker are not counted; a study imported from another machine counts its finished "
-              "trials' stored time where their runs are not here: their CPU time where they "
-              "stored it, else their wall time). A pret-LMN run counts the "
-              "training of its unrolled network, every session's, when it trained it, and none "
-              "when it read it from the cache (`--ulm-cache`); runs recorded before commit "
-              "3c1102d count what the network's own run logged beyond the recipe's clock when "
-              "the network is their own, and nothing for a killed process's share of a cache "
-              "entry. "
-              "A study marked 'earlier' counts its trials' durations from `summary.json` (its "
-              "storage and runs are gone): an upper bound, a trial whose worker died lasting "
-              "until it was found dead. "
-              "Projection: each point left at a cost c * n ** a of its n parameters, a fitted "
-              "to the study's finished points (complete, pruned or failed; the column shows "
-              "their mean) by least squares on the logs, within [0, 2], 1 when they are all of "
-              "one size, and c such that they add up to their CPU time; for a study with none, "
-              "its model's mean on the other data sets scaled by the two data sets' cost ratio "
-              "over the models both have finished (\"model's, scaled\"), else the same from its "
-              "model's points in another grid, the ratio then over the models finished in both "
-              "grids (\"model's in another grid, scaled\"), else its data set's mean over "
-              "every model. Seeds still to run (`--plan-seeds`): each at the CPU time of the "
-              "study's selected run, with its unrolled network's when it read that from the "
-              "cache (a seed trains its own), or at its trial's stored time when the run is "
-              "on another machine (\"trial's stored time\"); the seeds run so far count as single "
-              "runs. A single run still to make "
-              "(`--plan-run`, an RNN-RBM): another data set's run of the same configuration, its "
-              "epochs scaled by the two data sets' training and validation frames, its final "
-              "scoring as it is (a fixed sample of frames for the AIS), its expected accuracy's "
-              "scoring by the frames scored (\"another data set's run, scaled\"); a run's "
-              "scoring (`expected.json`) counts in its CPU time."]
-    return "\n".join(lines + _made_by(command, when)) + "\n"
-
-
-def expected_fields(run_dir: str | os.PathLike) -> dict:
-    """The expected accuracy (Boulanger-Lewandowski et al. 2012) of a run's best checkpoint
-    where ``linmem evaluate RUN --expected N --out RUN/expected.json`` wrote it:
-    ``test_acc_expected`` and its standard error (and the validation's); {} otherwise."""
-    path = Path(run_dir) / "expected.json"
-    if not path.is_file():
-        return {}
-    scores = read_json(path)
-    if scores.get("checkpoint", "best") != "best":
-        return {}
-    return {f"{split}_acc_expected{suffix}": scores[split][f"acc_expected{suffix}"]
-            for split in ("valid", "test") if "acc_expected" in scores.get(split, {})
-            for suffix in ("", "_se")}
-
-
-def _checkpoint_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The model state in a checkpoint (``best.pt``, ``last.pt``) or a bare state dict
-    (a pretrained run's ``init.pt``)."""
-    state = load_checkpoint(path)
-    return state.get("model", state)
-
-
-def memory_radii(checkpoint: str | os.PathLike) -> list[float]:
-    """The spectral radius ``max |eig(W^mm)|`` of each LMN layer's memory-to-memory matrix in a
-    checkpoint (``best.pt`` or ``last.pt``, or a pretrained run's initial weights ``init.pt``;
-    eq. 7's ``W^mm``), in layer order; [] for a model without a linear memory. Above 1, the
-    memory's state grows geometrically along a sequence."""
-    return memory_radii_of(_checkpoint_state(checkpoint))
-
-
-def memory_markdown(runs: Sequence[dict], command: str | None = None,
-                    commit: str | None = None) -> str:
-    """A Markdown table of ended runs (``metrics.json`` and ``diverged.json`` records of
-    :func:`collect_metrics`) with how they stopped, the spectral radius of their memory
-    (:func:`memory_radii`) at the start (a pretrained run's initial weights, ``init.pt``), the
-    selected epoch and the last one, and the gain of the memory's loop through the functional
-    units (:func:`linmem.nn.memory_loop_gains`) at the start and the selected epoch: the
-    evidence for a divergence."""
-
-    def numbers(values: list[float]) -> str:
-        return ", ".join(f"{v:.3f}" for v in values) or "–"
-
-    def columns(run: Path, record: dict) -> str:
-        """ρ(W^mm) at the start, the selected and the last epoch; the loop gain at the start
-        and the selected epoch (each checkpoint read once)."""
-        states = {name: _checkpoint_state(run / name) if (run / name).is_file() else None
-                  for name in ("init.pt", "best.pt", "last.pt")}
-        act = _activation(record)
-        radii = [", ".join(f"{v:.3f}" for v in memory_radii_of(states[n]))
-                 if states[n] is not None else "–" for n in ("init.pt", "best.pt", "last.pt")]
-        gains = [numbers(memory_loop_gains(states[n], act))
-                 if states[n] is not None and act is not None else "–"
-                 for n in ("init.pt", "best.pt")]
-        return " | ".join(radii + gains)
-
-    lines = ["| run | model | batch | chunk | epochs | selected epoch | valid acc % | stop | "
-             "ρ(W^mm) start | ρ(W^mm) selected | ρ(W^mm) last | loop gain start | "
-             "loop gain selected |",
-             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for r in runs:
-        run = Path(r["run"])
-        stop = str(r.get("stop_reason") or (f"failed: diverged: {r['diverged']}" if "diverged"
-                                            in r else "–")).split(";")[0]
-        acc = "–" if r.get("valid_acc") is None else f"{r['valid_acc']:.2f}"
-        lines.append(f"| {run.parent.name}/{run.name} | {r.get('model')} | {r.get('batch_size')} | "
-                     f"{r.get('chunk') or 'whole'} | {r.get('epochs')} | "
-                     f"{r.get('best_epoch') or '–'} | {acc} | {stop} | {columns(run, r)} |")
-    lines += ["", "Loop gain: rho(W^mm + s W^hm W^mh), the memory's recurrence with the functional "
-              "units on the unbounded side of their activation (slope s: 1 for relu, 1.0507 for "
-              "selu; tanh is bounded, s = 1 at 0): above 1, an unbounded activation lets the state "
-              "grow along a sequence even with rho(W^mm) < 1."]
-    return "\n".join(lines + _made_by(command, commit and f"commit {commit}")) + "\n"
-
-
-def first_updates_markdown(results: Sequence[dict], command: str | None = None) -> str:
-    """A Markdown table of :func:`linmem.onset.first_updates` results: for each run and
-    learning rate, the validation scores and recurrent radius of the initial weights and after
-    the replayed updates, the loss of each update, and the parameter that the first update
-    changed most relative to its size."""
-
-    def radius(value: float | None) -> str:
-        return "–" if value is None else f"{value:.4f}"
-
-    def loss(value: float | None) -> str:
-        return "inf/NaN" if value is None else f"{value:.1f}"
-
-    lines = ["| run | start | lr | valid acc % / NLL before | after | radius before | after | "
-             "largest change by update 1 | loss of each update |",
-             "|---|---|---:|---|---|---:|---:|---|---|"]
-    for result in results:
-        run = Path(result["run_dir"])
-        first = result["initial"]
-        for replay in result["replays"]:
-            changes = {k: v for k, v in replay["change_first"].items() if v is not None}
-            name = max(changes, key=changes.get) if changes else None
-            most = f"{name} ×{changes[name]:.2f}" if name else "–"
-            lines.append(
-                f"| {run.parent.name}/{run.name} | {result['start']} | {replay['lr']:g} | "
-                f"{first['valid_acc']:.2f} / {first['valid_nll']:.2f} | "
-                f"{replay['valid_acc']:.2f} / {replay['valid_nll']:.2f} | "
-                f"{radius(first['radius'])} | {radius(replay['radii'][-1])} | {most} | "
-                + " ".join(loss(v) for v in replay["losses"]) + " |")
-    lines += ["", "Change: ||W - W_0|| / ||W_0|| of the parameter after the first update. "
-              "Radius: the first layer's recurrent matrix (W^mm of an LMN, W^hh of an RNN)."]
-    return "\n".join(lines + _made_by(command)) + "\n"
-
-
-def collect_metrics(paths: Iterable[str | os.PathLike], diverged: bool = False) -> list[dict]:
-    """The ``metrics.json`` records under ``paths`` (run directories or folders holding them;
-    a run's own steps, such as a pretraining run inside it, are not runs of their own),
-    sorted by path, each with its ``run`` (the directory), its batch size and chunk (from
-    ``config.json``) and, where the run's ``log.jsonl`` is there, the training minutes to the
-    selected epoch, its best validation NLL and the validation accuracy at that epoch.
-    ``diverged``: also the runs that failed by diverging (``diverged.json``, no scores; its
-    ``diverged`` field says why)."""
-    ends = ("metrics.json", "diverged.json")  # the files a run ends with
-    names = ends if diverged else ends[:1]
-
-    def is_run(folder: Path) -> bool:  # ended or not (config.json is its first file)
-        return any((folder / n).is_file() for n in (*ends, "config.json"))
-
-    records = []
-    for root in paths:
-        root = Path(root)
-        folders = [root] if is_run(root) else sorted(
-            {f.parent for n in ends for f in root.rglob(n)
-             # a run, not a step inside a run (pretraining), whether that run has ended or not
-             if not any(is_run(d) for d in f.parent.parents
-                        if d.is_relative_to(root) and d != root)})
-        for folder in folders:
-            f = next((folder / n for n in names if (folder / n).is_file()), None)
-            if f is None:  # a run that diverged, not asked for
-                continue
-            config = (json.loads((f.parent / "config.json").read_text())
-                      if (f.parent / "config.json").is_file() else {})
-            record = {**{k: config.get(k) for k in ("batch_size", "chunk", "nonlinearity")},
-                      **json.loads(f.read_text()), **_log_fields(f.parent),
-                      **expected_fields(f.parent)}
-            record["run"] = str(f.parent)
-            records.append(record)
-    if not records:
-        raise FileNotFoundError(f"no {' or '.join(names)} under " + ", ".join(map(str, paths)))
-    return sorted(records, key=lambda r: r["run"])
-
-
-def stop_early(history: Sequence[dict], patience: int) -> tuple[int | None, int]:
-    """Where a run would have ended had it stopped after ``patience`` epochs without a better
-    validation score: ``(index of its selected epoch, epochs run)``, from its ``log.jsonl`` rows
-    (their ``best`` flags: the run's own criterion, as :func:`linmem.train.train` sets them)."""
-    best, bad = None, 0
-    for i, row in enumerate(history):
-        if row.get("best"):
-            best, bad = i, 0
-        else:
-            bad += 1
-            if bad >= patience:
-                return best, i + 1
-    return best, len(history)
-
-
-def patience_records(records: Sequence[dict], patiences: Sequence[int]) -> list[dict]:
-    """What a shorter patience would have changed in the finished runs ``records`` (of
-    :func:`collect_metrics`; those whose training ended by early stopping or at its epoch limit,
-    each with its own ``patience`` from ``config.json``): per patience, over the runs whose
-    own was longer, in how many the selected epoch changes, the validation accuracy lost at the
-    selected epoch (percentage points, mean over the runs and maximum) and the share of the
-    epochs' CPU time saved (their wall time where a log has no CPU time)."""
-    runs = []
-    for r in records:
-        if not str(r.get("stop_reason", "")).startswith(("early stopping", "reached the epoch")):
-            continue  # diverged, or stopped otherwise: not a full history to replay
-        config = read_json(Path(r["run"]) / "config.json")
-        rows = {row["epoch"]: row for row in _log_rows(r["run"])}  # a resumed epoch: its last
-        history = [rows[e] for e in sorted(rows)]
-        if history and all("best" in row and row.get("valid_acc") is not None
-                           for row in history):
-            runs.append((history, int(config.get("patience", 50))))
-    out = []
-    for patience in patiences:
-        lost, changed, saved, total, n = [], 0, 0.0, 0.0, 0
-        for history, own in runs:
-            if patience >= own:
-                continue  # its log cannot say what a longer patience would have done
-            n += 1
-            full, _ = stop_early(history, len(history) + 1)
-            chosen, ran = stop_early(history, patience)
-            seconds = [row.get("epoch_cpu_s", row.get("epoch_time_s", 0.0)) for row in history]
-            total += sum(seconds)
-            saved += sum(seconds[ran:])
-            drop = history[full]["valid_acc"] - (history[chosen]["valid_acc"]
-                                                if chosen is not None else 0.0)
-            lost.append(drop)
-            changed += chosen != full
-        out.append({"patience": patience, "runs": n, "changed": changed,
-                    "valid_acc_lost_mean": sum(lost) / n if n else None,
-                    "valid_acc_lost_max": max(lost, default=None),
-                    "cpu_saved": saved / total if total else None})
-    return out
-
-
-def patience_markdown(rows: Sequence[dict], command: str | None = None,
-                      commit: str | None = None) -> str:
-    """:func:`patience_records` as a Markdown table, with the command and commit that made it."""
-    lines = ["| patience | runs | selected epoch changed | valid acc lost (points): mean, max "
-             "| epochs' CPU time saved |", "|---:|---:|---:|---|---:|"]
-    for r in rows:
-        if not r["runs"]:
-            lines.append(f"| {r['patience']} | 0 | – | – | – |")
-            continue
-        lines.append(f"| {r['patience']} | {r['runs']} | {r['changed']} | "
-                     f"{r['valid_acc_lost_mean']:.2f}, {r['valid_acc_lost_max']:.2f} | "
-                     + ("–" if r["cpu_saved"] is None else f"{100 * r['cpu_saved']:.0f} %")
-                     + " |")
-    lines += ["", "Each finished run's log replayed: the run stopped after that many epochs "
-              "without a better validation score (its own criterion) instead of its own "
-              "patience, the epoch it would have selected then, against the one it selected; "
-              "only runs whose own patience was longer count, and runs that ended by "
-              "diverging do not."]
-    return "\n".join(lines + _made_by(command, commit and f"commit {commit}")) + "\n"
-
-
 def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:
     """A markdown table of ``records``, then one line per record with its command and commit."""
     lines = ["| run | " + " | ".join(title for _, title, _ in columns) + " |",
@@ -533,45 +94,6 @@ def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_pretraining(analysis: dict, path: str | os.PathLike) -> None:
-    """The paper's Figure 5 from :func:`linmem.recipes.analyze`'s output, three panels, to a
-    PNG written atomically (matplotlib is imported here only: ``pip install
-    linear-memory-networks[plot]``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = analysis["memories"]
-    mem = [r["components"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    ax = axes[0]
-    ax.plot(mem, [r["svd_error"] for r in rows], "o-", label="SVD (optimal)")
-    ax.plot(mem, [r["la_error"] for r in rows], "s--", label="linear autoencoder")
-    ax.set(xlabel="memory units", ylabel="MSE per value", yscale="log",
-           title="(a) reconstruction of training states")
-    ax.legend()
-    ax = axes[1]
-    for split, style in (("train", "-"), ("valid", "--")):
-        ax.plot(mem, [r[f"lmn_{split}_acc"] for r in rows], "o" + style,
-                label=f"pretrained LMN ({split})")
-        ax.axhline(analysis[f"ulm_{split}_acc"], color="gray", linestyle=style,
-                   label=f"ULM ({split})")
-    ax.set(xlabel="memory units", ylabel="frame accuracy %",
-           title="(b) before fine-tuning")
-    ax.legend()
-    ax = axes[2]
-    first = analysis["first_sequence"]
-    ax.plot(range(1, len(first["relative_error"]) + 1), first["relative_error"])
-    ax.set(xlabel="time step t", ylabel="relative error of h_1..h_t from m_t", yscale="log",
-           title=f"(c) first training sequence, {first['memory']} memory units")
-    fig.suptitle(f"Pretraining analysis: ULM hidden {analysis['hidden']}, k {analysis['k']}")
-    fig.tight_layout()
-    with atomic_write(path) as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
-
-
 # Table 2 of the paper: test frame accuracy (%); RNN-RBM quoted there from Boulanger-Lewandowski
 # et al. (2012). Columns: jsb, musedata, nottingham, piano.
 PAPER_TABLE2: dict[str, tuple[float, float, float, float]] = {
@@ -584,15 +106,9 @@ PAPER_TABLE2: dict[str, tuple[float, float, float, float]] = {
     "pret-lmn-b": (34.49, 35.66, 74.16, 28.79),
 }
 TABLE2_DATASETS = ("jsb", "musedata", "nottingham", "piano")
-TABLE2_TITLES = {"jsb": "JSB Chorales", "musedata": "MuseData", "nottingham": "Nottingham",
-                 "piano": "Piano-midi.de"}
+TABLE2_TITLES = {name: info.title for name, info in DATASETS.items()}
 TABLE2_MODELS = ("rnn", "pret-rnn", "lstm", "gru", "rnn-rbm", "lmn-a", "lmn-b", "pret-lmn-b")
 
-
-def display_name(model: str) -> str:
-    """A model's name in tables and figures: its registry entry's (:mod:`linmem.models`)."""
-    spec = REGISTRY.get(model)
-    return spec.display if spec is not None else model
 
 SUMMARY_FIELDS = ("dataset", "model", "hidden", "memory", "weight_decay", "valid_acc", "test_acc",
                   "valid_acc_frame", "test_acc_frame", "valid_nll", "test_nll", "test_nll_se",
@@ -656,7 +172,7 @@ def with_selected_run_fields(record: dict, selected: str | os.PathLike) -> dict:
     ``metrics.json`` that an earlier report copied to ``selected/DATA-MODEL``, when that run is
     the record's configuration (the same sizes, weight decay and scores): an older
     ``summary.json``, or a study imported from a machine where its run directories stayed."""
-    run = Path(selected) / f"{record['dataset']}-{record['model']}" / "metrics.json"
+    run = Path(selected) / f"{record['dataset']}-{record['model']}" / METRICS
     if all(record.get(k) is not None for k in SELECTED_RUN_FIELDS) or not run.is_file():
         return record
     m = read_json(run)
@@ -703,21 +219,15 @@ def summary_file_records(path: str | os.PathLike) -> list[dict]:
 SEED_METRICS = ("test_acc", "test_acc_frame", "test_nll", "valid_acc")
 
 
-def _activation(record: dict) -> str | None:
-    """The run's recurrent activation (its ``config.json``'s, else its model's default)."""
-    spec = REGISTRY.get(record.get("model"))
-    return record.get("nonlinearity") or (spec.default_nonlinearity if spec else None)
-
-
-def _other_activation(group: dict) -> str | None:
+def _otheractivation_of(group: dict) -> str | None:
     """The seed group's activation where it is not its model's default, else None."""
     act = group.get("nonlinearity")
-    return None if act == _activation({"model": group["model"]}) else act
+    return None if act == activation_of({"model": group["model"]}) else act
 
 
 def _label(group: dict) -> str:
     """The model's display name, with its activation when not the model's default."""
-    act = _other_activation(group)
+    act = _otheractivation_of(group)
     return display_name(group["model"]) + (f" ({act})" if act else "")
 
 
@@ -729,7 +239,7 @@ def seed_groups(runs: Sequence[dict]) -> list[dict]:
     and maximum of each of :data:`SEED_METRICS` over the finished ones."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        key = (r["dataset"], r["model"], _activation(r), r.get("hidden"), r.get("memory"),
+        key = (r["dataset"], r["model"], activation_of(r), r.get("hidden"), r.get("memory"),
                r.get("weight_decay"))
         groups.setdefault(key, []).append(r)
     out = []
@@ -789,7 +299,7 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
               "overlap:", ""]
     # against the model run as the paper's Table 2 has it (its default activation); the
     # challenger in each of its activations
-    by = {(g["dataset"], g["model"]): g for g in groups if _other_activation(g) is None}
+    by = {(g["dataset"], g["model"]): g for g in groups if _otheractivation_of(g) is None}
     for dataset in TABLE2_DATASETS:
         for model, other in (("pret-lmn-b", "lmn-b"), ("lmn-b", "lstm")):
             a = by.get((dataset, other))
@@ -1028,7 +538,7 @@ def protocols_markdown(paper: Sequence[dict], linmem: Sequence[dict],
               "linmem's: batch 4, the NLL summed over keys, clip 5, the readout bias at the keys' "
               "rates, early stopping on the global accuracy, the median pruner. †: selected "
               "from a grid that is not complete yet. –: not run."]
-    return "\n".join(lines + _made_by(command)) + "\n"
+    return "\n".join(lines + made_by(command)) + "\n"
 
 
 def figure4_data(records: Sequence[dict], dataset: str = "jsb",
@@ -1061,140 +571,6 @@ def figure4_data(records: Sequence[dict], dataset: str = "jsb",
                               "points": [best[u] for u in sorted(best)],
                               "pruned": [stopped[u] for u in sorted(stopped) if u not in best]}
     return {"dataset": dataset, "curves": {m: curves[m] for m in models if m in curves}}
-
-
-def plot_roll(prime: np.ndarray, continuation: np.ndarray, path: str | os.PathLike,
-              title: str = "") -> None:
-    """The prime and its continuation as one piano roll (time across, keys up), a line where
-    the continuation starts; a PNG written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    roll = np.concatenate([prime, continuation]).astype(float)
-    fig, ax = plt.subplots(figsize=(max(6.0, min(18.0, len(roll) / 12)), 4.0))
-    ax.imshow(roll.T, origin="lower", aspect="auto", cmap="Greys", interpolation="nearest",
-              extent=(-0.5, len(roll) - 0.5, 20.5, 108.5))
-    ax.axvline(len(prime) - 0.5, color="tab:red", lw=1.2, label="continuation starts")
-    ax.set_xlabel("time step")
-    ax.set_ylabel("MIDI note")
-    ax.set_title(title)
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    with atomic_write(path) as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
-
-
-def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
-    """A run's training curves from its ``log.jsonl``: the training loss, the validation NLL and
-    (when it was measured) the validation accuracy per epoch, the selected epoch (the one
-    ``best.pt`` holds) marked; a PNG written atomically. Returns the panels' titles."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    log_file = Path(run_dir) / "log.jsonl"
-    if not log_file.is_file():
-        raise FileNotFoundError(f"{log_file} does not exist: not a run directory, or no epoch "
-                                "finished yet")
-    rows = _log_rows(run_dir)
-    if not rows:
-        raise ValueError(f"{log_file} holds no epoch")
-    epochs = [r["epoch"] for r in rows]
-    loss_key = next(k for k in rows[0] if k.startswith("train_"))
-    nll_key = next(k for k in rows[0] if k.startswith("valid_nll"))
-    flagged = [r["epoch"] for r in rows if r.get("best")]  # the epochs that made best.pt
-    best = flagged[-1] if flagged else max(rows, key=lambda r: r["valid_acc"])["epoch"]
-    panels = [(loss_key, f"training {loss_key.removeprefix('train_').replace('_', ' ')}"),
-              (nll_key, "validation NLL (nats per step)"),
-              ("valid_acc", "validation frame accuracy (%)")]
-    if all(r.get("valid_acc") is None for r in rows):  # selected on NLL, no marginals drawn
-        panels = panels[:2]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
-    for ax, (key, title) in zip(axes, panels, strict=True):
-        ax.plot(epochs, [r[key] for r in rows], lw=1.2)
-        ax.axvline(best, color="tab:red", lw=1, ls="--", label=f"selected epoch {best}")
-        ax.set_title(title)
-        ax.set_xlabel("epoch")
-    axes[-1].legend(fontsize=8)
-    fig.suptitle(str(Path(run_dir).name))
-    fig.tight_layout()
-    with atomic_write(path) as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
-    return [title for _, title in panels]
-
-
-def plot_prediction(truth: np.ndarray, probs: np.ndarray, path: str | os.PathLike,
-                    title: str = "", threshold: float = 0.5) -> list[str]:
-    """A sequence's next frames (``truth``, ``(T, 88)``) above the model's key probabilities
-    (``probs``), and the frames' keys it got right, missed and added at ``threshold``, apart;
-    a PNG written atomically. Returns the panels' titles."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-
-    truth, pred = np.asarray(truth) > 0, np.asarray(probs) >= threshold
-    outcome = np.zeros(truth.shape)
-    outcome[truth & pred], outcome[truth & ~pred], outcome[~truth & pred] = 1, 2, 3
-    titles = ["truth (next frames)", "predicted key probabilities",
-              f"at threshold {threshold:g}: right (green), missed (red), added (blue)"]
-    fig, axes = plt.subplots(3, 1, figsize=(max(6.0, min(18.0, len(truth) / 10)), 9),
-                             sharex=True)
-    extent = (-0.5, len(truth) - 0.5, 20.5, 108.5)
-    axes[0].imshow(truth.T, origin="lower", aspect="auto", cmap="Greys", extent=extent,
-                   interpolation="nearest")
-    image = axes[1].imshow(np.asarray(probs).T, origin="lower", aspect="auto", cmap="viridis",
-                           vmin=0, vmax=1, extent=extent, interpolation="nearest")
-    fig.colorbar(image, ax=axes[1], fraction=0.02)
-    colours = ListedColormap(["white", "tab:green", "tab:red", "tab:blue"])
-    axes[2].imshow(outcome.T, origin="lower", aspect="auto", cmap=colours, vmin=0, vmax=3,
-                   extent=extent, interpolation="nearest")
-    for ax, panel in zip(axes, titles, strict=True):
-        ax.set_title(panel, fontsize=10)
-        ax.set_ylabel("MIDI note")
-    axes[2].set_xlabel("time step")
-    fig.suptitle(title)
-    fig.tight_layout()
-    with atomic_write(path) as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
-    return titles
-
-
-def plot_figure4(data: dict, path: str | os.PathLike) -> None:
-    """Figure 4 from :func:`figure4_data`, a PNG written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9.0, 4.4))
-    for model, curve in data["curves"].items():
-        pts = curve["points"]
-        label = display_name(model)
-        if not curve["grid_complete"]:
-            label += " (grid incomplete)"
-        line, = ax.plot([p["units"] for p in pts], [p["valid_acc"] for p in pts], "o-",
-                        label=label)
-        stopped = curve.get("pruned", [])
-        if stopped:
-            ax.plot([p["units"] for p in stopped], [p["valid_acc"] for p in stopped], "o",
-                    mfc="none", color=line.get_color(),
-                    label=f"{display_name(model)}: every trial pruned (best before)")
-    ax.set(xlabel="hidden units (LMN: functional + memory)", ylabel="validation frame accuracy %",
-           title=f"{TABLE2_TITLES.get(data['dataset'], data['dataset'])}: accuracy vs size")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
-    fig.tight_layout()
-    with atomic_write(path) as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
 
 
 def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, command: str,
@@ -1237,8 +613,8 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
             if run.is_dir():
                 dest = out_dir / "selected" / f"{r['dataset']}-{r['model']}{suffix}"
                 dest.mkdir(parents=True, exist_ok=True)
-                for name in ("config.json", "log.jsonl", "metrics.json", "pretraining.json",
-                             "expected.json"):
+                for name in (CONFIG, LOG, METRICS, PRETRAINING,
+                             EXPECTED):
                     if (run / name).is_file():
                         shutil.copyfile(run / name, dest / name)
 

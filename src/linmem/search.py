@@ -70,26 +70,51 @@ from optuna.trial import TrialState
 from ._check import check_device, check_int
 from ._io import atomic_write, command_line, machine, read_json
 from ._threads import usable_cpus
-from .data import DATASETS, load_polyphonic, resolve_name
+from .data import load_polyphonic, resolve_name
 from .models import get_spec
 from .recipes import run as run_training
-from .report import (
-    epochs_cpu_seconds,
+from .runs import (
+    METRICS,
     expected_fields,
     run_cpu_seconds,
     run_machine,
-    scoring_cpu_seconds,
-    training_cpu_seconds,
 )
 from .train import PLACE_FIELDS, PROTOCOLS, TrainConfig, TrainingDiverged, check_size
 
-__all__ = ["GRIDS", "MAX_RETRY", "Grid", "Point", "SearchConfig", "StorageError", "check_search",
-           "check_storage", "count_points", "default_storage", "export_studies", "grid_points",
-           "import_studies", "make_storage", "open_study", "planned_record", "planned_run_record",
-           "point_seconds", "point_states", "progress_records", "project_points", "run_search",
-           "run_worker", "search_records", "seeds_record", "select", "select_per_frame",
-           "sqlite_path", "storage_grids", "storage_url", "study_name", "study_protocol",
-           "trial_point"]
+__all__ = [
+    "FINISHED",
+    "GRIDS",
+    "MAX_RETRY",
+    "Grid",
+    "Point",
+    "SearchConfig",
+    "StorageError",
+    "check_grid",
+    "check_search",
+    "check_storage",
+    "count_points",
+    "default_storage",
+    "export_studies",
+    "grid_points",
+    "grid_studies",
+    "import_studies",
+    "make_storage",
+    "open_study",
+    "point_seconds",
+    "point_states",
+    "run_search",
+    "run_worker",
+    "search_records",
+    "select",
+    "select_per_frame",
+    "sqlite_path",
+    "storage_grids",
+    "storage_url",
+    "study_name",
+    "study_protocol",
+    "trial_point",
+    "trial_seconds",
+]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 MAX_RETRY = 10  # a point whose worker died more often than this is failed (module docstring)
@@ -151,7 +176,7 @@ class Point:
                    float(params["weight_decay"]))
 
 
-def _check_grid(grid: str) -> None:
+def check_grid(grid: str) -> None:
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose from {', '.join(GRIDS)}")
 
@@ -331,7 +356,7 @@ class SearchConfig:
     stop_by: float | None = None  # a Unix time: start no point projected to end after it
 
     def __post_init__(self) -> None:
-        _check_grid(self.grid)
+        check_grid(self.grid)
         self.base = self.base or TrainConfig()
         if self.pruner is None:
             self.pruner = PROTOCOLS[self.base.protocol].pruner
@@ -499,7 +524,7 @@ def point_seconds(config: SearchConfig, study, model: str, points: Sequence[Poin
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         point = trial_point(t)
         if point is not None and "duplicate_of" not in t.user_attrs:
-            seconds.append(_trial_seconds(t))
+            seconds.append(trial_seconds(t))
             sizes.append(point_params(config.base, data, model, point))
     cost = size_cost(sizes, seconds)
     return {p: None if cost is None else cost(point_params(config.base, data, model, p))
@@ -630,7 +655,6 @@ def run_worker(config: SearchConfig, command: str | None = None,
             for _, _, s in studies}
 
 
-
 def count_points(config: SearchConfig) -> dict[str, dict[str, int]]:
     """The count of points per state (``done``, ``todo``, ``running``, ``failed``) per study of
     ``config``, read from the storage; nothing is run."""
@@ -735,7 +759,7 @@ def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any
             continue
         u = dict(t.user_attrs)
         if "valid_acc_frame" not in u:
-            metrics_file = Path(runs_root) / str(u.get("run_dir")) / "metrics.json"
+            metrics_file = Path(runs_root) / str(u.get("run_dir")) / METRICS
             if not metrics_file.is_file():
                 return None
             u = {**read_json(metrics_file), **u}
@@ -755,7 +779,7 @@ def study_protocol(attrs: dict[str, Any]) -> str:
     return attrs.get("train", {}).get("protocol", "linmem")
 
 
-def _grid_studies(storage: str, grid: str | None, protocol: str | None = None
+def grid_studies(storage: str, grid: str | None, protocol: str | None = None
                   ) -> Iterator[tuple[dict[str, Any], Any]]:
     """``(user attributes, study)`` of each search study of ``grid`` (None: every grid) trained
     under ``protocol`` (None: any) in ``storage``."""
@@ -767,212 +791,7 @@ def _grid_studies(storage: str, grid: str | None, protocol: str | None = None
             yield attrs, optuna.load_study(study_name=summary.study_name, storage=storage)
 
 
-def progress_records(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
-                     max_retry: int = MAX_RETRY, protocol: str | None = "linmem") -> list[dict]:
-    """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
-    points by state and the CPU seconds its points' runs logged (:func:`linmem.report.
-    run_cpu_seconds`: one thread per run), and the seconds its points left would take
-    (:func:`project_points`: by size from its finished points, complete, pruned or failed,
-    :func:`size_cost`; else from its model's on other data sets, else from its data set's). A
-    finished point whose run is not under ``runs_root`` (a study imported from another machine,
-    :func:`import_studies`) counts its trial's stored time (``points_from_trials``: its CPU
-    time, or its wall time for older trials)."""
-
-    here = machine()["cpu"]
-    records = []
-    for attrs, study in _grid_studies(storage, grid, protocol):
-        points = grid_points(attrs["model"], attrs["grid"])
-        states = point_states(study, points, max_retry)
-        seconds = dict.fromkeys(points, 0.0)
-        cpu: dict[Point, str | None] = dict.fromkeys(points)
-        from_trials = set()
-        for t in study.get_trials(deepcopy=False):
-            p = trial_point(t)
-            if "duplicate_of" in t.user_attrs or "run_dir" not in t.user_attrs or p not in seconds:
-                continue
-            seconds[p], elsewhere = _run_seconds(t, runs_root)
-            if elsewhere:
-                from_trials.add(p)
-                cpu[p] = (t.user_attrs.get("machine") or {}).get("cpu")
-            else:  # its run is here: the CPU it ended on, or this one (in flight, killed)
-                cpu[p] = run_machine(Path(runs_root) / t.user_attrs["run_dir"], here)
-        by_machine: dict[str | None, float] = {}
-        for p, s in seconds.items():
-            if s > 0:
-                by_machine[cpu[p]] = by_machine.get(cpu[p], 0.0) + s
-        base = TrainConfig.from_dict(attrs.get("train", {}))  # a setting added since: default
-        size = {p: point_params(base, attrs["data"], attrs["model"], p) for p in points}
-        finished = [p for p in points if states[p] in ("done", "failed")]
-        running = [p for p in points if states[p] in ("running", "waiting")]
-        todo = [p for p in points if states[p] == "todo"]
-        records.append({"study": study.study_name, "dataset": attrs["data"],
-                        "model": attrs["model"], "grid": attrs["grid"],
-                        "grid_points": len(points), "states": dict(Counter(states.values())),
-                        "cpu_s": sum(seconds.values()), "cpu_s_by_machine": by_machine,
-                        "finished_cpu_s": [seconds[p] for p in finished],
-                        "running_cpu_s": [seconds[p] for p in running], "todo": len(todo),
-                        "points_from_trials": len(from_trials),
-                        "finished_params": [size[p] for p in finished],
-                        "running_params": [size[p] for p in running],
-                        "todo_params": [size[p] for p in todo]})
-    return project_points(records)
-
-
-def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
-                 done: int = 0, runs_root: str | os.PathLike = ".",
-                 protocol: str = "linmem") -> dict:
-    """The progress record of the seeds still to run (``seeds - done``, ``linmem reseed``) of a
-    study's selected configuration, each projected at the selected run's CPU seconds and, when
-    that run read its unrolled network from the cache, the network's own (a seed trains its
-    own); no projection while the study has no complete point (and no study needed once every
-    seed is done). A selected run that is not under ``runs_root`` (a study imported from another
-    machine) counts its trial's stored time instead (its CPU time, or the wall time of an older
-    trial: one thread per run, an upper bound of its CPU time). Their logged time is the seed
-    runs' (``linmem progress --run``), not counted here."""
-    data = resolve_name(data)
-    name = study_name(data, model, grid, protocol)
-    todo = max(seeds - done, 0)
-    try:
-        chosen = select(optuna.load_study(study_name=name, storage=storage)) if todo else None
-    except KeyError:
-        raise ValueError(f"no study {name} in the storage") from None
-    per, source = None, "selected run"
-    if chosen is not None:
-        run = Path(runs_root) / chosen[0].user_attrs["run_dir"]
-        per, elsewhere = _run_seconds(chosen[0], runs_root)
-        ulm = (read_json(run / "pretraining.json").get("ulm_run")
-               if (run / "pretraining.json").is_file() else None)
-        if elsewhere:
-            source = "selected trial"
-        elif ulm and Path(ulm).name != "ulm":  # a cache entry, not the run's own
-            per += run_cpu_seconds(Path(runs_root) / ulm)
-    return {"study": f"{name} seeds", "dataset": data, "model": model,
-            "grid": grid, "grid_points": seeds, "states": {"done": min(done, seeds)},
-            "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": todo,
-            "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": source,
-            "left_cpu_s": None if per is None and todo else todo * (per or 0.0)}
-
-
-def planned_run_record(data: str, run: str | os.PathLike) -> dict:
-    """The progress record of a single run still to make (an RNN-RBM): the configuration of
-    ``run``, a finished run on another data set, on ``data``. Projected at ``run``'s epochs' CPU
-    time scaled by the two data sets' training and validation frames (an epoch's work; the
-    epochs to early stopping taken as equal), the rest of its training as it is (the final
-    scoring, whose AIS estimate of the NLL takes a fixed number of frames), and the scoring of
-    its expected accuracy (``expected.json``) scaled by ``data``'s test frames over the frames
-    ``run`` scored (the Makefile scores the test split)."""
-    run = Path(run)
-    if not (run / "config.json").is_file():
-        raise ValueError(f"{run}: no run there (config.json)")
-    config = read_json(run / "config.json")
-    data, source = resolve_name(data), resolve_name(config["data"])
-    if data not in DATASETS or source not in DATASETS:
-        raise ValueError("both data sets must be known ones (linmem.data.DATASETS)")
-    frames = {name: DATASETS[name].n_frames for name in (data, source)}
-    epochs = epochs_cpu_seconds(run)
-    per = (epochs * sum(frames[data][:2]) / sum(frames[source][:2])
-           + max(training_cpu_seconds(run) - epochs, 0.0))
-    if (run / "expected.json").is_file():
-        scored = sum(v["frames"] for v in read_json(run / "expected.json").values()
-                     if isinstance(v, dict) and "acc_expected" in v)
-        per += scoring_cpu_seconds(run) * frames[data][2] / max(scored, 1)
-    return {"study": f"{data}-{config['model']} (planned run, from {run})", "dataset": data,
-            "model": config["model"], "grid": "runs", "grid_points": 1, "states": {"todo": 1},
-            "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": 1,
-            "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": "run, scaled",
-            "left_cpu_s": per}
-
-
-def planned_record(data: str, model: str, grid: str, protocol: str = "linmem") -> dict:
-    """The progress record (:func:`progress_records`) of a study not created yet: every point of
-    ``grid`` to do. Its cost is then projected like any other's (:func:`project_points`), so that
-    the projection covers the searches still to start, not only those under way."""
-    _check_grid(grid)
-    data = resolve_name(data)
-    get_spec(model)  # a clear error for an unknown model
-    n = len(grid_points(model, grid))
-    return {"study": f"{study_name(data, model, grid, protocol)} (planned)", "dataset": data,
-            "model": model, "grid": grid, "grid_points": n, "states": {"todo": n}, "cpu_s": 0.0,
-            "finished_cpu_s": [], "running_cpu_s": [], "todo": n, "points_from_trials": 0}
-
-
-def project_points(records: list[dict]) -> list[dict]:
-    """Each study record's projected cost per point (``mean_point_cpu_s``) and of the points it
-    has left (``left_cpu_s``: the points to do at that cost, the running ones at that cost less
-    what they have logged), in place; ``left_from`` says where the per-point cost came from:
-
-    - ``study``: the mean of its finished points; where the record gives every point's number
-      of parameters (``finished_params``, ``running_params``, ``todo_params``, as
-      :func:`progress_records` does), each point left costs instead what :func:`size_cost`
-      fits to the finished points' sizes and CPU seconds (``study, by size``: a study whose
-      small points finished first is not projected at their mean);
-    - ``model``: none finished yet, its model's finished points in the same grid on other data
-      sets, each data set's mean scaled by the ratio of the two data sets' costs over the
-      models both have finished (a data set with longer sequences costs more for every model),
-      averaged over those data sets;
-    - ``model, other grid``: else the same from its model's points in another grid (the
-      ratio then over the models finished in both studies' grids: it carries the grids'
-      difference in sizes too);
-    - ``data set``: else the mean of its data set's finished points of every model (a
-      pret-LMN point costs several of an RNN's: the coarsest estimate);
-    - None: nothing finished to project from."""
-
-    def mean(values: Sequence[float]) -> float | None:
-        return sum(values) / len(values) if values else None
-
-    finished = {(r["dataset"], r["grid"], r["model"]): mean(r["finished_cpu_s"]) for r in records
-                if r["finished_cpu_s"]}
-
-    def scaled(here: str, grid: str, model: str, same_grid: bool) -> float | None:
-        estimates = []
-        for (other, g, m), cost in finished.items():
-            if m != model or other == here or (g == grid) != same_grid:
-                continue
-            both = [n for (d, g2, n) in finished if d == here and g2 == grid
-                    and (other, g, n) in finished]
-            if both:
-                estimates.append(cost * sum(finished[(here, grid, n)] for n in both)
-                                 / sum(finished[(other, g, n)] for n in both))
-        return mean(estimates)
-
-    for r in records:
-        grid, here = r["grid"], r["dataset"]
-        mates = [s for q in records if q["dataset"] == here and q["grid"] == grid
-                 for s in q["finished_cpu_s"]]
-        sources = (("study", mean(r["finished_cpu_s"])),
-                   ("model", scaled(here, grid, r["model"], True)),
-                   ("model, other grid", scaled(here, grid, r["model"], False)),
-                   ("data set", mean(mates)))  # the first with something to project from
-        r["left_from"], per = next(((how, v) for how, v in sources if v is not None),
-                                   (None, None))
-        r["mean_point_cpu_s"] = per
-        todo, running = [per] * r["todo"], [per] * len(r["running_cpu_s"])
-        sizes = [r.get(k) for k in ("finished_params", "running_params", "todo_params")]
-        cost = (size_cost(sizes[0], r["finished_cpu_s"])
-                if r["left_from"] == "study" and None not in sizes
-                and list(map(len, sizes)) == [len(r["finished_cpu_s"]), len(r["running_cpu_s"]),
-                                              r["todo"]] else None)
-        if cost is not None:
-            running, todo = ([cost(n) for n in ns] for ns in sizes[1:])
-            r["left_from"] = "study, by size"
-        r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
-                           0.0 if per is None else
-                           sum(todo) + sum(max(c - s, 0.0) for c, s
-                                           in zip(running, r["running_cpu_s"], strict=True)))
-    return records
-
-
-def _run_seconds(trial, runs_root: str | os.PathLike) -> tuple[float, bool]:
-    """The CPU seconds of ``trial``'s run under ``runs_root`` (:func:`linmem.report.
-    run_cpu_seconds`), or, for a finished trial whose run is not there (a study imported from
-    another machine), its stored time (:func:`_trial_seconds`); and whether it is the latter."""
-    seconds = run_cpu_seconds(Path(runs_root) / trial.user_attrs["run_dir"])
-    if seconds == 0.0 and trial.state in FINISHED:
-        return _trial_seconds(trial), True
-    return seconds, False
-
-
-def _trial_seconds(trial) -> float:
+def trial_seconds(trial) -> float:
     """A finished trial's time as the storage holds it: its run's CPU time, else its wall time,
     where the trial stored them (complete), else the trial's own duration (pruned, failed)."""
     for key in ("cpu_time_s", "wall_time_s"):
@@ -995,7 +814,7 @@ def search_records(storage: str, grid: str | None = None,
     """
 
     records = []
-    for attrs, study in _grid_studies(storage, grid, protocol):
+    for attrs, study in grid_studies(storage, grid, protocol):
         selects = attrs.get("train", {}).get("select", "acc")
         on_acc = selects == "acc"
         on_frame = selects == "acc_frame"
@@ -1041,7 +860,7 @@ def search_records(storage: str, grid: str | None = None,
             best, counts = chosen
             p = trial_point(best)
             u = dict(best.user_attrs)
-            metrics_file = Path(runs_root) / str(u.get("run_dir")) / "metrics.json"
+            metrics_file = Path(runs_root) / str(u.get("run_dir")) / METRICS
             if metrics_file.is_file():  # fields a trial did not store (older trials: command)
                 u = {**read_json(metrics_file), **expected_fields(metrics_file.parent), **u}
             record.update({
@@ -1083,7 +902,7 @@ def _reductions(attrs: dict[str, Any]) -> list[str]:
 
 def storage_grids(storage: str) -> list[str]:
     """The grids of the search studies in ``storage``."""
-    return sorted({attrs["grid"] for attrs, _ in _grid_studies(storage, None)})
+    return sorted({attrs["grid"] for attrs, _ in grid_studies(storage, None)})
 
 
 def _journal(path: str | os.PathLike):
@@ -1107,8 +926,8 @@ def export_studies(storage: str, path: str | os.PathLike, grid: str | None = Non
     number of trials written per study. Running and waiting trials are left out.
 
     With ``runs_root``, a trial that stored no CPU time (pruned, or failed: a killed worker's)
-    takes its run's there (:func:`linmem.report.run_cpu_seconds`) and CPU
-    (:func:`linmem.report.run_machine`, this machine's for a run that ended without a record)
+    takes its run's there (:func:`linmem.runs.run_cpu_seconds`) and CPU
+    (:func:`linmem.runs.run_machine`, this machine's for a run that ended without a record)
     into the file, so that another machine counts what it logged, not the trial's duration
     (which, for a trial failed once its worker's heartbeat stopped, lasts until a worker found
     it dead)."""
@@ -1118,7 +937,7 @@ def export_studies(storage: str, path: str | os.PathLike, grid: str | None = Non
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         journal_file = Path(tmp) / path.name
         journal = _journal(journal_file)
-        for attrs, study in sorted(_grid_studies(storage, grid), key=lambda x: x[1].study_name):
+        for attrs, study in sorted(grid_studies(storage, grid), key=lambda x: x[1].study_name):
             target = optuna.create_study(storage=journal, study_name=study.study_name,
                                        direction=study.direction)
             for key, value in attrs.items():

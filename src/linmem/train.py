@@ -40,7 +40,6 @@ from tqdm.auto import tqdm
 
 from ._check import check_device, check_int, device_form
 from ._io import (
-    RunDirClaim,
     atomic_write,
     command_line,
     git_commit,
@@ -77,6 +76,18 @@ from .models import (
 )
 from .nn import cpu_kernel_path, use_cpu_kernel
 from .ops import gpu_paths_taken
+from .runs import (
+    BEST,
+    CONFIG,
+    DIVERGED,
+    LAST,
+    LAST_PREV,
+    LOCK,
+    LOG,
+    METRICS,
+    PRETRAINING,
+    RunDirClaim,
+)
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -496,7 +507,7 @@ def _stop_diverged(run_dir: Path, state: dict[str, Any], why: str, elapsed: floa
     """``on_divergence="stop"``: the run ends at its last good epoch (``state``, that of
     ``last.pt``, whose weights stay: the diverged ones are dropped) and keeps its best
     checkpoint, as early stopping does. Returns the new state, also written to ``last.pt``."""
-    ckpt = load_checkpoint(run_dir / "last.pt")
+    ckpt = load_checkpoint(run_dir / LAST)
     ckpt["state"] = {**state, "stop_reason": f"diverged: {why}; the best epoch before it is kept",
                      "elapsed": elapsed, "cpu_elapsed": cpu_elapsed}
     _save_last(ckpt, run_dir)
@@ -549,7 +560,7 @@ def _save_torch(obj: Any, path: Path) -> None:
 def _save_last(obj: Any, run_dir: Path) -> None:
     """``last.pt``, keeping the one before as ``last.prev.pt``: a checkpoint damaged after its
     write (a full disk, a crash of the file system) costs one epoch, never the run."""
-    last, previous, new = run_dir / "last.pt", run_dir / "last.prev.pt", run_dir / ".last.pt.new"
+    last, previous, new = run_dir / LAST, run_dir / LAST_PREV, run_dir / ".last.pt.new"
     _save_torch(obj, new)
     if last.is_file():
         os.replace(last, previous)
@@ -559,7 +570,7 @@ def _save_last(obj: Any, run_dir: Path) -> None:
 def _resume_checkpoint(run_dir: Path, device: torch.device) -> dict[str, Any] | None:
     """The newest readable of ``last.pt`` and ``last.prev.pt`` (``None`` if neither exists),
     saying on stderr when it falls back."""
-    last, previous = run_dir / "last.pt", run_dir / "last.prev.pt"
+    last, previous = run_dir / LAST, run_dir / LAST_PREV
     try:
         return load_checkpoint(last, device)
     except FileNotFoundError:
@@ -578,7 +589,7 @@ def _resume_checkpoint(run_dir: Path, device: torch.device) -> dict[str, Any] | 
 
 
 def _write_log(run_dir: Path, history: list[dict]) -> None:
-    with atomic_write(run_dir / "log.jsonl", "w") as f:
+    with atomic_write(run_dir / LOG, "w") as f:
         for row in history:
             f.write(json.dumps(row) + "\n")
 
@@ -588,9 +599,9 @@ def load_run_model(run_dir: str | Path, which: str = "best",
     """The model saved in ``run_dir`` and its config: ``which`` is ``"best"``, ``"last"`` or
     ``"init"`` (a pretrained run's initial weights, :func:`linmem.recipes.pretrain`'s)."""
     run_dir, device = Path(run_dir), check_device(device)
-    if not (run_dir / "config.json").is_file():
+    if not (run_dir / CONFIG).is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
-    config = TrainConfig.from_dict(read_json(run_dir / "config.json"))
+    config = TrainConfig.from_dict(read_json(run_dir / CONFIG))
     path = run_dir / f"{which}.pt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
@@ -660,7 +671,7 @@ def train(
         except OSError:
             # a fault of the machine (a full disk) before anything could be kept: the start
             # failed, and leaves no half-made folder behind
-            if created and Path(run_dir).is_dir() and not any(Path(run_dir).rglob("last.pt")):
+            if created and Path(run_dir).is_dir() and not any(Path(run_dir).rglob(LAST)):
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
 
@@ -684,8 +695,8 @@ def _recurrence_path(device: torch.device) -> str:
 def _check_run_dir(run_dir: Path) -> None:
     """``ValueError`` when ``run_dir`` holds files but no run of ours (no ``config.json``): a
     run never writes into a folder of someone else's files."""
-    others = sorted(p.name for p in run_dir.iterdir() if p.name != ".lock")
-    if others and not (run_dir / "config.json").is_file():
+    others = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK)
+    if others and not (run_dir / CONFIG).is_file():
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise ValueError(f"{run_dir} holds files that are not a linmem run ({shown}): choose a "
                          "new or empty folder")
@@ -695,7 +706,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
            data: dict[str, list[np.ndarray]] | None,
            on_epoch_end: Callable[[int, dict], None] | None, command: str | None,
            initialize: Callable[[torch.nn.Module], None] | None) -> dict[str, Any]:
-    """:func:`train`, with ``run_dir`` claimed (:class:`linmem._io.RunDirClaim`) as soon as it
+    """:func:`train`, with ``run_dir`` claimed (:class:`linmem.runs.RunDirClaim`) as soon as it
     exists."""
     if run_dir.is_dir():
         claim.acquire()  # before reading what it holds: no other process writes it meanwhile
@@ -707,16 +718,16 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
     command = command or command_line()
     device = check_device(config.device)
-    checkpoint = run_dir / "last.pt"
-    if resume and (run_dir / "config.json").is_file():
-        saved = TrainConfig.from_dict(read_json(run_dir / "config.json"))
+    checkpoint = run_dir / LAST
+    if resume and (run_dir / CONFIG).is_file():
+        saved = TrainConfig.from_dict(read_json(run_dir / CONFIG))
         diff = {k: (v, getattr(config, k)) for k, v in saved.identity().items()
                 if getattr(config, k) != v}
         if diff:
             raise ValueError(f"--resume with a different config than {run_dir}/config.json: "
                              + ", ".join(f"{k}: saved {a!r}, given {b!r}"
                                          for k, (a, b) in diff.items()))
-    elif (run_dir / "config.json").exists():
+    elif (run_dir / CONFIG).exists():
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, "
                               "or choose another output directory")
 
@@ -730,8 +741,8 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
         if state["stop_reason"] is not None:
             if _budget_left(state, config) and not state["stop_reason"].startswith("diverged"):
                 state["stop_reason"] = None  # a larger budget: the run goes on
-            elif (run_dir / "metrics.json").is_file():
-                return read_json(run_dir / "metrics.json")  # finished: nothing is rewritten
+            elif (run_dir / METRICS).is_file():
+                return read_json(run_dir / METRICS)  # finished: nothing is rewritten
         state["resumed"] = [*state["resumed"], command]
         if progress:
             print(f"linmem: resuming {run_dir} after epoch {state['epoch']}", file=sys.stderr,
@@ -760,7 +771,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     # the run exists once its data and model do: a start that failed before leaves nothing
     run_dir.mkdir(parents=True, exist_ok=True)
     claim.acquire()
-    write_json(run_dir / "config.json", asdict(config))
+    write_json(run_dir / CONFIG, asdict(config))
     if initialize is not None and ckpt is None:
         initialize(model)
     model = model.to(device)
@@ -813,7 +824,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
                         "pretrained ones included, may diverge on long sequences already)")
                 hint = "Lower --lr" + (" or set --clip" if config.clip is None else "")
                 # the failure is a result too (a seed that diverged counts as run)
-                write_json(run_dir / "diverged.json", {
+                write_json(run_dir / DIVERGED, {
                     **_run_fields(config), "diverged": why, "epochs": state["epoch"],
                     **provenance(state["command"], commit, config.seed,
                                  _checksum_or_none(config), spent()[0], device),
@@ -827,7 +838,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
         improved = score > state["best_score"]
         if improved:
             state.update(best_score=score, best_epoch=epoch, bad_epochs=0)
-            _save_torch({"model": model.state_dict(), "epoch": epoch}, run_dir / "best.pt")
+            _save_torch({"model": model.state_dict(), "epoch": epoch}, run_dir / BEST)
         else:
             state["bad_epochs"] += 1
         row = {"epoch": epoch, model.train_loss_name: loss_sum / frames,
@@ -892,8 +903,8 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     metrics = best.finalize_metrics(metrics, data)  # what only the model can score
     # the CPU time of every thread: below the wall time when other processes share the cores
     metrics["wall_time_s"], metrics["cpu_time_s"] = spent()
-    write_json(run_dir / "metrics.json", metrics)
-    (run_dir / "diverged.json").unlink(missing_ok=True)  # an earlier attempt's
+    write_json(run_dir / METRICS, metrics)
+    (run_dir / DIVERGED).unlink(missing_ok=True)  # an earlier attempt's
     return metrics
 
 
@@ -906,7 +917,7 @@ def _run_fields(config: TrainConfig) -> dict[str, Any]:
 
 
 def _pretraining_record(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "pretraining.json"
+    path = run_dir / PRETRAINING
     return read_json(path) if path.is_file() else None
 
 

@@ -1,4 +1,4 @@
-"""linmem.onset: the replay of a run's first updates, checked against the trainer's own first
+"""linmem.analyses: the replay of a run's first updates, checked against the trainer's own first
 epoch, Adam's closed-form first step and numpy's eigenvalues."""
 
 import json
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from linmem.analyses import first_updates, recurrent_radius, relative_change
 from linmem.cli import main
 from linmem.data import data_checksum
 from linmem.models import build_model
-from linmem.onset import first_updates, recurrent_radius, relative_change
 from linmem.train import (
     TrainConfig,
     build_run_model,

@@ -1,0 +1,459 @@
+"""Where a search stands: the points done, failed and running per study, the CPU hours logged and
+those projected for what is left (``linmem progress``).
+
+The CPU seconds of a run come from its files (:mod:`linmem.runs`), those of an imported trial from
+the trial (:mod:`linmem.search`); this module adds them up per study and per CPU, projects the
+points left, and writes the table.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import optuna
+
+from ._io import command_line, machine, made_by, read_json
+from .data import DATASETS, resolve_name
+from .models import get_spec
+from .runs import (
+    CONFIG,
+    DIVERGED,
+    ENDINGS,
+    EXPECTED,
+    LOG,
+    PRETRAINING,
+    ULM,
+    epochs_cpu_seconds,
+    run_cpu_seconds,
+    run_machine,
+    scoring_cpu_seconds,
+    training_cpu_seconds,
+)
+from .search import (
+    FINISHED,
+    MAX_RETRY,
+    Point,
+    check_grid,
+    grid_points,
+    grid_studies,
+    point_params,
+    point_states,
+    select,
+    size_cost,
+    study_name,
+    trial_point,
+    trial_seconds,
+)
+from .train import TrainConfig
+
+__all__ = ["planned_record", "planned_run_record", "progress_markdown", "progress_records",
+           "progress_table", "project_points", "seeds_record"]
+
+
+def _hours_by_machine(studies: Sequence[dict], runs: Sequence[tuple[str, float]],
+                      run_machines: dict[str, str | None]) -> str:
+    """The sentence of :func:`progress_markdown` that splits the CPU hours logged by the CPU
+    that ran them, the most first, those of no recorded CPU last."""
+    hours: dict[str | None, float] = {}
+    for r in studies:
+        for cpu, seconds in (r.get("cpu_s_by_machine") or {None: r["cpu_s"]}).items():
+            hours[cpu] = hours.get(cpu, 0.0) + seconds / 3600
+    for name, seconds in runs:
+        cpu = run_machines.get(name)
+        hours[cpu] = hours.get(cpu, 0.0) + seconds / 3600
+    parts = [f"{cpu} {h:.1f}" for cpu, h in sorted(hours.items(), key=lambda ch: -ch[1])
+             if cpu is not None and h > 0]
+    if hours.get(None, 0.0) > 0:
+        parts.append(f"not recorded (runs and trials from before the record) {hours[None]:.1f}")
+    return ("CPU hours logged by the CPU that ran them (machines differ between sessions; a run "
+            "resumed on another machine counts on the one it ended on, a run in flight on this "
+            "one): " + "; ".join(parts) + ".")
+
+
+def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]] = (),
+                      command: str | None = None, when: str | None = None,
+                      run_machines: dict[str, str | None] | None = None) -> str:
+    """The progress of the searches (:func:`progress_records`) and of single runs
+    (``(name, cpu seconds)``) as a Markdown table with the totals: CPU hours logged, projected
+    CPU hours left, and the hours logged by the CPU that ran them (a study's
+    ``cpu_s_by_machine``, a single run's CPU in ``run_machines``; not recorded where neither
+    says)."""
+
+    def hours(s: float | None) -> str:
+        return "?" if s is None else f"{s / 3600:.2f}"
+
+    lines = ["| study | points done / grid | failed | running | CPU h | CPU h per finished "
+             "point | projected CPU h left |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(studies, key=lambda r: r["study"]):
+        st = r["states"]
+        per = hours(r["mean_point_cpu_s"]) + {"data set": " (data set's)",
+                                              "model": " (model's, scaled)",
+                                              "model, other grid": " (model's in another grid, "
+                                                                   "scaled)",
+                                              "selected run": " (selected run's)",
+                                              "selected trial": " (selected run's, trial's "
+                                                                "stored time)",
+                                              "run, scaled": " (another data set's run, "
+                                                             "scaled)"
+                                              }.get(r["left_from"], "")
+        if r["mean_point_cpu_s"] is None and r["left_cpu_s"] == 0.0:
+            per = "–"  # nothing left, nothing to project from
+        name = r["study"] + (f" ({r['points_from_trials']} points: trial's stored time)"
+                             if r.get("points_from_trials") else "")
+        lines.append(f"| {name} | {st.get('done', 0)} / {r['grid_points']} | "
+                     f"{st.get('failed', 0)} | {st.get('running', 0) + st.get('waiting', 0)} | "
+                     f"{hours(r['cpu_s'])} | {per} | {hours(r['left_cpu_s'])} |")
+    for name, seconds in runs:
+        lines.append(f"| {name} (single run) | – | – | – | {hours(seconds)} | – | – |")
+    spent = sum(r["cpu_s"] for r in studies) + sum(s for _, s in runs)
+    unknown = [r["study"] for r in studies if r["left_cpu_s"] is None]
+    left = sum(r["left_cpu_s"] or 0.0 for r in studies)
+    lines += ["", f"CPU hours logged: **{spent / 3600:.1f}**; projected CPU hours left for the "
+              f"studies above: **{left / 3600:.1f}**"
+              + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + "."]
+    if spent > 0:
+        lines += ["", _hours_by_machine(studies, runs, run_machines or {})]
+    lines += ["", "CPU hours: each finished run's time (`metrics.json`), else the epochs' "
+              "times in its `log.jsonl`, and its pretraining time: the CPU time where the run "
+              "recorded it (from commit 8b4fc25 on), else the wall time, which is above it when "
+              "processes shared the cores (one thread per run; epochs cut short by a killed "
+              "worker are not counted; a study imported from another machine counts its finished "
+              "trials' stored time where their runs are not here: their CPU time where they "
+              "stored it, else their wall time). A pret-LMN run counts the "
+              "training of its unrolled network, every session's, when it trained it, and none "
+              "when it read it from the cache (`--ulm-cache`); runs recorded before commit "
+              "3c1102d count what the network's own run logged beyond the recipe's clock when "
+              "the network is their own, and nothing for a killed process's share of a cache "
+              "entry. "
+              "A study marked 'earlier' counts its trials' durations from `summary.json` (its "
+              "storage and runs are gone): an upper bound, a trial whose worker died lasting "
+              "until it was found dead. "
+              "Projection: each point left at a cost c * n ** a of its n parameters, a fitted "
+              "to the study's finished points (complete, pruned or failed; the column shows "
+              "their mean) by least squares on the logs, within [0, 2], 1 when they are all of "
+              "one size, and c such that they add up to their CPU time; for a study with none, "
+              "its model's mean on the other data sets scaled by the two data sets' cost ratio "
+              "over the models both have finished (\"model's, scaled\"), else the same from its "
+              "model's points in another grid, the ratio then over the models finished in both "
+              "grids (\"model's in another grid, scaled\"), else its data set's mean over "
+              "every model. Seeds still to run (`--plan-seeds`): each at the CPU time of the "
+              "study's selected run, with its unrolled network's when it read that from the "
+              "cache (a seed trains its own), or at its trial's stored time when the run is "
+              "on another machine (\"trial's stored time\"); the seeds run so far count as single "
+              "runs. A single run still to make "
+              "(`--plan-run`, an RNN-RBM): another data set's run of the same configuration, its "
+              "epochs scaled by the two data sets' training and validation frames, its final "
+              "scoring as it is (a fixed sample of frames for the AIS), its expected accuracy's "
+              "scoring by the frames scored (\"another data set's run, scaled\"); a run's "
+              "scoring (`expected.json`) counts in its CPU time."]
+    return "\n".join(lines + made_by(command, when)) + "\n"
+
+
+def progress_records(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
+                     max_retry: int = MAX_RETRY, protocol: str | None = "linmem") -> list[dict]:
+    """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
+    points by state and the CPU seconds its points' runs logged (:func:`linmem.runs.
+    run_cpu_seconds`: one thread per run), and the seconds its points left would take
+    (:func:`project_points`: by size from its finished points, complete, pruned or failed,
+    :func:`size_cost`; else from its model's on other data sets, else from its data set's). A
+    finished point whose run is not under ``runs_root`` (a study imported from another machine,
+    :func:`import_studies`) counts its trial's stored time (``points_from_trials``: its CPU
+    time, or its wall time for older trials)."""
+
+    here = machine()["cpu"]
+    records = []
+    for attrs, study in grid_studies(storage, grid, protocol):
+        points = grid_points(attrs["model"], attrs["grid"])
+        states = point_states(study, points, max_retry)
+        seconds = dict.fromkeys(points, 0.0)
+        cpu: dict[Point, str | None] = dict.fromkeys(points)
+        from_trials = set()
+        for t in study.get_trials(deepcopy=False):
+            p = trial_point(t)
+            if "duplicate_of" in t.user_attrs or "run_dir" not in t.user_attrs or p not in seconds:
+                continue
+            seconds[p], elsewhere = _run_seconds(t, runs_root)
+            if elsewhere:
+                from_trials.add(p)
+                cpu[p] = (t.user_attrs.get("machine") or {}).get("cpu")
+            else:  # its run is here: the CPU it ended on, or this one (in flight, killed)
+                cpu[p] = run_machine(Path(runs_root) / t.user_attrs["run_dir"], here)
+        by_machine: dict[str | None, float] = {}
+        for p, s in seconds.items():
+            if s > 0:
+                by_machine[cpu[p]] = by_machine.get(cpu[p], 0.0) + s
+        base = TrainConfig.from_dict(attrs.get("train", {}))  # a setting added since: default
+        size = {p: point_params(base, attrs["data"], attrs["model"], p) for p in points}
+        finished = [p for p in points if states[p] in ("done", "failed")]
+        running = [p for p in points if states[p] in ("running", "waiting")]
+        todo = [p for p in points if states[p] == "todo"]
+        records.append({"study": study.study_name, "dataset": attrs["data"],
+                        "model": attrs["model"], "grid": attrs["grid"],
+                        "grid_points": len(points), "states": dict(Counter(states.values())),
+                        "cpu_s": sum(seconds.values()), "cpu_s_by_machine": by_machine,
+                        "finished_cpu_s": [seconds[p] for p in finished],
+                        "running_cpu_s": [seconds[p] for p in running], "todo": len(todo),
+                        "points_from_trials": len(from_trials),
+                        "finished_params": [size[p] for p in finished],
+                        "running_params": [size[p] for p in running],
+                        "todo_params": [size[p] for p in todo]})
+    return project_points(records)
+
+
+def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
+                 done: int = 0, runs_root: str | os.PathLike = ".",
+                 protocol: str = "linmem") -> dict:
+    """The progress record of the seeds still to run (``seeds - done``, ``linmem reseed``) of a
+    study's selected configuration, each projected at the selected run's CPU seconds and, when
+    that run read its unrolled network from the cache, the network's own (a seed trains its
+    own); no projection while the study has no complete point (and no study needed once every
+    seed is done). A selected run that is not under ``runs_root`` (a study imported from another
+    machine) counts its trial's stored time instead (its CPU time, or the wall time of an older
+    trial: one thread per run, an upper bound of its CPU time). Their logged time is the seed
+    runs' (``linmem progress --run``), not counted here."""
+    data = resolve_name(data)
+    name = study_name(data, model, grid, protocol)
+    todo = max(seeds - done, 0)
+    try:
+        chosen = select(optuna.load_study(study_name=name, storage=storage)) if todo else None
+    except KeyError:
+        raise ValueError(f"no study {name} in the storage") from None
+    per, source = None, "selected run"
+    if chosen is not None:
+        run = Path(runs_root) / chosen[0].user_attrs["run_dir"]
+        per, elsewhere = _run_seconds(chosen[0], runs_root)
+        ulm = (read_json(run / PRETRAINING).get("ulm_run")
+               if (run / PRETRAINING).is_file() else None)
+        if elsewhere:
+            source = "selected trial"
+        elif ulm and Path(ulm).name != ULM:  # a cache entry, not the run's own
+            per += run_cpu_seconds(Path(runs_root) / ulm)
+    return {"study": f"{name} seeds", "dataset": data, "model": model,
+            "grid": grid, "grid_points": seeds, "states": {"done": min(done, seeds)},
+            "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": todo,
+            "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": source,
+            "left_cpu_s": None if per is None and todo else todo * (per or 0.0)}
+
+
+def planned_run_record(data: str, run: str | os.PathLike) -> dict:
+    """The progress record of a single run still to make (an RNN-RBM): the configuration of
+    ``run``, a finished run on another data set, on ``data``. Projected at ``run``'s epochs' CPU
+    time scaled by the two data sets' training and validation frames (an epoch's work; the
+    epochs to early stopping taken as equal), the rest of its training as it is (the final
+    scoring, whose AIS estimate of the NLL takes a fixed number of frames), and the scoring of
+    its expected accuracy (``expected.json``) scaled by ``data``'s test frames over the frames
+    ``run`` scored (the Makefile scores the test split)."""
+    run = Path(run)
+    if not (run / CONFIG).is_file():
+        raise ValueError(f"{run}: no run there (config.json)")
+    config = read_json(run / CONFIG)
+    data, source = resolve_name(data), resolve_name(config["data"])
+    if data not in DATASETS or source not in DATASETS:
+        raise ValueError("both data sets must be known ones (linmem.data.DATASETS)")
+    frames = {name: DATASETS[name].n_frames for name in (data, source)}
+    epochs = epochs_cpu_seconds(run)
+    per = (epochs * sum(frames[data][:2]) / sum(frames[source][:2])
+           + max(training_cpu_seconds(run) - epochs, 0.0))
+    if (run / EXPECTED).is_file():
+        scored = sum(v["frames"] for v in read_json(run / EXPECTED).values()
+                     if isinstance(v, dict) and "acc_expected" in v)
+        per += scoring_cpu_seconds(run) * frames[data][2] / max(scored, 1)
+    return {"study": f"{data}-{config['model']} (planned run, from {run})", "dataset": data,
+            "model": config["model"], "grid": "runs", "grid_points": 1, "states": {"todo": 1},
+            "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": 1,
+            "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": "run, scaled",
+            "left_cpu_s": per}
+
+
+def planned_record(data: str, model: str, grid: str, protocol: str = "linmem") -> dict:
+    """The progress record (:func:`progress_records`) of a study not created yet: every point of
+    ``grid`` to do. Its cost is then projected like any other's (:func:`project_points`), so that
+    the projection covers the searches still to start, not only those under way."""
+    check_grid(grid)
+    data = resolve_name(data)
+    get_spec(model)  # a clear error for an unknown model
+    n = len(grid_points(model, grid))
+    return {"study": f"{study_name(data, model, grid, protocol)} (planned)", "dataset": data,
+            "model": model, "grid": grid, "grid_points": n, "states": {"todo": n}, "cpu_s": 0.0,
+            "finished_cpu_s": [], "running_cpu_s": [], "todo": n, "points_from_trials": 0}
+
+
+def project_points(records: list[dict]) -> list[dict]:
+    """Each study record's projected cost per point (``mean_point_cpu_s``) and of the points it
+    has left (``left_cpu_s``: the points to do at that cost, the running ones at that cost less
+    what they have logged), in place; ``left_from`` says where the per-point cost came from:
+
+    - ``study``: the mean of its finished points; where the record gives every point's number
+      of parameters (``finished_params``, ``running_params``, ``todo_params``, as
+      :func:`progress_records` does), each point left costs instead what :func:`size_cost`
+      fits to the finished points' sizes and CPU seconds (``study, by size``: a study whose
+      small points finished first is not projected at their mean);
+    - ``model``: none finished yet, its model's finished points in the same grid on other data
+      sets, each data set's mean scaled by the ratio of the two data sets' costs over the
+      models both have finished (a data set with longer sequences costs more for every model),
+      averaged over those data sets;
+    - ``model, other grid``: else the same from its model's points in another grid (the
+      ratio then over the models finished in both studies' grids: it carries the grids'
+      difference in sizes too);
+    - ``data set``: else the mean of its data set's finished points of every model (a
+      pret-LMN point costs several of an RNN's: the coarsest estimate);
+    - None: nothing finished to project from."""
+
+    def mean(values: Sequence[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    finished = {(r["dataset"], r["grid"], r["model"]): mean(r["finished_cpu_s"]) for r in records
+                if r["finished_cpu_s"]}
+
+    def scaled(here: str, grid: str, model: str, same_grid: bool) -> float | None:
+        estimates = []
+        for (other, g, m), cost in finished.items():
+            if m != model or other == here or (g == grid) != same_grid:
+                continue
+            both = [n for (d, g2, n) in finished if d == here and g2 == grid
+                    and (other, g, n) in finished]
+            if both:
+                estimates.append(cost * sum(finished[(here, grid, n)] for n in both)
+                                 / sum(finished[(other, g, n)] for n in both))
+        return mean(estimates)
+
+    for r in records:
+        grid, here = r["grid"], r["dataset"]
+        mates = [s for q in records if q["dataset"] == here and q["grid"] == grid
+                 for s in q["finished_cpu_s"]]
+        sources = (("study", mean(r["finished_cpu_s"])),
+                   ("model", scaled(here, grid, r["model"], True)),
+                   ("model, other grid", scaled(here, grid, r["model"], False)),
+                   ("data set", mean(mates)))  # the first with something to project from
+        r["left_from"], per = next(((how, v) for how, v in sources if v is not None),
+                                   (None, None))
+        r["mean_point_cpu_s"] = per
+        todo, running = [per] * r["todo"], [per] * len(r["running_cpu_s"])
+        sizes = [r.get(k) for k in ("finished_params", "running_params", "todo_params")]
+        cost = (size_cost(sizes[0], r["finished_cpu_s"])
+                if r["left_from"] == "study" and None not in sizes
+                and list(map(len, sizes)) == [len(r["finished_cpu_s"]), len(r["running_cpu_s"]),
+                                              r["todo"]] else None)
+        if cost is not None:
+            running, todo = ([cost(n) for n in ns] for ns in sizes[1:])
+            r["left_from"] = "study, by size"
+        r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
+                           0.0 if per is None else
+                           sum(todo) + sum(max(c - s, 0.0) for c, s
+                                           in zip(running, r["running_cpu_s"], strict=True)))
+    return records
+
+
+def _run_seconds(trial, runs_root: str | os.PathLike) -> tuple[float, bool]:
+    """The CPU seconds of ``trial``'s run under ``runs_root`` (:func:`linmem.runs.
+    run_cpu_seconds`), or, for a finished trial whose run is not there (a study imported from
+    another machine), its stored time (:func:`_trial_seconds`); and whether it is the latter."""
+    seconds = run_cpu_seconds(Path(runs_root) / trial.user_attrs["run_dir"])
+    if seconds == 0.0 and trial.state in FINISHED:
+        return trial_seconds(trial), True
+    return seconds, False
+
+
+def progress_table(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
+                   runs: Sequence[str | os.PathLike] = (), earlier: Sequence[Sequence[dict]] = (),
+                   plans: Sequence[str] = (), seed_plans: Sequence[str] = (),
+                   run_plans: Sequence[str] = (), max_retry: int | None = None,
+                   protocol: str | None = "linmem", command: str | None = None) -> str:
+    """``linmem progress``'s table: the studies of ``grid`` (None: all) in ``storage``
+    (:func:`progress_records`); the searches of earlier reports' ``summary.json`` records that
+    the storage lacks (``earlier``; their trials' wall time); the single runs under ``runs``
+    (their logged CPU time); and the work still to start, projected like the rest: ``plans``
+    (``DATA:MODEL:GRID``, a search; :func:`planned_record`), ``seed_plans``
+    (``DATA:MODEL:GRID[:N]``, a study's N seeds less those among ``runs``; :func:`seeds_record`)
+    and ``run_plans`` (``DATA:RUN``, RUN's configuration on DATA unless a run of it is among
+    ``runs``; :func:`planned_run_record`). ``ValueError`` names a bad plan or run."""
+    studies = progress_records(storage, grid, runs_root,
+                               MAX_RETRY if max_retry is None else max_retry, protocol)
+    for records in earlier:
+        here = {(r["dataset"], r["model"]) for r in studies}
+        for r in records:
+            if not r["study"] or (r["dataset"], r["model"]) in here:
+                continue
+            done, spent = r["points_done"] or 0, r.get("search_wall_time_s") or 0.0
+            # its points at their mean (their storage is gone): they inform the projections
+            studies.append({"study": f"{r['study']} (earlier: trial wall time)",
+                            "dataset": r["dataset"], "model": r["model"], "grid": r["grid"],
+                            "grid_points": r["grid_points"], "states": {"done": done},
+                            "cpu_s": spent, "finished_cpu_s": [spent / done] * done if done
+                            else [], "todo": 0, "running_cpu_s": []})
+    for plan in plans:
+        parts = plan.split(":")
+        if len(parts) == 2 and grid is not None:
+            parts.append(grid)
+        if len(parts) != 3:
+            raise ValueError(f"--plan {plan}: expected DATA:MODEL:GRID (or DATA:MODEL with a "
+                             "--grid other than 'all')")
+        try:
+            record = planned_record(*parts, protocol=protocol or "linmem")
+        except ValueError as err:
+            raise ValueError(f"--plan {plan}: {err}") from None
+        if not any((r["dataset"], r["model"], r["grid"]) ==
+                   (record["dataset"], record["model"], record["grid"]) for r in studies):
+            studies.append(record)  # a planned search already started is counted as it stands
+    studies = project_points(studies)
+    singles = _single_runs(runs)
+    for plan in seed_plans:
+        parts = plan.split(":")
+        try:
+            if len(parts) not in (3, 4):
+                raise ValueError("expected DATA:MODEL:GRID[:N]")
+            data, model, plan_grid = resolve_name(parts[0]), parts[1], parts[2]
+            seeds = int(parts[3]) if len(parts) == 4 else 3
+            done = sum(_finished_seed(Path(p), f"{data}-{model}") for p, _ in singles)
+            studies.append(seeds_record(storage, data, model, plan_grid, seeds, done,
+                                        runs_root, protocol or "linmem"))
+        except (ValueError, KeyError) as err:
+            raise ValueError(f"--plan-seeds {plan}: {err}") from None
+    made = set()  # (data set, model) of the single runs given, for run_plans
+    for p, _ in singles if run_plans else ():
+        config = Path(p) / CONFIG
+        if config.is_file():
+            c = read_json(config)
+            try:
+                made.add((resolve_name(c["data"]), c["model"]))
+            except ValueError:  # a data set file of its own that is not here
+                continue
+    for plan in run_plans:
+        data, _, run = plan.partition(":")
+        try:
+            record = planned_run_record(data, run)
+        except (ValueError, KeyError) as err:
+            raise ValueError(f"--plan-run {plan}: {err}") from None
+        if (record["dataset"], record["model"]) not in made:
+            studies.append(record)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    here = machine()["cpu"]  # a single run in flight (no record yet) runs here
+    return progress_markdown(studies, singles, command or command_line(), when,
+                             {name: run_machine(name, here) for name, _ in singles})
+
+
+def _single_runs(paths: Sequence[str | os.PathLike]) -> list[tuple[str, float]]:
+    """``(run, CPU seconds)`` of each run under ``paths``; a run's pretraining runs (RUN/ulm,
+    RUN/rnn) count in their run's figure."""
+    singles = []
+    for path in map(Path, paths):
+        marks = (LOG, DIVERGED)  # a run diverged in its first epoch has no log
+        found = ([path] if any((path / m).is_file() for m in marks) else
+                 sorted({p.parent for m in marks for p in path.rglob(m)}))
+        if not found:
+            raise ValueError(f"--run {path}: no run (log.jsonl or diverged.json) there")
+        singles += [(str(p), run_cpu_seconds(p)) for p in found
+                    if not any(q in p.parents for q in found)]
+    return singles
+
+
+def _finished_seed(run: Path, name: str) -> bool:
+    """Whether ``run`` is a finished (or diverged) seed run of ``name`` (DATA-MODEL), as
+    ``linmem reseed`` lays them out (``NAME/sK``) or as results/seeds keeps them (``NAME-sK``)."""
+    named = (run.parent.name == name and run.name[:1] == "s" and run.name[1:].isdigit()) or (
+        run.name.startswith(f"{name}-s") and run.name[len(name) + 2:].isdigit())
+    return named and any((run / m).is_file() for m in ENDINGS)

@@ -1,0 +1,341 @@
+"""A run directory: the one place that names its files, reads its records and says how a run
+ended and what CPU time it took.
+
+A run directory (``linmem train --out RUN``) holds::
+
+    config.json       the TrainConfig (CONFIG)
+    log.jsonl         one line per epoch (LOG)
+    last.pt           the latest checkpoint, and last.prev.pt the one before it (LAST, LAST_PREV)
+    best.pt           the checkpoint selected on validation (BEST)
+    metrics.json      the scores and provenance of a finished run (METRICS)
+    diverged.json     why a run ended without scores (DIVERGED)
+    pretraining.json  a pretrained run's pretraining record (PRETRAINING)
+    expected.json     the expected accuracy (``linmem evaluate --expected``; EXPECTED)
+    init.pt           a pretrained run's initial weights (INIT)
+    ulm/              a pret-LMN run's unrolled network, itself a run directory (ULM)
+    .lock             held by the process that writes the run (LOCK)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ._io import read_json
+
+__all__ = [
+    "BEST",
+    "CONFIG",
+    "DIVERGED",
+    "ENDINGS",
+    "EXPECTED",
+    "INIT",
+    "LAST",
+    "LAST_PREV",
+    "LOCK",
+    "LOG",
+    "METRICS",
+    "PRETRAINING",
+    "RUN_FILES",
+    "ULM",
+    "RunDirBusy",
+    "RunDirClaim",
+    "collect_metrics",
+    "end_record",
+    "ended",
+    "epochs_cpu_seconds",
+    "expected_fields",
+    "log_fields",
+    "log_rows",
+    "rerun_cpu_seconds",
+    "run_cpu_seconds",
+    "run_machine",
+    "scoring_cpu_seconds",
+    "training_cpu_seconds",
+]
+
+CONFIG = "config.json"
+LOG = "log.jsonl"
+LAST = "last.pt"
+LAST_PREV = "last.prev.pt"
+BEST = "best.pt"
+METRICS = "metrics.json"
+DIVERGED = "diverged.json"
+PRETRAINING = "pretraining.json"
+EXPECTED = "expected.json"
+INIT = "init.pt"
+ULM = "ulm"
+LOCK = ".lock"
+ENDINGS = (METRICS, DIVERGED)  # a run has ended when it wrote one of these
+RUN_FILES = (CONFIG, LOG, LAST, LAST_PREV, BEST, METRICS, DIVERGED, PRETRAINING, EXPECTED, INIT,
+             LOCK)
+
+
+def end_record(run_dir: str | os.PathLike) -> Path | None:
+    """The file that says a run ended (``metrics.json``, else ``diverged.json``), or None for a
+    run in flight, killed, or never started."""
+    return next((Path(run_dir) / n for n in ENDINGS if (Path(run_dir) / n).is_file()), None)
+
+
+def ended(run_dir: str | os.PathLike) -> bool:
+    """Whether a run has ended (:func:`end_record`)."""
+    return end_record(run_dir) is not None
+
+
+def log_rows(run_dir: str | os.PathLike) -> list[dict]:
+    """The per-epoch rows of a run's ``log.jsonl``; [] when it has none."""
+    log = Path(run_dir) / LOG
+    if not log.is_file():
+        return []
+    rows = []
+    for number, line in enumerate(log.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{log}: line {number} is not valid JSON ({err.msg}, column "
+                                 f"{err.colno})") from None
+    return rows
+
+
+def log_fields(run_dir: Path) -> dict:
+    """From a run's per-epoch ``log.jsonl``: the best validation NLL of any epoch and the
+    validation accuracy at that epoch (the selected checkpoint maximises accuracy instead)."""
+    rows = log_rows(run_dir)
+    if not rows:
+        return {}
+    fields = {}
+    selected = [r["epoch"] for r in rows if r.get("best")]
+    if selected and all("epoch_time_s" in r for r in rows):  # training time to the checkpoint
+        fields["minutes_to_best"] = sum(r["epoch_time_s"] for r in rows
+                                        if r["epoch"] <= selected[-1]) / 60
+    epochs = [e for e in rows if e.get("valid_nll") is not None and e.get("valid_acc") is not None]
+    if epochs:
+        best = min(epochs, key=lambda e: e["valid_nll"])
+        fields.update(valid_nll_best=best["valid_nll"], valid_acc_at_best_nll=best["valid_acc"],
+                      best_nll_epoch=best["epoch"])
+    return fields
+
+
+def _seconds(record: dict[str, Any], cpu: str, wall: str) -> float:
+    """The CPU time ``record[cpu]`` where it was recorded (runs from commit 8b4fc25 on), else
+    the wall time ``record[wall]`` (one thread per run: not below the CPU time, above it when
+    other processes shared the cores)."""
+    return record.get(cpu, record.get(wall, 0.0))
+
+
+def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds a run's training took as its files record them: a finished run's
+    (``metrics.json``: every session's training and the final scoring; ``diverged.json``: that
+    of a run that failed by diverging, its last attempt's), else its epochs' in
+    ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
+    there), and the pretraining's (``pretraining.json``) once; 0 for a run that has written
+    neither; and the scoring of its expected accuracy (``expected.json``, ``linmem evaluate
+    --expected``), a process of its own. The CPU time where it is recorded, else the wall time
+    (one thread per run).
+
+    The unrolled network of a pret-LMN run counts for the run that trained it, every session's
+    (:func:`_ulm_before_seconds`): in flight, ``run_dir/ulm``'s epochs; once pretrained, what
+    its earlier, killed processes spent on it beside the recipe's own clock."""
+    return training_cpu_seconds(run_dir) + scoring_cpu_seconds(run_dir)
+
+
+def scoring_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds of a run's expected accuracy (``expected.json``; its wall time where it
+    did not record them); 0 without one."""
+    expected = Path(run_dir) / EXPECTED
+    return _seconds(read_json(expected), "cpu_time_s", "wall_time_s") if expected.is_file() \
+        else 0.0
+
+
+def epochs_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds of a run's logged epochs (``log.jsonl``: training and validation; the
+    wall time where they did not record it)."""
+    return sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in log_rows(Path(run_dir)))
+
+
+def training_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """:func:`run_cpu_seconds` less the expected accuracy's scoring."""
+    run_dir = Path(run_dir)
+    epochs = epochs_cpu_seconds(run_dir)
+    if (run_dir / PRETRAINING).is_file():
+        record = read_json(run_dir / PRETRAINING)
+        pretraining = _seconds(record, "cpu_time_s", "wall_time_s")
+        before = _ulm_before_seconds(run_dir, record)
+    else:  # not pretrained, or a ULM stage in flight
+        ulm = run_dir / ULM
+        pretraining, before = 0.0, run_cpu_seconds(ulm) if ulm.is_dir() else 0.0
+    end = end_record(run_dir)
+    if end is None:
+        return epochs + pretraining + before
+    total = _seconds(read_json(end), "cpu_time_s", "wall_time_s")
+    # the pretraining runs inside the training's clock when one session did both (its wall
+    # time then exceeds the pretraining's and the epochs'); otherwise it is added
+    return before + (total if total >= pretraining + epochs else total + pretraining)
+
+
+def run_machine(run_dir: str | os.PathLike, unfinished: str | None = None) -> str | None:
+    """The CPU a run ended on, as its ``metrics.json`` (or ``diverged.json``) records it
+    (:func:`linmem._io.machine`: model name, x86 family and model); None for a run recorded
+    before machines were, ``unfinished`` for a run with neither file (in flight, or killed:
+    this machine's CPU, where the caller knows that the run is this machine's)."""
+    for name in ENDINGS:
+        path = Path(run_dir) / name
+        if path.is_file():
+            cpu = (read_json(path).get("machine") or {}).get("cpu")
+            return str(cpu) if cpu else None
+    return unfinished
+
+
+def rerun_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds a run of ``run_dir``'s configuration with another seed would take
+    (``linmem reseed``'s projection), as ``run_dir``'s files record them: its training's
+    (:func:`training_cpu_seconds`), and for a pretrained run that read its unrolled network
+    from a cache, that network's too (``pretraining.json``'s ``ulm_cpu_time_s``, or
+    ``ulm_wall_time_s`` in older records): another seed trains its own. The times are those of
+    the machine that ran ``run_dir``."""
+    run_dir = Path(run_dir)
+    total = training_cpu_seconds(run_dir)
+    if (run_dir / PRETRAINING).is_file():
+        record = read_json(run_dir / PRETRAINING)
+        ulm = record.get("ulm_cpu_time_s") or record.get("ulm_wall_time_s") or 0.0
+        total = max(total, epochs_cpu_seconds(run_dir) + ulm)
+    return total
+
+
+def _ulm_before_seconds(run_dir: Path, record: dict[str, Any]) -> float:
+    """The CPU seconds a pret-LMN run spent on its unrolled network in processes that ended
+    before its pretraining did (the recipe's ``cpu_time_s`` holds the last one's): recorded
+    since the fields ``ulm_cpu_time_s`` and ``ulm_cpu_here_s`` were; for earlier records whose
+    ULM is the run's own (``run_dir/ulm``), the ULM's logged CPU time beyond the recipe's (a
+    lower bound: the recipe's time also holds the autoencoder's fit); else 0."""
+    if "ulm_cpu_time_s" in record:
+        return max(record["ulm_cpu_time_s"] - record["ulm_cpu_here_s"], 0.0)
+    own = run_dir / ULM  # a cache entry is named by its key (:func:`linmem.recipes.ulm_key`)
+    if Path(record.get("ulm_run", ULM)).name != ULM or not (own / METRICS).is_file():
+        return 0.0
+    ulm = _seconds(read_json(own / METRICS), "cpu_time_s", "wall_time_s")
+    return max(ulm - _seconds(record, "cpu_time_s", "wall_time_s"), 0.0)
+
+
+def expected_fields(run_dir: str | os.PathLike) -> dict:
+    """The expected accuracy (Boulanger-Lewandowski et al. 2012) of a run's best checkpoint
+    where ``linmem evaluate RUN --expected N --out RUN/expected.json`` wrote it:
+    ``test_acc_expected`` and its standard error (and the validation's); {} otherwise."""
+    path = Path(run_dir) / EXPECTED
+    if not path.is_file():
+        return {}
+    scores = read_json(path)
+    if scores.get("checkpoint", "best") != "best":
+        return {}
+    return {f"{split}_acc_expected{suffix}": scores[split][f"acc_expected{suffix}"]
+            for split in ("valid", "test") if "acc_expected" in scores.get(split, {})
+            for suffix in ("", "_se")}
+
+
+def collect_metrics(paths: Iterable[str | os.PathLike], diverged: bool = False) -> list[dict]:
+    """The ``metrics.json`` records under ``paths`` (run directories or folders holding them;
+    a run's own steps, such as a pretraining run inside it, are not runs of their own),
+    sorted by path, each with its ``run`` (the directory), its batch size and chunk (from
+    ``config.json``) and, where the run's ``log.jsonl`` is there, the training minutes to the
+    selected epoch, its best validation NLL and the validation accuracy at that epoch.
+    ``diverged``: also the runs that failed by diverging (``diverged.json``, no scores; its
+    ``diverged`` field says why)."""
+    ends = ENDINGS
+    names = ends if diverged else ends[:1]
+
+    def is_run(folder: Path) -> bool:  # ended or not (config.json is its first file)
+        return any((folder / n).is_file() for n in (*ends, CONFIG))
+
+    records = []
+    for root in paths:
+        root = Path(root)
+        folders = [root] if is_run(root) else sorted(
+            {f.parent for n in ends for f in root.rglob(n)
+             # a run, not a step inside a run (pretraining), whether that run has ended or not
+             if not any(is_run(d) for d in f.parent.parents
+                        if d.is_relative_to(root) and d != root)})
+        for folder in folders:
+            f = next((folder / n for n in names if (folder / n).is_file()), None)
+            if f is None:  # a run that diverged, not asked for
+                continue
+            config = (json.loads((f.parent / CONFIG).read_text())
+                      if (f.parent / CONFIG).is_file() else {})
+            record = {**{k: config.get(k) for k in ("batch_size", "chunk", "nonlinearity")},
+                      **json.loads(f.read_text()), **log_fields(f.parent),
+                      **expected_fields(f.parent)}
+            record["run"] = str(f.parent)
+            records.append(record)
+    if not records:
+        raise FileNotFoundError(f"no {' or '.join(names)} under " + ", ".join(map(str, paths)))
+    return sorted(records, key=lambda r: r["run"])
+
+
+class RunDirBusy(RuntimeError):
+    """Another process holds the run directory (:class:`RunDirClaim`)."""
+
+
+class RunDirClaim:
+    """``with RunDirClaim(run_dir) as claim``: the one process that writes a run directory.
+
+    :meth:`acquire` takes an exclusive OS lock (``fcntl.flock``) on ``run_dir/.lock``, and writes
+    the holder (process, host, start time) into it; a second process that asks for the same
+    directory gets :class:`RunDirBusy` naming the holder. :meth:`release` removes the file; the
+    operating system drops the lock when the holder ends in any other way (``kill -9``
+    included), so a stale file cannot block a ``--resume``. Without ``fcntl`` (Windows) there is
+    no lock."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.file = None
+
+    def acquire(self) -> None:
+        """Lock the (existing) directory; a no-op when this claim holds it already."""
+        if self.file is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # not POSIX
+            return
+        path = self.run_dir / LOCK
+        while True:
+            file = open(path, "a+")  # held open as long as the claim
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                file.seek(0)
+                holder = file.read().strip() or "another process"
+                file.close()
+                raise RunDirBusy(f"{self.run_dir} is in use by {holder}: wait for it to end, "
+                                 "or choose another output folder") from None
+            try:  # the holder before removed the file as it let go: lock the one there now
+                same = os.stat(path).st_ino == os.fstat(file.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            file.close()
+        file.seek(0)
+        file.truncate()
+        file.write(f"linmem process {os.getpid()} on {platform.node()} (since "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        file.flush()
+        self.file = file
+
+    def release(self) -> None:
+        """Remove the lock file and let go (a killed holder leaves the file, not the lock)."""
+        if self.file is not None:
+            (self.run_dir / LOCK).unlink(missing_ok=True)
+            self.file.close()  # closing the descriptor drops the lock
+            self.file = None
+
+    def __enter__(self) -> RunDirClaim:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
