@@ -17,11 +17,9 @@ from linmem.ops import (
     lmn_scan_backward,
     lmn_scan_backward_ref,
     lmn_scan_ref,
-    ulm_scan,
-    ulm_scan_backward,
-    ulm_scan_ref,
     use_cpu_kernel,
 )
+from linmem.ops_ulm import ulm_scan, ulm_scan_backward, ulm_scan_ref
 
 
 def scan_case(steps, batch, hidden, memory, dtype=torch.float64, batch_major=False, seed=0):
@@ -232,7 +230,7 @@ def test_the_unrolled_operator_equals_its_reference(path, nonlinearity):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     small = ulm_case(3, 2, 2, 2, seed=6)
     assert torch.autograd.gradgradcheck(lambda *a: ulm_scan(*a, nonlinearity)[0], small)
-    from linmem.ops import ulm_states
+    from linmem.ops_ulm import ulm_states
 
     assert torch.autograd.gradgradcheck(lambda *a: ulm_states(*a, nonlinearity), small)
     with use_cpu_kernel(path == "kernel"):

@@ -99,7 +99,7 @@ def test_unrolled_net_gradients_match_autograd_loop(nonlinearity):
     theirs = torch.autograd.grad((ref_lagged * weights).sum() + (ref ** 2).sum(), params)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b)
-    from linmem.ops import ulm_scan
+    from linmem.ops_ulm import ulm_scan
 
     x_proj = torch.randn(7, 2, h, generator=g, requires_grad=True)
     weight_hh = net.weight_hh.detach().clone().requires_grad_()
@@ -432,7 +432,8 @@ def test_unrolled_recurrence_kernel_equals_the_loop(shape, nonlinearity, threads
     PyTorch loop: states and the gradients of x_proj, the past states and W^hh, float64 to
     1e-12; sizes off every variant's lanes and 6-row tiles, batches split over threads."""
     from linmem import _ext
-    from linmem.ops import ulm_scan, use_cpu_kernel
+    from linmem.ops import use_cpu_kernel
+    from linmem.ops_ulm import ulm_scan
 
     steps, batch, h, k = shape
     g = torch.Generator().manual_seed(sum(shape))

@@ -155,7 +155,8 @@ def test_the_command_line_takes_a_protocol_and_overrides(tmp_path, data_dir, cap
 
 
 def test_a_search_under_the_paper_protocol_has_its_own_studies_and_no_pruner():
-    from linmem.search import SearchConfig, study_name
+    from linmem.grids import study_name
+    from linmem.search import SearchConfig
 
     paper = SearchConfig(base=TrainConfig(protocol="paper"))
     assert paper.pruner == "none"
@@ -171,7 +172,7 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
     runs stop on the per-frame accuracy, its global column is selected on the global validation
     accuracy and its per-frame column on the per-frame one, from the trials' own scores."""
     from linmem.cli import main
-    from linmem.search import search_records
+    from linmem.studies import search_records
 
     out = tmp_path / "s"
     for protocol in ("linmem", "paper"):

@@ -325,7 +325,7 @@ def test_the_documented_postgresql_url_opens_with_the_extra_we_ship():
     psycopg2, so the URL is given its driver (the server itself: tests/test_search.py)."""
     import importlib.util
 
-    from linmem.search import storage_url
+    from linmem.grids import storage_url
 
     url = storage_url("postgresql://me@127.0.0.1:5432/db")
     if importlib.util.find_spec("psycopg") is None:

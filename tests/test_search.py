@@ -17,23 +17,19 @@ import pytest
 from optuna.trial import TrialState
 
 from linmem._io import machine
-from linmem.progress import planned_record, progress_records, project_points
-from linmem.search import (
+from linmem.grids import (
     GRIDS,
     MAX_RETRY,
     Point,
-    SearchConfig,
     default_storage,
     grid_points,
     make_storage,
-    open_study,
-    point_seconds,
     point_states,
-    run_worker,
-    search_records,
-    select,
     trial_point,
 )
+from linmem.progress import planned_record, progress_records, project_points
+from linmem.search import SearchConfig, open_study, point_seconds, run_worker
+from linmem.studies import search_records, select
 from linmem.train import TrainConfig
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -280,7 +276,7 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
     once every seed is done; a missing study or a bad plan is a usage error."""
     from linmem.cli import main
     from linmem.progress import seeds_record
-    from linmem.search import select
+    from linmem.studies import select
 
     config = _config(tmp_path, data_dir)
     run_worker(config, command="test", log=lambda _: None)
@@ -661,7 +657,7 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
     import shutil
 
     from linmem.cli import main
-    from linmem.search import export_studies, import_studies
+    from linmem.studies import export_studies, import_studies
 
     config = _config(tmp_path, data_dir, models=["lmn-b"])
     run_worker(config, command="test", log=lambda _: None)
@@ -739,7 +735,7 @@ def test_export_gives_a_killed_trial_the_time_its_run_logged(tmp_path, data_dir)
     dead. Exported with --runs-root, it carries its run's logged CPU time and this machine's CPU,
     which the other machine's progress counts; without, it has neither."""
     from linmem.cli import main
-    from linmem.search import import_studies
+    from linmem.studies import import_studies
 
     config = _config(tmp_path, data_dir)
     storage = default_storage(config.out_dir)
@@ -781,7 +777,7 @@ def test_report_of_an_imported_study_keeps_what_its_runs_held(tmp_path, data_dir
     import shutil
 
     from linmem.cli import main
-    from linmem.search import export_studies
+    from linmem.studies import export_studies
 
     config = _config(tmp_path, data_dir, models=["rnn", "gru"])
     run_worker(config, command="test", log=lambda _: None)
@@ -944,7 +940,7 @@ def test_a_worker_without_wait_leaves_live_workers_their_points_and_takes_over_t
 def test_the_documented_postgresql_url_works_with_the_extra(postgres_url):
     """Issue 46, row 10: `--storage postgresql://...` as the README writes it (SQLAlchemy 2 maps
     it to psycopg 3; the postgres extra installs psycopg2) opens the server and holds a study."""
-    from linmem.search import check_storage
+    from linmem.grids import check_storage
 
     plain = "postgresql://" + postgres_url.split("://", 1)[1]
     url = check_storage(plain)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import MutableMapping
 
-__all__ = ["configure_threads", "usable_cpus"]
+__all__ = ["compute_threads", "configure_threads", "usable_cpus"]
 
 # any of these means the user chose how OpenMP threads wait
 _WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
@@ -67,3 +68,16 @@ def configure_threads(environ: MutableMapping[str, str] | None = None) -> dict[s
         chosen["OMP_NUM_THREADS"] = str(usable_cpus())
     env.update(chosen)
     return chosen
+
+
+def compute_threads() -> int:
+    """Threads for ``scipy.fft``, by the thread policy the rest of linmem follows: torch's
+    thread count where torch runs in the process (a search worker's share of the CPUs), else
+    ``OMP_NUM_THREADS``, else the CPUs this process may use."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return max(1, torch.get_num_threads())
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return usable_cpus()

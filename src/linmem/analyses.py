@@ -40,17 +40,16 @@ import torch
 
 from ._check import check_device
 from ._io import command_line, git_commit, made_by, provenance, read_json
+from .config import TrainConfig
 from .data import Batch, data_checksum, load_polyphonic
 from .models import activation_of
 from .nn import memory_loop_gains, memory_radii_of
-from .runs import BEST, CONFIG, INIT, LAST, log_rows
+from .runs import BEST, CONFIG, INIT, LAST, load_checkpoint, log_rows
 from .train import (
-    TrainConfig,
     batch_updates,
     build_run_model,
     epoch_plan,
     evaluate,
-    load_checkpoint,
     load_run_model,
     make_optimizer,
     training_batch,

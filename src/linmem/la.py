@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -41,22 +40,9 @@ import scipy.linalg
 
 from ._check import check_int
 from ._io import atomic_write
-from ._threads import usable_cpus
+from ._threads import compute_threads
 
 SOLVERS = ("auto", "dense", "qr", "randomized")
-
-
-def _fft_workers() -> int:
-    """Threads for ``scipy.fft``, by the thread policy the rest of linmem follows: torch's
-    thread count where torch runs in the process (a search worker's share of the CPUs), else
-    ``OMP_NUM_THREADS``, else the CPUs this process may use."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return max(1, torch.get_num_threads())
-    env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    return usable_cpus()
 
 
 class ConvergenceWarning(UserWarning):
@@ -219,7 +205,7 @@ class _ImplicitXi:
             t_max = int(self.lengths[idx].max())
             lags = min(t_max, window)
             n = scipy.fft.next_fast_len(t_max + lags - 1, real=True)
-            spectra = np.stack([scipy.fft.rfft(seqs[i], n, axis=0, workers=_fft_workers())
+            spectra = np.stack([scipy.fft.rfft(seqs[i], n, axis=0, workers=compute_threads())
                                 for i in idx], 1)  # (F, B, a)
             self.groups.append((idx, lags, n, t_max, spectra))
             start = stop
@@ -245,9 +231,10 @@ class _ImplicitXi:
             zs = np.zeros((len(idx), n, r), self.dtype)  # zero-padded to the FFT size here
             for j, i in enumerate(idx):
                 zs[j, : self.lengths[i]] = z[self.offsets[i]: self.offsets[i + 1]]
-            z_f = scipy.fft.rfft(zs, axis=1, workers=_fft_workers()).transpose(1, 0, 2)  # (F, B, r)
+            z_f = scipy.fft.rfft(zs, axis=1, workers=compute_threads())
+            z_f = z_f.transpose(1, 0, 2)  # (F, B, r)
             corr_f = np.matmul(spectra.conj().transpose(0, 2, 1), z_f)  # (F, a, r)
-            out[:lags] += scipy.fft.irfft(corr_f, n, axis=0, workers=_fft_workers())[:lags]
+            out[:lags] += scipy.fft.irfft(corr_f, n, axis=0, workers=compute_threads())[:lags]
         return out
 
     def matmul(self, w: np.ndarray) -> np.ndarray:
@@ -256,9 +243,9 @@ class _ImplicitXi:
         blocks = w.reshape(self.window, self.a, r).astype(self.dtype, copy=False)
         out = np.empty((self.n_rows, r), self.dtype)
         for idx, lags, n, _, spectra in self.groups:
-            w_f = scipy.fft.rfft(blocks[:lags], n, axis=0, workers=_fft_workers())  # (F, a, r)
+            w_f = scipy.fft.rfft(blocks[:lags], n, axis=0, workers=compute_threads())  # (F, a, r)
             conv = scipy.fft.irfft(np.matmul(spectra, w_f), n, axis=0,
-                                   workers=_fft_workers())  # (n, B, r)
+                                   workers=compute_threads())  # (n, B, r)
             for j, i in enumerate(idx):
                 out[self.offsets[i]: self.offsets[i + 1]] = conv[: self.lengths[i], j]
         return out

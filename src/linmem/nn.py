@@ -37,10 +37,10 @@ from linmem.ops import (
     cpu_kernel_path,
     measure_cpu_paths,
     scan,
-    ulm_states,
     use_cpu_kernel,
     use_gpu_kernel,
 )
+from linmem.ops_ulm import ulm_states
 
 __all__ = [
     "LMN",

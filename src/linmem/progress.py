@@ -17,7 +17,18 @@ from pathlib import Path
 import optuna
 
 from ._io import command_line, machine, made_by, read_json
+from .config import TrainConfig
 from .data import DATASETS, resolve_name
+from .grids import (
+    FINISHED,
+    MAX_RETRY,
+    Point,
+    check_grid,
+    grid_points,
+    point_states,
+    study_name,
+    trial_point,
+)
 from .models import get_spec
 from .runs import (
     CONFIG,
@@ -33,22 +44,8 @@ from .runs import (
     scoring_cpu_seconds,
     training_cpu_seconds,
 )
-from .search import (
-    FINISHED,
-    MAX_RETRY,
-    Point,
-    check_grid,
-    grid_points,
-    grid_studies,
-    point_params,
-    point_states,
-    select,
-    size_cost,
-    study_name,
-    trial_point,
-    trial_seconds,
-)
-from .train import TrainConfig
+from .search import point_params, size_cost
+from .studies import grid_studies, select, trial_seconds
 
 __all__ = ["planned_record", "planned_run_record", "progress_markdown", "progress_records",
            "progress_table", "project_points", "seeds_record"]

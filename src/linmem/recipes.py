@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ._io import atomic_write, command_line, git_commit, machine, provenance, read_json, write_json
+from .config import PLACE_FIELDS, TrainConfig
 from .data import data_checksum, load_polyphonic
 from .la import LinearAutoencoder
 from .models import REGISTRY, build_model, default_nonlinearity, get_spec
@@ -50,15 +51,7 @@ from .runs import (
     rerun_cpu_seconds,
     training_cpu_seconds,
 )
-from .train import (
-    PLACE_FIELDS,
-    TrainConfig,
-    TrainingDiverged,
-    evaluate,
-    load_run_model,
-    train,
-    with_data_dir,
-)
+from .train import TrainingDiverged, evaluate, load_run_model, train, with_data_dir
 
 try:
     import fcntl

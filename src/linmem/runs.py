@@ -1,5 +1,5 @@
-"""A run directory: the one place that names its files, reads its records and says how a run
-ended and what CPU time it took.
+"""A run directory: the one place that names its files, claims it for one process, reads and
+writes its checkpoints and records, and says how a run ended and what CPU time it took.
 
 A run directory (``linmem train --out RUN``) holds::
 
@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import platform
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ._io import read_json
+import torch
+
+from ._check import check_device
+from ._io import atomic_write, read_json
 
 __all__ = [
     "BEST",
@@ -43,6 +48,7 @@ __all__ = [
     "PRETRAINING",
     "RUN_FILES",
     "ULM",
+    "CheckpointError",
     "RunDirBusy",
     "RunDirClaim",
     "collect_metrics",
@@ -50,13 +56,18 @@ __all__ = [
     "ended",
     "epochs_cpu_seconds",
     "expected_fields",
+    "load_checkpoint",
     "log_fields",
     "log_rows",
     "rerun_cpu_seconds",
+    "resume_checkpoint",
     "run_cpu_seconds",
     "run_machine",
+    "save_checkpoint",
+    "save_last",
     "scoring_cpu_seconds",
     "training_cpu_seconds",
+    "write_log",
 ]
 
 CONFIG = "config.json"
@@ -339,3 +350,79 @@ class RunDirClaim:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read (truncated, empty, not a checkpoint)."""
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """A checkpoint written by :func:`train` (tensors, numbers and strings only:
+    ``weights_only``), its tensors on ``device``; :class:`CheckpointError` naming the file when
+    it cannot be read, ``ValueError`` when this machine has no such device."""
+    device = check_device(device)
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except pickle.UnpicklingError:  # torch's weights-only unpickler refused an object
+        raise CheckpointError(f"{path}: unreadable checkpoint: it holds objects other than "
+                              "tensors, numbers and strings, so it was not written by linmem "
+                              "and is not loaded (that could run code)") from None
+    except Exception as err:  # truncated, empty or damaged files fail in many ways
+        raise CheckpointError(f"{path}: unreadable checkpoint: {_checkpoint_fault(path, err)}"
+                              ) from None
+
+
+def _checkpoint_fault(path: str | Path, err: Exception) -> str:
+    """What is wrong with a checkpoint that ``torch.load`` could not read, in a few words (never
+    torch's advice to load it with ``weights_only=False``)."""
+    try:
+        if os.path.getsize(path) == 0:
+            return "the file is empty"
+    except OSError:
+        pass
+    return ("the file is truncated or damaged, as a copy cut short or a disk that filled while "
+            f"it was written leave it ({type(err).__name__})")
+
+
+def save_checkpoint(obj: Any, path: Path) -> None:
+    with atomic_write(path) as f:
+        torch.save(obj, f)
+
+
+def save_last(obj: Any, run_dir: Path) -> None:
+    """``last.pt``, keeping the one before as ``last.prev.pt``: a checkpoint damaged after its
+    write (a full disk, a crash of the file system) costs one epoch, never the run."""
+    last, previous, new = run_dir / LAST, run_dir / LAST_PREV, run_dir / ".last.pt.new"
+    save_checkpoint(obj, new)
+    if last.is_file():
+        os.replace(last, previous)
+    os.replace(new, last)
+
+
+def resume_checkpoint(run_dir: Path, device: torch.device) -> dict[str, Any] | None:
+    """The newest readable of ``last.pt`` and ``last.prev.pt`` (``None`` if neither exists),
+    saying on stderr when it falls back."""
+    last, previous = run_dir / LAST, run_dir / LAST_PREV
+    try:
+        return load_checkpoint(last, device)
+    except FileNotFoundError:
+        if not previous.is_file():
+            return None  # a run that never finished an epoch: it starts
+        reason = "missing"
+    except CheckpointError as err:
+        if not previous.is_file():
+            raise CheckpointError(f"{err}; no earlier checkpoint (last.prev.pt) to resume "
+                                  "from: delete the run directory to start again") from None
+        reason = "unreadable"
+    ckpt = load_checkpoint(previous, device)
+    print(f"linmem: {last} is {reason}; resuming from {previous.name} (epoch "
+          f"{ckpt['state']['epoch']})", file=sys.stderr, flush=True)
+    return ckpt
+
+
+def write_log(run_dir: Path, history: list[dict]) -> None:
+    with atomic_write(run_dir / LOG, "w") as f:
+        for row in history:
+            f.write(json.dumps(row) + "\n")
