@@ -53,11 +53,10 @@ results-foundation: install
 	# the sizes and weight decay (1e-5, the default) that the paper grid selected on validation
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 250 --memory 250 --out runs/foundation/jsb-lmn-b-h250-m250 --resume --quiet
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 750 --out runs/foundation/jsb-lstm-h750 --resume --quiet
-	# larger, and with transposition: accuracy at threshold 0.5 against validation NLL (issue 2)
+	# larger, and with transposition: accuracy at threshold 0.5 against validation NLL
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 500 --memory 500 --out runs/foundation/jsb-lmn-b-h500-m500 --resume --quiet
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 250 --memory 250 --transpose 6 --out runs/foundation/jsb-lmn-b-h250-m250-transpose6 --resume --quiet
-	for run in runs/foundation/*/; do name=$$(basename $$run); mkdir -p results/foundation/$$name; \
-	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/foundation/$$name/; done
+	$(VENV)/bin/linmem publish runs/foundation/*/ --to results/foundation
 	$(VENV)/bin/linmem summarize results/foundation > results/foundation/table.md
 
 # Issue 4: pret-LMN-B against a randomly initialised LMN-B, same sizes and training settings
@@ -71,8 +70,7 @@ pretraining-compare-random: install
 results-pretraining: install
 	$(MAKE) -j2 pretraining-compare-pret pretraining-compare-random
 	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem analyze-pretraining --data jsb --hidden 50 --k 10 --ulm-run runs/pret-compare/pret-lmn-b-s0/ulm --out results/pretraining --quiet
-	for run in runs/pret-compare/*/; do name=$$(basename $$run); mkdir -p results/pretraining/$$name; \
-	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/pretraining/$$name/; done
+	$(VENV)/bin/linmem publish runs/pret-compare/*/ --to results/pretraining
 	$(VENV)/bin/linmem summarize results/pretraining > results/pretraining/table.md
 
 # The paper's text: SELU for the unrolled network only, tanh for the final LMN (our pret-lmn-b
@@ -89,8 +87,7 @@ results-pretraining-activation: install
 	    for f in ulm memory.npz; do [ -e $$out/s$$s/$$f ] || [ ! -e $$src/$$f ] || cp -r $$src/$$f $$out/s$$s/; done; done; \
 	  $(VENV)/bin/linmem reseed results/selected/$$d-pret-lmn-b --seeds 1,2,3 --data-dir $(DATA) \
 	    --set nonlinearity=tanh --set ulm_nonlinearity=selu --out $$out --quiet || exit 1; \
-	  for s in 1 2 3; do dest=results/pretraining-activation/$$d-pret-lmn-b-tanh-s$$s; mkdir -p $$dest; \
-	    cp $$out/s$$s/config.json $$out/s$$s/log.jsonl $$out/s$$s/metrics.json $$out/s$$s/pretraining.json $$dest/; done; \
+	  $(VENV)/bin/linmem publish $$out/s1 $$out/s2 $$out/s3 --to results/pretraining-activation --name seed; \
 	done
 	$(VENV)/bin/linmem summarize --seeds results/pretraining-activation/*-tanh-s? results/seeds/jsb-pret-lmn-b-s? \
 	  results/seeds/jsb-lmn-b-s? results/seeds/piano-pret-lmn-b-s? results/seeds/piano-lmn-b-s? \
@@ -134,8 +131,7 @@ results-chunking: install
 	  OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data $$d $(CHUNKING) --batch-size 4 --out runs/chunking/$$d-lmn-b-h250-m250-wd1e-05-b4; \
 	  OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data $$d $(CHUNKING) --batch-size 16 --chunk 100 --out runs/chunking/$$d-lmn-b-h250-m250-wd1e-05-b16-c100; \
 	  OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data $$d $(CHUNKING) --batch-size 4 --chunk 100 --out runs/chunking/$$d-lmn-b-h250-m250-wd1e-05-b4-c100; done
-	for run in runs/chunking/*/; do name=$$(basename $$run); mkdir -p results/chunking/$$name; \
-	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/chunking/$$name/; done
+	$(VENV)/bin/linmem publish runs/chunking/*/ --to results/chunking
 	$(VENV)/bin/linmem summarize results/chunking > results/chunking/table.md
 
 # Issue 15: Table 2 on the four data sets. The reduced grid (results/search.md) of seven models
@@ -173,20 +169,14 @@ results-table2: install
 	$(T2_RUN) train --data nottingham $(RBM_ALL) --lr 3e-4 --out runs/rnn-rbm/nottingham-rnn-rbm-h100-r150-lr3e-4
 	for run in $(foreach d,nottingham piano musedata,runs/rnn-rbm/$(d)-rnn-rbm-h100-r150) runs/rnn-rbm/nottingham-rnn-rbm-h100-r150-lr3e-4; do \
 	  [ -f $$run/expected.json ] || $(T2_RUN) evaluate $$run --split test --expected 100 --seed 0 --out $$run/expected.json > /dev/null; \
-	  mkdir -p results/rnn-rbm/$$(basename $$run); \
-	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json $$run/expected.json results/rnn-rbm/$$(basename $$run)/; done
+	  $(VENV)/bin/linmem publish $$run --to results/rnn-rbm; done
 	$(MAKE) results-report
 	# each from the report's copy of the selected run (its own folder may be on another machine;
 	# a seed that diverged makes reseed exit 1: the loop goes on)
 	for d in jsb nottingham piano musedata; do for m in lmn-b pret-lmn-b lstm; do \
 	  $(T2_RUN) reseed results/selected/$$d-$$m --seeds 1,2,3 --out runs/seeds/$$d-$$m --data-dir $(DATA) --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); done; done
 	# a seed that ended, scored (metrics.json) or diverged (diverged.json: it counts as run)
-	for run in runs/seeds/*/s*/; do name=$$(basename $$(dirname $$run))-$$(basename $$run); \
-	  [ -f $$run/metrics.json ] || [ -f $$run/diverged.json ] || continue; \
-	  rm -rf results/seeds/$$name; mkdir -p results/seeds/$$name; \
-	  for f in config.json log.jsonl metrics.json diverged.json pretraining.json \
-	    ulm/config.json ulm/log.jsonl ulm/metrics.json; do [ ! -f $$run/$$f ] || \
-	    { mkdir -p $$(dirname results/seeds/$$name/$$f); cp $$run/$$f results/seeds/$$name/$$f; }; done; done
+	$(VENV)/bin/linmem publish runs/seeds/*/s*/ --to results/seeds --name seed
 	$(MAKE) results-report results-progress
 results-report: install
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search/search.db --grid all --runs-root . \
@@ -249,16 +239,13 @@ results-nade: install
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-t6
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --dropout 0.3 --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-d0.3-t6
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search-nade/search.db --grid nade --out results/nade
-	mkdir -p results/nade/stage2; for run in runs/nade-stage2/*/; do name=$$(basename $$run); \
-	  mkdir -p results/nade/stage2/$$name; cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/nade/stage2/$$name/; done
+	$(VENV)/bin/linmem publish runs/nade-stage2/*/ --to results/nade/stage2
 	$(VENV)/bin/linmem summarize results/nade/selected results/nade/stage2 > results/nade/table.md
 
 results-rnn-rbm: install
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(RBM) --out runs/rnn-rbm/jsb-rnn-rbm-h100-r150 --resume --quiet
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(RBM) --rbm-pretrain-epochs 100 --rnn-pretrain-epochs 1000 --out runs/rnn-rbm/jsb-rnn-rbm-h100-r150-pretrained --resume --quiet
-	for run in runs/rnn-rbm/*/; do name=$$(basename $$run); mkdir -p results/rnn-rbm/$$name; \
-	  cp $$run/config.json $$run/log.jsonl $$run/metrics.json results/rnn-rbm/$$name/; \
-	  if [ -f $$run/pretraining.json ]; then cp $$run/pretraining.json results/rnn-rbm/$$name/; fi; done
+	$(VENV)/bin/linmem publish runs/rnn-rbm/*/ --to results/rnn-rbm
 	$(VENV)/bin/linmem summarize results/rnn-rbm > results/rnn-rbm/table.md
 
 # Issue 16: one small LMN-B run per data set (early stopping with patience 20, at most 150
@@ -270,9 +257,7 @@ results-samples: install
 	for d in $(SAMPLE_SETS); do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train \
 	  --data $$d --model lmn-b --hidden 100 --memory 100 --epochs 150 --patience 20 \
 	  --out runs/samples/$$d-lmn-b-h100-m100 --resume --quiet; \
-	  mkdir -p results/samples/$$d-lmn-b-h100-m100; \
-	  for f in config.json log.jsonl metrics.json best.pt; do \
-	    cp runs/samples/$$d-lmn-b-h100-m100/$$f results/samples/$$d-lmn-b-h100-m100/; done; \
+	  $(VENV)/bin/linmem publish runs/samples/$$d-lmn-b-h100-m100 --to results/samples --checkpoint; \
 	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem generate results/samples/$$d-lmn-b-h100-m100 \
 	    --prime test:0 --prime-steps 32 --steps 64 --seed 0 --without-prime \
 	    --out results/samples/$$d.mid --png results/samples/$$d.png; done

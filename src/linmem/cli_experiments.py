@@ -64,9 +64,7 @@ from .report import (
     with_selected_run_fields,
     write_search_report,
 )
-from .runs import (
-    collect_metrics,
-)
+from .runs import collect_metrics, ended, publish
 from .train import TrainingDiverged
 
 __all__ = ["COMMANDS"]
@@ -557,6 +555,28 @@ def summarize_cmd(paths: tuple[str, ...], seeds: bool) -> None:
         raise UsageFailure(str(err)) from None
 
 
+@click.command("publish")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--to", "dest", required=True, type=click.Path(file_okay=False),
+              help="The folder of results/ that receives them, one folder per run.")
+@click.option("--name", "naming", type=click.Choice(["run", "seed"]), default="run",
+              show_default=True,
+              help="Each run's folder: the run's own name, or for a seed (`linmem reseed`'s "
+                   "OUT/sK) its parent's and its own, OUT-sK.")
+@click.option("--checkpoint", is_flag=True, help="Also the selected checkpoint (best.pt).")
+def publish_cmd(run_dirs: tuple[str, ...], dest: str, naming: str, checkpoint: bool) -> None:
+    """Copy the records of the ended runs RUN_DIRS (config, log, metrics or divergence,
+    pretraining, expected accuracy; a pret-LMN run's unrolled network's) into --to, what
+    results/ keeps of a run; runs that have not ended are named and left out."""
+    for run in map(Path, run_dirs):
+        name = f"{run.parent.name}-{run.name}" if naming == "seed" else run.name
+        if not ended(run):
+            click.echo(f"{run}: not ended, left out", err=True)
+            continue
+        written = publish(run, Path(dest) / name, checkpoint)
+        click.echo(f"{run} -> {Path(dest) / name} ({len(written)} files)")
+
+
 COMMANDS = (
     analyze_pretraining_cmd,
     first_updates_cmd,
@@ -570,4 +590,5 @@ COMMANDS = (
     memory_cmd,
     patience_cmd,
     summarize_cmd,
+    publish_cmd,
 )

@@ -1,0 +1,75 @@
+"""linmem.runs: a run directory's files, how a run ended, and what results/ keeps of it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from linmem import runs
+
+
+def _run(path, ended="metrics", ulm=False):
+    path.mkdir(parents=True)
+    (path / runs.CONFIG).write_text(json.dumps({"model": "lmn-b"}))
+    (path / runs.LOG).write_text('{"epoch": 1}\n')
+    (path / runs.BEST).write_bytes(b"weights")
+    if ended == "metrics":
+        (path / runs.METRICS).write_text(json.dumps({"test_acc": 30.0}))
+    elif ended == "diverged":
+        (path / runs.DIVERGED).write_text(json.dumps({"diverged": "nan"}))
+    if ulm:
+        (path / runs.ULM).mkdir()
+        (path / runs.ULM / runs.METRICS).write_text("{}")
+        (path / runs.ULM / runs.LAST).write_bytes(b"not published")
+    return path
+
+
+def test_how_a_run_ended(tmp_path):
+    assert runs.end_record(_run(tmp_path / "a")) == tmp_path / "a" / runs.METRICS
+    assert runs.end_record(_run(tmp_path / "b", "diverged")) == tmp_path / "b" / runs.DIVERGED
+    assert not runs.ended(_run(tmp_path / "c", None)) and not runs.ended(tmp_path / "none")
+
+
+def test_publish_copies_the_records_and_only_them(tmp_path):
+    run = _run(tmp_path / "runs" / "a", ulm=True)
+    dest = tmp_path / "results" / "a"
+    written = runs.publish(run, dest)
+    assert sorted(p.relative_to(dest).as_posix() for p in written) == [
+        "config.json", "log.jsonl", "metrics.json", "ulm/metrics.json"]
+    for p in written:
+        assert p.read_bytes() == (run / p.relative_to(dest)).read_bytes()
+    assert not (dest / runs.BEST).exists() and not (dest / runs.ULM / runs.LAST).exists()
+    assert (dest / runs.BEST) in runs.publish(run, dest, checkpoint=True)
+
+
+def test_publish_replaces_what_the_run_no_longer_has(tmp_path):
+    """A seed published when it had scores, then run again and diverged: its folder in results/
+    holds the divergence, not the stale scores."""
+    run = _run(tmp_path / "s1")
+    dest = tmp_path / "out"
+    runs.publish(run, dest)
+    (run / runs.METRICS).unlink()
+    (run / runs.DIVERGED).write_text(json.dumps({"diverged": "inf"}))
+    runs.publish(run, dest)
+    assert (dest / runs.DIVERGED).is_file() and not (dest / runs.METRICS).exists()
+
+
+def test_publish_refuses_a_run_that_has_not_ended(tmp_path):
+    with pytest.raises(ValueError, match="not ended"):
+        runs.publish(_run(tmp_path / "a", None), tmp_path / "out")
+
+
+def test_publish_command_names_seeds_and_leaves_out_unfinished_runs(tmp_path):
+    """``linmem publish`` as the Makefile uses it: reseed's OUT/sK become OUT-sK."""
+    for s in ("s1", "s2"):
+        _run(tmp_path / "runs" / "jsb-lmn-b" / s)
+    _run(tmp_path / "runs" / "jsb-lmn-b" / "s3", None)
+    done = subprocess.run([sys.executable, "-m", "linmem", "publish",
+                           *(str(tmp_path / "runs" / "jsb-lmn-b" / s) for s in ("s1", "s2", "s3")),
+                           "--to", str(tmp_path / "results"), "--name", "seed"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["jsb-lmn-b-s1",
+                                                                         "jsb-lmn-b-s2"]
+    assert "s3: not ended, left out" in done.stderr
