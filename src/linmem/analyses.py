@@ -7,6 +7,8 @@
   have selected, from the runs' logs.
 - :func:`first_updates` (``linmem first-updates``): the first updates of training replayed from a
   run's initial weights.
+- :func:`previous_frame_report` (``linmem baseline``): predicting each frame by the one before,
+  computed from the data.
 
 A pretrained recurrent network can start where a small step is a large change. pret-RNN's
 ``W^hh`` is the linear autoencoder's ``B``, whose eigenvalues lie near the unit circle (the
@@ -42,6 +44,7 @@ from ._check import check_device
 from ._io import command_line, git_commit, made_by, provenance, read_json
 from .config import TrainConfig
 from .data import Batch, data_checksum, load_polyphonic
+from .metrics import previous_frame_scores
 from .models import activation_of
 from .nn import memory_loop_gains, memory_radii_of
 from .runs import BEST, CONFIG, INIT, LAST, load_checkpoint, log_rows
@@ -55,9 +58,19 @@ from .train import (
     training_batch,
 )
 
-__all__ = ["STARTS", "first_updates", "first_updates_markdown", "memory_markdown", "memory_radii",
-           "patience_markdown", "patience_records", "recurrent_radius", "relative_change",
-           "stop_early"]
+__all__ = [
+    "STARTS",
+    "first_updates",
+    "first_updates_markdown",
+    "memory_markdown",
+    "memory_radii",
+    "patience_markdown",
+    "patience_records",
+    "previous_frame_report",
+    "recurrent_radius",
+    "relative_change",
+    "stop_early",
+]
 
 
 STARTS = ("init", "random")  # the run's pretrained weights (init.pt), or the trainer's draw
@@ -352,3 +365,27 @@ def patience_markdown(rows: Sequence[dict], command: str | None = None,
               "only runs whose own patience was longer count, and runs that ended by "
               "diverging do not."]
     return "\n".join(lines + made_by(command, commit and f"commit {commit}")) + "\n"
+
+
+def previous_frame_report(datasets: Sequence[str], data_dir: str | None = None,
+                          command: str | None = None) -> dict:
+    """Table 2's calibration row (issue 15): the previous-frame baseline
+    (:func:`linmem.metrics.previous_frame_scores`) on the validation and test splits of each data
+    set, accuracies in percent under both definitions, with provenance."""
+    started, commit = time.perf_counter(), git_commit()
+    rows = {}
+    for name in datasets:
+        data = load_polyphonic(name, root=data_dir, progress=False)
+        rows[name] = {}
+        for split in ("valid", "test"):
+            scores = previous_frame_scores(data[split])
+            rows[name][split] = {"acc": 100 * scores["acc"],
+                                 "acc_frame": 100 * scores["acc_frame"],
+                                 "frames": scores["frames"]}
+    checksums = {name: data_checksum(name, data_dir) for name in datasets}
+    return {"baseline": "previous frame: frame t + 1 predicted to be frame t (no training)",
+            "scores": rows,
+            **provenance(command or command_line(), commit, None, checksums,
+                         time.perf_counter() - started),
+            "units": "accuracy in percent: acc (Bay et al. 2009, global), acc_frame (per-frame "
+                     "mean); no NLL: the predictions are certain"}

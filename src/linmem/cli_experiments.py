@@ -32,7 +32,6 @@ from ._io import (
     atomic_write,
     command_line,
     git_commit,
-    read_json,
     write_json,
 )
 from .analyses import (
@@ -42,6 +41,7 @@ from .analyses import (
     memory_markdown,
     patience_markdown,
     patience_records,
+    previous_frame_report,
 )
 from .config import (
     TrainConfig,
@@ -53,17 +53,7 @@ from .data import (
 )
 from .plots import plot_pretraining
 from .recipes import SeedsDiverged, analyze_pretraining, reseed
-from .report import (
-    markdown_table,
-    previous_frame_report,
-    protocols_markdown,
-    run_records,
-    seed_groups,
-    seeds_markdown,
-    summary_file_records,
-    with_selected_run_fields,
-    write_search_report,
-)
+from .report import build_report, markdown_table, seed_groups, seeds_markdown, summary_file_records
 from .runs import collect_metrics, ended, publish
 from .train import TrainingDiverged
 
@@ -266,56 +256,16 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     _needs_matplotlib("report (figure4.png)")
     from .grids import default_storage, sqlite_path  # optuna: slow to import
-    from .studies import search_records
 
     storage = storage or default_storage("runs/search")
-    database = sqlite_path(storage)
-    if database is not None and not database.is_file() and not (summaries or runs):
-        raise UsageFailure(f"no search database at {database} (run `linmem search` first, or "
-                           "pass --storage)")
-    records = ([] if database is not None and not database.is_file() else
-               search_records(_opened_storage(storage), None if grid == "all" else grid,
-                              runs_root, protocol))
-    # a study imported from another machine: what its run directories held, from the last report
-    records = [with_selected_run_fields(r, Path(out) / "selected") if "test_acc" in r else r
-               for r in records]
-    if not records and not (summaries or runs):
-        from .studies import storage_grids
-
-        others = [] if database is not None and not database.is_file() else \
-            storage_grids(storage)
-        hint = (f" (it holds the grid{'s' if len(others) > 1 else ''} {', '.join(others)}: "
-                f"pass --grid {others[0]}, or --grid all)" if others else "")
-        raise UsageFailure(f"no study of grid {grid!r} in {storage}{hint}")
-    if runs:
-        searched = {(r["dataset"], r["model"]) for r in records}
-        try:
-            singles = run_records(collect_metrics(runs))
-        except (ValueError, FileNotFoundError) as err:
-            raise UsageFailure(str(err)) from None
-        clash = [f"{r['dataset']}/{r['model']}" for r in singles
-                 if (r["dataset"], r["model"]) in searched]
-        if clash:
-            raise UsageFailure(f"--run {', '.join(clash)}: these have a search study already")
-        records += singles
-    for earlier in _summary_files(summaries):
-        have = {(r["dataset"], r["model"]) for r in records}
-        records += [r for r in earlier if (r["dataset"], r["model"]) not in have]
-    out_dir = Path(out)
+    if sqlite_path(storage) is None or sqlite_path(storage).is_file():
+        storage = _opened_storage(storage)
     try:
-        calibration = read_json(baseline) if baseline is not None else None
-        if calibration is not None and "scores" not in calibration:
-            raise ValueError("no 'scores' in it")
-    except ValueError as err:  # JSONDecodeError is one
-        raise UsageFailure(f"--baseline {baseline}: not a baseline file ({err})") from None
-    try:
-        seeds = seed_groups(collect_metrics(seed_runs, diverged=True)) if seed_runs else []
+        records = build_report(storage, None if grid == "all" else grid, runs_root, out, runs,
+                               summaries, seed_runs, baseline, protocol, compare, command_line())
     except (ValueError, FileNotFoundError) as err:
-        raise UsageFailure(f"--seed-runs: {err}") from None
-    write_search_report(records, out_dir, command_line(), runs_root, calibration, seeds)
-    if compare is not None:  # the other protocol's selections beside these
-        with atomic_write(out_dir / "protocols.md", "w") as f:
-            f.write(protocols_markdown(records, *_summary_files((compare,)), command_line()))
+        raise UsageFailure(str(err)) from None
+    out_dir = Path(out)
     for r in records:
         sel = (f"selected {r['model']} h{r['hidden']}"
                + (f" m{r['memory']}" if r.get("memory") else "")

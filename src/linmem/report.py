@@ -1,14 +1,14 @@
-"""The paper's tables from run directories and search records: Table 2 (both accuracies, the
-NLL, the seeds' spread, the claims), the seeds' table, both protocols side by side, Figure 4's
-data, the summary files and the previous-frame baseline. Every number of a run comes from its
-``metrics.json`` (:mod:`linmem.runs`); the baseline is computed from the data and says so."""
+"""The paper's tables from run directories and search records (``linmem report``,
+:func:`build_report`): Table 2 (both accuracies, the NLL, the seeds' spread, the claims), the
+seeds' table, both protocols side by side, Figure 4's data and the summary files. Every number of
+a run comes from its ``metrics.json`` (:mod:`linmem.runs`); the previous-frame baseline that the
+table quotes is computed from the data (:func:`linmem.analyses.previous_frame_report`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,17 +17,15 @@ import numpy as np
 from ._io import (
     atomic_write,
     command_line,
-    git_commit,
     made_by,
-    provenance,
     read_json,
     write_json,
 )
-from .data import DATASETS, data_checksum, load_polyphonic
-from .metrics import THRESHOLD_GRID, previous_frame_scores
+from .data import DATASETS
+from .metrics import THRESHOLD_GRID
 from .models import activation_of, display_name
 from .plots import plot_figure4
-from .runs import CONFIG, EXPECTED, LOG, METRICS, PRETRAINING
+from .runs import CONFIG, EXPECTED, LOG, METRICS, PRETRAINING, collect_metrics
 
 __all__ = [
     "FIGURE4_MODELS",
@@ -40,9 +38,9 @@ __all__ = [
     "TABLE2_DATASETS",
     "TABLE2_MODELS",
     "TABLE2_TITLES",
+    "build_report",
     "figure4_data",
     "markdown_table",
-    "previous_frame_report",
     "protocols_markdown",
     "run_records",
     "seed_groups",
@@ -619,25 +617,61 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
                         shutil.copyfile(run / name, dest / name)
 
 
-def previous_frame_report(datasets: Sequence[str], data_dir: str | None = None,
-                          command: str | None = None) -> dict:
-    """Table 2's calibration row (issue 15): the previous-frame baseline
-    (:func:`linmem.metrics.previous_frame_scores`) on the validation and test splits of each data
-    set, accuracies in percent under both definitions, with provenance."""
-    started, commit = time.perf_counter(), git_commit()
-    rows = {}
-    for name in datasets:
-        data = load_polyphonic(name, root=data_dir, progress=False)
-        rows[name] = {}
-        for split in ("valid", "test"):
-            scores = previous_frame_scores(data[split])
-            rows[name][split] = {"acc": 100 * scores["acc"],
-                                 "acc_frame": 100 * scores["acc_frame"],
-                                 "frames": scores["frames"]}
-    checksums = {name: data_checksum(name, data_dir) for name in datasets}
-    return {"baseline": "previous frame: frame t + 1 predicted to be frame t (no training)",
-            "scores": rows,
-            **provenance(command or command_line(), commit, None, checksums,
-                         time.perf_counter() - started),
-            "units": "accuracy in percent: acc (Bay et al. 2009, global), acc_frame (per-frame "
-                     "mean); no NLL: the predictions are certain"}
+def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
+                 out: str | os.PathLike, runs: Sequence[str | os.PathLike] = (),
+                 summaries: Sequence[str | os.PathLike] = (),
+                 seed_runs: Sequence[str | os.PathLike] = (),
+                 baseline: str | os.PathLike | None = None, protocol: str | None = "linmem",
+                 compare: str | os.PathLike | None = None,
+                 command: str | None = None) -> list[dict]:
+    """``linmem report``: select each (data set, model) of the studies of ``grid`` (None: all)
+    in ``storage`` trained under ``protocol`` on validation (:func:`linmem.studies.
+    search_records`), add the single runs ``runs`` (data set and model without a study), the
+    selections of earlier reports' ``summaries`` that the storage lacks, the seed runs
+    ``seed_runs`` and the previous-frame ``baseline``, and write ``out``
+    (:func:`write_search_report`; with ``compare``, another protocol's ``summary.json``, also
+    ``protocols.md``). Returns the selections; ``ValueError`` names a bad input."""
+    from .grids import sqlite_path  # optuna: slow to import
+    from .studies import search_records, storage_grids
+
+    database = sqlite_path(storage)
+    missing = database is not None and not database.is_file()
+    if missing and not (summaries or runs):
+        raise ValueError(f"no search database at {database} (run `linmem search` first, or "
+                         "pass --storage)")
+    records = [] if missing else search_records(storage, grid, runs_root, protocol)
+    # a study imported from another machine: what its run directories held, from the last report
+    records = [with_selected_run_fields(r, Path(out) / "selected") if "test_acc" in r else r
+               for r in records]
+    if not records and not (summaries or runs):
+        others = [] if missing else storage_grids(storage)
+        hint = (f" (it holds the grid{'s' if len(others) > 1 else ''} {', '.join(others)}: "
+                f"pass --grid {others[0]}, or --grid all)" if others else "")
+        raise ValueError(f"no study of grid {grid or 'all'!r} in {storage}{hint}")
+    if runs:
+        searched = {(r["dataset"], r["model"]) for r in records}
+        singles = run_records(collect_metrics(runs))
+        clash = [f"{r['dataset']}/{r['model']}" for r in singles
+                 if (r["dataset"], r["model"]) in searched]
+        if clash:
+            raise ValueError(f"--run {', '.join(clash)}: these have a search study already")
+        records += singles
+    for earlier in map(summary_file_records, summaries):
+        have = {(r["dataset"], r["model"]) for r in records}
+        records += [r for r in earlier if (r["dataset"], r["model"]) not in have]
+    try:
+        calibration = read_json(baseline) if baseline is not None else None
+        if calibration is not None and "scores" not in calibration:
+            raise ValueError("no 'scores' in it")
+    except ValueError as err:  # JSONDecodeError is one
+        raise ValueError(f"--baseline {baseline}: not a baseline file ({err})") from None
+    try:
+        seeds = seed_groups(collect_metrics(seed_runs, diverged=True)) if seed_runs else []
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"--seed-runs: {err}") from None
+    command = command or command_line()
+    write_search_report(records, Path(out), command, runs_root, calibration, seeds)
+    if compare is not None:  # the other protocol's selections beside these
+        with atomic_write(Path(out) / "protocols.md", "w") as f:
+            f.write(protocols_markdown(records, summary_file_records(compare), command))
+    return records
