@@ -241,3 +241,33 @@ def test_the_kernels_compile_for_the_gpus_we_target():
     assert len(forms) == 16
     for form in forms:
         assert form["nc_loads"] == 0 and form["barriers"] >= 2 and form["local"] == 0, form
+
+
+def test_a_compiled_model_runs_the_fused_kernels(monkeypatch):
+    """``torch.compile(fullgraph=True)`` sees the operator whatever path runs inside it: the
+    compiled LMN-B on the fused kernels (both launched, counted) gives the eager loop's outputs
+    and gradients."""
+    from linmem.models import build_model
+
+    launched = []
+    for name in ("forward", "backward_states"):
+        real = getattr(ops_gpu, name)
+        monkeypatch.setattr(ops_gpu, name, lambda *a, _f=real, _n=name: (launched.append(_n),
+                                                                          _f(*a))[1])
+
+    torch.manual_seed(0)
+    model = build_model("lmn-b", 20, 24).to(DEVICE)
+    x = torch.rand(3, 7, 88, device=DEVICE)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with ops.use_gpu_kernel(True):
+        out = compiled(x)
+        out.sum().backward()
+    assert launched == ["forward", "backward_states"]
+    fused = [out.detach(), *(p.grad.clone() for p in model.parameters())]
+    model.zero_grad()
+    with ops.use_gpu_kernel(False):
+        out = model(x)
+        out.sum().backward()
+    loop = [out.detach(), *(p.grad.clone() for p in model.parameters())]
+    for a, b in zip(fused, loop, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5)
