@@ -9,17 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from linmem.config import PROTOCOL_FIELDS, PROTOCOLS
 from linmem.data import collate
 from linmem.models import build_model
-from linmem.train import (
-    PROTOCOL_FIELDS,
-    PROTOCOLS,
-    TrainConfig,
-    build_run_model,
-    make_optimizer,
-    train,
-    train_step,
-)
+from linmem.train import TrainConfig, build_run_model, make_optimizer, train, train_step
 
 
 def test_a_protocol_sets_its_fields_and_an_explicit_value_overrides_it():

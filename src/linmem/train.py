@@ -44,19 +44,7 @@ from ._io import (
     read_json,
     write_json,
 )
-from .config import (  # re-exported: what train() takes
-    BUDGET_FIELDS,
-    CPU_KERNELS,
-    DIVERGENCE,
-    FROM_PROTOCOL,
-    LOSS_REDUCTIONS,
-    OPTIMIZERS,
-    PLACE_FIELDS,
-    PROTOCOL_FIELDS,
-    PROTOCOLS,
-    RECIPE_OPTIONS,
-    SELECTIONS,
-    Protocol,
+from .config import (  # TrainConfig is re-exported: what train() takes
     TrainConfig,
 )
 from .data import (
@@ -89,7 +77,6 @@ from .runs import (
     LOCK,
     METRICS,
     PRETRAINING,
-    CheckpointError,
     RunDirClaim,
     load_checkpoint,
     resume_checkpoint,
@@ -99,20 +86,7 @@ from .runs import (
 )
 
 __all__ = [
-    "BUDGET_FIELDS",
-    "CPU_KERNELS",
-    "DIVERGENCE",
-    "FROM_PROTOCOL",
-    "LOSS_REDUCTIONS",
-    "OPTIMIZERS",
-    "PLACE_FIELDS",
-    "PROTOCOLS",
-    "PROTOCOL_FIELDS",
-    "RECIPE_OPTIONS",
-    "SELECTIONS",
-    "CheckpointError",
     "NonFiniteOutputs",
-    "Protocol",
     "SilentDataWarning",
     "TrainConfig",
     "TrainingDiverged",
@@ -122,7 +96,6 @@ __all__ = [
     "chunked_steps",
     "epoch_plan",
     "evaluate",
-    "load_checkpoint",
     "load_run_model",
     "make_optimizer",
     "train",
