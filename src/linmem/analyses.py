@@ -163,7 +163,7 @@ def first_updates(run_dir: str | Path, updates: int = 20, lrs: Sequence[float] =
     run_dir, device = Path(run_dir), check_device(device)
     if not (run_dir / CONFIG).is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
-    config = TrainConfig.from_dict(read_json(run_dir / CONFIG))
+    config = TrainConfig.from_run(run_dir)
     if start == "init" and not (run_dir / INIT).is_file():
         raise FileNotFoundError(
             f"{run_dir} has no init.pt: only a pretrained run keeps its initial weights "

@@ -10,10 +10,13 @@ a model refuses a value for an option that is not its own.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from ._check import check_int, device_form
+from ._io import read_json
 from .data import resolve_name
 from .models import (
     DEFAULT_MODEL,
@@ -23,6 +26,7 @@ from .models import (
     get_spec,
     model_names,
 )
+from .runs import CONFIG
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -266,6 +270,11 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_run(cls, run_dir: str | os.PathLike) -> TrainConfig:
+        """The config a run directory holds (its ``config.json``)."""
+        return cls.from_dict(read_json(Path(run_dir) / CONFIG))
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the run's numbers: all but the budget (:data:`BUDGET_FIELDS`)

@@ -320,7 +320,7 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / CONFIG).is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
-    config = TrainConfig.from_dict(read_json(run_dir / CONFIG))
+    config = TrainConfig.from_run(run_dir)
     changes = dict(changes or {})
     unknown = sorted(set(changes) - {f.name for f in fields(TrainConfig)})
     if unknown or "seed" in changes:
@@ -367,7 +367,7 @@ def _diverged_before(run_dir: Path, config: TrainConfig) -> bool:
     if not (run_dir / DIVERGED).is_file() or (run_dir / METRICS).is_file() \
             or not (run_dir / CONFIG).is_file():
         return False
-    saved = TrainConfig.from_dict(read_json(run_dir / CONFIG))
+    saved = TrainConfig.from_run(run_dir)
     return saved.identity() == config.identity()
 
 

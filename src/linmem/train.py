@@ -276,7 +276,7 @@ def load_run_model(run_dir: str | Path, which: str = "best",
     run_dir, device = Path(run_dir), check_device(device)
     if not (run_dir / CONFIG).is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
-    config = TrainConfig.from_dict(read_json(run_dir / CONFIG))
+    config = TrainConfig.from_run(run_dir)
     path = run_dir / f"{which}.pt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
@@ -395,7 +395,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     device = check_device(config.device)
     checkpoint = run_dir / LAST
     if resume and (run_dir / CONFIG).is_file():
-        saved = TrainConfig.from_dict(read_json(run_dir / CONFIG))
+        saved = TrainConfig.from_run(run_dir)
         diff = {k: (v, getattr(config, k)) for k, v in saved.identity().items()
                 if getattr(config, k) != v}
         if diff:
