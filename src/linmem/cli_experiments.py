@@ -146,7 +146,7 @@ _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow
               default=["lmn-b"], show_default=True, help="Model (repeat for several).")
 @click.option("--grid", default="paper", show_default=True,
               help="Named grid: paper, paper-small, reduced, nade, quick, tiny "
-                   "(linmem.search.GRIDS).")
+                   "(linmem.grids.GRIDS).")
 @click.option("--storage", default=None,
               help="Optuna storage URL, e.g. postgresql://user@host/db to share the studies "
                    "between machines [default: sqlite:///OUT/search.db].")

@@ -326,10 +326,10 @@ class ModelSpec:
         default_nonlinearity: the one it uses unless told otherwise.
         single_layer: accepts ``num_layers = 1`` only.
         dropout: accepts dropout.
-        options: :class:`~linmem.train.TrainConfig` fields passed to ``build`` as keywords.
+        options: :class:`~linmem.config.TrainConfig` fields passed to ``build`` as keywords.
         recipe: the name of its initialisation in :data:`linmem.recipes.RECIPES` (pretraining),
             or ``None``.
-        recipe_options: the optional :class:`~linmem.train.TrainConfig` fields (those whose
+        recipe_options: the optional :class:`~linmem.config.TrainConfig` fields (those whose
             default is ``None``, in :data:`linmem.train.RECIPE_OPTIONS`) that its recipe reads;
             a model without a field here refuses a value for it.
     """

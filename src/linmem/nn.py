@@ -521,7 +521,7 @@ def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float
 
 def _unrolled_states(x_proj: Tensor, past: Tensor, weight_hh: Tensor,
                      nonlinearity: str) -> Tensor:
-    """Eq. (10)'s states ``(T, B, H)`` (:func:`linmem.ops.ulm_states`)."""
+    """Eq. (10)'s states ``(T, B, H)`` (:func:`linmem.ops_ulm.ulm_states`)."""
     return ulm_states(x_proj, past, weight_hh, nonlinearity)
 
 

@@ -114,7 +114,7 @@ def ulm_key(config: TrainConfig) -> str:
     same for every run whose ULM has the same settings (a grid's memory sizes), as the ULM does
     not depend on the memory size. It hashes the fields of :func:`ulm_config` that differ from
     their defaults, but where it runs (:data:`linmem.train.PLACE_FIELDS`), so that a setting
-    added to :class:`~linmem.train.TrainConfig` later leaves existing entries' names as they
+    added to :class:`~linmem.config.TrainConfig` later leaves existing entries' names as they
     were."""
     ulm = _ulm_named(config)
     defaults = asdict(type(ulm)())

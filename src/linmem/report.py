@@ -123,7 +123,7 @@ SELECTED_RUN_FIELDS = ("valid_threshold", "test_acc_at_valid_threshold")
 
 
 def summary_records(records: Sequence[dict]) -> list[dict]:
-    """The records of :func:`linmem.search.search_records` that have a selected configuration,
+    """The records of :func:`linmem.studies.search_records` that have a selected configuration,
     reduced to the fields of ``results/summary.json``, sorted by data set and model."""
     order = {m: i for i, m in enumerate(TABLE2_MODELS)}
     rows = [{k: r.get(k) for k in SUMMARY_FIELDS} for r in records if "test_acc" in r]
@@ -133,7 +133,7 @@ def summary_records(records: Sequence[dict]) -> list[dict]:
 
 
 def run_records(runs: Sequence[dict]) -> list[dict]:
-    """Records like :func:`linmem.search.search_records`'s from single runs (``metrics.json``
+    """Records like :func:`linmem.studies.search_records`'s from single runs (``metrics.json``
     records of :func:`collect_metrics`) of models that had no grid search: per (data set, model)
     the run with the best validation score, ``grid`` ``"runs"``, ``trials`` the runs given. The
     score is the one the runs were selected on (``--select``): the accuracy, or the lowest NLL;
@@ -182,7 +182,7 @@ def with_selected_run_fields(record: dict, selected: str | os.PathLike) -> dict:
 
 def summary_file_records(path: str | os.PathLike) -> list[dict]:
     """Records of an earlier report's ``summary.json`` (a search whose storage is not at hand),
-    in the form of :func:`linmem.search.search_records`' for :func:`table2_markdown`; marked
+    in the form of :func:`linmem.studies.search_records`' for :func:`table2_markdown`; marked
     ``from_summary``, with the trials of the ``search_trials.json`` beside it (figure 4). A
     record without ``frame_selection`` keeps none: its per-frame cell falls back to the global
     selection, marked as such. Scores a record lacks (an older file) are read from its selected
@@ -504,7 +504,7 @@ def protocols_markdown(paper: Sequence[dict], linmem: Sequence[dict],
     the paper's figure, ours under the paper's protocol (the per-frame mean first: the paper's
     metric; the global accuracy beside it) and ours under linmem's, each cell the test accuracy
     of the configuration selected on that accuracy's validation score. ``paper`` and ``linmem``
-    are the two reports' records (:func:`linmem.search.search_records`,
+    are the two reports' records (:func:`linmem.studies.search_records`,
     :func:`summary_file_records`)."""
     def by_key(records: Sequence[dict]) -> dict[tuple[str, str], dict]:
         return {(r["dataset"], r["model"]): r for r in records if r.get("test_acc") is not None}
