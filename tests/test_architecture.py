@@ -188,3 +188,13 @@ def test_registry_is_the_source_of_the_model_lists():
     assert recipes.pretrained_models() == ["pret-lmn-a", "pret-lmn-b", "pret-rnn"]
     with pytest.raises(ValueError, match="unknown model 'mlp'"):
         models.get_spec("mlp")
+
+
+def test_the_package_exports_what_its_docstring_promises():
+    """Every name of ``linmem.__all__`` resolves (imported on first use), each to the object of
+    the module that defines it."""
+    from linmem.config import TrainConfig as config_class
+
+    for name in linmem.__all__:
+        assert getattr(linmem, name) is not None, name
+    assert linmem.TrainConfig is config_class and linmem.LMN.__module__ == "linmem.nn"
