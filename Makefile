@@ -59,7 +59,7 @@ results-foundation: install
 	$(VENV)/bin/linmem publish runs/foundation/*/ --to results/foundation
 	$(VENV)/bin/linmem summarize results/foundation > results/foundation/table.md
 
-# Issue 4: pret-LMN-B against a randomly initialised LMN-B, same sizes and training settings
+# pret-LMN-B against a randomly initialised LMN-B, same sizes and training settings
 # (the defaults: early stopping, patience 50; the ULM is trained with the same settings),
 # three seeds (two processes, one thread each), then the Figure 5 analysis on seed 0's ULM.
 PRET = --data jsb --hidden 50 --memory 100 --resume --quiet
@@ -111,7 +111,7 @@ results-pretraining-divergence: install
 	  runs/seeds/piano-pret-lmn-b runs/search/nottingham-pret-lmn-b-reduced runs/seeds/nottingham-pret-lmn-b \
 	  runs/divergence-check runs/search/musedata-pret-lmn-b-reduced > results/pretraining-activation/divergence.md
 
-# Issue 5: the paper's grid searches (validation accuracy, median pruning) on JSB Chorales, two
+# the paper's grid searches (validation accuracy, median pruning) on JSB Chorales, two
 # worker processes of one thread each, in an Optuna study in runs/search/search.db; run it again
 # to resume. Then the report: results/summary.json, table2.md, figure4.png.
 SEARCH_DATA ?= jsb
@@ -120,10 +120,10 @@ results-search: install
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search $(foreach d,$(SEARCH_DATA),--data $(d)) $(foreach m,$(SEARCH_MODELS),--model $(m)) --grid paper --jobs 2 --out runs/search --quiet
 	$(VENV)/bin/linmem report --out results --run results/rnn-rbm/jsb-rnn-rbm-h100-r150 --run results/rnn-rbm/jsb-rnn-rbm-h100-r150-pretrained
 
-# Issue 7: the RNN-RBM on JSB Chorales (RNN 100, RBM 150 hidden, CD-15), randomly initialised and
+# the RNN-RBM on JSB Chorales (RNN 100, RBM 150 hidden, CD-15), randomly initialised and
 # with both pretraining steps; the one with the better validation accuracy is the one to report.
 RBM = --data jsb --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200
-# Issue 15, item 3 (results/chunking): batch size and truncated BPTT chosen on validation for
+# results/chunking: batch size and truncated BPTT chosen on validation for
 # LMN-B (250,250) on the two long data sets; one thread per run; resumable.
 CHUNKING = --model lmn-b --hidden 250 --memory 250 --weight-decay 1e-5 --epochs 200 --patience 50 --seed 0 --resume --quiet
 results-chunking: install
@@ -134,7 +134,7 @@ results-chunking: install
 	$(VENV)/bin/linmem publish runs/chunking/*/ --to results/chunking
 	$(VENV)/bin/linmem summarize results/chunking > results/chunking/table.md
 
-# Issue 15: Table 2 on the four data sets. The reduced grid (results/search.md) of seven models
+# Table 2 on the four data sets. The reduced grid (results/search.md) of seven models
 # per data set, batch 4 on whole sequences everywhere (results/chunking), JSB's paper grids
 # (pret-RNN's, and the six others run again with the current code: their first run, before
 # trials kept the per-frame validation score, is only in results/summary.json; the second is
@@ -192,7 +192,7 @@ results-progress: install
 	$(VENV)/bin/linmem progress --storage sqlite:///runs/search/search.db --runs-root . --summary results/summary.json \
 	  $$(ls -d results/rnn-rbm results/seeds results/seeds-jsb-first-run 2>/dev/null | sed 's/^/--run /') $(T2_PLAN) --out results/progress.md
 
-# Issue 43: Table 2 under the paper's protocol (`--protocol paper`: batch 1, BCE averaged over
+# Table 2 under the paper's protocol (`--protocol paper`: batch 1, BCE averaged over
 # keys and frames so that the paper's weight decays mean what they meant, clip 10, the readout's
 # default initialisation, early stopping on the per-frame accuracy, no pruning), in a storage of
 # its own. JSB Chorales: the paper's full grids of the seven trained models. The other three data
@@ -208,7 +208,7 @@ results-table2-paper: install
 	$(VENV)/bin/linmem report --protocol paper --storage sqlite:///runs/search-paper/search.db --grid all \
 	  --runs-root . --baseline results/baseline.json --out results/paper-protocol
 	$(MAKE) results-progress-paper
-# Issue 43, items 2-3 on JSB: seeds 1-3 of the configurations selected on the per-frame
+# seeds 1-3 of the configurations selected on the per-frame
 # validation accuracy (the paper's metric; results/paper-protocol/selected/jsb-MODEL-per-frame,
 # else jsb-MODEL when both columns selected the same run), and the one-factor-at-a-time ablation
 # at LMN-B's and the LSTM's: each factor set to linmem's protocol alone, three seeds. Batch 4;
@@ -230,7 +230,7 @@ results-progress-paper: install
 	$(VENV)/bin/linmem progress --protocol paper --storage sqlite:///runs/search-paper/search.db --runs-root . \
 	  --out results/paper-protocol/progress.md
 
-# Issue 17 (results/nade): the NADE models on JSB Chorales, grid 'nade' selected on validation
+# results/nade: the NADE models on JSB Chorales, grid 'nade' selected on validation
 # NLL, then the regularisation of LMN-B-NADE's selected point; resumable.
 NADE2 = --data jsb --model lmn-b-nade --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --nade-samples 50 --resume --quiet
 results-nade: install
@@ -248,7 +248,7 @@ results-rnn-rbm: install
 	$(VENV)/bin/linmem publish runs/rnn-rbm/*/ --to results/rnn-rbm
 	$(VENV)/bin/linmem summarize results/rnn-rbm > results/rnn-rbm/table.md
 
-# Issue 16: one small LMN-B run per data set (early stopping with patience 20, at most 150
+# one small LMN-B run per data set (early stopping with patience 20, at most 150
 # epochs) and a continuation of each data set's first test sequence, in results/samples: the
 # MIDI holds the generated frames only (no music of the data sets is committed), the piano roll
 # shows the prime too; the runs' best.pt is committed so that the samples can be made again.
