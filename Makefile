@@ -208,7 +208,7 @@ results-table2-paper: install
 	$(VENV)/bin/linmem report --protocol paper --storage sqlite:///runs/search-paper/search.db --grid all \
 	  --runs-root . --baseline results/baseline.json --out results/paper-protocol
 	$(MAKE) results-progress-paper
-# seeds 1-3 of the configurations selected on the per-frame
+# JSB: seeds 1-3 of the configurations selected on the per-frame
 # validation accuracy (the paper's metric; results/paper-protocol/selected/jsb-MODEL-per-frame,
 # else jsb-MODEL when both columns selected the same run), and the one-factor-at-a-time ablation
 # at LMN-B's and the LSTM's: each factor set to linmem's protocol alone, three seeds. Batch 4;
