@@ -23,5 +23,6 @@ torch.backends.cudnn.version(), 'triton', triton.__version__)"; grep -m1 'model 
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_ops_gpu.py 2>&1 \
   | tee "$OUT/test_ops_gpu.txt"
 timeout 340 python3 benchmarks/cuda_throughput.py --data-dir .gpu/data --rounds 2 \
+  --tile-sweep auto 4,64,32,0 8,64,16,0 16,64,64,1 32,64,64,1 16,32,32,1 \
   --json "$OUT/fused.json" 2>&1 | tee "$OUT/fused.txt"
 date -Is

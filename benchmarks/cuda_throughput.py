@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
 import time
@@ -184,6 +185,43 @@ def print_row(r: dict, device: torch.device) -> None:
         print(f"  {mode} (frames/s; lmn-cpu: one CPU thread): {rates} | {ratios}", flush=True)
 
 
+def bench_tiles(args, device: torch.device) -> list[dict]:
+    """The fused kernels' training rate at each size and batch under each of ``--tile-sweep``'s
+    tilings (``LINMEM_GPU_TILES``: ``BLOCK_B,BLOCK_N,BLOCK_K,dot``; ``auto`` the default
+    choice, ``linmem.ops_gpu.tiles``): the data to tune that choice on a GPU."""
+    rows = []
+    for size in args.sizes:
+        f, m = (int(v) for v in size.split("x"))
+        for batch_size in args.batches:
+            batch = random_batch(batch_size, args.steps)
+            row = {"functional": f, "memory": m, "batch": batch_size, "steps": args.steps,
+                   "default": ops_gpu.tiles(batch_size, f, m)}
+            for tiles in args.tile_sweep:
+                torch.manual_seed(0)
+                model = build_model("lmn-b", f, m).to(device)
+                with _tiles(tiles):
+                    rate, _ = measure(model, batch.to(device), args.min_time, device, "lmn-fused")
+                row[f"train_fps[{tiles}]"] = rate
+            rows.append(row)
+            print(f"tiles, LMN ({f},{m}) batch {batch_size}: " + "  ".join(
+                f"{t} {row[f'train_fps[{t}]'] / 1e3:.1f}k" for t in args.tile_sweep), flush=True)
+    return rows
+
+
+@contextlib.contextmanager
+def _tiles(tiles: str):
+    """``LINMEM_GPU_TILES`` set to ``tiles`` inside the block (``auto``: unset)."""
+    previous = os.environ.pop("LINMEM_GPU_TILES", None)
+    if tiles != "auto":
+        os.environ["LINMEM_GPU_TILES"] = tiles
+    try:
+        yield
+    finally:
+        os.environ.pop("LINMEM_GPU_TILES", None)
+        if previous is not None:
+            os.environ["LINMEM_GPU_TILES"] = previous
+
+
 def _cpu_epoch(model: nn.Module, batches: list, frames: int, limit: int) -> float:
     """Seconds of one epoch on one CPU thread, timed over the first batches up to ``limit``
     frames and scaled to the epoch's ``frames``."""
@@ -285,6 +323,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; median reported")
     p.add_argument("--min-time", type=float, default=0.2, help="seconds per measurement")
     p.add_argument("--naive", action="store_true", help="add the per-step autograd loop")
+    p.add_argument("--tile-sweep", nargs="*", default=[], metavar="B,N,K,DOT",
+                   help="also time the fused kernels under these tilings (and 'auto')")
     p.add_argument("--cpu-max-batch", type=int, default=32,
                    help="the largest batch timed on one CPU thread")
     p.add_argument("--epochs", nargs="*", default=["nottingham", "musedata"],
@@ -314,6 +354,7 @@ def main() -> None:
           f"{torch.backends.cudnn.version()}, Triton "
           f"{triton[0].__version__ if triton else 'not installed'}", flush=True)
     sizes = bench_sizes(args, device) if args.sizes else []
+    tile_rows = bench_tiles(args, device) if args.tile_sweep and args.sizes else []
     epochs = bench_epochs(args, device) if args.epochs else []
     studies = project_studies(args.progress, epochs) if epochs else []
     if args.json:
@@ -323,7 +364,7 @@ def main() -> None:
                          device),
             "gpu_kernel_tiles": {f"{b}x{s}": ops_gpu_tiles(b, s) for s in args.sizes
                                  for b in args.batches} if args.sizes else {},
-            "sizes": sizes, "epochs": epochs, "projected_studies": studies,
+            "sizes": sizes, "tiles": tile_rows, "epochs": epochs, "projected_studies": studies,
             "units": "frames per second; a frame is one time step of one sequence",
         })
     print(json.dumps({"wall_time_s": round(time.perf_counter() - started, 1)}))

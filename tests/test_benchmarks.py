@@ -167,7 +167,8 @@ def test_cuda_throughput_script_runs_on_the_cpu(tmp_path, data_dir):
         "| nottingham-lmn-b-reduced | 6 / 6 | 0 | 0 | 4.02 | 0.67 | 0.00 |\n")
     subprocess.run([sys.executable, str(BENCHMARKS / "cuda_throughput.py"), "--device", "cpu",
                     "--sizes", "8x8", "--batches", "2", "--steps", "6", "--rounds", "1",
-                    "--min-time", "0.01", "--naive", "--epochs", "jsb", "--epoch-size", "6x5",
+                    "--min-time", "0.01", "--naive", "--tile-sweep", "auto", "4,32,32,0",
+                    "16,32,32,1", "--epochs", "jsb", "--epoch-size", "6x5",
                     "--epoch-batches", "1", "4", "--cpu-frames", "300", "--epoch-loop",
                     "--data-dir", str(data_dir), "--progress", str(progress),
                     "--json", str(out)], check=True, capture_output=True)
@@ -177,6 +178,9 @@ def test_cuda_throughput_script_runs_on_the_cpu(tmp_path, data_dir):
         assert row[f"{name}_train_fps"] > 0 and row[f"{name}_infer_fps"] > 0
     assert row["lmn-fused_train_vs_lstm"] == pytest.approx(
         row["lmn-fused_train_fps"] / row["lstm_train_fps"])
+    (tiles,) = result["tiles"]
+    assert tiles["default"]["BLOCK_B"] == 2 and all(
+        tiles[f"train_fps[{t}]"] > 0 for t in ("auto", "4,32,32,0", "16,32,32,1"))
     one, four = result["epochs"]
     assert (one["dataset"], one["batch"], four["batch"]) == ("jsb", 1, 4)
     for name in ("lmn-b", "lmn-b-loop", "lstm", "lmn-b-cpu", "lstm-cpu"):
