@@ -260,8 +260,10 @@ def measure_gpu_paths(device: torch.device, batch: int, hidden: int, memory: int
             "torch": torch.__version__}
 
 
+@functools.cache
 def _cpu_fills(module, variant):
-    """The compiled CPU kernel's forward and backward in the loops' signatures."""
+    """The compiled CPU kernel's forward and backward in the loops' signatures (made once per
+    variant: the path is chosen at every call)."""
 
     def forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity, hs, ms):
         module.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm,
