@@ -238,6 +238,7 @@ results-nade: install
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --dropout 0.3 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-d0.3
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-t6
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --dropout 0.3 --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-d0.3-t6
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --resume --quiet --out runs/nade-stage2/jsb-lmn-b-h150-m300-wd1e-05
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search-nade/search.db --grid nade --out results/nade
 	$(VENV)/bin/linmem publish runs/nade-stage2/*/ --to results/nade/stage2
 	$(VENV)/bin/linmem summarize results/nade/selected results/nade/stage2 > results/nade/table.md
