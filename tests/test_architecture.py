@@ -153,11 +153,11 @@ class RunningMean(nn.Module):
 
 @pytest.fixture
 def running_mean():
-    def build(hidden, memory, num_layers, input_size, dropout, nonlinearity, k, seed=0):
-        return RunningMean(input_size, decay=1 - 1 / hidden)
+    def build(input_size, options):
+        return RunningMean(input_size, decay=1 - 1 / options.hidden)
 
     spec = models.register(models.ModelSpec(
-        "running-mean", "Running mean", "running-mean", build, options=("seed",)))
+        "running-mean", "Running mean", "running-mean", build))
     yield spec
     models.unregister("running-mean")
 

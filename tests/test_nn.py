@@ -749,7 +749,7 @@ def test_every_model_trains_under_autocast():
     registered model's training loss under bfloat16 autocast is within 1e-3 of float32's and
     backpropagates to every parameter that float32 reaches."""
     from linmem.data import collate
-    from linmem.models import MODELS, build_model
+    from linmem.models import MODELS, build_model, option_names
 
     torch.set_default_dtype(torch.float32)  # autocast lowers float32 (the fixture restores)
     g = torch.Generator().manual_seed(1)
@@ -757,7 +757,9 @@ def test_every_model_trains_under_autocast():
     for name in MODELS:
         torch.manual_seed(0)
         options = {"rbm_predict": "mean-field"} if name == "rnn-rbm" else {}
-        model = build_model(name, 12, 10, k=3, **options)
+        if "k" in option_names(name):
+            options["k"] = 3
+        model = build_model(name, 12, 10, **options)
         sampled = name == "rnn-rbm"  # its CD cost draws Gibbs chains: no float32 twin
         if not sampled:
             reference = model.training_loss(batch)

@@ -369,9 +369,15 @@ def test_only_models_whose_recipe_reads_ulm_nonlinearity_take_it():
     """The check is in TrainConfig, so a library call to train() refuses it as the CLI does."""
     assert TrainConfig(model="pret-lmn-a", ulm_nonlinearity="selu").ulm_nonlinearity == "selu"
     for model in ("lmn-b", "ulm", "pret-rnn", "lstm-nade"):
-        with pytest.raises(ValueError, match=f"applies to pret-lmn-a, pret-lmn-b .*not to {model}"):
+        with pytest.raises(ValueError, match=f"applies to pret-lmn-a, pret-lmn-b, not to {model}"):
             TrainConfig(model=model, ulm_nonlinearity="tanh")
     assert TrainConfig(model="lmn-b").ulm_nonlinearity is None
+    # the rule reads the models' option classes: the autoencoder's window is every pretrained
+    # model's (and the unrolled network's), not a factorised model's
+    assert TrainConfig(model="pret-rnn", la_window=0).la_window == 0
+    with pytest.raises(ValueError, match="la_window applies to ulm, pret-lmn-a, pret-lmn-b, "
+                                         "pret-rnn, not to lstm"):
+        TrainConfig(model="lstm", la_window=5)
 
 
 def test_pret_rnn_command(tmp_path, data_dir):

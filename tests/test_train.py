@@ -412,8 +412,8 @@ def test_chunk_needs_a_model_that_can_train_on_windows(tmp_path, small):
             return super().__getattribute__(name)
 
     register(ModelSpec("whole-only", "Whole only", "lstm",
-                       lambda hidden, memory, num_layers, input_size, dropout, nonlinearity, k:
-                       WholeOnly("whole-only", input_size, hidden)))
+                       lambda input_size, options: WholeOnly("whole-only", input_size,
+                                                             options.hidden)))
     try:
         with pytest.raises(ValueError, match="cannot train on windows"):
             train(config(model="whole-only", hidden=8, chunk=5, epochs=1), tmp_path / "r",

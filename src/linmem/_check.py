@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import field, fields
 from typing import Any
 
 import torch
 
-__all__ = ["check_device", "check_int", "device_form"]
+__all__ = ["check_device", "check_fields", "check_int", "device_form", "option"]
 
 
 def check_int(name: str, value: Any, minimum: int = 1, none_ok: bool = False) -> Any:
@@ -51,3 +53,66 @@ def check_device(device: str | torch.device) -> torch.device:
                              f"{count} CUDA device{'s' if count != 1 else ''} "
                              f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})")
     return parsed
+
+
+def option(default: Any, help: str, *, kind: type | None = None, choices: tuple | None = None,
+           minimum: float | None = None, above: float | None = None, below: float | None = None,
+           none_ok: bool = False, folder: bool = False) -> Any:
+    """A configuration field declared once: its default, its ``--help`` text and its valid values.
+    :func:`check_fields` checks a value against them; the command line builds its option from
+    them (``linmem._cli_common.config_options``).
+
+    ``kind`` defaults to the default's type; ``minimum`` is inclusive (integers: default 1),
+    ``above`` and ``below`` are exclusive bounds; ``None`` is valid where the default is ``None``
+    or ``none_ok``; ``folder`` marks a path to a folder."""
+    kind = kind or type(default)
+    return field(default=default, metadata={
+        "help": help, "kind": kind, "choices": choices, "minimum": minimum, "above": above,
+        "below": below, "none_ok": none_ok or default is None, "folder": folder})
+
+
+def check_fields(obj: Any) -> None:
+    """Check each field of dataclass ``obj`` declared by :func:`option` against its declaration;
+    a ``ValueError`` naming the first field that is wrong ("dropout must be in [0, 1), got 2")."""
+    for f in fields(obj):
+        meta = f.metadata
+        if "help" not in meta:
+            continue
+        value = getattr(obj, f.name)
+        if value is None and meta["none_ok"]:
+            continue
+        _check_value(f.name, value, meta)
+
+
+def _check_value(name: str, value: Any, meta: Any) -> None:
+    kind, choices, minimum, above, below = (meta[k] for k in ("kind", "choices", "minimum",
+                                                              "above", "below"))
+    or_none = " or None" if meta["none_ok"] else ""
+    if choices is not None:
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {list(choices)}{or_none}, got {value!r}")
+    elif kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    elif kind is int:
+        if below is None:
+            check_int(name, value, minimum=1 if minimum is None else int(minimum),
+                      none_ok=meta["none_ok"])
+        elif (isinstance(value, bool) or not isinstance(value, (int, float))
+              or int(value) != value or not (minimum or 0) <= value < below):
+            raise ValueError(f"{name} must be an integer in [{minimum or 0}, {below}){or_none}, "
+                             f"got {value!r}")
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value) and (minimum is None or value >= minimum)
+        ok = ok and (above is None or value > above) and (below is None or value < below)
+        if not ok:
+            if below is not None:
+                what = f"in [{minimum:g}, {below:g})"
+            elif above is not None:
+                what = f"> {above:g}"
+            else:
+                what = f">= {minimum:g}" if minimum is not None else "a finite number"
+            raise ValueError(f"{name} must be {what}{or_none}, got {value!r}")
+    elif not isinstance(value, kind):
+        raise ValueError(f"{name} must be a {kind.__name__}{or_none}, got {value!r}")

@@ -5,26 +5,25 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from dataclasses import Field, fields
 from datetime import datetime
 from typing import Any
 
 import click
 
 from .config import (
-    CPU_KERNELS,
-    DIVERGENCE,
     FROM_PROTOCOL,
-    LOSS_REDUCTIONS,
     PROTOCOL_FIELDS,
     PROTOCOLS,
-    SELECTIONS,
     TrainConfig,
 )
-from .models import model_names
+from .models import ModelOptions, NADEOptions, RBMOptions, TransferOptions, model_names
 
 __all__ = [  # shared by linmem.cli and linmem.cli_experiments
+    "SEARCH_FIELDS",
+    "TRAIN_FIELDS",
     "_DEFAULT",
-    "_RUN_OPTIONS",
     "UsageFailure",
     "_ModelChoice",
     "_clip",
@@ -34,12 +33,13 @@ __all__ = [  # shared by linmem.cli and linmem.cli_experiments
     "_positive",
     "_protocol_option",
     "_protocol_values",
-    "_run_options",
     "_runs_root_option",
     "_stop_by",
     "_storage_option",
     "_thresholds",
     "_train_options",
+    "config_error",
+    "config_options",
 ]
 
 
@@ -171,61 +171,76 @@ def _clip(ctx, param, value):
     return clip
 
 
-# training settings that `linmem train` and `linmem search` both take
-_RUN_OPTIONS = (
-    click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULT.lr,
-                 show_default=True),
-    click.option("--epochs", type=int, default=_DEFAULT.epochs, show_default=True,
-                 callback=_positive, help="Upper bound on epochs."),
-    click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=_DEFAULT.protocol,
-                 show_default=True,
-                 help="The training protocol: the defaults of --batch-size, --loss-reduction, "
-                      "--clip, --init-bias, --patience and --select (" + "; ".join(
-                          f"{p.name}: {p.about}" for p in PROTOCOLS.values()) + ")."),
-    click.option("--patience", type=int, default=None, callback=_positive,
-                 help="Epochs without a better validation score [default: the protocol's, "
-                      + _protocol_values("patience") + "]."),
-    click.option("--batch-size", type=int, default=None, callback=_positive,
-                 help="Sequences per update [default: the protocol's, "
-                      + _protocol_values("batch_size") + "]."),
-    click.option("--loss-reduction", type=click.Choice(LOSS_REDUCTIONS), default=None,
-                 help="The training loss: the NLL summed over the keys per frame (frame), or "
-                      "averaged over the keys too (mean: PyTorch's BCE default; --weight-decay "
-                      "and --clip are relative to it) [default: the protocol's, "
-                      + _protocol_values("loss_reduction") + "]."),
-    click.option("--select", type=click.Choice(SELECTIONS), default=None,
-                 help="The validation score that picks the best epoch: global accuracy, "
-                      "per-frame mean accuracy or NLL [default: the protocol's, "
-                      + _protocol_values("select") + "]."),
-    click.option("--chunk", type=int, default=_DEFAULT.chunk, callback=_positive,
-                 help="Truncated backpropagation through time: an update per window of N steps, "
-                      "the state carried between windows [default: whole sequences]."),
-    click.option("--clip", default=None, callback=_clip,
-                 help="Gradient-norm clipping, or 'none' [default: the protocol's, "
-                      + _protocol_values("clip") + "]."),
-    click.option("--on-divergence", type=click.Choice(DIVERGENCE),
-                 default=_DEFAULT.on_divergence, show_default=True,
-                 help="A NaN/inf loss or validation output: end the run at its last good epoch "
-                      "with its best checkpoint (stop), or fail it (raise)."),
-    click.option("--k", type=int, default=_DEFAULT.k, show_default=True, callback=_positive,
-                 help="Pretraining: past blocks of the unrolled network (ulm, pret-lmn-*)."),
-    click.option("--nade-hidden", type=int, default=_DEFAULT.nade_hidden, show_default=True,
-                 callback=_positive, help="*-nade: hidden units of the NADE over the keys."),
-    click.option("--nade-samples", type=int, default=_DEFAULT.nade_samples, show_default=True,
-                 callback=_positive, help="*-nade: frames drawn per step for the key marginals "
-                                          "and the expected accuracy."),
-    click.option("--seed", type=click.IntRange(min=0), default=_DEFAULT.seed, show_default=True),
-    click.option("--cpu-kernel", type=click.Choice(CPU_KERNELS), default=_DEFAULT.cpu_kernel,
-                 show_default=True,
-                 help="The recurrences' CPU path: auto (measured fastest on this machine's first "
-                      "use), best (the best variant the CPU runs, not timed: the same numbers "
-                      "for the same seed on this machine), loop (PyTorch), or a variant. Paths "
-                      "agree to rounding, not bit for bit; metrics.json names the one used."),
-    click.option("--device", default=_DEFAULT.device, show_default=True,
-                 help="cpu, cuda, cuda:1"),
-    click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-                 help="Folder with the data files (default: $LINMEM_DATA, else the user cache)."),
-)
+# how the command line reads a field where its declared kind is not enough
+_READERS: dict[str, dict[str, Any]] = {
+    "model": {"type": _ModelChoice()},
+    "clip": {"type": str, "callback": _clip, "metavar": "FLOAT|none"},
+}
+
+
+def _config_option(f: Field) -> Callable:
+    """The ``--option`` of :class:`TrainConfig` field ``f``, made from its declaration
+    (:func:`linmem._check.option`): a protocol's field defaults to None (unset: the protocol's
+    value, said in its help); checking the value is :class:`TrainConfig`'s (one place)."""
+    meta, flag = f.metadata, "--" + f.name.replace("_", "-")
+    unset = f.name in PROTOCOL_FIELDS
+    default = None if unset else f.default
+    kw: dict[str, Any] = {"default": default, "help": meta["help"],
+                          "show_default": default is not None and meta["kind"] is not bool}
+    if unset:
+        kw["help"] = (meta["help"].rstrip(".") + " [default: the protocol's, "
+                      + _protocol_values(f.name) + "].")
+    if meta["kind"] is bool:
+        flag = f"{flag}/--no-{flag[2:]}"
+    elif meta["choices"] is not None:
+        kw["type"] = click.Choice(list(meta["choices"]))
+    elif meta["folder"]:
+        kw["type"] = click.Path(file_okay=False)
+    else:
+        kw["type"] = meta["kind"]
+    kw.update(_READERS.get(f.name, {}))
+    return click.option(flag, f.name, **kw)
+
+
+def config_options(*names: str) -> Callable:
+    """Adds the options of :class:`TrainConfig`'s fields ``names`` to a command, in that order in
+    ``--help``."""
+    declared = {f.name: f for f in fields(TrainConfig)}
+
+    def add(command):
+        for name in reversed(names):
+            command = _config_option(declared[name])(command)
+        return command
+    return add
+
+
+def _train_fields() -> tuple[str, ...]:
+    """Every field of :class:`TrainConfig` in ``linmem train --help``'s order: the protocol, data
+    and model, every model's sizes, the training settings, then each model's own options."""
+    sizes = [f.name for f in fields(ModelOptions)]
+    own_options = [f.name for cls in (TransferOptions, RBMOptions, NADEOptions)
+                   for f in fields(cls) if f.name not in sizes]
+    own_options = list(dict.fromkeys(own_options))
+    training = [f.name for f in fields(TrainConfig) if f.name not in sizes + own_options]
+    return (*training[:3], *sizes, *training[3:], *own_options)
+
+
+TRAIN_FIELDS = _train_fields()  # linmem train: all of them
+
+# linmem search: the fields its points share (its grid sets the sizes and the weight decay)
+SEARCH_FIELDS = ("lr", "epochs", "protocol", "patience", "batch_size", "loss_reduction", "select",
+                 "chunk", "clip", "on_divergence", "k", "nade_hidden", "nade_samples", "seed",
+                 "cpu_kernel", "device", "data_dir")
+
+
+def config_error(err: ValueError) -> UsageFailure:
+    """A :class:`TrainConfig` error as the command line's: "--hidden must be a positive integer,
+    got -5" (the field named as its option)."""
+    text = str(err)
+    name = text.split(" ", 1)[0]
+    if name in TRAIN_FIELDS:
+        text = "--" + name.replace("_", "-") + text[len(name):]
+    return UsageFailure(text)
 
 
 # the search storage and where its runs are, for `linmem report` and `linmem progress`
@@ -238,10 +253,3 @@ _protocol_option = click.option(
 _runs_root_option = click.option(
     "--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
     help="Folder the trials' run directories are relative to (where search ran).")
-
-
-def _run_options(command):
-    """Adds :data:`_RUN_OPTIONS` to a command, in their order in ``--help``."""
-    for option in reversed(_RUN_OPTIONS):
-        command = option(command)
-    return command

@@ -16,15 +16,14 @@ import click
 from click.core import ParameterSource
 
 from ._cli_common import (
-    _DEFAULT,
+    TRAIN_FIELDS,
     UsageFailure,
-    _ModelChoice,
     _needs_matplotlib,
     _positive,
-    _protocol_values,
-    _run_options,
     _thresholds,
     _train_options,
+    config_error,
+    config_options,
 )
 from ._io import (
     command_line,
@@ -35,11 +34,9 @@ from ._io import (
 )
 from .cli_experiments import COMMANDS
 from .config import (
-    OPTIMIZERS,
     TrainConfig,
 )
 from .data import (
-    DATASETS,
     DataError,
     content_digest,
     data_checksum,
@@ -48,8 +45,7 @@ from .data import (
 )
 from .generate import continue_run, predict_sequence
 from .midi import DEFAULT_STEP_SECONDS, import_midi_folder
-from .models import PREDICTIONS, expected_accuracy, get_spec
-from .nn import NONLINEARITIES
+from .models import expected_accuracy, get_spec
 from .plots import plot_run
 from .recipes import pretrained_models
 from .recipes import run as run_training
@@ -78,68 +74,7 @@ for _command in COMMANDS:  # the experiments' commands (linmem.cli_experiments)
 
 
 @cli.command("train")
-@click.option("--data", default=_DEFAULT.data, show_default=True,
-              help=f"Data set: {', '.join(DATASETS)} (common spellings accepted), or a "
-                   ".pickle file of your own (linmem data import-midi).")
-@click.option("--model", type=_ModelChoice(), default=_DEFAULT.model,
-              show_default=True)
-@click.option("--hidden", type=int, default=_DEFAULT.hidden, show_default=True,
-              callback=_positive, help="Hidden units (LMN: functional units).")
-@click.option("--memory", type=int, default=_DEFAULT.memory, show_default=True,
-              callback=_positive, help="LMN memory units (ignored by rnn, lstm, gru).")
-@click.option("--num-layers", type=int, default=_DEFAULT.num_layers, show_default=True,
-              callback=_positive)
-@click.option("--weight-decay", type=click.FloatRange(min=0), default=_DEFAULT.weight_decay,
-              show_default=True, help="L2 weight decay (Adam's weight_decay).")
-@_run_options
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=_DEFAULT.optimizer,
-              show_default=True)
-@click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULT.momentum,
-              show_default=True, help="SGD momentum.")
-@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULT.dropout,
-              show_default=True, help="Dropout on the recurrent output before the readout.")
-@click.option("--transpose", type=click.IntRange(0, 87), default=_DEFAULT.transpose,
-              show_default=True,
-              help="Augmentation: shift each training sequence by up to +-N semitones.")
-@click.option("--init-bias/--no-init-bias", default=None,
-              help="Start the readout bias at the training split's key rates, or at "
-                   "nn.Linear's default [default: the protocol's, "
-                   + _protocol_values("init_bias") + "].")
-@click.option("--nonlinearity", type=click.Choice(NONLINEARITIES), default=None,
-              help="Recurrent activation [default: selu for ulm and pret-lmn-*, else tanh].")
-@click.option("--ulm-nonlinearity", type=click.Choice(NONLINEARITIES), default=None,
-              help="pret-lmn-*: the unrolled network's activation [default: the LMN's, an exact "
-                   "transfer]; selu with --nonlinearity tanh is the paper's text.")
-@click.option("--ulm-cache", type=click.Path(file_okay=False), default=None,
-              help="pret-lmn-*: a folder of unrolled networks shared between runs (those of "
-                   "one grid's memory sizes are the same: trained once) [default: each run "
-                   "trains its own in RUN_DIR/ulm; linmem search: OUT/ulm-cache].")
-@click.option("--la-window", type=click.IntRange(min=0), default=None,
-              help="Pretraining: the linear autoencoder's window [default: k + 1 for pret-lmn-*, "
-                   "full length for pret-rnn; 0: full length].")
-@click.option("--pretrain-epochs", type=int, default=None, callback=_positive,
-              help="Pretraining: epoch bound of the unrolled network [default: --epochs].")
-@click.option("--rbm-hidden", type=int, default=_DEFAULT.rbm_hidden, show_default=True,
-              callback=_positive, help="rnn-rbm: hidden units of each step's RBM "
-                                       "(--hidden: the RNN's units).")
-@click.option("--cd-k", type=int, default=_DEFAULT.cd_k, show_default=True, callback=_positive,
-              help="rnn-rbm: Gibbs steps of contrastive divergence.")
-@click.option("--rbm-predict", type=click.Choice(PREDICTIONS),
-              default=_DEFAULT.rbm_predict, show_default=True,
-              help="rnn-rbm: how the key marginals (accuracy) are estimated.")
-@click.option("--ais-chains", type=int, default=_DEFAULT.ais_chains, show_default=True,
-              callback=_positive, help="rnn-rbm: AIS chains per frame (test NLL).")
-@click.option("--ais-betas", type=int, default=_DEFAULT.ais_betas, show_default=True,
-              callback=_positive, help="rnn-rbm: AIS temperatures (test NLL).")
-@click.option("--ais-frames", type=int, default=_DEFAULT.ais_frames, show_default=True,
-              callback=_positive, help="rnn-rbm: test frames drawn for the AIS NLL.")
-@click.option("--rbm-pretrain-epochs", type=click.IntRange(min=0),
-              default=_DEFAULT.rbm_pretrain_epochs, show_default=True,
-              help="rnn-rbm: first train W, b_v, b_h as one RBM on all frames (CD epochs).")
-@click.option("--rnn-pretrain-epochs", type=click.IntRange(min=0),
-              default=_DEFAULT.rnn_pretrain_epochs, show_default=True,
-              help="rnn-rbm: first train a tanh RNN next-step predictor (epoch bound) and copy "
-                   "it into the RNN part.")
+@config_options(*TRAIN_FIELDS)
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Run directory (default: runs/DATA-MODEL-SIZES-wdWD-sSEED).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last epoch.")
@@ -163,7 +98,7 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
             options = {**saved, **given}
         config = TrainConfig.from_dict(_train_options(options))
     except ValueError as err:
-        raise UsageFailure(str(err)) from None
+        raise config_error(err) from None
     if config.data_dir is not None and not Path(config.data_dir).is_dir():
         raise UsageFailure(f"--data-dir {config.data_dir}: no such directory")
     try:

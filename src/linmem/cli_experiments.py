@@ -14,6 +14,7 @@ import click
 
 from ._cli_common import (
     _DEFAULT,
+    SEARCH_FIELDS,
     UsageFailure,
     _integers,
     _ModelChoice,
@@ -22,11 +23,12 @@ from ._cli_common import (
     _positive,
     _protocol_option,
     _protocol_values,
-    _run_options,
     _runs_root_option,
     _stop_by,
     _storage_option,
     _train_options,
+    config_error,
+    config_options,
 )
 from ._io import (
     atomic_write,
@@ -178,7 +180,7 @@ _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow
                    "per parameter) and exit when none is left that fits; a point already "
                    "running goes on. For a machine or batch job with a time limit.")
 @_max_retry_option
-@_run_options
+@config_options(*SEARCH_FIELDS)
 @click.option("--quiet", is_flag=True)
 def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
                storage: str | None, out: str, jobs: int, pruner: str | None, prune_warmup: int,
@@ -196,9 +198,13 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
     from .search import SearchConfig, check_search, run_search  # optuna: slow to import
 
     try:
+        base = TrainConfig.from_dict(_train_options(train_options))
+    except ValueError as err:
+        raise config_error(err) from None
+    try:
         config = SearchConfig(
             data=datasets, models=models, grid=grid, out_dir=out, storage=storage,
-            base=TrainConfig.from_dict(_train_options(train_options)), pruner=pruner,
+            base=base, pruner=pruner,
             prune_warmup=prune_warmup, subset=subset, heartbeat_interval=heartbeat,
             grace_period=grace, poll_s=poll, progress=not quiet, wait=wait, stop_by=stop_by,
             **({} if max_retry is None else {"max_retry": max_retry}))

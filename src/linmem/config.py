@@ -1,30 +1,33 @@
 """What defines a training run: :class:`TrainConfig` (saved as a run's ``config.json``), the
 named training protocols (:data:`PROTOCOLS`) and the choices its fields take.
 
-``TrainConfig`` holds the fields every model trains with (data, sizes, the optimizer, early
-stopping, the protocol's fields) and each model's own options (the RNN-RBM's, the NADE's, the
-pretraining's), which the model's registry entry names (:attr:`linmem.models.ModelSpec.options`):
-a model refuses a value for an option that is not its own.
+``TrainConfig`` holds the fields every model trains with (data, the optimizer, early stopping,
+the protocol's fields) and the models' options, declared in :mod:`linmem.models` (the sizes every
+model has, and each model's own: the RNN-RBM's, the NADE's, the pretraining's, in the class its
+registry entry names, :attr:`linmem.models.ModelSpec.options`): a model refuses a value for an
+option that is not its own.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ._check import check_int, device_form
+from ._check import check_fields, device_form, option
 from ._io import read_json
-from .data import resolve_name
+from .data import DATASETS, resolve_name
 from .models import (
     DEFAULT_MODEL,
-    NONLINEARITIES,
-    PREDICTIONS,
+    ModelOptions,
+    NADEOptions,
+    RBMOptions,
+    TransferOptions,
     check_options,
     get_spec,
     model_names,
+    model_options,
 )
 from .runs import CONFIG
 
@@ -38,7 +41,6 @@ __all__ = [
     "PLACE_FIELDS",
     "PROTOCOLS",
     "PROTOCOL_FIELDS",
-    "RECIPE_OPTIONS",
     "SELECTIONS",
     "Protocol",
     "TrainConfig",
@@ -74,11 +76,6 @@ BUDGET_FIELDS = ("epochs", "patience")
 
 # neither changes the numbers: a run may continue on another device or with the data elsewhere
 PLACE_FIELDS = ("device", "data_dir", "ulm_cache")
-
-
-# optional fields (None: unset) that only some models' pretraining reads
-# (ModelSpec.recipe_options); any other model refuses a value for them
-RECIPE_OPTIONS = ("ulm_nonlinearity", "ulm_cache")
 
 
 @dataclass(frozen=True)
@@ -130,8 +127,15 @@ FROM_PROTOCOL: Any = _FromProtocol()
 
 
 @dataclass
-class TrainConfig:
-    """Everything that defines a training run (saved as ``config.json``).
+class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
+    """Everything that defines a training run (saved as ``config.json``, flat).
+
+    Its fields are the training settings below, common to every model, and the models' options,
+    each declared once in :mod:`linmem.models` (:class:`~linmem.models.ModelOptions`, the sizes
+    every model has; :class:`~linmem.models.PretrainOptions`,
+    :class:`~linmem.models.TransferOptions`, :class:`~linmem.models.RBMOptions`,
+    :class:`~linmem.models.NADEOptions`, a model's own, :attr:`ModelSpec.options`); every field's
+    help and valid values are in its declaration, from which ``linmem train`` makes its options.
 
     ``protocol`` (:data:`PROTOCOLS`) sets the fields of :data:`PROTOCOL_FIELDS` that are not
     given; a field given explicitly overrides it (``TrainConfig(protocol="paper",
@@ -139,69 +143,57 @@ class TrainConfig:
     ``dataclasses.replace(config, protocol=...)`` keeps the other fields as they are: build a new
     config to change the protocol."""
 
-    protocol: str = "linmem"
-    data: str = "jsb"
-    model: str = DEFAULT_MODEL
-    hidden: int = 100
-    memory: int | None = 100  # LMN memory units; ignored by rnn/lstm/gru
-    num_layers: int = 1
-    dropout: float = 0.0  # on the recurrent output before the readout
-    weight_decay: float = 1e-5
-    lr: float = 1e-3
-    optimizer: str = "adam"  # the paper's; "sgd" (with `momentum`) as some baselines used
-    momentum: float = 0.0  # sgd only
-    # Defaults measured on JSB Chorales' validation split (figures in issue 2's closing note):
-    # batch 4 reaches a given accuracy in ~4x fewer epochs than 8; validation accuracy keeps
-    # rising long after the validation NLL bottoms out, hence the long patience.
-    batch_size: int = FROM_PROTOCOL  # linmem: 4; paper: 1
+    protocol: str = option("linmem", "The training protocol: the defaults of --batch-size, "
+                           "--loss-reduction, --clip, --init-bias, --patience and --select (" +
+                           "; ".join(f"{p.name}: {p.about}" for p in PROTOCOLS.values()) + ").",
+                           choices=tuple(PROTOCOLS))
+    data: str = option("jsb", f"Data set: {', '.join(DATASETS)} (common spellings accepted), or "
+                              "a .pickle file of your own (linmem data import-midi).")
+    model: str = option(DEFAULT_MODEL, "The model (linmem.models.REGISTRY).")
+    weight_decay: float = option(1e-5, "L2 weight decay (Adam's weight_decay).", minimum=0.0)
+    lr: float = option(1e-3, "Learning rate.", above=0.0)
+    # "adam" is the paper's; "sgd" (with `momentum`) as some baselines used
+    optimizer: str = option("adam", "The optimizer.", choices=OPTIMIZERS)
+    momentum: float = option(0.0, "SGD momentum.", minimum=0.0, below=1.0)
+    # linmem: batch 4 reaches a given accuracy in ~4x fewer epochs than 8 on JSB's validation
+    # split (issue 2's closing note)
+    batch_size: int = option(FROM_PROTOCOL, "Sequences per update.", kind=int)
     # truncated backpropagation through time: an update per window of `chunk` steps, the state
     # carried (detached) from window to window of a batch; None: one update per whole batch
-    chunk: int | None = None
-    epochs: int = 1000  # upper bound; early stopping ends the run first
-    patience: int = FROM_PROTOCOL  # epochs without a better validation score before stopping
-    select: str = FROM_PROTOCOL  # the validation score of early stopping and best.pt (SELECTIONS)
-    clip: float | None = FROM_PROTOCOL  # gradient-norm clipping; None disables it
-    loss_reduction: str = FROM_PROTOCOL  # LOSS_REDUCTIONS
+    chunk: int | None = option(
+        None, "Truncated backpropagation through time: an update per window of N steps, the "
+              "state carried between windows [default: whole sequences].", kind=int)
+    epochs: int = option(1000, "Upper bound on epochs.")  # early stopping ends the run first
+    patience: int = option(FROM_PROTOCOL, "Epochs without a better validation score.", kind=int)
+    select: str = option(FROM_PROTOCOL, "The validation score that picks the best epoch: global "
+                                        "accuracy, per-frame mean accuracy or NLL.",
+                         kind=str, choices=SELECTIONS)
+    clip: float | None = option(FROM_PROTOCOL, "Gradient-norm clipping, or 'none'.", kind=float,
+                                above=0.0, none_ok=True)
+    loss_reduction: str = option(
+        FROM_PROTOCOL, "The training loss: the NLL summed over the keys per frame (frame), or "
+                       "averaged over the keys too (mean: PyTorch's BCE default; --weight-decay "
+                       "and --clip are relative to it).", kind=str, choices=LOSS_REDUCTIONS)
     # a NaN/inf training loss or validation output: "stop" ends the run at its last good epoch
     # with its best checkpoint (as early stopping; Lightning's check_finite), "raise" fails it
-    on_divergence: str = "stop"
-    init_bias: bool = FROM_PROTOCOL  # readout bias from the training split's key rates
-    transpose: int = 0  # augmentation: shift each training sequence by up to +-N semitones
-    seed: int = 0
-    device: str = "cpu"
-    data_dir: str | None = None
-    eval_batch_size: int = 64
-    nonlinearity: str | None = None  # None: models.default_nonlinearity (selu for ulm/pret-lmn)
-    # the CPU path of the recurrences (CPU_KERNELS): "auto" the one measured fastest on this
-    # machine's first use (linmem._ext.cpu_path); "best" the best variant the CPU runs, chosen
-    # without timing (the same numbers for the same seed on this machine, whatever a timing
-    # said); "loop" the PyTorch loop; or a variant's name. Every path computes the same function
-    # in another order of floating-point operations: figures agree to rounding, not bit for bit
-    cpu_kernel: str = "auto"
-    # pretraining (linmem.pretrain): ulm and pret-* models only
-    k: int = 10  # past blocks of the unrolled network
-    la_window: int | None = None  # None: k + 1 for pret-lmn, full length for pret-rnn; 0: full
-    pretrain_epochs: int | None = None  # epoch bound of the unrolled network (default: epochs)
-    # pret-lmn-* only: the unrolled network's activation; None: the LMN's (the transfer is then
-    # exact); "selu" with nonlinearity "tanh" is the paper's text (SELU for the unrolled model
-    # only, tanh for the final LMN): the same weights, an approximate transfer
-    ulm_nonlinearity: str | None = None
-    # pret-lmn-* only: a folder of unrolled networks shared between runs (linmem.recipes.ulm_key:
-    # a grid's memory sizes need one); None: each run trains its own in RUN_DIR/ulm
-    ulm_cache: str | None = None
-    # rnn-rbm only (linmem.rnnrbm): hidden is the RNN's units
-    rbm_hidden: int = 150  # hidden units of each step's RBM
-    cd_k: int = 15  # Gibbs steps of contrastive divergence
-    rbm_predict: str = "gibbs"  # key marginals for accuracy: "gibbs" or "mean-field"
-    ais_chains: int = 100  # test NLL: AIS chains per frame
-    ais_betas: int = 1000  # test NLL: annealing steps
-    ais_frames: int | None = 500  # test NLL on this many random test frames (None: all)
-    rbm_pretrain_epochs: int = 0  # CD epochs of the RBM on all frames before training (0: none)
-    rnn_pretrain_epochs: int = 0  # epoch bound of the next-step RNN copied in (0: none)
-    # *-nade only (linmem.nade): the NADE's hidden units, and the ancestral samples per step
-    # of the key marginals (accuracy) and of the expected accuracy
-    nade_hidden: int = 150
-    nade_samples: int = 100
+    on_divergence: str = option(
+        "stop", "A NaN/inf loss or validation output: end the run at its last good epoch with "
+                "its best checkpoint (stop), or fail it (raise).", choices=DIVERGENCE)
+    init_bias: bool = option(FROM_PROTOCOL, "Start the readout bias at the training split's key "
+                                            "rates, or at nn.Linear's default.", kind=bool)
+    transpose: int = option(0, "Augmentation: shift each training sequence by up to +-N "
+                               "semitones.", minimum=0, below=88)
+    device: str = option("cpu", "cpu, cuda, cuda:1")
+    data_dir: str | None = option(None, "Folder with the data files (default: $LINMEM_DATA, else "
+                                        "the user cache).", kind=str, folder=True)
+    eval_batch_size: int = option(64, "Sequences per batch of the evaluation.")
+    # every path computes the same function in another order of floating-point operations:
+    # figures agree to rounding, not bit for bit
+    cpu_kernel: str = option(
+        "auto", "The recurrences' CPU path: auto (measured fastest on this machine's first use), "
+                "best (the best variant the CPU runs, not timed: the same numbers for the same "
+                "seed on this machine), loop (PyTorch), or a variant. Paths agree to rounding, "
+                "not bit for bit; metrics.json names the one used.", choices=CPU_KERNELS)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -209,62 +201,22 @@ class TrainConfig:
         for name in PROTOCOL_FIELDS:
             if getattr(self, name) is FROM_PROTOCOL:
                 setattr(self, name, getattr(PROTOCOLS[self.protocol], name))
-        if self.cpu_kernel not in CPU_KERNELS:
-            raise ValueError(f"cpu_kernel must be one of {list(CPU_KERNELS)}, "
-                             f"got {self.cpu_kernel!r}")
-        if self.loss_reduction not in LOSS_REDUCTIONS:
-            raise ValueError(f"loss_reduction must be one of {list(LOSS_REDUCTIONS)}, "
-                             f"got {self.loss_reduction!r}")
         self.data = resolve_name(self.data)
         device_form(self.device)
         # the model with its activation, depth and dropout: fail now, not after hours of pretraining
         check_options(self.model, self.nonlinearity, self.num_layers, self.dropout)
-        if not get_spec(self.model).has_memory:
-            self.memory = None
-        for name in ("hidden", "num_layers", "batch_size", "epochs", "patience",
-                     "eval_batch_size", "k", "rbm_hidden", "cd_k", "ais_chains", "ais_betas",
-                     "nade_hidden", "nade_samples"):
-            check_int(name, getattr(self, name))
-        check_int("seed", self.seed, minimum=0)
-        check_int("memory", self.memory, none_ok=True)
-        check_int("chunk", self.chunk, none_ok=True)
-        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if int(self.transpose) != self.transpose or not 0 <= self.transpose < 88:
-            raise ValueError(f"transpose must be an integer in [0, 88), got {self.transpose!r}")
-        if self.clip is not None and not self.clip > 0:
-            raise ValueError(f"clip must be > 0 or None, got {self.clip!r}")
-        check_int("la_window", self.la_window, minimum=0, none_ok=True)  # 0: full length
-        if self.on_divergence not in DIVERGENCE:
-            raise ValueError(f"on_divergence must be one of {list(DIVERGENCE)}, "
-                             f"got {self.on_divergence!r}")
-        if self.select not in SELECTIONS:
-            raise ValueError(f"select must be one of {list(SELECTIONS)}, got {self.select!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, "
-                             f"got {self.optimizer!r}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if self.rbm_predict not in PREDICTIONS:
-            raise ValueError(f"rbm_predict must be one of {list(PREDICTIONS)}, "
-                             f"got {self.rbm_predict!r}")
-        check_int("ais_frames", self.ais_frames, none_ok=True)
-        for name in ("rbm_pretrain_epochs", "rnn_pretrain_epochs"):
-            check_int(name, getattr(self, name), minimum=0)
-        check_int("pretrain_epochs", self.pretrain_epochs, none_ok=True)
-        if self.ulm_nonlinearity not in (None, *NONLINEARITIES):
-            raise ValueError(f"ulm_nonlinearity must be one of {list(NONLINEARITIES)}, "
-                             f"got {self.ulm_nonlinearity!r}")
         spec = get_spec(self.model)
-        for name in RECIPE_OPTIONS:
-            if getattr(self, name) is not None and name not in spec.recipe_options:
-                takers = [m for m in model_names() if name in get_spec(m).recipe_options]
-                raise ValueError(f"{name} applies to {', '.join(takers) or 'no model'} "
-                                 f"(its pretraining recipe reads it), not to {self.model}")
+        if not spec.has_memory:
+            self.memory = None
+        check_fields(self)
+        # an option that only some models have, left unset (None) by default: refused elsewhere
+        own = {f.name for f in fields(spec.options)}
+        for f in fields(self):
+            if f.default is None and getattr(self, f.name) is not None and f.name not in own \
+                    and f.name in _MODEL_OPTIONS:
+                takers = [m for m in model_names() if f.name in _options_of(m)]
+                raise ValueError(f"{f.name} applies to {', '.join(takers) or 'no model'}, not "
+                                 f"to {self.model}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -293,6 +245,17 @@ class TrainConfig:
         the loss that is minimised (:data:`LOSS_REDUCTIONS`)."""
         return 1.0 / n_keys if self.loss_reduction == "mean" else 1.0
 
-    def model_options(self) -> dict[str, Any]:
-        """The fields the model's registry entry takes as its own options."""
-        return {name: getattr(self, name) for name in get_spec(self.model).options}
+    def model_options(self) -> ModelOptions:
+        """The model's options (an instance of its :attr:`ModelSpec.options`), from this
+        config's fields."""
+        names = _options_of(self.model)
+        return model_options(self.model, **{name: getattr(self, name) for name in names})
+
+
+def _options_of(model: str) -> set[str]:
+    return {f.name for f in fields(get_spec(model).options)}
+
+
+# the fields of some models' options only (the sizes of ModelOptions are every model's)
+_MODEL_OPTIONS = {f.name for cls in (TransferOptions, RBMOptions, NADEOptions)
+                  for f in fields(cls)} - {f.name for f in fields(ModelOptions)}

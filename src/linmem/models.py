@@ -29,13 +29,13 @@ calls it), see there.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ._check import check_int
+from ._check import check_fields, check_int, option
 from .data import N_KEYS, Batch, iterate_batches
 from .metrics import expected_accuracy_from_sums, masked_nll, sample_ratio_sums
 from .nade import NADE
@@ -48,9 +48,14 @@ __all__ = [
     "MODELS",
     "PREDICTIONS",
     "REGISTRY",
+    "ModelOptions",
     "ModelSpec",
+    "NADEOptions",
     "NADEPredictor",
     "NextStepPredictor",
+    "PretrainOptions",
+    "RBMOptions",
+    "TransferOptions",
     "activation_of",
     "architecture",
     "build_model",
@@ -61,6 +66,8 @@ __all__ = [
     "expected_accuracy",
     "get_spec",
     "model_names",
+    "model_options",
+    "option_names",
     "recurrent_weight_count",
     "register",
     "unregister",
@@ -310,6 +317,85 @@ def expected_accuracy(model: nn.Module, sequences: list, n_samples: int = 100, s
 # ---------------------------------------------------------------------------------- registry
 
 
+@dataclass
+class ModelOptions:
+    """What every model is built from (:attr:`ModelSpec.options` names a subclass that adds a
+    model's own options). Each field is declared once (:func:`linmem._check.option`): its
+    default, its ``--help`` and its valid values, from which ``linmem train`` makes its option;
+    :class:`linmem.TrainConfig` holds them all, flat, as its ``config.json`` does."""
+
+    hidden: int = option(100, "Hidden units (LMN: functional units).")
+    memory: int | None = option(100, "LMN memory units (ignored by rnn, lstm, gru).",
+                                none_ok=True)
+    num_layers: int = option(1, "Stacked recurrent layers.")
+    dropout: float = option(0.0, "Dropout on the recurrent output before the readout.",
+                            minimum=0.0, below=1.0)
+    nonlinearity: str | None = option(
+        None, "Recurrent activation [default: selu for ulm and pret-lmn-*, else tanh].",
+        kind=str, choices=NONLINEARITIES)
+    seed: int = option(0, "Seed of the initial weights, the batches' order and the sampling.",
+                       minimum=0)
+
+
+@dataclass
+class PretrainOptions(ModelOptions):
+    """ulm, pret-rnn, pret-lmn-*: the unrolled network and the autoencoder of the pretraining
+    (:mod:`linmem.pretrain`)."""
+
+    k: int = option(10, "Pretraining: past blocks of the unrolled network (ulm, pret-lmn-*).")
+    la_window: int | None = option(
+        None, "Pretraining: the linear autoencoder's window [default: k + 1 for pret-lmn-*, full "
+              "length for pret-rnn; 0: full length].", kind=int, minimum=0)
+
+
+@dataclass
+class TransferOptions(PretrainOptions):
+    """pret-lmn-*: the unrolled network trained first and its transfer to the LMN (eqs. 12-15)."""
+
+    pretrain_epochs: int | None = option(
+        None, "pret-lmn-*: epoch bound of the unrolled network [default: --epochs].", kind=int)
+    # None: the LMN's (the transfer is then exact); "selu" with nonlinearity "tanh" is the
+    # paper's text (SELU for the unrolled model only): the same weights, an approximate transfer
+    ulm_nonlinearity: str | None = option(
+        None, "pret-lmn-*: the unrolled network's activation [default: the LMN's, an exact "
+              "transfer]; selu with --nonlinearity tanh is the paper's text.",
+        kind=str, choices=NONLINEARITIES)
+    # a grid's memory sizes share one unrolled network (linmem.recipes.ulm_key)
+    ulm_cache: str | None = option(
+        None, "pret-lmn-*: a folder of unrolled networks shared between runs (those of one "
+              "grid's memory sizes are the same: trained once) [default: each run trains its own "
+              "in RUN_DIR/ulm; linmem search: OUT/ulm-cache].", kind=str, folder=True)
+
+
+@dataclass
+class RBMOptions(ModelOptions):
+    """rnn-rbm (:mod:`linmem.rnnrbm`): ``hidden`` is the RNN's units."""
+
+    rbm_hidden: int = option(150, "rnn-rbm: hidden units of each step's RBM (--hidden: the "
+                                  "RNN's units).")
+    cd_k: int = option(15, "rnn-rbm: Gibbs steps of contrastive divergence.")
+    rbm_predict: str = option("gibbs", "rnn-rbm: how the key marginals (accuracy) are "
+                                       "estimated.", choices=PREDICTIONS)
+    ais_chains: int = option(100, "rnn-rbm: AIS chains per frame (test NLL).")
+    ais_betas: int = option(1000, "rnn-rbm: AIS temperatures (test NLL).")
+    ais_frames: int | None = option(500, "rnn-rbm: test frames drawn for the AIS NLL.",
+                                    none_ok=True)  # None: every test frame
+    rbm_pretrain_epochs: int = option(0, "rnn-rbm: first train W, b_v, b_h as one RBM on all "
+                                         "frames (CD epochs).", minimum=0)
+    rnn_pretrain_epochs: int = option(0, "rnn-rbm: first train a tanh RNN next-step predictor "
+                                         "(epoch bound) and copy it into the RNN part.",
+                                      minimum=0)
+
+
+@dataclass
+class NADEOptions(ModelOptions):
+    """CORE-nade (:mod:`linmem.nade`): the NADE over the keys."""
+
+    nade_hidden: int = option(150, "*-nade: hidden units of the NADE over the keys.")
+    nade_samples: int = option(100, "*-nade: frames drawn per step for the key marginals and "
+                                    "the expected accuracy.")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One model that the trainer, the search, the report and the command line know.
@@ -318,34 +404,32 @@ class ModelSpec:
         name: the registry name (``--model``).
         display: the name in tables (Table 2's row label).
         architecture: the network behind it (``pret-lmn-b`` is an ``lmn-b``).
-        build: ``build(hidden=, memory=, num_layers=, input_size=, dropout=, nonlinearity=,
-            k=, **options)`` -> the model (see :func:`build_model`); it must implement the
-            trainer's protocol (see :class:`NextStepPredictor`).
+        build: ``build(input_size, options)`` -> the model, ``options`` an instance of
+            :attr:`options` (see :func:`build_model`); the model must implement the trainer's
+            protocol (see :class:`NextStepPredictor`).
+        options: its options: :class:`ModelOptions` or a subclass with its own fields (those of
+            :class:`~linmem.config.TrainConfig` it reads; a field of another model's class whose
+            default is ``None`` is refused when set).
         has_memory: takes a memory size (the LMNs); ``memory`` is ``None`` for the others.
         nonlinearities: the activations it accepts.
         default_nonlinearity: the one it uses unless told otherwise.
         single_layer: accepts ``num_layers = 1`` only.
         dropout: accepts dropout.
-        options: :class:`~linmem.config.TrainConfig` fields passed to ``build`` as keywords.
         recipe: the name of its initialisation in :data:`linmem.recipes.RECIPES` (pretraining),
             or ``None``.
-        recipe_options: the optional :class:`~linmem.config.TrainConfig` fields (those whose
-            default is ``None``, in :data:`linmem.train.RECIPE_OPTIONS`) that its recipe reads;
-            a model without a field here refuses a value for it.
     """
 
     name: str
     display: str
     architecture: str
-    build: Callable[..., nn.Module]
+    build: Callable[[int, Any], nn.Module]
+    options: type[ModelOptions] = ModelOptions
     has_memory: bool = False
     nonlinearities: tuple[str, ...] = ("tanh",)
     default_nonlinearity: str = "tanh"
     single_layer: bool = False
     dropout: bool = True
-    options: tuple[str, ...] = ()
     recipe: str | None = None
-    recipe_options: tuple[str, ...] = ()
 
 
 REGISTRY: dict[str, ModelSpec] = {}
@@ -378,30 +462,24 @@ def model_names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 
 
-def _predictor(name: str) -> Callable[..., nn.Module]:
-    def build(hidden: int, memory: int | None, num_layers: int, input_size: int,
-              dropout: float, nonlinearity: str, k: int) -> nn.Module:
-        return NextStepPredictor(name, input_size, hidden, memory, num_layers, dropout,
-                                 nonlinearity, k)
+def _predictor(name: str) -> Callable[[int, Any], nn.Module]:
+    def build(input_size: int, o: ModelOptions) -> nn.Module:
+        return NextStepPredictor(name, input_size, o.hidden, o.memory, o.num_layers, o.dropout,
+                                 o.nonlinearity, getattr(o, "k", 10))
     return build
 
 
-def _nade_predictor(name: str) -> Callable[..., nn.Module]:
-    def build(hidden: int, memory: int | None, num_layers: int, input_size: int,
-              dropout: float, nonlinearity: str, k: int, nade_hidden: int = 150,
-              nade_samples: int = 100, seed: int = 0) -> nn.Module:
-        return NADEPredictor(name, input_size, hidden, memory, num_layers, dropout,
-                             nonlinearity, k, nade_hidden, nade_samples, seed)
+def _nade_predictor(name: str) -> Callable[[int, Any], nn.Module]:
+    def build(input_size: int, o: NADEOptions) -> nn.Module:
+        return NADEPredictor(name, input_size, o.hidden, o.memory, o.num_layers, o.dropout,
+                             o.nonlinearity, 10, o.nade_hidden, o.nade_samples, o.seed)
     return build
 
 
-def _rnn_rbm(hidden: int, memory: int | None, num_layers: int, input_size: int,
-             dropout: float, nonlinearity: str, k: int, rbm_hidden: int = 150, cd_k: int = 15,
-             rbm_predict: str = "gibbs", seed: int = 0, ais_chains: int = 100,
-             ais_betas: int = 1000, ais_frames: int | None = 500) -> nn.Module:
-    return RNNRBM(input_size, n_recurrent=hidden, n_hidden=rbm_hidden, cd_k=cd_k,
-                  predict=rbm_predict, seed=seed, ais_chains=ais_chains, ais_betas=ais_betas,
-                  ais_frames=ais_frames)
+def _rnn_rbm(input_size: int, o: RBMOptions) -> nn.Module:
+    return RNNRBM(input_size, n_recurrent=o.hidden, n_hidden=o.rbm_hidden, cd_k=o.cd_k,
+                  predict=o.rbm_predict, seed=o.seed, ais_chains=o.ais_chains,
+                  ais_betas=o.ais_betas, ais_frames=o.ais_frames)
 
 
 # SELU for the unrolled network and the LMNs initialised from it (the paper found it helps the
@@ -414,19 +492,18 @@ for _spec in (
     ModelSpec("rnn", "RNN", "rnn", _predictor("rnn"), nonlinearities=("tanh", "relu")),
     ModelSpec("lstm", "LSTM", "lstm", _predictor("lstm")),
     ModelSpec("gru", "GRU", "gru", _predictor("gru")),
-    ModelSpec("ulm", "ULM", "ulm", _predictor("ulm"), nonlinearities=NONLINEARITIES,
-              default_nonlinearity="selu", single_layer=True),
-    ModelSpec("pret-lmn-a", "pret-LMN-A", "lmn-a", _predictor("pret-lmn-a"), has_memory=True,
-              nonlinearities=NONLINEARITIES, default_nonlinearity="selu",
-              recipe="ulm-transfer", recipe_options=("ulm_nonlinearity", "ulm_cache")),
-    ModelSpec("pret-lmn-b", "pret-LMN-B", "lmn-b", _predictor("pret-lmn-b"), has_memory=True,
-              nonlinearities=NONLINEARITIES, default_nonlinearity="selu",
-              recipe="ulm-transfer", recipe_options=("ulm_nonlinearity", "ulm_cache")),
-    ModelSpec("pret-rnn", "pret-RNN", "rnn", _predictor("pret-rnn"),
+    ModelSpec("ulm", "ULM", "ulm", _predictor("ulm"), PretrainOptions,
+              nonlinearities=NONLINEARITIES, default_nonlinearity="selu", single_layer=True),
+    ModelSpec("pret-lmn-a", "pret-LMN-A", "lmn-a", _predictor("pret-lmn-a"), TransferOptions,
+              has_memory=True, nonlinearities=NONLINEARITIES, default_nonlinearity="selu",
+              recipe="ulm-transfer"),
+    ModelSpec("pret-lmn-b", "pret-LMN-B", "lmn-b", _predictor("pret-lmn-b"), TransferOptions,
+              has_memory=True, nonlinearities=NONLINEARITIES, default_nonlinearity="selu",
+              recipe="ulm-transfer"),
+    ModelSpec("pret-rnn", "pret-RNN", "rnn", _predictor("pret-rnn"), PretrainOptions,
               nonlinearities=("tanh", "relu"), recipe="la-rnn"),
-    ModelSpec("rnn-rbm", "RNN-RBM*", "rnn-rbm", _rnn_rbm, single_layer=True, dropout=False,
-              options=("rbm_hidden", "cd_k", "rbm_predict", "seed", "ais_chains", "ais_betas",
-                       "ais_frames"), recipe="rnn-rbm"),
+    ModelSpec("rnn-rbm", "RNN-RBM*", "rnn-rbm", _rnn_rbm, RBMOptions, single_layer=True,
+              dropout=False, recipe="rnn-rbm"),
 ):
     register(_spec)
 
@@ -434,9 +511,8 @@ for _spec in (
 for _core in ("lmn-a", "lmn-b", "rnn", "lstm", "gru"):
     _base = REGISTRY[_core]
     register(ModelSpec(f"{_core}-nade", f"{_base.display}-NADE", _core,
-                       _nade_predictor(f"{_core}-nade"), has_memory=_base.has_memory,
-                       nonlinearities=_base.nonlinearities,
-                       options=("nade_hidden", "nade_samples", "seed")))
+                       _nade_predictor(f"{_core}-nade"), NADEOptions,
+                       has_memory=_base.has_memory, nonlinearities=_base.nonlinearities))
 
 MODELS = model_names()  # the built-in models; model_names() also lists later registrations
 DEFAULT_MODEL = "lmn-b"  # what `linmem train` trains unless told otherwise
@@ -471,9 +547,35 @@ def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 
     return nonlinearity
 
 
+def option_names(name: str) -> tuple[str, ...]:
+    """The options of model ``name`` beyond every model's sizes (:class:`ModelOptions`): the
+    fields of its :attr:`ModelSpec.options` of its own, in declaration order."""
+    every = {f.name for f in fields(ModelOptions)}
+    return tuple(f.name for f in fields(get_spec(name).options) if f.name not in every)
+
+
+def model_options(name: str, **values: Any) -> ModelOptions:
+    """The options of model ``name`` (an instance of its :attr:`ModelSpec.options`) from
+    ``values``, checked: its activation (the model's default if unset), depth, dropout and sizes;
+    ``ValueError`` for a value that is not one of its options."""
+    spec = get_spec(name)
+    unknown = set(values) - {f.name for f in fields(spec.options)}
+    if unknown:
+        raise ValueError(f"{name} has no option {', '.join(sorted(unknown))}")
+    options = spec.options(**values)
+    options.nonlinearity = check_options(name, options.nonlinearity, options.num_layers,
+                                         options.dropout)
+    if not spec.has_memory:
+        options.memory = None
+    elif options.memory is None:
+        options.memory = options.hidden
+    check_fields(options)
+    return options
+
+
 def build_model(name: str, hidden: int, memory: int | None = None, num_layers: int = 1,
                 input_size: int = N_KEYS, dropout: float = 0.0, nonlinearity: str | None = None,
-                k: int = 10, **options: Any) -> nn.Module:
+                **options: Any) -> nn.Module:
     """A next-step model by registry name (:func:`model_names`).
 
     Args:
@@ -482,18 +584,14 @@ def build_model(name: str, hidden: int, memory: int | None = None, num_layers: i
         num_layers: stacked recurrent layers.  input_size: keys per frame.
         dropout: on the recurrent output before the readout (and between layers).
         nonlinearity: the activation (default: the model's, :attr:`ModelSpec.nonlinearities`).
-        k: the unrolled network's number of past blocks.
-        options: the model's own options (:attr:`ModelSpec.options`; the RNN-RBM's
-            ``rbm_hidden``, ``cd_k``, ``rbm_predict``, ...).
+        options: the model's own options (the fields of its :attr:`ModelSpec.options`: the
+            unrolled network's ``k``, the RNN-RBM's ``rbm_hidden``, ``cd_k``, ...).
     """
+    check_int("input_size", input_size)
     spec = get_spec(name)
-    nonlinearity = check_options(name, nonlinearity, num_layers, dropout)
-    unknown = set(options) - set(spec.options)
-    if unknown:
-        raise ValueError(f"{name} has no option {', '.join(sorted(unknown))}")
-    return spec.build(hidden=hidden, memory=memory if spec.has_memory else None,
-                      num_layers=num_layers, input_size=input_size, dropout=dropout,
-                      nonlinearity=nonlinearity, k=k, **options)
+    built = model_options(name, hidden=hidden, memory=memory, num_layers=num_layers,
+                          dropout=dropout, nonlinearity=nonlinearity, **options)
+    return spec.build(input_size, built)
 
 
 def count_parameters(model: nn.Module) -> int:

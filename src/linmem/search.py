@@ -80,7 +80,7 @@ from .grids import (
     study_name,
     trial_point,
 )
-from .models import get_spec
+from .models import get_spec, option_names
 from .recipes import run as run_training
 from .studies import trial_seconds
 from .train import TrainingDiverged, check_size
@@ -205,7 +205,7 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         # the points that differ in memory size alone share their unrolled network (pret-lmn)
         cache = (config.base.ulm_cache or str(Path(config.out_dir) / "ulm-cache")
-                 if "ulm_cache" in get_spec(model).recipe_options else None)
+                 if "ulm_cache" in option_names(model) else None)
         train_config = replace(config.base, data=study.user_attrs["data"], model=model,
                                hidden=hidden, memory=memory, weight_decay=weight_decay,
                                ulm_cache=cache)

@@ -298,9 +298,7 @@ def build_run_model(config: TrainConfig, train_seqs: Sequence[np.ndarray]) -> to
 
 
 def _build(config: TrainConfig) -> torch.nn.Module:
-    return build_model(config.model, config.hidden, config.memory, config.num_layers,
-                       dropout=config.dropout, nonlinearity=config.nonlinearity, k=config.k,
-                       **config.model_options())
+    return build_model(config.model, **asdict(config.model_options()))
 
 
 def train(
