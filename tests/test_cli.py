@@ -68,6 +68,12 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     scored = json.loads(stdout)
     assert scored["test"]["acc"] == pytest.approx(metrics["test_acc"], rel=1e-9)
     assert scored["test"]["nll"] == pytest.approx(metrics["test_nll"], rel=1e-9)
+    from linmem.rescore import score_run  # what the command calls, from Python
+
+    direct = score_run(out, ["test"], data_dir=str(data_dir), command="python")
+    assert direct["test"] == scored["test"] and direct["command"] == "python"
+    with pytest.raises(ValueError, match="splits must be among"):
+        score_run(out, ["dev"])
     code, stdout, _ = run_cli("evaluate", str(out), "--data-dir", str(data_dir), "--split",
                               "valid", "--expected", "20", "--seed", "4", "--out",
                               str(out / "expected.json"), capsys=capsys)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -26,10 +25,6 @@ from ._cli_common import (
     config_options,
 )
 from ._io import (
-    command_line,
-    git_commit,
-    provenance,
-    read_json,
     write_json,
 )
 from .cli_experiments import COMMANDS
@@ -45,16 +40,17 @@ from .data import (
 )
 from .generate import continue_run, predict_sequence
 from .midi import DEFAULT_STEP_SECONDS, import_midi_folder
-from .models import expected_accuracy, get_spec
+from .models import get_spec
 from .plots import plot_run
 from .recipes import pretrained_models
 from .recipes import run as run_training
+from .rescore import SPLITS, score_run
 from .runs import (
     CONFIG,
     METRICS,
     RunDirBusy,
 )
-from .train import TrainingDiverged, evaluate, load_run_model
+from .train import TrainingDiverged
 
 __all__ = ["cli", "main"]
 
@@ -91,12 +87,12 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
         out = (f"runs/{data}-{options['model']}-{sizes}-wd{options['weight_decay']:g}"
                f"-s{options['seed']}")
     try:
-        if resume and (Path(out) / CONFIG).is_file():
-            saved = read_json(Path(out) / CONFIG)
-            given = {k: v for k, v in _train_options(options).items()
-                     if ctx.get_parameter_source(k) != ParameterSource.DEFAULT}
-            options = {**saved, **given}
-        config = TrainConfig.from_dict(_train_options(options))
+        if resume and (Path(out) / CONFIG).is_file():  # the saved run, and what was given
+            config = TrainConfig.from_run(out, **{
+                k: v for k, v in _train_options(options).items()
+                if ctx.get_parameter_source(k) != ParameterSource.DEFAULT})
+        else:
+            config = TrainConfig.from_dict(_train_options(options))
     except ValueError as err:
         raise config_error(err) from None
     if config.data_dir is not None and not Path(config.data_dir).is_dir():
@@ -180,35 +176,11 @@ def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, dev
                  out: str | None) -> None:
     """Re-score the checkpoint of RUN_DIR; prints JSON (accuracies in percent) with the command,
     commit, seed, data checksum, wall and CPU time."""
-    started, cpu_started = time.perf_counter(), time.process_time()
     try:
-        model, config = load_run_model(run_dir, which, device)
-        data = load_polyphonic(config.data, root=data_dir or config.data_dir)
-        checksum = data_checksum(config.data, data_dir or config.data_dir)
+        result = score_run(run_dir, SPLITS if split == "all" else [split], which, data_dir,
+                           device, expected, seed, thresholds)
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
-    splits = ["train", "valid", "test"] if split == "all" else [split]
-    result = {"run_dir": str(run_dir), "checkpoint": which, "dataset": config.data,
-              "model": config.model}
-    for name in splits:
-        scores = evaluate(model, data[name], config.eval_batch_size, device,
-                          thresholds=thresholds)
-        result[name] = {"acc": 100 * scores["acc"], "acc_frame": 100 * scores["acc_frame"],
-                        "nll": scores["nll"], "frames": scores["frames"]}
-        if thresholds:
-            result[name]["acc_at"] = {str(t): 100 * a for t, a in scores["acc_at"].items()}
-        if expected is not None:
-            acc, se = expected_accuracy(model, data[name], expected, seed, device=device)
-            result[name].update(acc_expected=100 * acc, acc_expected_se=100 * se,
-                                expected_samples=expected, expected_seed=seed)
-    if thresholds and "valid" in splits:  # the grid's first best on validation, as train does
-        chosen = max(result["valid"]["acc_at"], key=result["valid"]["acc_at"].get)
-        result["valid_threshold"] = float(chosen)
-        for name in splits:
-            result[name]["acc_at_valid_threshold"] = result[name]["acc_at"][chosen]
-    result.update(provenance(command_line(), git_commit(), seed if expected else None, checksum,
-                             time.perf_counter() - started, device))
-    result["cpu_time_s"] = time.process_time() - cpu_started
     if out is not None:
         write_json(out, result)
     click.echo(json.dumps(result, indent=2))

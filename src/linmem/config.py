@@ -224,9 +224,10 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
         return cls(**{k: v for k, v in d.items() if k in known})
 
     @classmethod
-    def from_run(cls, run_dir: str | os.PathLike) -> TrainConfig:
-        """The config a run directory holds (its ``config.json``)."""
-        return cls.from_dict(read_json(Path(run_dir) / CONFIG))
+    def from_run(cls, run_dir: str | os.PathLike, **changes: Any) -> TrainConfig:
+        """The config a run directory holds (its ``config.json``), with ``changes`` (a resumed
+        run's new budget, say)."""
+        return cls.from_dict({**read_json(Path(run_dir) / CONFIG), **changes})
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the run's numbers: all but the budget (:data:`BUDGET_FIELDS`)
