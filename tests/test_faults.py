@@ -241,7 +241,7 @@ def test_the_installed_command_gives_one_line(tmp_path):
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        "linmem: error: device must be cpu, cuda or cuda:N, got 'tpu'"]
+        "linmem: error: --device must be cpu, cuda or cuda:N, got 'tpu'"]
     assert not (tmp_path / "run").exists()
 
 

@@ -186,7 +186,8 @@ def use_gpu_kernel(enabled: bool | None = True) -> Iterator[None]:
     """Choose the LMN's GPU path inside the ``with`` block: ``True`` the fused Triton kernels
     (:mod:`linmem.ops_gpu`), ``False`` the PyTorch loop, ``None`` the measured choice
     (:func:`gpu_kernel_path`). Under Triton's interpreter (``TRITON_INTERPRET=1``), ``True`` also
-    runs the fused kernels on CPU tensors: how they are tested without a GPU."""
+    runs the fused kernels on CPU tensors: how they are tested without a GPU. The fused kernels
+    take float32: ``True`` with another dtype is a ``TypeError`` (``None`` runs the loop)."""
     global _gpu_override
     if enabled and not ops_gpu.available():
         raise RuntimeError("the fused GPU kernels need Triton (pip install "
