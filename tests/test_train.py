@@ -434,3 +434,24 @@ def test_select_on_nll_keeps_the_epoch_of_the_lowest_validation_nll(tmp_path, sm
     assert all(r["valid_acc"] is not None for r in log)
     with pytest.raises(ValueError, match="select must be one of"):
         TrainConfig(select="loss")
+
+
+def test_a_chosen_checkpoint_that_diverges_on_test_fails_the_run(tmp_path, small, monkeypatch):
+    """Finite on validation when it was chosen, NaN on a test sequence (a state that grows
+    along a longer sequence): the run ends diverged with its reason in diverged.json and no
+    metrics.json, an error the search records for its trial, instead of an unhandled one."""
+    from linmem.train import NonFiniteOutputs
+
+    score = linmem.train.evaluate
+
+    def evaluate(model, sequences, *args, **kwargs):
+        if sequences is small["test"]:
+            raise NonFiniteOutputs("the model's outputs are NaN or inf on a batch (test)")
+        return score(model, sequences, *args, **kwargs)
+
+    monkeypatch.setattr(linmem.train, "evaluate", evaluate)
+    with pytest.raises(TrainingDiverged, match=r"chosen on validation \(epoch \d\).*(test)"):
+        train(config(epochs=2), tmp_path / "run", progress=False, data=small)
+    record = json.loads((tmp_path / "run" / "diverged.json").read_text())
+    assert "chosen on validation" in record["diverged"] and record["epochs"] == 2
+    assert not (tmp_path / "run" / "metrics.json").exists()

@@ -497,11 +497,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
                         "pretrained ones included, may diverge on long sequences already)")
                 hint = "Lower --lr" + (" or set --clip" if config.clip is None else "")
                 # the failure is a result too (a seed that diverged counts as run)
-                write_json(run_dir / DIVERGED, {
-                    **_run_fields(config), "diverged": why, "epochs": state["epoch"],
-                    **provenance(state["command"], commit, config.seed,
-                                 _checksum_or_none(config), spent()[0], device),
-                    "cpu_time_s": spent()[1], "pretraining": _pretraining_record(run_dir)})
+                _write_diverged(run_dir, config, state, why, commit, spent(), device)
                 raise TrainingDiverged(f"{why}; {kept}. {hint}.") from None
             state = _stop_diverged(run_dir, state, why, *spent())
             if progress:
@@ -548,8 +544,13 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
             on_epoch_end(epoch, row)
 
     best, _ = load_run_model(run_dir, "best", device)
-    valid = evaluate(best, data["valid"], config.eval_batch_size, device)
-    test = evaluate(best, data["test"], config.eval_batch_size, device)
+    try:
+        valid = evaluate(best, data["valid"], config.eval_batch_size, device)
+        test = evaluate(best, data["test"], config.eval_batch_size, device)
+    except NonFiniteOutputs as err:  # finite on validation when chosen, not on a test sequence
+        why = f"the checkpoint chosen on validation (epoch {state['best_epoch']}): {err}"
+        _write_diverged(run_dir, config, state, why, commit, spent(), device)
+        raise TrainingDiverged(f"{why}; it cannot be scored") from None
     metrics = {
         **_run_fields(config),
         "valid_acc": 100 * valid["acc"], "valid_nll": valid["nll"],
@@ -579,6 +580,17 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     write_json(run_dir / METRICS, metrics)
     (run_dir / DIVERGED).unlink(missing_ok=True)  # an earlier attempt's
     return metrics
+
+
+def _write_diverged(run_dir: Path, config: TrainConfig, state: dict[str, Any], why: str,
+                    commit: str | None, spent: tuple[float, float], device: torch.device) -> None:
+    """``diverged.json``: a run that failed by divergence is a result too (a seed that diverged
+    counts as run), with its provenance."""
+    write_json(run_dir / DIVERGED, {
+        **_run_fields(config), "diverged": why, "epochs": state["epoch"],
+        **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
+                     spent[0], device),
+        "cpu_time_s": spent[1], "pretraining": _pretraining_record(run_dir)})
 
 
 def _run_fields(config: TrainConfig) -> dict[str, Any]:
