@@ -206,7 +206,8 @@ results-table2-paper: install
 	$(P_SEARCH) --data jsb $(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--model $(m)) --grid paper
 	$(T2_RUN) search-export $(P_STUDIES) --storage sqlite:///runs/search-paper/search.db --runs-root .
 	$(VENV)/bin/linmem report --protocol paper --storage sqlite:///runs/search-paper/search.db --grid all \
-	  --runs-root . --baseline results/baseline.json --out results/paper-protocol
+	  --runs-root . --baseline results/baseline.json --compare results/summary.json \
+	  $$(ls -d results/paper-protocol/seeds 2>/dev/null | sed 's/^/--seed-runs /') --out results/paper-protocol
 	$(MAKE) results-progress-paper
 # JSB: seeds 1-3 of the configurations selected on the per-frame
 # validation accuracy (the paper's metric; results/paper-protocol/selected/jsb-MODEL-per-frame,
@@ -220,6 +221,7 @@ P_RESEED = $(T2_RUN) reseed --seeds 1,2,3 --data-dir $(DATA) --quiet $(if $(T2_S
 P_RUN_OF = $$( [ -d $(P_SEL)/jsb-$$m-per-frame ] && echo $(P_SEL)/jsb-$$m-per-frame || echo $(P_SEL)/jsb-$$m )
 results-seeds-paper: install
 	for m in lmn-b lstm pret-lmn-b rnn lmn-a; do $(P_RESEED) $(P_RUN_OF) --out runs/paper-seeds/jsb-$$m; done
+	$(VENV)/bin/linmem publish runs/paper-seeds/*/s*/ --to results/paper-protocol/seeds --name seed
 results-ablation-paper: install
 	for m in lmn-b lstm; do \
 	  $(P_RESEED) $(P_RUN_OF) --set batch_size=4 --out runs/paper-ablation/jsb-$$m-batch4; \
