@@ -14,11 +14,12 @@ import click
 
 from .config import (
     FROM_PROTOCOL,
+    MODEL_OPTION_FIELDS,
     PROTOCOL_FIELDS,
     PROTOCOLS,
     TrainConfig,
 )
-from .models import ModelOptions, NADEOptions, RBMOptions, TransferOptions, model_names
+from .models import ModelOptions, model_names
 
 __all__ = [  # shared by linmem.cli and linmem.cli_experiments
     "SEARCH_FIELDS",
@@ -218,11 +219,9 @@ def _train_fields() -> tuple[str, ...]:
     """Every field of :class:`TrainConfig` in ``linmem train --help``'s order: the protocol, data
     and model, every model's sizes, the training settings, then each model's own options."""
     sizes = [f.name for f in fields(ModelOptions)]
-    own_options = [f.name for cls in (TransferOptions, RBMOptions, NADEOptions)
-                   for f in fields(cls) if f.name not in sizes]
-    own_options = list(dict.fromkeys(own_options))
-    training = [f.name for f in fields(TrainConfig) if f.name not in sizes + own_options]
-    return (*training[:3], *sizes, *training[3:], *own_options)
+    training = [f.name for f in fields(TrainConfig)
+                if f.name not in sizes and f.name not in MODEL_OPTION_FIELDS]
+    return (*training[:3], *sizes, *training[3:], *MODEL_OPTION_FIELDS)
 
 
 TRAIN_FIELDS = _train_fields()  # linmem train: all of them

@@ -28,6 +28,7 @@ from .models import (
     get_spec,
     model_names,
     model_options,
+    option_names,
 )
 from .runs import CONFIG
 
@@ -37,6 +38,7 @@ __all__ = [
     "DIVERGENCE",
     "FROM_PROTOCOL",
     "LOSS_REDUCTIONS",
+    "MODEL_OPTION_FIELDS",
     "OPTIMIZERS",
     "PLACE_FIELDS",
     "PROTOCOLS",
@@ -210,11 +212,11 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
             self.memory = None
         check_fields(self)
         # an option that only some models have, left unset (None) by default: refused elsewhere
-        own = {f.name for f in fields(spec.options)}
+        own = option_names(self.model)
         for f in fields(self):
-            if f.default is None and getattr(self, f.name) is not None and f.name not in own \
-                    and f.name in _MODEL_OPTIONS:
-                takers = [m for m in model_names() if f.name in _options_of(m)]
+            if f.name in MODEL_OPTION_FIELDS and f.name not in own and f.default is None \
+                    and getattr(self, f.name) is not None:
+                takers = [m for m in model_names() if f.name in option_names(m)]
                 raise ValueError(f"{f.name} applies to {', '.join(takers) or 'no model'}, not "
                                  f"to {self.model}")
 
@@ -249,14 +251,13 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
     def model_options(self) -> ModelOptions:
         """The model's options (an instance of its :attr:`ModelSpec.options`), from this
         config's fields."""
-        names = _options_of(self.model)
-        return model_options(self.model, **{name: getattr(self, name) for name in names})
+        return model_options(self.model, **{f.name: getattr(self, f.name)
+                                            for f in fields(get_spec(self.model).options)})
 
 
-def _options_of(model: str) -> set[str]:
-    return {f.name for f in fields(get_spec(model).options)}
-
-
-# the fields of some models' options only (the sizes of ModelOptions are every model's)
-_MODEL_OPTIONS = {f.name for cls in (TransferOptions, RBMOptions, NADEOptions)
-                  for f in fields(cls)} - {f.name for f in fields(ModelOptions)}
+# the fields TrainConfig takes from the models' option classes (its bases) but for the sizes
+# every model has (ModelOptions), in its order: each some models' only; linmem train lists them
+# last
+_FROM_OPTIONS = {f.name for base in TrainConfig.__bases__ for f in fields(base)}
+MODEL_OPTION_FIELDS = tuple(f.name for f in fields(TrainConfig) if f.name in _FROM_OPTIONS
+                            and f.name not in {g.name for g in fields(ModelOptions)})
