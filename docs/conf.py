@@ -16,3 +16,15 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
+
+
+def _skip_class_aliases(app, what, name, obj, skip, options):
+    """A dataclass field whose default is a class (``ModelSpec.options``) is documented by its
+    docstring's ``Attributes:`` (napoleon); autodoc would add it again as "alias of" that class."""
+    if what == "class" and isinstance(obj, type) and obj.__name__ != name:
+        return True
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_class_aliases)

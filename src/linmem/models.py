@@ -339,7 +339,7 @@ class ModelOptions:
 
 @dataclass
 class PretrainOptions(ModelOptions):
-    """ulm, pret-rnn, pret-lmn-*: the unrolled network and the autoencoder of the pretraining
+    """ulm, pret-rnn, ``pret-lmn-*``: the unrolled network and the autoencoder of the pretraining
     (:mod:`linmem.pretrain`)."""
 
     k: int = option(10, "Pretraining: past blocks of the unrolled network (ulm, pret-lmn-*).")
@@ -350,7 +350,8 @@ class PretrainOptions(ModelOptions):
 
 @dataclass
 class TransferOptions(PretrainOptions):
-    """pret-lmn-*: the unrolled network trained first and its transfer to the LMN (eqs. 12-15)."""
+    """``pret-lmn-*``: the unrolled network trained first and its transfer to the LMN
+    (eqs. 12-15)."""
 
     pretrain_epochs: int | None = option(
         None, "pret-lmn-*: epoch bound of the unrolled network [default: --epochs].", kind=int)
