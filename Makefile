@@ -214,8 +214,9 @@ results-table2-paper: install
 # else jsb-MODEL when both columns selected the same run), and the one-factor-at-a-time ablation
 # at LMN-B's and the LSTM's: each factor set to linmem's protocol alone, three seeds. Batch 4;
 # the NLL summed over the keys (the clip kept equivalent, 880 there = 10 here, so that the
-# decay's scale alone changes); the readout bias at the keys' rates; linmem's clip (5 on the
-# summed NLL = 5/88 on the mean).
+# decay's scale alone changes: not run at a point without decay, where Adam makes it the same
+# training); the readout bias at the keys' rates; linmem's clip (5 on the summed NLL = 5/88 on
+# the mean); then the median pruner replayed on the grids (linmem ablation).
 P_SEL = results/paper-protocol/selected
 P_RESEED = $(T2_RUN) reseed --seeds 1,2,3 --data-dir $(DATA) --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 P_RUN_OF = $$( [ -d $(P_SEL)/jsb-$$m-per-frame ] && echo $(P_SEL)/jsb-$$m-per-frame || echo $(P_SEL)/jsb-$$m )
@@ -225,9 +226,14 @@ results-seeds-paper: install
 results-ablation-paper: install
 	for m in lmn-b lstm; do \
 	  $(P_RESEED) $(P_RUN_OF) --set batch_size=4 --out runs/paper-ablation/jsb-$$m-batch4; \
+	  $(PY) -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["weight_decay"] != 0)' $(P_RUN_OF)/config.json || \
 	  $(P_RESEED) $(P_RUN_OF) --set loss_reduction=frame --set clip=880 --out runs/paper-ablation/jsb-$$m-summed-loss; \
 	  $(P_RESEED) $(P_RUN_OF) --set init_bias=true --out runs/paper-ablation/jsb-$$m-key-rate-bias; \
 	  $(P_RESEED) $(P_RUN_OF) --set clip=0.0568 --out runs/paper-ablation/jsb-$$m-linmem-clip; done
+	$(VENV)/bin/linmem publish runs/paper-ablation/*/s*/ --to results/paper-protocol/ablation --name seed
+	$(VENV)/bin/linmem ablation --base results/paper-protocol/seeds --runs results/paper-protocol/ablation \
+	  --storage sqlite:///runs/search-paper/search.db --runs-root . \
+	  $(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--study jsb-$(m)-paper@paper) --out results/paper-protocol
 results-progress-paper: install
 	$(VENV)/bin/linmem progress --protocol paper --storage sqlite:///runs/search-paper/search.db --runs-root . \
 	  --out results/paper-protocol/progress.md

@@ -36,6 +36,7 @@ from ._io import (
     git_commit,
     write_json,
 )
+from .ablation import write_ablation
 from .analyses import (
     STARTS,
     first_updates,
@@ -533,7 +534,38 @@ def publish_cmd(run_dirs: tuple[str, ...], dest: str, naming: str, checkpoint: b
         click.echo(f"{run} -> {Path(dest) / name} ({len(written)} files)")
 
 
+@click.command("ablation")
+@click.option("--base", "base_runs", multiple=True, type=click.Path(exists=True),
+              help="The seeds of the selected configurations as their protocol trains them "
+                   "(run directories or folders of them).")
+@click.option("--runs", "variant_runs", multiple=True, type=click.Path(exists=True),
+              help="Their seeds with one protocol field changed (`linmem reseed RUN --set "
+                   "FIELD=VALUE`), each set against its base.")
+@_storage_option
+@click.option("--study", "studies", multiple=True,
+              help="A search study whose finished runs are replayed through the median pruner "
+                   "(its name, as `linmem progress` lists it).")
+@_runs_root_option
+@click.option("--warmup", type=int, default=50, show_default=True, callback=_positive,
+              help="The pruner's warm-up epochs (linmem search's).")
+@click.option("--out", type=click.Path(file_okay=False), required=True,
+              help="The folder that receives ablation.md and ablation.json.")
+def ablation_cmd(base_runs: tuple[str, ...], variant_runs: tuple[str, ...], storage: str | None,
+                 studies: tuple[str, ...], runs_root: str, warmup: int, out: str) -> None:
+    """One factor of a training protocol at a time: seeds trained with one field changed
+    against the selected configuration's own, and the median pruner replayed on a grid."""
+    if studies and storage is not None:
+        storage = _opened_storage(storage)
+    try:
+        path = write_ablation(out, base_runs, variant_runs, storage, studies, runs_root, warmup)
+    except (ValueError, FileNotFoundError) as err:
+        raise UsageFailure(str(err)) from None
+    click.echo(path.read_text(), nl=False)
+    click.echo(f"-> {path}, {path.with_suffix('.json')}")
+
+
 COMMANDS = (
+    ablation_cmd,
     analyze_pretraining_cmd,
     first_updates_cmd,
     search_cmd,
