@@ -339,8 +339,14 @@ def test_the_documented_postgresql_url_opens_with_the_extra_we_ship():
 def test_ctrl_c_to_search_is_one_line(tmp_path, data_dir):
     """Row 9: SIGINT to `linmem search` ends it with its own line, not Optuna's traceback."""
     out = tmp_path / "s"
+    # Python leaves SIGINT ignored when it starts with it ignored, as every command started in
+    # the background (`cmd &`) by a shell without job control is: then no Ctrl-C reaches it,
+    # rightly. The test runs linmem as a terminal would, with Python's own handler.
+    as_in_a_terminal = ("import runpy, signal, sys; "
+                        "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                        "sys.argv[0] = 'linmem'; runpy.run_module('linmem', run_name='__main__')")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "linmem", "search", "--grid", "tiny", "--subset", "3",
+        [sys.executable, "-c", as_in_a_terminal, "search", "--grid", "tiny", "--subset", "3",
          "--epochs", "100000", "--patience", "100000", "--data-dir", str(data_dir), "--out",
          str(out), "--quiet"],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
