@@ -24,7 +24,7 @@ import numpy as np
 
 from ._io import atomic_write, command_line, git_commit, made_by, read_json, write_json
 from .config import PROTOCOLS
-from .report import TABLE2_TITLES, seed_groups
+from .report import TABLE2_TITLES, seed_groups, spread_text
 from .runs import METRICS, collect_metrics, log_rows
 
 __all__ = [
@@ -91,14 +91,6 @@ def ablation_groups(base_runs: Sequence[dict], variant_runs: Sequence[dict]) -> 
     return sorted(out, key=lambda a: (a["dataset"], a["model"], sorted(a["factor"].items())))
 
 
-def _spread(g: dict, key: str) -> str:
-    v = g.get(key)
-    if v is None:
-        return "–"
-    sd = "" if v["sd"] is None else f" ± {v['sd']:.2f}"
-    return f"{v['mean']:.2f}{sd} ({v['min']:.2f}-{v['max']:.2f})"
-
-
 def _delta(a: dict, key: str) -> str:
     """The variant's mean against the base's, and whether their seeds' ranges overlap."""
     x, y = a["base"].get(key), a["variant"].get(key)
@@ -131,11 +123,11 @@ def ablation_markdown(rows: Sequence[dict], command: str | None = None,
         if id(b) not in shown:
             shown.add(id(b))
             lines.append(f"{head} – (as selected) | {_seeds(b)} | "
-                         f"{_spread(b, 'test_acc_frame')} | | {_spread(b, 'test_acc')} | |")
+                         f"{spread_text(b, 'test_acc_frame')} | | {spread_text(b, 'test_acc')} | |")
         change = ", ".join(f"{f} {a['base_values'][f]} → {value}"
                            for f, value in a["factor"].items())
-        lines.append(f"{head} {change} | {_seeds(v)} | {_spread(v, 'test_acc_frame')} | "
-                     f"{_delta(a, 'test_acc_frame')} | {_spread(v, 'test_acc')} | "
+        lines.append(f"{head} {change} | {_seeds(v)} | {spread_text(v, 'test_acc_frame')} | "
+                     f"{_delta(a, 'test_acc_frame')} | {spread_text(v, 'test_acc')} | "
                      f"{_delta(a, 'test_acc')} |")
     lines += ["", "Mean ± standard deviation (minimum-maximum) over the seeds; a change is the "
               "difference of the means, \"ranges apart\" where the seeds' ranges do not overlap "

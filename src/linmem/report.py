@@ -45,6 +45,7 @@ __all__ = [
     "run_records",
     "seed_groups",
     "seeds_markdown",
+    "spread_text",
     "summary_file_records",
     "summary_records",
     "table2_markdown",
@@ -271,14 +272,17 @@ def seeds_markdown(groups: Sequence[dict]) -> str:
     return "\n".join(_seeds_lines(groups)) + "\n"
 
 
-def _seeds_lines(groups: Sequence[dict]) -> list[str]:
-    def spread(g: dict, key: str) -> str:
-        v = g.get(key)
-        if v is None:
-            return "–"
-        sd = "" if v["sd"] is None else f" ± {v['sd']:.2f}"
-        return f"{v['mean']:.2f}{sd} ({v['min']:.2f}-{v['max']:.2f})"
+def spread_text(group: dict, key: str) -> str:
+    """A seed group's ``key`` (:func:`seed_groups`) as "mean ± sd (min-max)"; "–" without it."""
+    v = group.get(key)
+    if v is None:
+        return "–"
+    sd = "" if v["sd"] is None else f" ± {v['sd']:.2f}"
+    return f"{v['mean']:.2f}{sd} ({v['min']:.2f}-{v['max']:.2f})"
 
+
+def _seeds_lines(groups: Sequence[dict]) -> list[str]:
+    spread = spread_text
     lines = ["| data | model | size | weight decay | seeds | test acc % | test acc % (per-frame "
              "mean) | test NLL |", "|---|---|---|---|---|---:|---:|---:|"]
     for g in groups:
