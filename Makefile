@@ -196,14 +196,16 @@ results-progress: install
 # keys and frames so that the paper's weight decays mean what they meant, clip 10, the readout's
 # default initialisation, early stopping on the per-frame accuracy, no pruning), in a storage of
 # its own. JSB Chorales: the paper's full grids of the seven trained models. The other three data
-# sets' reduced grids are chosen from JSB's selections and the measured cost of a point at
-# batch 1 (results/paper-protocol/README.md). Resumable: the finished trials are exported to
+# sets: grid paper-long (linmem.grids), chosen from JSB's selections, its cost projected from
+# probes at batch 1 (benchmarks/paper_long_cost.py, results/paper-protocol/cost-probes), the
+# cheapest set first. Resumable: the finished trials are exported to
 # results/search-studies-paper.jsonl and imported first.
 P_STUDIES = results/search-studies-paper.jsonl
 P_SEARCH = $(T2_RUN) search --protocol paper --jobs $(T2_JOBS) --out runs/search-paper --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 results-table2-paper: install
 	[ ! -f $(P_STUDIES) ] || $(T2_RUN) search-import $(P_STUDIES) --storage sqlite:///runs/search-paper/search.db
 	$(P_SEARCH) --data jsb $(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--model $(m)) --grid paper
+	$(P_SEARCH) --data piano --data nottingham --data musedata $(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--model $(m)) --grid paper-long
 	$(T2_RUN) search-export $(P_STUDIES) --storage sqlite:///runs/search-paper/search.db --runs-root .
 	$(VENV)/bin/linmem report --protocol paper --storage sqlite:///runs/search-paper/search.db --grid all \
 	  --runs-root . --baseline results/baseline.json --compare results/summary.json \

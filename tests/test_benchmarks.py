@@ -194,3 +194,49 @@ def test_cuda_throughput_script_runs_on_the_cpu(tmp_path, data_dir):
     assert lstm["projected_gpu_hours"] == pytest.approx(
         0.85 * four["lstm_epoch_s"] / four["lstm-cpu_epoch_s"])
     assert result["data_sha256"]["jsb"] and "gpu" not in result["machine"]
+
+
+def test_paper_long_cost_projects_the_jsb_points_by_the_probes(tmp_path):
+    """benchmarks/paper_long_cost.py: each paper-long point's JSB CPU time times the set's probe
+    ratio (the committed probes' epoch CPU over JSB's), a missing point from its stand-in."""
+    import statistics
+
+    import optuna
+
+    from linmem.grids import grid_points
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    hours = {"rnn": 1.0, "pret-rnn": 2.0, "lstm": 3.0, "gru": 4.0, "lmn-a": 5.0, "lmn-b": 6.0,
+             "pret-lmn-b": 7.0}
+    for model, h in hours.items():
+        study = optuna.create_study(study_name=f"jsb-{model}-paper@paper", storage=storage,
+                                    direction="maximize")
+        points = grid_points(model, "paper-long")
+        dist = {k: optuna.distributions.CategoricalDistribution(sorted({p.params[k]
+                                                                        for p in points}))
+                for k in points[0].params}
+        for p in points[1:] if model == "gru" else points:  # the GRU's first point: no trial
+            study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE, value=30.0, params=p.params,
+                distributions=dist, user_attrs={"cpu_time_s": 3600.0 * h}))
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "paper_long_cost.py"), "--storage",
+                          storage], capture_output=True, text=True, check=True).stdout
+
+    def epoch(name):
+        log = Path(BENCHMARKS).parent / "results/paper-protocol/cost-probes" / name / "log.jsonl"
+        return statistics.median(json.loads(line)["epoch_cpu_s"]
+                                 for line in log.read_text().splitlines())
+
+    lmn = {s: epoch(f"{s}-lmn-b") / epoch("jsb-lmn-b") for s in ("muse", "nottingham", "piano")}
+    lstm = {s: epoch(f"{s}-lstm") / epoch("jsb-lstm") for s in ("muse", "nottingham", "piano")}
+    line = {ln.split(":")[0].strip(): ln for ln in out.splitlines() if ln.startswith("  ")}
+    assert f"musedata {6 * 6.0 * lmn['muse']:.1f}, nottingham {6 * 6.0 * lmn['nottingham']:.1f}" \
+        f", piano {6 * 6.0 * lmn['piano']:.1f}" in line["lmn-b"]
+    assert f"nottingham {4 * 3.0 * lstm['nottingham']:.1f}" in line["lstm"]
+    gru = (3 * 4.0 + 3.0 * 0.75) * lstm["piano"]  # its first point from the LSTM's, x 0.75
+    assert f"piano {gru:.1f}" in line["gru"] and "[1 of 4 points from lstm's" in line["gru"]
+    grids = sum(len(grid_points(m, "paper-long")) * h * (
+        sum(lmn.values()) if m.endswith(("lmn-a", "lmn-b")) else sum(lstm.values()))
+        for m, h in hours.items()) - (4.0 - 0.75 * 3.0) * sum(lstm.values())
+    assert f"grids: {grids:.0f} CPU h" in out
