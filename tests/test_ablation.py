@@ -41,6 +41,7 @@ def _seeds(tmp_path):
              {"loss_reduction": "frame", "clip": 880.0})
     _run(tmp_path / "var", "summed-s3", 3, None, None, {"loss_reduction": "frame", "clip": 880.0},
          diverged=True)
+    _run(tmp_path / "var", "noclip-s1", 1, 33.0, 30.0, {"clip": None})  # a value of None sorts
 
 
 def test_each_variant_against_its_base(tmp_path):
@@ -48,11 +49,13 @@ def test_each_variant_against_its_base(tmp_path):
     rows = ablation_groups(collect_metrics([tmp_path / "base"], diverged=True),
                            collect_metrics([tmp_path / "var"], diverged=True))
     assert [r["factor"] for r in rows] == [{"batch_size": 4},
-                                           {"clip": 880.0, "loss_reduction": "frame"}]
+                                           {"clip": 880.0, "loss_reduction": "frame"},
+                                           {"clip": None}]
     # the base's values are the paper protocol's (batch 1; the mean loss, clip 10)
     assert rows[0]["base_values"] == {"batch_size": 1}
     assert rows[1]["base_values"] == {"clip": 10.0, "loss_reduction": "mean"}
-    batch4, summed = rows
+    batch4, summed, noclip = rows
+    assert noclip["base_values"] == {"clip": 10.0} and noclip["variant"]["seeds"] == [1]
     assert batch4["base"]["test_acc_frame"]["mean"] == pytest.approx(33.5)
     assert batch4["variant"]["test_acc_frame"]["mean"] == pytest.approx((31 + 31.5 + 30) / 3)
     assert batch4["variant"]["test_acc_frame"]["sd"] == pytest.approx(
@@ -197,7 +200,7 @@ def test_the_ablation_command(tmp_path, monkeypatch):
     assert "h250-wd0: 32.50 (29.00) | the same |" in text
     record = json.loads((out / "ablation.json").read_text())
     assert record["pruner"]["studies"][0]["stopped"] == {"h50-wd0": 2}
-    assert len(record["factors"]) == 2 and record["command"].startswith("linmem ablation --base")
+    assert len(record["factors"]) == 3 and record["command"].startswith("linmem ablation --base")
     assert f"Made by `{record['command']}` at commit" in text
     # bad input: one line, exit 2, nothing written
     bad = CliRunner().invoke(cli, ["ablation", "--runs", str(tmp_path / "var"), "--out",

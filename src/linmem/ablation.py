@@ -88,7 +88,8 @@ def ablation_groups(base_runs: Sequence[dict], variant_runs: Sequence[dict]) -> 
                     "base_values": {f: base["overrides"].get(f, getattr(spec, f))
                                     for f in factor},
                     "variant": group, "base": base["group"]})
-    return sorted(out, key=lambda a: (a["dataset"], a["model"], sorted(a["factor"].items())))
+    return sorted(out, key=lambda a: (a["dataset"], a["model"],
+                                      json.dumps(a["factor"], sort_keys=True)))
 
 
 def _delta(a: dict, key: str) -> str:
