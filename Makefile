@@ -236,9 +236,12 @@ results-ablation-paper: install
 	$(VENV)/bin/linmem ablation --base results/paper-protocol/seeds --runs results/paper-protocol/ablation \
 	  --storage sqlite:///runs/search-paper/search.db --runs-root . \
 	  $(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--study jsb-$(m)-paper@paper) --out results/paper-protocol
+P_LONG = $(foreach d,piano nottingham musedata,$(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--plan $(d):$(m):paper-long))
 results-progress-paper: install
 	$(VENV)/bin/linmem progress --protocol paper --storage sqlite:///runs/search-paper/search.db --runs-root . \
-	  --out results/paper-protocol/progress.md
+	  $(P_LONG) --probe results/paper-protocol/cost-probes \
+	  $$(ls -d results/paper-protocol/seeds 2>/dev/null | sed 's/^/--run /') \
+	  $(foreach m,lmn-b lstm pret-lmn-b rnn lmn-a,--plan-seeds jsb:$(m):paper) --out results/paper-protocol/progress.md
 
 # results/nade: the NADE models on JSB Chorales, grid 'nade' selected on validation
 # NLL, then the regularisation of LMN-B-NADE's selected point; resumable.

@@ -949,3 +949,49 @@ def test_the_documented_postgresql_url_works_with_the_extra(postgres_url):
     study.set_user_attr("ok", True)
     assert optuna.load_study(study_name="documented-url", storage=url).user_attrs["ok"]
     optuna.delete_study(study_name="documented-url", storage=url)
+
+
+def test_progress_projects_a_planned_study_from_the_probes(tmp_path):
+    """With probes (short runs of one configuration on two data sets), a planned study on a data
+    set with nothing finished takes its model's points on the other set, fitted by size
+    (c * n ** a), times the probes' ratio of an epoch's CPU time for its family; an LMN's probes
+    stand for the LMNs only, and a study the probes cannot reach stays unprojected."""
+    import json
+
+    from linmem.progress import probe_ratios, project_points
+
+    def probe(name, data, model, hidden, memory, epochs):
+        d = tmp_path / "probes" / name
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"data": data, "model": model}))
+        (d / "metrics.json").write_text(json.dumps({"dataset": data, "model": model,
+                                                    "hidden": hidden, "memory": memory}))
+        (d / "log.jsonl").write_text("".join(json.dumps({"epoch": i + 1, "epoch_cpu_s": s}) + "\n"
+                                             for i, s in enumerate(epochs)))
+
+    probe("jsb-lmn", "jsb", "lmn-b", 250, 250, [1.0, 1.2, 1.1])  # median 1.1
+    probe("piano-lmn", "piano", "lmn-b", 250, 250, [2.2])
+    probe("jsb-lstm", "jsb", "lstm", 750, None, [10.0, 14.0])  # median 12
+    probe("piano-lstm", "piano", "lstm", 750, None, [36.0])
+    ratios = probe_ratios([tmp_path / "probes"])
+    assert ratios[("piano", "jsb", "memory")] == pytest.approx(2.0)
+    assert ratios[("jsb", "piano", "recurrent")] == pytest.approx(1 / 3)
+    assert ("piano", "jsb", "memory") in ratios and len(ratios) == 4
+
+    jsb = {"dataset": "jsb", "grid": "paper", "finished_cpu_s": [10.0, 40.0],
+           "finished_params": [100, 400], "running_cpu_s": [], "todo": 0}  # a = 1: 0.1 s/param
+    planned = {"dataset": "piano", "grid": "paper-long", "finished_cpu_s": [],
+               "running_cpu_s": [], "todo": 2, "todo_params": [200, 1000]}
+    records = project_points([{**jsb, "model": "lmn-b"}, {**jsb, "model": "lstm"},
+                              {**planned, "model": "lmn-b"}, {**planned, "model": "lstm"},
+                              {**planned, "model": "gru"}], ratios)
+    lmn, lstm, gru = records[2:]
+    assert lmn["left_from"] == "probe" and lstm["left_from"] == "probe"
+    assert lmn["left_cpu_s"] == pytest.approx((20.0 + 100.0) * 2.0)
+    assert lstm["left_cpu_s"] == pytest.approx((20.0 + 100.0) * 3.0)
+    assert lmn["mean_point_cpu_s"] == pytest.approx(60.0 * 2.0)
+    # no GRU finished anywhere: the probes have nothing to scale, the data set nothing either
+    assert gru["left_from"] is None and gru["left_cpu_s"] is None
+    # without probes, as before: nothing to project the planned LMN from
+    assert project_points([{**jsb, "model": "lmn-b"}, {**planned, "model": "lmn-b"}]
+                          )[1]["left_from"] is None

@@ -308,12 +308,16 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
               help="Also a single run still to make: RUN's configuration (a finished run on "
                    "another data set) on DATA, projected from RUN scaled by the data sets' "
                    "frames; left out once a run of that model on DATA is among --run.")
+@click.option("--probe", "probes", multiple=True, type=click.Path(exists=True),
+              help="Short runs of one configuration on several data sets (run directories or "
+                   "folders of them): a study with nothing else to project from takes its "
+                   "model's points on another data set, scaled by their epochs' CPU times.")
 @_max_retry_option
 @_protocol_option
 def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str, ...],
                  summaries: tuple[str, ...], out: str | None, plans: tuple[str, ...],
                  seed_plans: tuple[str, ...], run_plans: tuple[str, ...],
-                 max_retry: int | None, protocol: str) -> None:
+                 probes: tuple[str, ...], max_retry: int | None, protocol: str) -> None:
     """Where the searches stand: points done per study, the CPU hours their runs logged, the
     hours projected for the rest; nothing is run (safe beside running workers)."""
     from .grids import default_storage, sqlite_path
@@ -326,7 +330,8 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
     try:
         text = progress_table(_opened_storage(storage), None if grid == "all" else grid,
                               runs_root, runs, list(_summary_files(summaries)), plans,
-                              seed_plans, run_plans, max_retry, protocol, command_line())
+                              seed_plans, run_plans, max_retry, protocol, command_line(),
+                              probes)
     except ValueError as err:
         raise UsageFailure(str(err)) from None
     if out is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +39,9 @@ from .runs import (
     LOG,
     PRETRAINING,
     ULM,
+    collect_metrics,
     epochs_cpu_seconds,
+    log_rows,
     run_cpu_seconds,
     run_machine,
     scoring_cpu_seconds,
@@ -95,7 +98,9 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
                                               "selected trial": " (selected run's, trial's "
                                                                 "stored time)",
                                               "run, scaled": " (another data set's run, "
-                                                             "scaled)"
+                                                             "scaled)",
+                                              "probe": " (model's on another data set, by "
+                                                       "size, x the probes)"
                                               }.get(r["left_from"], "")
         if r["mean_point_cpu_s"] is None and r["left_cpu_s"] == 0.0:
             per = "–"  # nothing left, nothing to project from
@@ -136,7 +141,12 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "its model's mean on the other data sets scaled by the two data sets' cost ratio "
               "over the models both have finished (\"model's, scaled\"), else the same from its "
               "model's points in another grid, the ratio then over the models finished in both "
-              "grids (\"model's in another grid, scaled\"), else its data set's mean over "
+              "grids (\"model's in another grid, scaled\"), else, with probes (`--probe`: "
+              "short runs of one configuration on two data sets), each point at the cost "
+              "c * n ** a fitted to its model's finished points on another data set times the "
+              "probes' ratio of their epochs' CPU time there and here, for the models with a "
+              "memory from an LMN's probes and for the others from the others' (\"model's on "
+              "another data set, by size, x the probes\"), else its data set's mean over "
               "every model. Seeds still to run (`--plan-seeds`): each at the CPU time of the "
               "study's selected run, with its unrolled network's when it read that from the "
               "cache (a seed trains its own), or at its trial's stored time when the run is "
@@ -273,13 +283,44 @@ def planned_record(data: str, model: str, grid: str, protocol: str = "linmem") -
     check_grid(grid)
     data = resolve_name(data)
     get_spec(model)  # a clear error for an unknown model
-    n = len(grid_points(model, grid))
+    points = grid_points(model, grid)
+    n = len(points)
+    base = TrainConfig.from_dict({"protocol": protocol})
     return {"study": f"{study_name(data, model, grid, protocol)} (planned)", "dataset": data,
             "model": model, "grid": grid, "grid_points": n, "states": {"todo": n}, "cpu_s": 0.0,
-            "finished_cpu_s": [], "running_cpu_s": [], "todo": n, "points_from_trials": 0}
+            "finished_cpu_s": [], "running_cpu_s": [], "todo": n, "points_from_trials": 0,
+            "todo_params": [point_params(base, data, model, p) for p in points]}
 
 
-def project_points(records: list[dict]) -> list[dict]:
+def _family(model: str) -> str:
+    """Which probes stand for a model's cost: an LMN's (a memory) or an RNN-like model's."""
+    return "memory" if get_spec(model).has_memory else "recurrent"
+
+
+def probe_ratios(paths: Sequence[str | os.PathLike]) -> dict[tuple[str, str, str], float]:
+    """The probes under ``paths`` (short runs, ``linmem train ... --epochs 1``, of one
+    configuration on several data sets): ``(here, there, family)`` -> the median CPU time of an
+    epoch on data set ``here`` over that on ``there``, from the probes of one configuration
+    (model and sizes) on both, averaged over the configurations of a family (:func:`_family`).
+    ``ValueError`` for a probe without epochs' CPU times."""
+    epochs: dict[tuple, dict[str, float]] = {}
+    for r in collect_metrics(paths):
+        rows = [row["epoch_cpu_s"] for row in log_rows(r["run"]) if "epoch_cpu_s" in row]
+        if not rows:
+            raise ValueError(f"--probe {r['run']}: no epoch CPU times in its log.jsonl")
+        key = (r["model"], r.get("hidden"), r.get("memory"))
+        epochs.setdefault(key, {})[r["dataset"]] = statistics.median(rows)
+    pairs: dict[tuple[str, str, str], list[float]] = {}
+    for (model, _, _), by_data in epochs.items():
+        for here, cost in by_data.items():
+            for there, other in by_data.items():
+                if here != there:
+                    pairs.setdefault((here, there, _family(model)), []).append(cost / other)
+    return {k: sum(v) / len(v) for k, v in pairs.items()}
+
+
+def project_points(records: list[dict],
+                   probes: dict[tuple[str, str, str], float] | None = None) -> list[dict]:
     """Each study record's projected cost per point (``mean_point_cpu_s``) and of the points it
     has left (``left_cpu_s``: the points to do at that cost, the running ones at that cost less
     what they have logged), in place; ``left_from`` says where the per-point cost came from:
@@ -296,6 +337,10 @@ def project_points(records: list[dict]) -> list[dict]:
     - ``model, other grid``: else the same from its model's points in another grid (the
       ratio then over the models finished in both studies' grids: it carries the grids'
       difference in sizes too);
+    - ``probe``: else, with ``probes`` (:func:`probe_ratios`), each point left at what
+      :func:`size_cost` fits to its model's finished points on another data set, times the
+      probes' ratio of the two data sets' epoch costs for its family (averaged over the data
+      sets that have both); the record must give ``todo_params``;
     - ``data set``: else the mean of its data set's finished points of every model (a
       pret-LMN point costs several of an RNN's: the coarsest estimate);
     - None: nothing finished to project from."""
@@ -318,13 +363,28 @@ def project_points(records: list[dict]) -> list[dict]:
                                  / sum(finished[(other, g, n)] for n in both))
         return mean(estimates)
 
+    def probed(r: dict) -> list[float] | None:
+        if not probes or r.get("todo_params") is None:
+            return None
+        fits = []
+        for q in records:
+            ratio = probes.get((r["dataset"], q["dataset"], _family(r["model"])))
+            if q["model"] == r["model"] and ratio is not None and q.get("finished_params"):
+                fit = size_cost(q["finished_params"], q["finished_cpu_s"])
+                if fit is not None:
+                    fits.append((fit, ratio))
+        return ([sum(f(n) * k for f, k in fits) / len(fits) for n in r["todo_params"]]
+                if fits and r["todo_params"] else None)
+
     for r in records:
         grid, here = r["grid"], r["dataset"]
+        by_probe = probed(r)
         mates = [s for q in records if q["dataset"] == here and q["grid"] == grid
                  for s in q["finished_cpu_s"]]
         sources = (("study", mean(r["finished_cpu_s"])),
                    ("model", scaled(here, grid, r["model"], True)),
                    ("model, other grid", scaled(here, grid, r["model"], False)),
+                   ("probe", mean(by_probe) if by_probe else None),
                    ("data set", mean(mates)))  # the first with something to project from
         r["left_from"], per = next(((how, v) for how, v in sources if v is not None),
                                    (None, None))
@@ -338,6 +398,8 @@ def project_points(records: list[dict]) -> list[dict]:
         if cost is not None:
             running, todo = ([cost(n) for n in ns] for ns in sizes[1:])
             r["left_from"] = "study, by size"
+        elif r["left_from"] == "probe":
+            todo = by_probe
         r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
                            0.0 if per is None else
                            sum(todo) + sum(max(c - s, 0.0) for c, s
@@ -359,7 +421,8 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
                    runs: Sequence[str | os.PathLike] = (), earlier: Sequence[Sequence[dict]] = (),
                    plans: Sequence[str] = (), seed_plans: Sequence[str] = (),
                    run_plans: Sequence[str] = (), max_retry: int | None = None,
-                   protocol: str | None = "linmem", command: str | None = None) -> str:
+                   protocol: str | None = "linmem", command: str | None = None,
+                   probes: Sequence[str | os.PathLike] = ()) -> str:
     """``linmem progress``'s table: the studies of ``grid`` (None: all) in ``storage``
     (:func:`progress_records`); the searches of earlier reports' ``summary.json`` records that
     the storage lacks (``earlier``; their trials' wall time); the single runs under ``runs``
@@ -367,7 +430,8 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
     (``DATA:MODEL:GRID``, a search; :func:`planned_record`), ``seed_plans``
     (``DATA:MODEL:GRID[:N]``, a study's N seeds less those among ``runs``; :func:`seeds_record`)
     and ``run_plans`` (``DATA:RUN``, RUN's configuration on DATA unless a run of it is among
-    ``runs``; :func:`planned_run_record`). ``ValueError`` names a bad plan or run."""
+    ``runs``; :func:`planned_run_record`); ``probes``: short runs that scale a model's cost
+    between data sets (:func:`probe_ratios`). ``ValueError`` names a bad plan, run or probe."""
     studies = progress_records(storage, grid, runs_root,
                                MAX_RETRY if max_retry is None else max_retry, protocol)
     for records in earlier:
@@ -396,7 +460,11 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
         if not any((r["dataset"], r["model"], r["grid"]) ==
                    (record["dataset"], record["model"], record["grid"]) for r in studies):
             studies.append(record)  # a planned search already started is counted as it stands
-    studies = project_points(studies)
+    try:
+        ratios = probe_ratios(probes) if probes else None
+    except FileNotFoundError as err:
+        raise ValueError(f"--probe: {err}") from None
+    studies = project_points(studies, ratios)
     singles = _single_runs(runs)
     for plan in seed_plans:
         parts = plan.split(":")
