@@ -325,6 +325,8 @@ def main() -> None:
     p.add_argument("--naive", action="store_true", help="add the per-step autograd loop")
     p.add_argument("--tile-sweep", nargs="*", default=[], metavar="B,N,K,DOT",
                    help="also time the fused kernels under these tilings (and 'auto')")
+    p.add_argument("--tiles-only", action="store_true",
+                   help="with --tile-sweep: time the tilings alone, not the table of columns")
     p.add_argument("--cpu-max-batch", type=int, default=32,
                    help="the largest batch timed on one CPU thread")
     p.add_argument("--epochs", nargs="*", default=["nottingham", "musedata"],
@@ -353,7 +355,7 @@ def main() -> None:
     print(f"device: {gpu or device}; torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}, Triton "
           f"{triton[0].__version__ if triton else 'not installed'}", flush=True)
-    sizes = bench_sizes(args, device) if args.sizes else []
+    sizes = bench_sizes(args, device) if args.sizes and not args.tiles_only else []
     tile_rows = bench_tiles(args, device) if args.tile_sweep and args.sizes else []
     epochs = bench_epochs(args, device) if args.epochs else []
     studies = project_studies(args.progress, epochs) if epochs else []
