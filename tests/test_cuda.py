@@ -8,6 +8,7 @@ exact). The project's CI has no GPU, so these tests run only where one is:
 """
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -44,7 +45,8 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _model(name: str) -> torch.nn.Module:
     spec = get_spec(name)
     torch.manual_seed(0)
-    nade = {"nade_hidden": 9} if "nade_hidden" in spec.options else {}
+    options = {f.name for f in dataclasses.fields(spec.options)}
+    nade = {"nade_hidden": 9} if "nade_hidden" in options else {}
     return build_model(name, 12, 10 if spec.has_memory else None, k=3,
                        **OPTIONS.get(name, {}), **nade).double()
 

@@ -165,6 +165,31 @@ def test_choices_are_recorded_and_read_back(tmp_path, monkeypatch):
     assert [ops._size_class(n) for n in (1, 2, 3, 50, 64, 65, 250)] == [1, 2, 4, 64, 64, 128, 256]
 
 
+def test_tiles_give_a_program_a_row_while_the_programs_fit_the_gpu():
+    """The tilings measured fastest on an H100 (results/cuda/tiles.txt): a row per program up
+    to one program per multiprocessor, then 2 or 4 rows summed, then tl.dot's 16 and 32."""
+    rows = {b: (ops_gpu.tiles(b, 250, 250)["BLOCK_B"], ops_gpu.tiles(b, 250, 250)["USE_DOT"])
+            for b in (1, 4, 132, 133, 264, 265, 528, 529, 2112, 2113)}
+    assert rows == {1: (1, False), 4: (1, False), 132: (1, False), 133: (2, False),
+                    264: (2, False), 265: (4, False), 528: (4, False), 529: (16, True),
+                    2112: (16, True), 2113: (32, True)}
+    assert ops_gpu.tiles(100, 250, 250, sms=50)["BLOCK_B"] == 2
+    assert ops_gpu.tiles(4, 50, 50)["BLOCK_N"] == 32 and ops_gpu.tiles(4, 50, 100)["BLOCK_N"] == 64
+
+
+def test_the_paths_are_timed_in_float32_whatever_the_default_dtype():
+    """The fused kernels take float32: the problem the paths are timed on stays float32 where a
+    program set float64 as the default (a first use on a GPU once failed so)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        problem = ops._path_problem(3, 2, 5, 4)
+    finally:
+        torch.set_default_dtype(previous)
+    assert [t.dtype for t in problem] == [torch.float32] * 6
+    assert all(t.requires_grad for t in problem)
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_the_first_use_on_a_gpu_measures_the_paths():
     record = ops.measure_gpu_paths(DEVICE, 4, 250, 250, steps=16, repeats=2)
@@ -204,7 +229,7 @@ from linmem.ops_gpu import tiles
 
 out = []
 for arch in (80, 90):
-    for batch in (1, 4, 8, 37):
+    for batch in (1, 300, 600, 3000):  # one row, four, tl.dot's 16 and 32 on 132 SMs
         for name in ("forward", "backward"):
             fn = getattr(kernels, name)
             consts = {"ACT": 0, "PRECISION": "ieee", **tiles(batch, 250, 250)}

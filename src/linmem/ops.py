@@ -138,14 +138,17 @@ _PATH_PROBLEMS = {"small": (32, 8, 50, 50), "large": (32, 32, 250, 250)}  # step
 
 
 def _path_problem(steps: int, batch: int, hidden: int, memory: int) -> list[Tensor]:
-    """The arguments of :func:`lmn_scan` that :func:`measure_cpu_paths` times (seeded, requiring
-    gradients)."""
+    """The arguments of :func:`lmn_scan` that :func:`measure_cpu_paths` and
+    :func:`measure_gpu_paths` time: float32 whatever the default dtype (the paths measured take
+    float32), seeded, requiring gradients."""
     g = torch.Generator().manual_seed(0)
-    ops = [torch.randn(steps, batch, hidden, generator=g), torch.zeros(batch, memory),
-           torch.randn(hidden, memory, generator=g) * memory ** -0.5,
-           torch.randn(memory, hidden, generator=g) * 0.5 * hidden ** -0.5,
-           torch.randn(memory, memory, generator=g) * 0.5 * memory ** -0.5,
-           torch.zeros(memory)]
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float32)
+
+    ops = [randn(steps, batch, hidden), torch.zeros(batch, memory, dtype=torch.float32),
+           randn(hidden, memory) * memory ** -0.5, randn(memory, hidden) * 0.5 * hidden ** -0.5,
+           randn(memory, memory) * 0.5 * memory ** -0.5, torch.zeros(memory, dtype=torch.float32)]
     return [t.requires_grad_() for t in ops]
 
 

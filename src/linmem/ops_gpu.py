@@ -115,22 +115,36 @@ def _triton_version() -> str | None:
     return None if found is None else found[0].__version__
 
 
-def tiles(batch: int, hidden: int, memory: int) -> dict:
-    """The kernels' tile sizes and form for a layer: a batch tile of at most 8 rows is summed
-    as products (``tl.dot`` pads to 16 rows), 16 rows and more through ``tl.dot``; 64-wide
-    weight tiles (32 for small layers). ``LINMEM_GPU_TILES`` (``B,N,K,dot``, e.g. ``16,64,64,1``)
-    overrides them (benchmarks)."""
+def tiles(batch: int, hidden: int, memory: int, sms: int = 132) -> dict:
+    """The kernels' tile sizes and form for a layer on a GPU of ``sms`` multiprocessors (132: an
+    H100): one batch row per program while the programs fit the multiprocessors, else the
+    fewest rows (2 or 4) that keep them within; the rows' products summed over k (``tl.dot``
+    pads to 16 rows) up to there, 16 or 32 rows through ``tl.dot`` beyond. Measured on an H100
+    at LMN-B(250, 250) (``results/cuda/tiles.txt``): one row per program trained 1.3x (batch 4)
+    to 2.7x (batch 128) faster than tiles of 4 or 16 rows, 4 rows best at batch 512, the
+    ``tl.dot`` tiles of 16 and 32 rows 2-3x slower at every batch to 512. 64-wide weight tiles
+    (32 for small layers). ``LINMEM_GPU_TILES`` (``B,N,K,dot``, e.g. ``16,64,64,1``) overrides
+    them (benchmarks)."""
     forced = os.environ.get("LINMEM_GPU_TILES", "").strip()
     if forced:
         block_b, block_n, block_k, dot = (int(v) for v in forced.split(","))
         return {"BLOCK_B": block_b, "BLOCK_N": block_n, "BLOCK_K": block_k, "USE_DOT": bool(dot)}
     width = 32 if max(hidden, memory) <= 64 else 64
-    if batch <= 8:
-        rows = 1 << max(0, batch - 1).bit_length()
-        return {"BLOCK_B": rows, "BLOCK_N": width, "BLOCK_K": 32 if rows <= 4 else 16,
-                "USE_DOT": False}
-    return {"BLOCK_B": 16 if batch <= 16 * 132 else 32, "BLOCK_N": width, "BLOCK_K": width,
+    if batch <= 4 * sms:
+        rows = 1
+        while -(-batch // rows) > sms:
+            rows *= 2
+        return {"BLOCK_B": rows, "BLOCK_N": width, "BLOCK_K": 32, "USE_DOT": False}
+    return {"BLOCK_B": 16 if batch <= 16 * sms else 32, "BLOCK_N": width, "BLOCK_K": width,
             "USE_DOT": True}
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    """The multiprocessors of a CUDA device (132 elsewhere: the interpreter's CPU tensors)."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _precision() -> str:
@@ -155,7 +169,7 @@ def forward(x_proj: Tensor, m0: Tensor, weight_mh: Tensor, weight_hm: Tensor,
         return
     weights = [w.contiguous() for w in (weight_mh, weight_hm, weight_mm, bias_m)]
     _check(x_proj, m0, *weights, hs, ms)
-    blocks = tiles(batch, hidden, memory)
+    blocks = tiles(batch, hidden, memory, _multiprocessors(hs.device))
     grid = (-(-batch // blocks["BLOCK_B"]),)
     kernels().forward[grid](
         x_proj, m0, *weights, hs, ms, steps, batch, hidden, memory,
@@ -178,7 +192,7 @@ def backward_states(grad_hs: Tensor | None, grad_ms: Tensor | None, hs: Tensor,
     weights = [w.contiguous() for w in (weight_mh, weight_hm, weight_mm)]
     present = [t for t in (grad_hs, grad_ms) if t is not None]
     _check(hs, *weights, grads, grad_m0, *present)
-    blocks = tiles(batch, hidden, memory)
+    blocks = tiles(batch, hidden, memory, _multiprocessors(hs.device))
     grid = (-(-batch // blocks["BLOCK_B"]),)
     gh = grad_hs if grad_hs is not None else hs  # a pointer never read
     gm = grad_ms if grad_ms is not None else hs
