@@ -4,17 +4,20 @@
 # of the kernels, the benchmark, a sweep of the kernels' tilings at LMN-B(250, 250), then the
 # CUDA tests of the whole library. Everything printed and written lands in $OUT (results/cuda/).
 #
-# The device machine has torch, Triton and tqdm, which is all these need, but no data: carry it
-# in .gpu/ (ignored by git), made here once:
+# The device machine has torch, Triton and tqdm but not pretty_midi (the CLI imports it) and no
+# data: carry them in .gpu/ (ignored by git), made here once:
 #   mkdir -p .gpu/data && cp ../shared/data/polyphonic/{JSB_Chorales,Nottingham,MuseData}.mat .gpu/data/
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .gpu/wheels \
+#     pretty_midi==0.2.11.post0 mido==1.3.3 importlib_resources
 # and call: device run --carry .gpu --timeout 580 "bash benchmarks/cuda_session.sh"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cuda-session}
 END=$(( $(date +%s) + ${CUDA_SESSION_SECONDS:-555} ))
 left() { local s=$(( END - $(date +%s) )); (( s < $1 )) && echo $(( s > 1 ? s : 1 )) || echo "$1"; }
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 LINMEM_TEST_DATA=$PWD/.gpu/data
+mkdir -p "$OUT" /tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
+export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1 LINMEM_TEST_DATA=$PWD/.gpu/data
 { date -Is; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head;
   nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda,
 torch.backends.cudnn.version(), 'triton', triton.__version__)"; grep -m1 'model name' /proc/cpuinfo

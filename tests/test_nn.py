@@ -331,8 +331,10 @@ def test_cpu_kernel_is_built():
 def test_fast_path_equals_straightforward_loop(device, nonlinearity, batch_first, kernel):
     """Forward to 1e-6 in float32; every gradient (inputs, m0, weights) to 1e-10 in float64.
     Batch-first input runs the recurrence in batch-major buffers: both layouts are checked.
-    SELU's states are unbounded and reach a few units, where float32 resolves 2.4e-7: there each
-    tolerance is scaled by the largest value compared (the rounding of sums of such values)."""
+    The memory's states reach a few units (SELU's more), where float32 resolves 2.4e-7: the
+    float32 tolerance is scaled by the largest value compared (the rounding of sums of such
+    values; the fused GPU kernel's tanh and its order of summation differ from the loop's by
+    such units)."""
     for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-10)):
         g = torch.Generator().manual_seed(8)
         lmn = LMN(6, 9, 7, nonlinearity=nonlinearity, batch_first=batch_first).to(device, dtype)
@@ -347,7 +349,7 @@ def test_fast_path_equals_straightforward_loop(device, nonlinearity, batch_first
         else:
             out, (h_n, m_n) = lmn(x, m0)
         hs, ms = autograd_loop(x, lmn.layer_weights(0), m0[0], nonlinearity)
-        if nonlinearity == "selu" and dtype is torch.float32:
+        if dtype is torch.float32:
             tol *= max(1.0, float(ms.detach().abs().max()), float(hs.detach().abs().max()))
         torch.testing.assert_close(out, ms, rtol=0, atol=tol)
         torch.testing.assert_close(h_n[0], hs[-1], rtol=0, atol=tol)
