@@ -179,10 +179,18 @@ def test_cuda_throughput_script_runs_on_the_cpu(tmp_path, data_dir):
     assert row["lmn-fused_train_vs_lstm"] == pytest.approx(
         row["lmn-fused_train_fps"] / row["lstm_train_fps"])
     (tiles,) = result["tiles"]
-    assert tiles["default"]["BLOCK_B"] == 2 and all(
+    assert tiles["default"]["BLOCK_B"] == 1 and all(
         tiles[f"train_fps[{t}]"] > 0 for t in ("auto", "4,32,32,0", "16,32,32,1"))
     one, four = result["epochs"]
     assert (one["dataset"], one["batch"], four["batch"]) == ("jsb", 1, 4)
+    subprocess.run([sys.executable, str(BENCHMARKS / "cuda_throughput.py"), "--device", "cpu",
+                    "--sizes", "8x8", "--batches", "3", "--steps", "4", "--rounds", "1",
+                    "--min-time", "0.01", "--tiles-only", "--tile-sweep", "auto", "2,32,32,0",
+                    "--epochs", "--progress", "--json", str(tmp_path / "t.json")],
+                   check=True, capture_output=True)
+    alone = json.loads((tmp_path / "t.json").read_text())
+    assert alone["sizes"] == [] and alone["epochs"] == []
+    assert [row["batch"] for row in alone["tiles"]] == [3]
     for name in ("lmn-b", "lmn-b-loop", "lstm", "lmn-b-cpu", "lstm-cpu"):
         assert one[f"{name}_epoch_s"] > 0
     assert one["lmn_device_vs_cpu"] == pytest.approx(one["lmn-b_train_fps"]
