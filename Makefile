@@ -209,7 +209,8 @@ results-table2-paper: install
 	$(T2_RUN) search-export $(P_STUDIES) --storage sqlite:///runs/search-paper/search.db --runs-root .
 	$(VENV)/bin/linmem report --protocol paper --storage sqlite:///runs/search-paper/search.db --grid all \
 	  --runs-root . --baseline results/baseline.json --compare results/summary.json \
-	  $$(ls -d results/paper-protocol/seeds 2>/dev/null | sed 's/^/--seed-runs /') --out results/paper-protocol
+	  $$(ls -d results/paper-protocol/seeds 2>/dev/null | sed 's/^/--seed-runs /') \
+	  --compare-seed-runs results/seeds --out results/paper-protocol
 	$(MAKE) results-progress-paper
 # JSB: seeds 1-3 of the configurations selected on the per-frame
 # validation accuracy (the paper's metric; results/paper-protocol/selected/jsb-MODEL-per-frame,

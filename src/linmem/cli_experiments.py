@@ -256,9 +256,15 @@ def _summary_files(paths: tuple[str, ...]) -> list[list[dict]]:
 @click.option("--compare", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The summary.json of a report under the other protocol: OUT/protocols.md "
                    "sets both protocols' Table 2 side by side.")
+@click.option("--compare-seed-runs", "compare_seed_runs", multiple=True,
+              type=click.Path(exists=True),
+              help="The other protocol's seed runs: OUT/protocol-choice.md compares both "
+                   "protocols' seeds on validation and applies the rule for linmem train's "
+                   "default (linmem.protocol_choice).")
 def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                runs: tuple[str, ...], summaries: tuple[str, ...], seed_runs: tuple[str, ...],
-               baseline: str | None, protocol: str, compare: str | None) -> None:
+               baseline: str | None, protocol: str, compare: str | None,
+               compare_seed_runs: tuple[str, ...]) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     _needs_matplotlib("report (figure4.png)")
@@ -269,7 +275,8 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
         storage = _opened_storage(storage)
     try:
         records = build_report(storage, None if grid == "all" else grid, runs_root, out, runs,
-                               summaries, seed_runs, baseline, protocol, compare, command_line())
+                               summaries, seed_runs, baseline, protocol, compare, command_line(),
+                               compare_seed_runs)
     except (ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     out_dir = Path(out)

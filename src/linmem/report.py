@@ -215,7 +215,7 @@ def summary_file_records(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-SEED_METRICS = ("test_acc", "test_acc_frame", "test_nll", "valid_acc")
+SEED_METRICS = ("test_acc", "test_acc_frame", "test_nll", "valid_acc", "valid_acc_frame")
 
 
 def _otheractivation_of(group: dict) -> str | None:
@@ -627,14 +627,17 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
                  seed_runs: Sequence[str | os.PathLike] = (),
                  baseline: str | os.PathLike | None = None, protocol: str | None = "linmem",
                  compare: str | os.PathLike | None = None,
-                 command: str | None = None) -> list[dict]:
+                 command: str | None = None,
+                 compare_seed_runs: Sequence[str | os.PathLike] = ()) -> list[dict]:
     """``linmem report``: select each (data set, model) of the studies of ``grid`` (None: all)
     in ``storage`` trained under ``protocol`` on validation (:func:`linmem.studies.
     search_records`), add the single runs ``runs`` (data set and model without a study), the
     selections of earlier reports' ``summaries`` that the storage lacks, the seed runs
     ``seed_runs`` and the previous-frame ``baseline``, and write ``out``
     (:func:`write_search_report`; with ``compare``, another protocol's ``summary.json``, also
-    ``protocols.md``). Returns the selections; ``ValueError`` names a bad input."""
+    ``protocols.md``; with ``compare_seed_runs``, the other protocol's seed runs, also
+    ``protocol-choice.md``/``.json``: :mod:`linmem.protocol_choice`). Returns the selections;
+    ``ValueError`` names a bad input."""
     from .grids import sqlite_path  # optuna: slow to import
     from .studies import search_records, storage_grids
 
@@ -673,9 +676,25 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
         seeds = seed_groups(collect_metrics(seed_runs, diverged=True)) if seed_runs else []
     except (ValueError, FileNotFoundError) as err:
         raise ValueError(f"--seed-runs: {err}") from None
+    try:
+        other_seeds = (seed_groups(collect_metrics(compare_seed_runs, diverged=True))
+                       if compare_seed_runs else [])
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"--compare-seed-runs: {err}") from None
+    if compare_seed_runs and protocol not in ("paper", "linmem"):
+        raise ValueError("--compare-seed-runs compares the paper protocol with linmem's: pass "
+                         "--protocol paper or linmem")
     command = command or command_line()
     write_search_report(records, Path(out), command, runs_root, calibration, seeds)
     if compare is not None:  # the other protocol's selections beside these
         with atomic_write(Path(out) / "protocols.md", "w") as f:
             f.write(protocols_markdown(records, summary_file_records(compare), command))
+    if compare_seed_runs:  # which protocol linmem train uses by default (issue 43, item 5)
+        from .protocol_choice import protocol_choice, protocol_choice_markdown
+
+        ours, other = (seeds, other_seeds) if protocol == "paper" else (other_seeds, seeds)
+        choice = {**protocol_choice(ours, other), "command": command}
+        write_json(Path(out) / "protocol-choice.json", choice)
+        with atomic_write(Path(out) / "protocol-choice.md", "w") as f:
+            f.write(protocol_choice_markdown(choice, command))
     return records
