@@ -46,7 +46,7 @@ def test_pairs_are_compared_on_validation_and_undecided_before_the_four_sets():
     assert choice["wins"] == {"per-frame": {"paper": 1, "linmem": 1},
                               "global": {"paper": 1, "linmem": 1}}
     assert choice["decision"] is None and "1 of 4 data sets" in choice["reason"]
-    assert "musedata, nottingham, piano" in choice["reason"]
+    assert "none yet on MuseData, Nottingham, Piano-midi.de" in choice["reason"]
     text = protocol_choice_markdown(choice, "linmem report ...")
     assert "| JSB Chorales | LMN-B | 34.00 ± 1.00 | 31.50 ± 0.50 | +2.50 (apart) |" in text
     assert "99" not in text and "**Decision:** none yet" in text

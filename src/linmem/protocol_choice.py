@@ -63,8 +63,8 @@ def protocol_choice(paper: Sequence[dict], linmem: Sequence[dict]) -> dict:
     missing = [d for d in TABLE2_DATASETS if d not in datasets]
     if missing:
         decision = None
-        reason = (f"not decided: seeds under both protocols on {len(datasets)} of "
-                  f"{len(TABLE2_DATASETS)} data sets (none yet on {', '.join(missing)})")
+        reason = (f"seeds under both protocols on {len(datasets)} of {len(TABLE2_DATASETS)} "
+                  f"data sets, none yet on {', '.join(TABLE2_TITLES[d] for d in missing)}")
     else:
         majority = {name: next((p for p in PROTOCOLS if 2 * w[p] > len(pairs)), None)
                     for name, w in wins.items()}
