@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks of the fused kernels (linmem.ops_gpu), as one call of the device tool, in order
-# of importance within one deadline (the session's device time allows one call): the CUDA tests
-# of the kernels, the benchmark, a sweep of the kernels' tilings at LMN-B(250, 250), then the
-# CUDA tests of the whole library. Everything printed and written lands in $OUT (results/cuda/).
+# of importance within one deadline (CUDA_SESSION_SECONDS; the session's device time allows one
+# or two calls). `full` (the default): the CUDA tests of the kernels, the benchmark, a sweep of
+# the kernels' tilings at LMN-B(250, 250), then the CUDA tests of the whole library. `recheck`,
+# a shorter call after a fix: the kernels' and the library's CUDA tests, the throughput table
+# without the CPU columns, then epochs at batch 1 and 4. Everything printed and written lands in
+# $OUT (results/cuda/).
 #
 # The device machine has torch, Triton and tqdm but not pretty_midi (the CLI imports it) and no
 # data: carry them in .gpu/ (ignored by git), made here once:
@@ -10,10 +13,13 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .gpu/wheels \
 #     pretty_midi==0.2.11.post0 mido==1.3.3 importlib_resources
 # and call: device run --carry .gpu --timeout 580 "bash benchmarks/cuda_session.sh"
+# (recheck: --timeout 310 "bash benchmarks/cuda_session.sh recheck")
 set -uo pipefail
 cd "$(dirname "$0")/.."
+MODE=${1:-full}
 OUT=${OUT:-/tmp/cuda-session}
-END=$(( $(date +%s) + ${CUDA_SESSION_SECONDS:-555} ))
+SECONDS_DEFAULT=$([ "$MODE" = recheck ] && echo 285 || echo 555)
+END=$(( $(date +%s) + ${CUDA_SESSION_SECONDS:-$SECONDS_DEFAULT} ))
 left() { local s=$(( END - $(date +%s) )); (( s < $1 )) && echo $(( s > 1 ? s : 1 )) || echo "$1"; }
 mkdir -p "$OUT" /tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
@@ -23,13 +29,31 @@ export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1 LINMEM_TEST_DATA=$PWD/.g
 torch.backends.cudnn.version(), 'triton', triton.__version__)"; grep -m1 'model name' /proc/cpuinfo
   nproc; grep -o -m1 avx512f /proc/cpuinfo
 } 2>&1 | tee "$OUT/machine.txt"
-timeout "$(left 150)" python3 -m pytest -q -p no:cacheprovider tests/test_ops_gpu.py 2>&1 \
-  | tee "$OUT/test_ops_gpu.txt"
-timeout "$(left 290)" python3 benchmarks/cuda_throughput.py --data-dir .gpu/data --rounds 2 \
-  --json "$OUT/fused.json" 2>&1 | tee "$OUT/fused.txt"
-timeout "$(left 70)" python3 benchmarks/cuda_throughput.py --sizes 250x250 --batches 4 32 128 512 \
-  --rounds 2 --epochs --progress --tiles-only --tile-sweep auto 1,64,32,0 2,64,32,0 4,64,32,0 8,64,16,0 \
-  16,64,64,1 32,64,64,1 --json "$OUT/tiles.json" 2>&1 | tee "$OUT/tiles.txt"
-timeout "$(left 600)" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_nn.py \
-  -k "cuda or CUDA" 2>&1 | tee "$OUT/test_cuda.txt"
+kernel_tests() {
+  timeout "$(left "$1")" python3 -m pytest -q -p no:cacheprovider tests/test_ops_gpu.py 2>&1 \
+    | tee "$OUT/test_ops_gpu.txt"
+}
+library_tests() {
+  timeout "$(left "$1")" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py \
+    tests/test_nn.py -k "cuda or CUDA" 2>&1 | tee "$OUT/test_cuda.txt"
+}
+if [ "$MODE" = recheck ]; then
+  kernel_tests 70
+  library_tests 90
+  timeout "$(left 80)" python3 benchmarks/cuda_throughput.py --sizes 250x250 50x50 100x100 \
+    250x500 --batches 4 32 128 512 --cpu-max-batch 0 --epochs --progress \
+    --json "$OUT/fused.json" 2>&1 | tee "$OUT/fused.txt"
+  timeout "$(left 600)" python3 benchmarks/cuda_throughput.py --data-dir .gpu/data --sizes \
+    --epochs nottingham musedata --epoch-batches 1 4 --cpu-frames 5000 \
+    --json "$OUT/epochs.json" 2>&1 | tee "$OUT/epochs.txt"
+else
+  kernel_tests 150
+  timeout "$(left 290)" python3 benchmarks/cuda_throughput.py --data-dir .gpu/data --rounds 2 \
+    --json "$OUT/fused.json" 2>&1 | tee "$OUT/fused.txt"
+  timeout "$(left 70)" python3 benchmarks/cuda_throughput.py --sizes 250x250 --batches 4 32 \
+    128 512 --rounds 2 --epochs --progress --tiles-only --tile-sweep auto 1,64,32,0 2,64,32,0 \
+    4,64,32,0 8,64,16,0 16,64,64,1 32,64,64,1 --json "$OUT/tiles.json" 2>&1 \
+    | tee "$OUT/tiles.txt"
+  library_tests 600
+fi
 date -Is | tee -a "$OUT/machine.txt"
