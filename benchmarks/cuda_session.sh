@@ -51,8 +51,9 @@ else
   timeout "$(left 290)" python3 benchmarks/cuda_throughput.py --data-dir .gpu/data --rounds 2 \
     --json "$OUT/fused.json" 2>&1 | tee "$OUT/fused.txt"
   timeout "$(left 70)" python3 benchmarks/cuda_throughput.py --sizes 250x250 --batches 4 32 \
-    128 512 --rounds 2 --epochs --progress --tiles-only --tile-sweep auto 1,64,32,0 2,64,32,0 \
-    4,64,32,0 8,64,16,0 16,64,64,1 32,64,64,1 --json "$OUT/tiles.json" 2>&1 \
+    128 512 --rounds 2 --epochs --progress --tiles-only --tile-sweep auto 4,64,32,0 \
+    1,64,128,0,8 1,128,64,0,8 1,256,32,0,8 1,64,256,0,16 4,64,128,0,8 16,64,64,1,8 \
+    --json "$OUT/tiles.json" 2>&1 \
     | tee "$OUT/tiles.txt"
   library_tests 600
 fi

@@ -187,7 +187,7 @@ def print_row(r: dict, device: torch.device) -> None:
 
 def bench_tiles(args, device: torch.device) -> list[dict]:
     """The fused kernels' training rate at each size and batch under each of ``--tile-sweep``'s
-    tilings (``LINMEM_GPU_TILES``: ``BLOCK_B,BLOCK_N,BLOCK_K,dot``; ``auto`` the default
+    tilings (``LINMEM_GPU_TILES``: ``BLOCK_B,BLOCK_N,BLOCK_K,dot[,warps]``; ``auto`` the default
     choice, ``linmem.ops_gpu.tiles``): the data to tune that choice on a GPU."""
     rows = []
     for size in args.sizes:

@@ -83,7 +83,7 @@ def test_fused_states_and_state_gradients_match_the_reference(case):
         assert dm.abs().max() > 0.1
 
 
-@pytest.mark.parametrize("tiles", ["4,32,32,0", "16,32,32,1", "8,64,16,0"])
+@pytest.mark.parametrize("tiles", ["4,32,32,0", "16,32,32,1", "8,64,16,0", "1,64,128,0,8"])
 def test_both_forms_of_the_product_give_the_same_states(tiles, monkeypatch):
     """A few rows summed as products or padded into ``tl.dot``'s tile, and other tile sizes
     (``LINMEM_GPU_TILES``), give the reference's states and gradients."""
@@ -175,6 +175,15 @@ def test_tiles_give_a_program_a_row_while_the_programs_fit_the_gpu():
                     2112: (16, True), 2113: (32, True)}
     assert ops_gpu.tiles(100, 250, 250, sms=50)["BLOCK_B"] == 2
     assert ops_gpu.tiles(4, 50, 50)["BLOCK_N"] == 32 and ops_gpu.tiles(4, 50, 100)["BLOCK_N"] == 64
+    assert ops_gpu.tiles(4, 250, 250)["num_warps"] == 4
+
+
+def test_tiles_forced_with_and_without_warps(monkeypatch):
+    monkeypatch.setenv("LINMEM_GPU_TILES", "2,64,128,0,8")
+    assert ops_gpu.tiles(4, 250, 250) == {"BLOCK_B": 2, "BLOCK_N": 64, "BLOCK_K": 128,
+                                          "USE_DOT": False, "num_warps": 8}
+    monkeypatch.setenv("LINMEM_GPU_TILES", "16,64,64,1")
+    assert ops_gpu.tiles(4, 250, 250)["num_warps"] == 4
 
 
 def test_the_paths_are_timed_in_float32_whatever_the_default_dtype():
@@ -232,14 +241,17 @@ for arch in (80, 90):
     for batch in (1, 300, 600, 3000):  # one row, four, tl.dot's 16 and 32 on 132 SMs
         for name in ("forward", "backward"):
             fn = getattr(kernels, name)
-            consts = {"ACT": 0, "PRECISION": "ieee", **tiles(batch, 250, 250)}
+            form = tiles(batch, 250, 250)
+            warps = form.pop("num_warps")
+            consts = {"ACT": 0, "PRECISION": "ieee", **form}
             if name == "backward":
                 consts.update(HAS_GH=True, HAS_GM=False)
             signature = {a: "constexpr" if a in consts else "*fp32" if a.endswith("_ptr")
                          else "i32" for a in fn.arg_names}
             source = ASTSource(fn=fn, signature=signature, constexprs={
                 (fn.arg_names.index(k),): v for k, v in consts.items()})
-            ptx = triton.compile(source, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
+            ptx = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                                 options={"num_warps": warps}).asm["ptx"]
             out.append({"arch": arch, "batch": batch, "kernel": name,
                         "nc_loads": len(re.findall(r"ld\.global\.nc", ptx)),
                         "barriers": len(re.findall(r"bar\.sync|barrier\.sync", ptx)),

@@ -123,20 +123,25 @@ def tiles(batch: int, hidden: int, memory: int, sms: int = 132) -> dict:
     at LMN-B(250, 250) (``results/cuda/tiles.txt``): one row per program trained 1.3x (batch 4)
     to 2.7x (batch 128) faster than tiles of 4 or 16 rows, 4 rows best at batch 512, the
     ``tl.dot`` tiles of 16 and 32 rows 2-3x slower at every batch to 512. 64-wide weight tiles
-    (32 for small layers). ``LINMEM_GPU_TILES`` (``B,N,K,dot``, e.g. ``16,64,64,1``) overrides
-    them (benchmarks)."""
+    (32 for small layers), Triton's default 4 warps. ``LINMEM_GPU_TILES`` (``B,N,K,dot`` or
+    ``B,N,K,dot,warps``, e.g. ``16,64,64,1`` or ``1,64,128,0,8``) overrides them (benchmarks:
+    at batch 4 a step costs about 100 us where the L2's bandwidth allows under 20, which points
+    at the latency of the many small tile loads; larger tiles over more warps are the next
+    sweep)."""
     forced = os.environ.get("LINMEM_GPU_TILES", "").strip()
     if forced:
-        block_b, block_n, block_k, dot = (int(v) for v in forced.split(","))
-        return {"BLOCK_B": block_b, "BLOCK_N": block_n, "BLOCK_K": block_k, "USE_DOT": bool(dot)}
+        block_b, block_n, block_k, dot, *warps = (int(v) for v in forced.split(","))
+        return {"BLOCK_B": block_b, "BLOCK_N": block_n, "BLOCK_K": block_k, "USE_DOT": bool(dot),
+                "num_warps": warps[0] if warps else 4}
     width = 32 if max(hidden, memory) <= 64 else 64
     if batch <= 4 * sms:
         rows = 1
         while -(-batch // rows) > sms:
             rows *= 2
-        return {"BLOCK_B": rows, "BLOCK_N": width, "BLOCK_K": 32, "USE_DOT": False}
+        return {"BLOCK_B": rows, "BLOCK_N": width, "BLOCK_K": 32, "USE_DOT": False,
+                "num_warps": 4}
     return {"BLOCK_B": 16 if batch <= 16 * sms else 32, "BLOCK_N": width, "BLOCK_K": width,
-            "USE_DOT": True}
+            "USE_DOT": True, "num_warps": 4}
 
 
 @functools.cache
