@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._io import made_by
-from .models import display_name
-from .report import TABLE2_DATASETS, TABLE2_TITLES, _otheractivation_of
+from .data import DATASETS
+from .models import activation_of, display_name
 
 __all__ = ["METRICS", "MIN_SEEDS", "protocol_choice", "protocol_choice_markdown"]
 
@@ -31,7 +31,8 @@ PROTOCOLS = ("paper", "linmem")
 
 def _by_pair(groups: Sequence[dict]) -> dict[tuple[str, str], dict]:
     """Seed groups keyed (data set, model), at the model's default activation only."""
-    return {(g["dataset"], g["model"]): g for g in groups if _otheractivation_of(g) is None}
+    return {(g["dataset"], g["model"]): g for g in groups
+            if g.get("nonlinearity") == activation_of({"model": g["model"]})}
 
 
 def protocol_choice(paper: Sequence[dict], linmem: Sequence[dict]) -> dict:
@@ -40,7 +41,7 @@ def protocol_choice(paper: Sequence[dict], linmem: Sequence[dict]) -> dict:
     decided yet: the pairs do not cover every data set)."""
     a, b = _by_pair(paper), _by_pair(linmem)
     pairs = []
-    order = {d: i for i, d in enumerate(TABLE2_DATASETS)}
+    order = {d: i for i, d in enumerate(DATASETS)}
     for key in sorted(set(a) & set(b), key=lambda k: (order.get(k[0], len(order)), k)):
         groups = {"paper": a[key], "linmem": b[key]}
         if min(len(g["seeds"]) for g in groups.values()) < MIN_SEEDS:
@@ -60,11 +61,11 @@ def protocol_choice(paper: Sequence[dict], linmem: Sequence[dict]) -> dict:
     wins = {name: {p: sum(pair[name]["winner"] == p for pair in pairs) for p in PROTOCOLS}
             for _, name in METRICS}
     datasets = sorted({pair["dataset"] for pair in pairs})
-    missing = [d for d in TABLE2_DATASETS if d not in datasets]
+    missing = [d for d in DATASETS if d not in datasets]
     if missing:
         decision = None
-        reason = (f"seeds under both protocols on {len(datasets)} of {len(TABLE2_DATASETS)} "
-                  f"data sets, none yet on {', '.join(TABLE2_TITLES[d] for d in missing)}")
+        reason = (f"seeds under both protocols on {len(datasets)} of {len(DATASETS)} "
+                  f"data sets, none yet on {', '.join(DATASETS[d].title for d in missing)}")
     else:
         majority = {name: next((p for p in PROTOCOLS if 2 * w[p] > len(pairs)), None)
                     for name, w in wins.items()}
@@ -96,7 +97,8 @@ def protocol_choice_markdown(choice: dict, command: str | None = None) -> str:
             cells += [_spread(v["paper"]), _spread(v["linmem"]),
                       f"{v['paper_minus_linmem']:+.2f}" + (" (apart)" if v["ranges_apart"]
                                                            else "")]
-        lines.append(f"| {TABLE2_TITLES.get(pair['dataset'], pair['dataset'])} | "
+        title = DATASETS[pair['dataset']].title if pair['dataset'] in DATASETS else pair['dataset']
+        lines.append(f"| {title} | "
                      f"{display_name(pair['model'])} | " + " | ".join(cells) + " |")
     tally = "; ".join(f"{name}: the paper protocol higher in {w['paper']}, linmem's in "
                       f"{w['linmem']}" for name, w in choice["wins"].items())
