@@ -342,8 +342,11 @@ def test_ctrl_c_to_search_is_one_line(tmp_path, data_dir):
     # Python leaves SIGINT ignored when it starts with it ignored, as every command started in
     # the background (`cmd &`) by a shell without job control is: then no Ctrl-C reaches it,
     # rightly. The test runs linmem as a terminal would, with Python's own handler.
-    as_in_a_terminal = ("import runpy, signal, sys; "
+    # SIGUSR1 dumps its threads' stacks (faulthandler): what it was doing if it outlives the
+    # Ctrl-C (once seen on a loaded machine, five busy processes on two cores)
+    as_in_a_terminal = ("import faulthandler, runpy, signal, sys; "
                         "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                        "faulthandler.register(signal.SIGUSR1, all_threads=True); "
                         "sys.argv[0] = 'linmem'; runpy.run_module('linmem', run_name='__main__')")
     proc = subprocess.Popen(
         [sys.executable, "-c", as_in_a_terminal, "search", "--grid", "tiny", "--subset", "3",
@@ -357,7 +360,14 @@ def test_ctrl_c_to_search_is_one_line(tmp_path, data_dir):
         assert time.monotonic() < deadline
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"still running 120 s after SIGINT; its stacks:\n{err}")
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     lines = [line for line in err.splitlines() if line.strip()]
