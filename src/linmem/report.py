@@ -25,6 +25,7 @@ from .data import DATASETS
 from .metrics import THRESHOLD_GRID
 from .models import activation_of, display_name
 from .plots import plot_figure4
+from .protocol_choice import protocol_choice, protocol_choice_markdown
 from .runs import CONFIG, EXPECTED, LOG, METRICS, PRETRAINING, collect_metrics
 
 __all__ = [
@@ -690,8 +691,6 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
         with atomic_write(Path(out) / "protocols.md", "w") as f:
             f.write(protocols_markdown(records, summary_file_records(compare), command))
     if compare_seed_runs:  # which protocol linmem train uses by default (issue 43, item 5)
-        from .protocol_choice import protocol_choice, protocol_choice_markdown
-
         ours, other = (seeds, other_seeds) if protocol == "paper" else (other_seeds, seeds)
         choice = {**protocol_choice(ours, other), "command": command}
         write_json(Path(out) / "protocol-choice.json", choice)
