@@ -195,7 +195,8 @@ def bench_tiles(args, device: torch.device) -> list[dict]:
         for batch_size in args.batches:
             batch = random_batch(batch_size, args.steps)
             row = {"functional": f, "memory": m, "batch": batch_size, "steps": args.steps,
-                   "default": ops_gpu.tiles(batch_size, f, m)}
+                   "default": ops_gpu.tiles(batch_size, f, m,
+                                              ops_gpu._multiprocessors(device))}
             for tiles in args.tile_sweep:
                 torch.manual_seed(0)
                 model = build_model("lmn-b", f, m).to(device)
@@ -309,9 +310,10 @@ def project_studies(progress_files: list[str], epochs: list[dict]) -> list[dict]
     return out
 
 
-def ops_gpu_tiles(batch: int, size: str) -> dict:
+def ops_gpu_tiles(batch: int, size: str, device: torch.device) -> dict:
+    """The tiling the fused kernels take at this batch and size on ``device`` (its SMs)."""
     f, m = (int(v) for v in size.split("x"))
-    return ops_gpu.tiles(batch, f, m)
+    return ops_gpu.tiles(batch, f, m, ops_gpu._multiprocessors(device))
 
 
 def main() -> None:
@@ -364,7 +366,7 @@ def main() -> None:
         write_json(args.json, {
             **provenance(command_line(), commit, 0, checksums, time.perf_counter() - started,
                          device),
-            "gpu_kernel_tiles": {f"{b}x{s}": ops_gpu_tiles(b, s) for s in args.sizes
+            "gpu_kernel_tiles": {f"{b}x{s}": ops_gpu_tiles(b, s, device) for s in args.sizes
                                  for b in args.batches} if args.sizes else {},
             "sizes": sizes, "tiles": tile_rows, "epochs": epochs, "projected_studies": studies,
             "units": "frames per second; a frame is one time step of one sequence",
