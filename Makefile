@@ -222,12 +222,16 @@ results-table2-paper: install
 # the mean); then the median pruner replayed on the grids (linmem ablation).
 P_SEL = results/paper-protocol/selected
 P_RESEED = $(T2_RUN) reseed --seeds 1,2,3 --data-dir $(DATA) --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
-P_RUN_OF = $$( [ -d $(P_SEL)/jsb-$$m-per-frame ] && echo $(P_SEL)/jsb-$$m-per-frame || echo $(P_SEL)/jsb-$$m )
+P_RUN_OF = $$( [ -d $(P_SEL)/$$d-$$m-per-frame ] && echo $(P_SEL)/$$d-$$m-per-frame || echo $(P_SEL)/$$d-$$m )
+# the seeds of the per-frame selections: JSB's five models, then the long sets' three, each once its
+# paper-long grid is complete and selected (results-table2-paper)
 results-seeds-paper: install
-	for m in lmn-b lstm pret-lmn-b rnn lmn-a; do $(P_RESEED) $(P_RUN_OF) --out runs/paper-seeds/jsb-$$m; done
+	d=jsb; for m in lmn-b lstm pret-lmn-b rnn lmn-a; do $(P_RESEED) $(P_RUN_OF) --out runs/paper-seeds/$$d-$$m; done
+	for d in piano nottingham musedata; do for m in lmn-b lstm pret-lmn-b; do \
+	  $(P_RESEED) $(P_RUN_OF) --out runs/paper-seeds/$$d-$$m; done; done
 	$(VENV)/bin/linmem publish runs/paper-seeds/*/s*/ --to results/paper-protocol/seeds --name seed
 results-ablation-paper: install
-	for m in lmn-b lstm; do \
+	d=jsb; for m in lmn-b lstm; do \
 	  $(P_RESEED) $(P_RUN_OF) --set batch_size=4 --out runs/paper-ablation/jsb-$$m-batch4; \
 	  $(PY) -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["weight_decay"] != 0)' $(P_RUN_OF)/config.json || \
 	  $(P_RESEED) $(P_RUN_OF) --set loss_reduction=frame --set clip=880 --out runs/paper-ablation/jsb-$$m-summed-loss; \
