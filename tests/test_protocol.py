@@ -157,6 +157,10 @@ def test_a_search_under_the_paper_protocol_has_its_own_studies_and_no_pruner():
     assert SearchConfig(base=TrainConfig(protocol="paper"), pruner="median").pruner == "median"
     assert study_name("jsb", "lmn-b", "paper") == "jsb-lmn-b-paper"  # the existing studies
     assert study_name("jsb", "lmn-b", "paper", "paper") == "jsb-lmn-b-paper@paper"
+    assert study_name("piano", "lmn-b", "paper-long", "paper", {"clip": 0.0568}) == \
+        "piano-lmn-b-paper-long@paper+clip=0.0568"
+    assert study_name("jsb", "lstm", "paper", "paper", {"select": "nll", "batch_size": 4}) == \
+        "jsb-lstm-paper@paper+batch_size=4+select=nll"
 
 
 def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_path, data_dir,

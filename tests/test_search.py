@@ -158,6 +158,30 @@ def test_other_settings_are_refused(tmp_path, data_dir):
         open_study(_config(tmp_path, data_dir, base_cd_k=3), "jsb", "lmn-b")
 
 
+def test_a_departure_from_the_protocol_is_a_study_of_its_own_named_by_it(tmp_path, data_dir):
+    storage = default_storage(tmp_path / "runs")
+    plain = open_study(_config(tmp_path, data_dir), "jsb", "lmn-b")
+    config = _config(tmp_path, data_dir)
+    config.base = replace(config.base, clip=0.0568, patience=7)
+    clipped = open_study(config, "jsb", "lmn-b")
+    assert plain.study_name == "jsb-lmn-b-tiny"
+    assert clipped.study_name == "jsb-lmn-b-tiny+clip=0.0568+patience=7"
+    assert clipped.user_attrs["train"]["clip"] == 0.0568
+    assert plain.user_attrs["train"]["clip"] == 5.0  # untouched beside it
+    assert sorted(optuna.get_all_study_names(storage)) == [plain.study_name, clipped.study_name]
+    # a study of that departure made before names carried it keeps its old name
+    attrs = clipped.user_attrs
+    optuna.delete_study(study_name=plain.study_name, storage=storage)
+    optuna.delete_study(study_name=clipped.study_name, storage=storage)
+    old = optuna.create_study(storage=storage, study_name="jsb-lmn-b-tiny")
+    for key, value in attrs.items():
+        old.set_user_attr(key, value)
+    assert open_study(config, "jsb", "lmn-b").study_name == "jsb-lmn-b-tiny"
+    # ... and one with other settings under the old name gets the new name beside it
+    assert open_study(replace(config, base=replace(config.base, clip=0.1)), "jsb",
+                      "lmn-b").study_name == "jsb-lmn-b-tiny+clip=0.1+patience=7"
+
+
 def test_pret_lmn_points_that_differ_in_memory_share_their_unrolled_network(tmp_path,
                                                                              data_dir):
     """The tiny grid's 4 pret-LMN-B points have 2 unrolled networks (hidden 4 with each weight
@@ -552,6 +576,9 @@ def postgres_url():
         subprocess.run([script, "stop", folder], capture_output=True)
 
 
+WORKER_STUDY = "jsb-lmn-b-tiny+patience=120"  # _worker's study: its patience departs from linmem's
+
+
 def _worker(storage: str, out: Path, data_dir: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "linmem", "search", "--data", "jsb", "--model", "lmn-b",
            "--grid", "tiny", "--subset", "6", "--epochs", "120", "--patience", "120",
@@ -563,7 +590,7 @@ def _worker(storage: str, out: Path, data_dir: Path) -> subprocess.Popen:
 
 def _running_trial_of(storage: str, pid: int, out: Path):
     try:
-        study = optuna.load_study(study_name="jsb-lmn-b-tiny", storage=storage)
+        study = optuna.load_study(study_name=WORKER_STUDY, storage=storage)
     except KeyError:  # not created yet
         return None
     for t in study.get_trials(states=(TrialState.RUNNING,)):
@@ -582,7 +609,7 @@ def test_killed_worker_trial_is_retried_and_every_point_completes_once(
                else request.getfixturevalue("postgres_url"))
     if backend == "postgresql":  # a reused server: start from no study
         try:
-            optuna.delete_study(study_name="jsb-lmn-b-tiny", storage=storage)
+            optuna.delete_study(study_name=WORKER_STUDY, storage=storage)
         except KeyError:
             pass
     out = tmp_path / "runs"
@@ -601,7 +628,7 @@ def test_killed_worker_trial_is_retried_and_every_point_completes_once(
     output = survivor.communicate(timeout=300)[0].decode()
     assert survivor.returncode == 0, output
 
-    study = optuna.load_study(study_name="jsb-lmn-b-tiny", storage=storage)
+    study = optuna.load_study(study_name=WORKER_STUDY, storage=storage)
     points = grid_points("lmn-b", "tiny")
     assert _complete_once(study, points), [(t.number, t.state, trial_point(t))
                                            for t in study.get_trials()]

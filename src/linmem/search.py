@@ -155,27 +155,38 @@ def open_study(config: SearchConfig, data: str, model: str, storage=None):
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=config.prune_startup,
                                           n_warmup_steps=config.prune_warmup)
               if config.pruner == "median" else optuna.pruners.NopPruner())
-    name = study_name(data, model, config.grid, config.base.protocol)
+    attrs = _study_attrs(config, data, model)
+    overrides = config.base.protocol_overrides()
+    name = study_name(data, model, config.grid, config.base.protocol, overrides)
+    if overrides:  # a study made before names carried the departures keeps its name
+        legacy = study_name(data, model, config.grid, config.base.protocol)
+        found = {s.study_name: s.user_attrs for s in optuna.get_all_study_summaries(storage)}
+        if name not in found and legacy in found and not _settings_diff(found[legacy], attrs):
+            name = legacy
     study = optuna.create_study(storage=storage, study_name=name,
                                 direction="maximize", pruner=pruner, load_if_exists=True,
                                 sampler=optuna.samplers.RandomSampler(0))  # params are enqueued
-    attrs = _study_attrs(config, data, model)
     if not study.user_attrs:
         for key, value in attrs.items():
             study.set_user_attr(key, value)
-    else:
-        stored = dict(study.user_attrs)
-        # a setting added to TrainConfig since the study was made counts at its default
-        defaults = asdict(TrainConfig())
-        stored["train"] = {**{k: v for k, v in defaults.items() if k in attrs["train"]},
-                           **stored.get("train", {})}
-        diff = [k for k, v in attrs.items() if stored.get(k) != v]
-        if diff:
-            raise ValueError(
-                f"study {study.study_name!r} in this storage was made with other settings "
-                f"({', '.join(diff)}: {', '.join(repr(stored.get(k)) for k in diff)}); "
-                "use the same options, or another --out/--storage")
+    elif diff := _settings_diff(study.user_attrs, attrs):
+        stored = study.user_attrs
+        raise ValueError(
+            f"study {study.study_name!r} in this storage was made with other settings "
+            f"({', '.join(diff)}: {', '.join(repr(stored.get(k)) for k in diff)}); "
+            "use the same options, or another --out/--storage")
     return study
+
+
+def _settings_diff(stored: dict[str, Any], attrs: dict[str, Any]) -> list[str]:
+    """The keys of a study's user attributes ``attrs`` (:func:`_study_attrs`) in which the
+    ``stored`` ones differ; a setting added to TrainConfig since the study was made counts at
+    its default."""
+    stored = dict(stored)
+    defaults = asdict(TrainConfig())
+    stored["train"] = {**{k: v for k, v in defaults.items() if k in attrs["train"]},
+                       **stored.get("train", {})}
+    return [k for k, v in attrs.items() if stored.get(k) != v]
 
 
 def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.ndarray]],
