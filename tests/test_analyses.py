@@ -143,3 +143,82 @@ def test_first_updates_refuses_what_it_cannot_replay(tmp_path, jsb, data_dir):
     with pytest.raises(SystemExit) as exit_:  # the command's usage error: the same message
         main(["first-updates", str(run), "--data-dir", str(data_dir)])
     assert exit_.value.code == 2
+
+
+def test_replaying_the_epoch_after_the_last_checkpoint_is_the_trainers_next_epoch(
+        tmp_path, jsb, data_dir):
+    """epoch_replay starts from last.pt's weights and Adam's state and takes the trainer's
+    batches of the next epoch: its losses' frame-weighted mean is the training NLL the trainer
+    logged for that epoch when the run went on, and its first gradient norm is the one
+    computed here by hand from last.pt's model. Another clip leaves the first update's
+    gradient as it is and changes the later ones."""
+    from linmem.analyses import epoch_replay
+    from linmem.runs import LAST, load_checkpoint
+
+    config = TrainConfig(data="jsb", model="lmn-b", hidden=6, memory=6, batch_size=32,
+                         epochs=1, protocol="paper", clip=0.01, loss_reduction="mean")
+    run, longer = tmp_path / "run", tmp_path / "longer"
+    train(config, run, progress=False, data=jsb)
+    train(config, longer, progress=False, data=jsb)
+    train(TrainConfig(**{**config.__dict__, "epochs": 2}), longer, resume=True, progress=False,
+          data=jsb)
+    second = json.loads((longer / "log.jsonl").read_text().splitlines()[1])
+    assert second["epoch"] == 2
+
+    result = epoch_replay(run, clips=(0.01, None), data=jsb)
+    assert result["epoch"] == 2 and result["data_sha256"] is None
+    own, free = result["replays"]
+    assert own["finite"] and free["finite"] and own["clip"] == 0.01 and free["clip"] is None
+    rows = own["updates"]
+    assert len(rows) == len(epoch_plan(config, [len(s) for s in jsb["train"]], 2)[0])
+    mean = sum(r["loss"] * r["frames"] for r in rows) / sum(r["frames"] for r in rows)
+    assert mean == pytest.approx(second["train_nll"], rel=1e-6)
+
+    model, _ = load_run_model(run, "last")
+    seqs = [s for s in jsb["train"] if len(s) >= 2]
+    batches, shifts = epoch_plan(config, [len(s) for s in seqs], 2)
+    batch = training_batch(seqs, batches[0], shifts, config)
+    model.train()
+    (model.training_loss(batch) / 88).backward()
+    norm = np.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in model.parameters()))
+    assert rows[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    assert free["updates"][0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    assert rows[0]["grad_norm"] > 0.01  # so the clip acted, and the replays part after it
+    assert free["updates"][1]["grad_norm"] != pytest.approx(rows[1]["grad_norm"], rel=1e-6)
+    # the checkpoint is untouched by the replays (Adam's moments are copied, not shared)
+    state = load_checkpoint(run / LAST, "cpu")["optimizer"]["state"]
+    assert int(state[0]["step"]) == len(rows)
+
+
+def test_replay_epoch_command_and_a_diverging_epoch(tmp_path, jsb, data_dir):
+    """The command writes every update and the table; an epoch whose loss or gradient stops
+    being finite ends there, and the table says at which update and which of the two."""
+    from linmem.analyses import epoch_replay, epoch_replay_markdown
+
+    run = tmp_path / "run"
+    train(TrainConfig(data="jsb", model="lmn-b", hidden=8, memory=8, batch_size=64, epochs=1,
+                      clip=None), run, progress=False, data=jsb)
+    out = tmp_path / "replay"
+    main(["replay-epoch", str(run), "--clip", "none", "--clip", "2", "--data-dir",
+          str(data_dir), "--out", str(out)])
+    (result,) = json.loads((out / "replay-epoch.json").read_text())
+    assert [r["clip"] for r in result["replays"]] == [None, 2.0]
+    assert result["data_sha256"] == data_checksum("jsb", data_dir)
+    table = (out / "replay-epoch.md").read_text()
+    assert "| none |" in table and "| 2 |" in table and table.count("the epoch's end") == 2
+
+    # a memory that doubles every step overflows float32 within JSB's longer sequences
+    ckpt = torch.load(run / "last.pt", weights_only=False)
+    ckpt["model"]["core.weight_mm_l0"] = 2 * torch.eye(8)
+    torch.save(ckpt, run / "last.pt")
+    blown = epoch_replay(run, data=jsb)
+    (replay,) = blown["replays"]
+    assert not replay["finite"] and len(replay["updates"]) >= 1
+    text = epoch_replay_markdown([blown])
+    assert f"not finite at update {len(replay['updates'])}" in text
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["replay-epoch", str(run), "--clip", "-1", "--data-dir", str(data_dir)])
+    assert exit_.value.code == 2
+    with pytest.raises(FileNotFoundError, match=r"no last\.pt"):
+        epoch_replay(tmp_path / "nothing", data=jsb)

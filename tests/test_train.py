@@ -189,8 +189,8 @@ def test_non_finite_validation_outputs_are_a_divergence(tmp_path, small, monkeyp
     calls = []
     update = linmem.train._update
 
-    def poisoned_update(model, optimizer, loss, clip, scale=1.0):
-        out = update(model, optimizer, loss, clip, scale)
+    def poisoned_update(model, optimizer, loss, clip, scale=1.0, norms=None):
+        out = update(model, optimizer, loss, clip, scale, norms)
         calls.append(out)
         if len(calls) == 8:  # the last update of epoch 2 (4 batches per epoch)
             with torch.no_grad():

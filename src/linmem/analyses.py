@@ -7,6 +7,9 @@
   have selected, from the runs' logs.
 - :func:`first_updates` (``linmem first-updates``): the first updates of training replayed from a
   run's initial weights.
+- :func:`epoch_replay` (``linmem replay-epoch``): the epoch after a run's last checkpoint (the
+  one a diverged run stopped in) replayed update by update, with the gradient's norm before
+  clipping: where a divergence starts, and whether another clip would have stopped it.
 - :func:`previous_frame_report` (``linmem baseline``): predicting each frame by the one before,
   computed from the data.
 
@@ -60,6 +63,8 @@ from .train import (
 
 __all__ = [
     "STARTS",
+    "epoch_replay",
+    "epoch_replay_markdown",
     "first_updates",
     "first_updates_markdown",
     "memory_markdown",
@@ -197,6 +202,101 @@ def first_updates(run_dir: str | Path, updates: int = 20, lrs: Sequence[float] =
             "replays": replays, **record,
             "units": "accuracy in percent; NLL in nats per step; loss: the training loss of "
                      "each update (nats per step)"}
+
+
+def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
+                 data: dict[str, list[np.ndarray]] | None = None, data_dir: str | None = None,
+                 device: str | torch.device = "cpu", command: str | None = None
+                 ) -> dict[str, Any]:
+    """Replay the epoch after the one ``run_dir``'s ``last.pt`` holds, from its weights and
+    optimizer state, with the trainer's batches in the trainer's order, once per gradient-norm
+    clip of ``clips`` (None: no clipping; none given: the run's own). For a run that stopped
+    diverged this is the epoch it diverged in.
+
+    Returns for each clip every update's training loss (nats per step, unscaled; None where it
+    was not finite), the gradient's norm before clipping (of the loss that is minimised), the
+    recurrent radius after the update (:func:`recurrent_radius`), the longest sequence of its
+    batch and the frames the loss averaged over; a replay stops at the first non-finite loss
+    or gradient (training stops at the first; the second would leave NaN weights). With the
+    provenance.
+    """
+    started = time.perf_counter()
+    run_dir, device = Path(run_dir), check_device(device)
+    if not (run_dir / LAST).is_file():
+        raise FileNotFoundError(f"{run_dir} has no {LAST}: nothing to replay from")
+    config = TrainConfig.from_run(run_dir)
+    if any(c is not None and not c > 0 for c in clips):
+        raise ValueError(f"clips must be positive (or None: no clipping): {list(clips)}")
+    checkpoint = load_checkpoint(run_dir / LAST, device)
+    epoch = checkpoint["state"]["epoch"] + 1
+    root = data_dir or config.data_dir
+    from_file = data is None
+    if from_file:
+        data = load_polyphonic(config.data, root=root, progress=False)
+    train_seqs = [s for s in data["train"] if len(s) >= 2]
+    batches, shifts = epoch_plan(config, [len(s) for s in train_seqs], epoch)
+    replays = []
+    for clip in clips or (config.clip,):
+        run_config = replace(config, clip=clip)
+        model = load_run_model(run_dir, "last", device)[0]
+        model.train()
+        optimizer = make_optimizer(model.parameters(), run_config)
+        # a copy: Adam's moments would be the checkpoint's own tensors, updated in place
+        optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))
+        torch.manual_seed(config.seed + epoch)  # dropout draws repeat from replay to replay
+        rows: list[dict[str, Any]] = []
+        for idx in batches:
+            batch = training_batch(train_seqs, idx, shifts, run_config).to(device)
+            norms: list[float] = []
+            for loss, part in batch_updates(model, optimizer, batch, run_config, norms):
+                rows.append({"update": len(rows) + 1, "steps": int(part.mask.sum(1).max()),
+                             "frames": int(part.mask.sum()),
+                             "loss": loss, "grad_norm": norms[-1] if loss is not None else None,
+                             "radius": recurrent_radius(model)})
+                if loss is None or not np.isfinite(rows[-1]["grad_norm"]):
+                    break
+            if rows and (rows[-1]["loss"] is None or not np.isfinite(rows[-1]["grad_norm"])):
+                break
+        finite = bool(rows) and rows[-1]["loss"] is not None and bool(
+            np.isfinite(rows[-1]["grad_norm"]))
+        replays.append({"clip": clip, "updates": rows, "finite": finite})
+    checksum = data_checksum(config.data, root) if from_file else None
+    record = provenance(command or command_line(), git_commit(), config.seed, checksum,
+                        time.perf_counter() - started, device)
+    return {"run_dir": str(run_dir), "dataset": config.data, "model": config.model,
+            "hidden": config.hidden, "memory": config.memory, "epoch": epoch,
+            "run_clip": config.clip, "loss_reduction": config.loss_reduction,
+            "replays": replays, **record,
+            "units": "loss: the training loss of each update in nats per step (summed over the "
+                     "keys); grad_norm: the norm of the gradient of the loss that is minimised "
+                     "(loss_reduction), before clipping; steps: the batch's longest sequence"}
+
+
+def epoch_replay_markdown(results: Sequence[dict], command: str | None = None,
+                          spikes: int = 5) -> str:
+    """:func:`epoch_replay`'s results: per run and clip, how the epoch ended, and the updates
+    with the ``spikes`` largest gradient norms, in order."""
+    lines = ["| run | epoch | clip | updates | ended | largest gradient norms (update: "
+             "steps, loss, norm, radius after) |", "|---|---:|---:|---:|---|---|"]
+    for r in results:
+        for rep in r["replays"]:
+            rows = rep["updates"]
+            ok = [u for u in rows if u["grad_norm"] is not None]
+            top = sorted(sorted(ok, key=lambda u: -u["grad_norm"])[:spikes],
+                         key=lambda u: u["update"])
+            cells = "; ".join(
+                f"{u['update']}: {u['steps']}, {u['loss']:.3g}, {u['grad_norm']:.3g}, "
+                + ("–" if u["radius"] is None else f"{u['radius']:.3f}") for u in top)
+            last = rows[-1] if rows else None
+            ended = ("the epoch's end" if rep["finite"] else
+                     f"not finite at update {last['update']} ({last['steps']} steps: "
+                     + ("loss" if last["loss"] is None else "gradient") + ")")
+            clip = "none" if rep["clip"] is None else f"{rep['clip']:g}"
+            lines.append(f"| {r['run_dir']} | {r['epoch']} | {clip} | {len(rows)} | {ended} | "
+                         f"{cells} |")
+    if results:
+        lines += ["", f"{results[0]['units']}."]
+    return "\n".join(lines + made_by(command)) + "\n"
 
 
 def _checkpoint_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -39,6 +39,8 @@ from ._io import (
 from .ablation import write_ablation
 from .analyses import (
     STARTS,
+    epoch_replay,
+    epoch_replay_markdown,
     first_updates,
     first_updates_markdown,
     memory_markdown,
@@ -132,6 +134,51 @@ def first_updates_cmd(run_dirs: tuple[str, ...], updates: int, lrs: tuple[float,
     if out is not None:
         write_json(Path(out) / "first-updates.json", results)
         with atomic_write(Path(out) / "first-updates.md", "w") as f:
+            f.write(text)
+    click.echo(text, nl=False)
+
+
+def _clips(ctx, param, values):
+    """``--clip`` of replay-epoch: positive numbers or 'none' (no clipping), repeatable."""
+    out = []
+    for value in values:
+        if str(value).lower() in ("none", "off"):
+            out.append(None)
+            continue
+        try:
+            clip = float(value)
+        except ValueError:
+            clip = float("nan")
+        if not clip > 0:
+            raise click.BadParameter(f"must be a positive number or 'none', got {value!r}")
+        out.append(clip)
+    return tuple(out)
+
+
+@click.command("replay-epoch")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--clip", "clips", multiple=True, callback=_clips, metavar="FLOAT|none",
+              help="A gradient-norm clip to replay with (repeatable; 'none': no clipping) "
+                   "[default: each run's own].")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Also write OUT/replay-epoch.json (every update) and OUT/replay-epoch.md.")
+def replay_epoch_cmd(run_dirs: tuple[str, ...], clips: tuple[float | None, ...],
+                     data_dir: str | None, device: str, out: str | None) -> None:
+    """Where a run diverged: replays the epoch after each run's last checkpoint (for a diverged
+    run, the epoch it stopped in) update by update, and prints how it ended and the largest
+    gradient norms before clipping, once per --clip."""
+    command = command_line()
+    try:
+        results = [epoch_replay(run, clips, data_dir=data_dir, device=device, command=command)
+                   for run in run_dirs]
+    except (DataError, ValueError, FileNotFoundError) as err:
+        raise UsageFailure(str(err)) from None
+    text = epoch_replay_markdown(results, command)
+    if out is not None:
+        write_json(Path(out) / "replay-epoch.json", results)
+        with atomic_write(Path(out) / "replay-epoch.md", "w") as f:
             f.write(text)
     click.echo(text, nl=False)
 
@@ -580,6 +627,7 @@ COMMANDS = (
     ablation_cmd,
     analyze_pretraining_cmd,
     first_updates_cmd,
+    replay_epoch_cmd,
     search_cmd,
     report_cmd,
     progress_cmd,

@@ -128,17 +128,20 @@ def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
-               clip: float | None = None, scale: float = 1.0) -> float | None:
+               clip: float | None = None, scale: float = 1.0,
+               norms: list[float] | None = None) -> float | None:
     """One update on ``batch`` (already on the model's device): the model's
     ``training_loss(batch)`` (the masked NLL; the RNN-RBM's contrastive-divergence cost) times
     ``scale`` (:meth:`TrainConfig.loss_scale`), backward, optional gradient-norm clipping,
-    optimizer step. Returns the unscaled loss, or None (and no update) when it is not finite."""
-    return _update(model, optimizer, model.training_loss(batch), clip, scale)
+    optimizer step. Returns the unscaled loss, or None (and no update) when it is not finite.
+    ``norms``: when given, the gradient's norm before clipping is appended to it (a
+    diagnostic: :func:`linmem.analyses.epoch_replay`)."""
+    return _update(model, optimizer, model.training_loss(batch), clip, scale, norms)
 
 
 def chunked_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
-                  chunk: int, clip: float | None = None, scale: float = 1.0
-                  ) -> Iterator[tuple[float | None, Batch]]:
+                  chunk: int, clip: float | None = None, scale: float = 1.0,
+                  norms: list[float] | None = None) -> Iterator[tuple[float | None, Batch]]:
     """Truncated backpropagation through time over ``batch``: one update per window of
     ``chunk`` steps (the model's ``chunk_loss(window, state)``, times ``scale``), the state
     carried from window to window without gradient. Yields ``(unscaled loss or None if not
@@ -146,18 +149,19 @@ def chunked_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batc
     state = None
     for window in batch.windows(chunk):
         loss, state = model.chunk_loss(window, state)  # state: detached by the model
-        yield _update(model, optimizer, loss, clip, scale), window
+        yield _update(model, optimizer, loss, clip, scale, norms), window
 
 
 def batch_updates(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
-                  config: TrainConfig) -> Iterable[tuple[float | None, Batch]]:
+                  config: TrainConfig, norms: list[float] | None = None
+                  ) -> Iterable[tuple[float | None, Batch]]:
     """The updates of ``config``'s training on ``batch``: one on the whole sequences, or one
     per window of ``config.chunk`` steps (:func:`chunked_steps`). Yields ``(loss or None if not
-    finite, the part of the batch it was computed on)``."""
+    finite, the part of the batch it was computed on)``; ``norms``: :func:`train_step`'s."""
     scale = config.loss_scale(batch.targets.shape[-1])
     if config.chunk is None:
-        return [(train_step(model, optimizer, batch, config.clip, scale), batch)]
-    return chunked_steps(model, optimizer, batch, config.chunk, config.clip, scale)
+        return [(train_step(model, optimizer, batch, config.clip, scale, norms), batch)]
+    return chunked_steps(model, optimizer, batch, config.chunk, config.clip, scale, norms)
 
 
 def epoch_plan(config: TrainConfig, lengths: Sequence[int],
@@ -181,13 +185,19 @@ def training_batch(train_seqs: Sequence[np.ndarray], idx: Sequence[int], shifts:
 
 
 def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
-            clip: float | None, scale: float = 1.0) -> float | None:
+            clip: float | None, scale: float = 1.0,
+            norms: list[float] | None = None) -> float | None:
     if not torch.isfinite(loss):
         return None
     optimizer.zero_grad(set_to_none=True)
     (loss * scale if scale != 1.0 else loss).backward()
     if clip is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    elif norms is not None:
+        norm = torch.nn.utils.get_total_norm(
+            [p.grad for p in model.parameters() if p.grad is not None])
+    if norms is not None:
+        norms.append(float(norm))
     optimizer.step()
     return loss.item()
 
