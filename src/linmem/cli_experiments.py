@@ -130,10 +130,15 @@ def first_updates_cmd(run_dirs: tuple[str, ...], updates: int, lrs: tuple[float,
                                  command=command) for run in run_dirs for start in starts]
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
-    text = first_updates_markdown(results, command)
+    _emit(results, first_updates_markdown(results, command), out, "first-updates")
+
+
+def _emit(results: list[dict], text: str, out: str | None, name: str) -> None:
+    """Print a diagnostic's table ``text``; with ``out``, also write OUT/NAME.json (the
+    ``results``) and OUT/NAME.md (the table)."""
     if out is not None:
-        write_json(Path(out) / "first-updates.json", results)
-        with atomic_write(Path(out) / "first-updates.md", "w") as f:
+        write_json(Path(out) / f"{name}.json", results)
+        with atomic_write(Path(out) / f"{name}.md", "w") as f:
             f.write(text)
     click.echo(text, nl=False)
 
@@ -175,12 +180,7 @@ def replay_epoch_cmd(run_dirs: tuple[str, ...], clips: tuple[float | None, ...],
                    for run in run_dirs]
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
-    text = epoch_replay_markdown(results, command)
-    if out is not None:
-        write_json(Path(out) / "replay-epoch.json", results)
-        with atomic_write(Path(out) / "replay-epoch.md", "w") as f:
-            f.write(text)
-    click.echo(text, nl=False)
+    _emit(results, epoch_replay_markdown(results, command), out, "replay-epoch")
 
 
 _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow to import)
