@@ -28,6 +28,7 @@ __all__ = [  # shared by linmem.cli and linmem.cli_experiments
     "UsageFailure",
     "_ModelChoice",
     "_clip",
+    "_clips",
     "_integers",
     "_needs_matplotlib",
     "_opened_storage",
@@ -158,9 +159,8 @@ def _protocol_values(field: str) -> str:
     return ", ".join(f"{getattr(p, field)} ({p.name})" for p in PROTOCOLS.values())
 
 
-def _clip(ctx, param, value):
-    if value is None:
-        return FROM_PROTOCOL  # not given
+def _clip_value(value: str) -> float | None:
+    """A ``--clip`` value: a positive number, or None ('none', '0', 'off'): no clipping."""
     if str(value).lower() in ("none", "0", "off"):
         return None
     try:
@@ -170,6 +170,15 @@ def _clip(ctx, param, value):
     if not clip > 0:
         raise click.BadParameter(f"must be a positive number or 'none', got {value!r}")
     return clip
+
+
+def _clip(ctx, param, value):
+    return FROM_PROTOCOL if value is None else _clip_value(value)  # None: not given
+
+
+def _clips(ctx, param, values):
+    """A repeatable ``--clip`` (linmem replay-epoch): each value as :func:`_clip_value`."""
+    return tuple(_clip_value(v) for v in values)
 
 
 # how the command line reads a field where its declared kind is not enough

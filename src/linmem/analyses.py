@@ -235,31 +235,34 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
         data = load_polyphonic(config.data, root=root, progress=False)
     train_seqs = [s for s in data["train"] if len(s) >= 2]
     batches, shifts = epoch_plan(config, [len(s) for s in train_seqs], epoch)
-    replays = []
-    for clip in clips or (config.clip,):
-        run_config = replace(config, clip=clip)
-        model = load_run_model(run_dir, "last", device)[0]
-        model.train()
+    model = load_run_model(run_dir, "last", device)[0]
+    model.train()
+
+    def updates(run_config: TrainConfig) -> Iterator[dict[str, Any]]:
+        """The epoch's updates from last.pt's weights and Adam's state, one row each."""
+        model.load_state_dict(checkpoint["model"])  # copied into the parameters
         optimizer = make_optimizer(model.parameters(), run_config)
         # a copy: Adam's moments would be the checkpoint's own tensors, updated in place
         optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))
         torch.manual_seed(config.seed + epoch)  # dropout draws repeat from replay to replay
-        rows: list[dict[str, Any]] = []
         for idx in batches:
             batch = training_batch(train_seqs, idx, shifts, run_config).to(device)
             norms: list[float] = []
             for loss, part in batch_updates(model, optimizer, batch, run_config, norms):
-                rows.append({"update": len(rows) + 1, "steps": int(part.mask.sum(1).max()),
-                             "frames": int(part.mask.sum()),
-                             "loss": loss, "grad_norm": norms[-1] if loss is not None else None,
-                             "radius": recurrent_radius(model)})
-                if loss is None or not np.isfinite(rows[-1]["grad_norm"]):
-                    break
-            if rows and (rows[-1]["loss"] is None or not np.isfinite(rows[-1]["grad_norm"])):
+                yield {"steps": int(part.mask.sum(1).max()), "frames": int(part.mask.sum()),
+                       "loss": loss, "grad_norm": None if loss is None else norms[-1],
+                       "radius": recurrent_radius(model)}
+
+    replays = []
+    for clip in clips or (config.clip,):
+        rows: list[dict[str, Any]] = []
+        finite = True
+        for number, row in enumerate(updates(replace(config, clip=clip)), 1):
+            rows.append({"update": number, **row})
+            if row["loss"] is None or not np.isfinite(row["grad_norm"]):
+                finite = False
                 break
-        finite = bool(rows) and rows[-1]["loss"] is not None and bool(
-            np.isfinite(rows[-1]["grad_norm"]))
-        replays.append({"clip": clip, "updates": rows, "finite": finite})
+        replays.append({"clip": clip, "updates": rows, "finite": finite and bool(rows)})
     checksum = data_checksum(config.data, root) if from_file else None
     record = provenance(command or command_line(), git_commit(), config.seed, checksum,
                         time.perf_counter() - started, device)

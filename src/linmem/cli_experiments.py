@@ -16,6 +16,7 @@ from ._cli_common import (
     _DEFAULT,
     SEARCH_FIELDS,
     UsageFailure,
+    _clips,
     _integers,
     _ModelChoice,
     _needs_matplotlib,
@@ -141,23 +142,6 @@ def _emit(results: list[dict], text: str, out: str | None, name: str) -> None:
         with atomic_write(Path(out) / f"{name}.md", "w") as f:
             f.write(text)
     click.echo(text, nl=False)
-
-
-def _clips(ctx, param, values):
-    """``--clip`` of replay-epoch: positive numbers or 'none' (no clipping), repeatable."""
-    out = []
-    for value in values:
-        if str(value).lower() in ("none", "off"):
-            out.append(None)
-            continue
-        try:
-            clip = float(value)
-        except ValueError:
-            clip = float("nan")
-        if not clip > 0:
-            raise click.BadParameter(f"must be a positive number or 'none', got {value!r}")
-        out.append(clip)
-    return tuple(out)
 
 
 @click.command("replay-epoch")
