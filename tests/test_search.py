@@ -1022,3 +1022,51 @@ def test_progress_projects_a_planned_study_from_the_probes(tmp_path):
     # without probes, as before: nothing to project the planned LMN from
     assert project_points([{**jsb, "model": "lmn-b"}, {**planned, "model": "lmn-b"}]
                           )[1]["left_from"] is None
+
+
+def test_the_probes_come_before_whole_runs_ratios_that_divergences_distort(tmp_path):
+    """A planned study with nothing finished is projected from the probes (an epoch's measured
+    cost) before the whole runs' ratio of two data sets' costs: runs that diverged early on one
+    set make that ratio say the set is cheap for every model (here muse's LMN points stopped
+    after a few epochs, so the ratio of finished totals is 1 where an epoch costs 4 times
+    piano's); a running point is projected at its own size."""
+    import json
+
+    from linmem.progress import probe_ratios, project_points
+
+    for name, data, model, hidden, epochs in (("piano-lmn", "piano", "lmn-b", 250, [2.0]),
+                                              ("muse-lmn", "muse", "lmn-b", 250, [8.0]),
+                                              ("piano-lstm", "piano", "lstm", 750, [30.0]),
+                                              ("muse-lstm", "muse", "lstm", 750, [120.0])):
+        d = tmp_path / "probes" / name
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"data": data, "model": model}))
+        (d / "metrics.json").write_text(json.dumps({"dataset": data, "model": model,
+                                                    "hidden": hidden, "memory": None}))
+        (d / "log.jsonl").write_text("".join(json.dumps({"epoch": i + 1, "epoch_cpu_s": c})
+                                             + "\n" for i, c in enumerate(epochs)))
+    ratios = probe_ratios([tmp_path / "probes"])
+    assert ratios[("muse", "piano", "recurrent")] == pytest.approx(4.0)
+
+    def study(data, model, finished=(), params=(), todo=(), running=(), running_params=()):
+        return {"dataset": data, "model": model, "grid": "paper-long",
+                "finished_cpu_s": list(finished), "finished_params": list(params),
+                "running_cpu_s": list(running), "running_params": list(running_params),
+                "todo": len(todo), "todo_params": list(todo)}
+
+    records = project_points([
+        study("piano", "lmn-b", [100.0, 100.0], [1000, 1000]),
+        study("muse", "lmn-b", [100.0, 100.0], [1000, 1000]),  # cut short: the same totals
+        study("piano", "lstm", [30.0, 60.0], [100, 200]),  # a = 1: 0.3 s per parameter
+        study("muse", "lstm", todo=[100, 300], running=[50.0], running_params=[400]),
+    ], ratios)
+    lstm = records[3]
+    assert lstm["left_from"] == "probe"
+    assert lstm["mean_point_cpu_s"] == pytest.approx((30.0 + 90.0) / 2 * 4.0)
+    assert lstm["left_cpu_s"] == pytest.approx((30.0 + 90.0) * 4.0 + (120.0 * 4.0 - 50.0))
+    # without the probes the whole runs' ratio (1) projects it at piano's cost
+    plain = project_points([study("piano", "lmn-b", [100.0], [1000]),
+                            study("muse", "lmn-b", [100.0], [1000]),
+                            study("piano", "lstm", [30.0, 60.0], [100, 200]),
+                            study("muse", "lstm", todo=[100, 300])])[3]
+    assert plain["left_from"] == "model" and plain["mean_point_cpu_s"] == pytest.approx(45.0)

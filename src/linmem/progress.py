@@ -138,20 +138,21 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "to the study's finished points (complete, pruned or failed; the column shows "
               "their mean) by least squares on the logs, within [0, 2], 1 when they are all of "
               "one size, and c such that they add up to their CPU time; for a study with none, "
-              "its model's mean on the other data sets scaled by the two data sets' cost ratio "
-              "over the models both have finished (\"model's, scaled\"), else the same from its "
-              "model's points in another grid, the ratio then over the models finished in both "
-              "grids (\"model's in another grid, scaled\"), else, with probes (`--probe`: "
-              "short runs of one configuration on two data sets), each point at the cost "
-              "c * n ** a fitted to its model's finished points on another data set times the "
-              "probes' ratio of their epochs' CPU time there and here, for the models with a "
-              "memory from an LMN's probes and for the others from the others' (\"model's on "
-              "another data set, by size, x the probes\"), else its data set's mean over "
-              "every model. Seeds still to run (`--plan-seeds`): each at the CPU time of the "
-              "study's selected run, with its unrolled network's when it read that from the "
-              "cache (a seed trains its own), or at its trial's stored time when the run is "
-              "on another machine (\"trial's stored time\"); the seeds run so far count as single "
-              "runs. A single run still to make "
+              "with probes (`--probe`: short runs of one configuration on two data sets), each "
+              "point at the cost c * n ** a fitted to its model's finished points on another "
+              "data set times the probes' ratio of their epochs' CPU time there and here, for "
+              "the models with a memory from an LMN's probes and for the others from the "
+              "others' (\"model's on another data set, by size, x the probes\": an epoch's cost "
+              "measured, where whole runs' costs carry how long they ran, short for runs that "
+              "diverge), else its model's mean on the other data sets scaled by the two data "
+              "sets' cost ratio over the models both have finished (\"model's, scaled\"), else "
+              "the same from its model's points in another grid, the ratio then over the models "
+              "finished in both grids (\"model's in another grid, scaled\"), else its data set's "
+              "mean over every model. Seeds still to run (`--plan-seeds`): each at the CPU "
+              "time of the study's selected run, with its unrolled network's when it read "
+              "that from the cache (a seed trains its own), or at its trial's stored time when "
+              "the run is on another machine (\"trial's stored time\"); the seeds run so far "
+              "count as single runs. A single run still to make "
               "(`--plan-run`, an RNN-RBM): another data set's run of the same configuration, its "
               "epochs scaled by the two data sets' training and validation frames, its final "
               "scoring as it is (a fixed sample of frames for the AIS), its expected accuracy's "
@@ -330,17 +331,20 @@ def project_points(records: list[dict],
       :func:`progress_records` does), each point left costs instead what :func:`size_cost`
       fits to the finished points' sizes and CPU seconds (``study, by size``: a study whose
       small points finished first is not projected at their mean);
-    - ``model``: none finished yet, its model's finished points in the same grid on other data
-      sets, each data set's mean scaled by the ratio of the two data sets' costs over the
-      models both have finished (a data set with longer sequences costs more for every model),
-      averaged over those data sets;
+    - ``probe``: none finished yet and ``probes`` given (:func:`probe_ratios`): each point
+      left at what :func:`size_cost` fits to its model's finished points on another data set,
+      times the probes' ratio of the two data sets' epoch costs for its family (averaged over
+      the data sets that have both); the record must give ``todo_params``. It comes before
+      the whole runs' ratios below: a probe measures an epoch's cost, while a ratio of whole
+      runs' costs carries how many epochs they ran (runs that diverge early on one data set
+      make it look cheap for every model);
+    - ``model``: else its model's finished points in the same grid on other data sets, each
+      data set's mean scaled by the ratio of the two data sets' costs over the models both
+      have finished (a data set with longer sequences costs more for every model), averaged
+      over those data sets;
     - ``model, other grid``: else the same from its model's points in another grid (the
       ratio then over the models finished in both studies' grids: it carries the grids'
       difference in sizes too);
-    - ``probe``: else, with ``probes`` (:func:`probe_ratios`), each point left at what
-      :func:`size_cost` fits to its model's finished points on another data set, times the
-      probes' ratio of the two data sets' epoch costs for its family (averaged over the data
-      sets that have both); the record must give ``todo_params``;
     - ``data set``: else the mean of its data set's finished points of every model (a
       pret-LMN point costs several of an RNN's: the coarsest estimate);
     - None: nothing finished to project from."""
@@ -363,7 +367,8 @@ def project_points(records: list[dict],
                                  / sum(finished[(other, g, n)] for n in both))
         return mean(estimates)
 
-    def probed(r: dict) -> list[float] | None:
+    def probed(r: dict) -> tuple[list[float], list[float]] | None:
+        """The probes' costs of ``r``'s points to do and running (their sizes), or None."""
         if not probes or r.get("todo_params") is None:
             return None
         fits = []
@@ -373,8 +378,16 @@ def project_points(records: list[dict],
                 fit = size_cost(q["finished_params"], q["finished_cpu_s"])
                 if fit is not None:
                     fits.append((fit, ratio))
-        return ([sum(f(n) * k for f, k in fits) / len(fits) for n in r["todo_params"]]
-                if fits and r["todo_params"] else None)
+        if not fits or not r["todo_params"]:
+            return None
+
+        def cost(n: float) -> float:
+            return sum(f(n) * k for f, k in fits) / len(fits)
+
+        todo = [cost(n) for n in r["todo_params"]]
+        running = r.get("running_params") or []
+        return todo, ([cost(n) for n in running] if len(running) == len(r["running_cpu_s"])
+                      else [sum(todo) / len(todo)] * len(r["running_cpu_s"]))
 
     for r in records:
         grid, here = r["grid"], r["dataset"]
@@ -382,9 +395,9 @@ def project_points(records: list[dict],
         mates = [s for q in records if q["dataset"] == here and q["grid"] == grid
                  for s in q["finished_cpu_s"]]
         sources = (("study", mean(r["finished_cpu_s"])),
+                   ("probe", mean(by_probe[0]) if by_probe else None),
                    ("model", scaled(here, grid, r["model"], True)),
                    ("model, other grid", scaled(here, grid, r["model"], False)),
-                   ("probe", mean(by_probe) if by_probe else None),
                    ("data set", mean(mates)))  # the first with something to project from
         r["left_from"], per = next(((how, v) for how, v in sources if v is not None),
                                    (None, None))
@@ -399,7 +412,7 @@ def project_points(records: list[dict],
             running, todo = ([cost(n) for n in ns] for ns in sizes[1:])
             r["left_from"] = "study, by size"
         elif r["left_from"] == "probe":
-            todo = by_probe
+            todo, running = by_probe
         r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
                            0.0 if per is None else
                            sum(todo) + sum(max(c - s, 0.0) for c, s
