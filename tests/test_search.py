@@ -1024,6 +1024,42 @@ def test_progress_projects_a_planned_study_from_the_probes(tmp_path):
                           )[1]["left_from"] is None
 
 
+def test_seeds_of_a_study_that_selected_nothing_yet_cost_its_dearest_point():
+    """A study's seeds while it has selected nothing: each at its dearest point, finished,
+    running (what it has logged, when above its projection) or to do (projected by size); a
+    study with nothing to project from leaves them unprojected, and a selection's own
+    projection is kept."""
+    from linmem.progress import _project_unselected_seeds, project_points
+
+    study = {"study": "muse-lstm-g@paper", "dataset": "muse", "model": "lstm", "grid": "g",
+             "finished_cpu_s": [10.0, 20.0], "finished_params": [100, 200],  # 0.1 s/param
+             "running_cpu_s": [70.0, 5.0], "running_params": [300, 400], "todo": 1,
+             "todo_params": [600]}
+    empty = {"study": "muse-gru-g@paper", "dataset": "nowhere", "model": "gru", "grid": "h",
+             "finished_cpu_s": [], "running_cpu_s": [], "todo": 2}
+    records = project_points([study, empty])
+    assert records[0]["left_from"] == "study, by size"
+    assert records[0]["left_cpu_s"] == pytest.approx(0.0 + 35.0 + 60.0)
+    assert records[0]["dearest_point_cpu_s"] == pytest.approx(70.0)  # running, past 30
+    records[0]["todo_params"] = [900]
+    assert project_points([records[0]])[0]["dearest_point_cpu_s"] == pytest.approx(90.0)
+
+    def seeds(name, per=None):
+        return {"study": f"{name} seeds", "todo": 3, "mean_point_cpu_s": per,
+                "left_from": "selected run", "left_cpu_s": None if per is None else 3 * per}
+
+    record = seeds("muse-lstm-g@paper")
+    _project_unselected_seeds(record, records)
+    assert (record["left_from"], record["mean_point_cpu_s"], record["left_cpu_s"]) == (
+        "dearest point", pytest.approx(90.0), pytest.approx(270.0))
+    unknown = seeds("muse-gru-g@paper")
+    _project_unselected_seeds(unknown, records)
+    assert unknown["left_cpu_s"] is None and unknown["left_from"] == "selected run"
+    chosen = seeds("muse-lstm-g@paper", per=5.0)
+    _project_unselected_seeds(chosen, records)
+    assert chosen["left_cpu_s"] == 15.0
+
+
 def test_the_probes_come_before_whole_runs_ratios_that_divergences_distort(tmp_path):
     """A planned study with nothing finished is projected from the probes (an epoch's measured
     cost) before the whole runs' ratio of two data sets' costs: runs that diverged early on one

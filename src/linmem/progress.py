@@ -100,7 +100,9 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
                                               "run, scaled": " (another data set's run, "
                                                              "scaled)",
                                               "probe": " (model's on another data set, by "
-                                                       "size, x the probes)"
+                                                       "size, x the probes)",
+                                              "dearest point": " (the study's dearest point, "
+                                                               "projected)"
                                               }.get(r["left_from"], "")
         if r["mean_point_cpu_s"] is None and r["left_cpu_s"] == 0.0:
             per = "–"  # nothing left, nothing to project from
@@ -151,8 +153,10 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "mean over every model. Seeds still to run (`--plan-seeds`): each at the CPU "
               "time of the study's selected run, with its unrolled network's when it read "
               "that from the cache (a seed trains its own), or at its trial's stored time when "
-              "the run is on another machine (\"trial's stored time\"); the seeds run so far "
-              "count as single runs. A single run still to make "
+              "the run is on another machine (\"trial's stored time\"), and while the study "
+              "has selected nothing, at its dearest point, finished or projected (\"the "
+              "study's dearest point, projected\"); the seeds run so far count as single runs. "
+              "A single run still to make "
               "(`--plan-run`, an RNN-RBM): another data set's run of the same configuration, its "
               "epochs scaled by the two data sets' training and validation frames, its final "
               "scoring as it is (a fixed sample of frames for the AIS), its expected accuracy's "
@@ -417,6 +421,9 @@ def project_points(records: list[dict],
                            0.0 if per is None else
                            sum(todo) + sum(max(c - s, 0.0) for c, s
                                            in zip(running, r["running_cpu_s"], strict=True)))
+        points = list(r["finished_cpu_s"]) + ([] if per is None else todo + [
+            max(c, s) for c, s in zip(running, r["running_cpu_s"], strict=True)])
+        r["dearest_point_cpu_s"] = max(points, default=None)
     return records
 
 
@@ -487,8 +494,10 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
             data, model, plan_grid = resolve_name(parts[0]), parts[1], parts[2]
             seeds = int(parts[3]) if len(parts) == 4 else 3
             done = sum(_finished_seed(Path(p), f"{data}-{model}") for p, _ in singles)
-            studies.append(seeds_record(storage, data, model, plan_grid, seeds, done,
-                                        runs_root, protocol or "linmem"))
+            record = seeds_record(storage, data, model, plan_grid, seeds, done, runs_root,
+                                  protocol or "linmem")
+            _project_unselected_seeds(record, studies)
+            studies.append(record)
         except (ValueError, KeyError) as err:
             raise ValueError(f"--plan-seeds {plan}: {err}") from None
     made = set()  # (data set, model) of the single runs given, for run_plans
@@ -512,6 +521,20 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
     here = machine()["cpu"]  # a single run in flight (no record yet) runs here
     return progress_markdown(studies, singles, command or command_line(), when,
                              {name: run_machine(name, here) for name, _ in singles})
+
+
+def _project_unselected_seeds(record: dict, studies: Sequence[dict]) -> None:
+    """Seeds of a study that has selected nothing yet: each at the study's dearest point as
+    :func:`project_points` projects it (the selection is not known; the dearest is the bound),
+    in place; ``record`` unchanged when the study is not among ``studies`` or has no
+    projection."""
+    if record["mean_point_cpu_s"] is not None or not record["todo"]:
+        return
+    name = record["study"].removesuffix(" seeds")
+    dearest = next((r.get("dearest_point_cpu_s") for r in studies if r["study"] == name), None)
+    if dearest is not None:
+        record.update(mean_point_cpu_s=dearest, left_from="dearest point",
+                      left_cpu_s=record["todo"] * dearest)
 
 
 def _single_runs(paths: Sequence[str | os.PathLike]) -> list[tuple[str, float]]:
