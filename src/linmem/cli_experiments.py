@@ -341,15 +341,16 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
 @click.option("--plan-seeds", "seed_plans", multiple=True, metavar="DATA:MODEL:GRID[:N]",
               help="Also the N (default 3) seeds of the study's selected configuration "
                    "(`linmem reseed`), those found among --run (DATA-MODEL-sK or "
-                   "DATA-MODEL/sK, finished) left out.")
+                   "DATA-MODEL/sK, finished) left out; before a selection, each at the "
+                   "study's dearest point.")
 @click.option("--plan-run", "run_plans", multiple=True, metavar="DATA:RUN",
               help="Also a single run still to make: RUN's configuration (a finished run on "
                    "another data set) on DATA, projected from RUN scaled by the data sets' "
                    "frames; left out once a run of that model on DATA is among --run.")
 @click.option("--probe", "probes", multiple=True, type=click.Path(exists=True),
               help="Short runs of one configuration on several data sets (run directories or "
-                   "folders of them): a study with nothing else to project from takes its "
-                   "model's points on another data set, scaled by their epochs' CPU times.")
+                   "folders of them): a study with nothing finished takes its model's points "
+                   "on another data set, scaled by their epochs' CPU times.")
 @_max_retry_option
 @_protocol_option
 def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str, ...],
