@@ -1098,8 +1098,13 @@ def test_the_probes_come_before_whole_runs_ratios_that_divergences_distort(tmp_p
     ], ratios)
     lstm = records[3]
     assert lstm["left_from"] == "probe"
-    assert lstm["mean_point_cpu_s"] == pytest.approx((30.0 + 90.0) / 2 * 4.0)
+    assert lstm["mean_point_cpu_s"] == pytest.approx((30.0 + 90.0 + 120.0) / 3 * 4.0)
     assert lstm["left_cpu_s"] == pytest.approx((30.0 + 90.0) * 4.0 + (120.0 * 4.0 - 50.0))
+    # every point started, none to do: still the probes, each running point at its size
+    started = project_points([*records[:3], study("muse", "lstm", running=[50.0, 10.0],
+                                                  running_params=[100, 400])], ratios)[3]
+    assert started["left_from"] == "probe"
+    assert started["left_cpu_s"] == pytest.approx((120.0 - 50.0) + (480.0 - 10.0))
     # without the probes the whole runs' ratio (1) projects it at piano's cost
     plain = project_points([study("piano", "lmn-b", [100.0], [1000]),
                             study("muse", "lmn-b", [100.0], [1000]),

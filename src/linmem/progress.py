@@ -382,16 +382,15 @@ def project_points(records: list[dict],
                 fit = size_cost(q["finished_params"], q["finished_cpu_s"])
                 if fit is not None:
                     fits.append((fit, ratio))
-        if not fits or not r["todo_params"]:
+        running = r.get("running_params") or []
+        if not fits or len(running) != len(r["running_cpu_s"]) or not (
+                r["todo_params"] or running):
             return None
 
         def cost(n: float) -> float:
             return sum(f(n) * k for f, k in fits) / len(fits)
 
-        todo = [cost(n) for n in r["todo_params"]]
-        running = r.get("running_params") or []
-        return todo, ([cost(n) for n in running] if len(running) == len(r["running_cpu_s"])
-                      else [sum(todo) / len(todo)] * len(r["running_cpu_s"]))
+        return [cost(n) for n in r["todo_params"]], [cost(n) for n in running]
 
     for r in records:
         grid, here = r["grid"], r["dataset"]
@@ -399,7 +398,7 @@ def project_points(records: list[dict],
         mates = [s for q in records if q["dataset"] == here and q["grid"] == grid
                  for s in q["finished_cpu_s"]]
         sources = (("study", mean(r["finished_cpu_s"])),
-                   ("probe", mean(by_probe[0]) if by_probe else None),
+                   ("probe", mean(by_probe[0] + by_probe[1]) if by_probe else None),
                    ("model", scaled(here, grid, r["model"], True)),
                    ("model, other grid", scaled(here, grid, r["model"], False)),
                    ("data set", mean(mates)))  # the first with something to project from
