@@ -516,3 +516,35 @@ def test_rerun_cpu_seconds_counts_an_unrolled_network_read_from_a_cache(tmp_path
     plain.mkdir()
     (plain / "metrics.json").write_text('{"cpu_time_s": 321.0}')
     assert rerun_cpu_seconds(plain) == pytest.approx(321.0)
+
+
+def test_seed_table_says_whether_the_papers_figure_is_reached():
+    """Per seed group of a model the paper ran: its Table 2 figure against the seeds' range of
+    test accuracy, per-frame mean first (the paper's metric), global beside: reached inside the
+    range, exceeded below it, not reached above it; no verdict before three seeds run and two
+    finished; no line where the paper has no figure."""
+    from linmem.report import PAPER_TABLE2, seed_groups, seeds_markdown
+
+    def run(model, seed, frame, dataset="jsb", act=None):
+        return {"dataset": dataset, "model": model, "hidden": 250, "memory": 250,
+                "weight_decay": 0.0, "seed": seed, "test_acc": frame - 4, "test_acc_frame": frame,
+                "test_nll": 8.0, "valid_acc": frame, "run": f"{dataset}-{model}-{act}-s{seed}",
+                "nonlinearity": act}
+
+    assert PAPER_TABLE2["lmn-b"][0] == 33.98 and PAPER_TABLE2["lstm"][0] == 32.64
+    runs = ([run("lmn-b", s, f) for s, f in ((1, 33.32), (2, 34.11), (3, 33.9))]
+            + [run("lstm", s, f) for s, f in ((1, 34.35), (2, 34.54), (3, 34.5))]
+            + [run("pret-lmn-b", s, f) for s, f in ((1, 32.37), (2, 34.37), (3, 33.4))]
+            + [run("pret-lmn-b", s, 40.0, act="tanh") for s in (1, 2, 3)]
+            + [run("gru", s, 33.0) for s in (1, 2, 3)]
+            + [run("lmn-b", s, 27.0, dataset="piano") for s in (1, 2)])
+    text = seeds_markdown(seed_groups(runs))
+    assert ("- JSB Chorales, LMN-B: the paper's 33.98 against 33.32-34.11: reached (global "
+            "29.32-30.11: not reached).") in text
+    assert ("- JSB Chorales, LSTM: the paper's 32.64 against 34.35-34.54: exceeded (global "
+            "30.35-30.54: not reached).") in text
+    assert "- JSB Chorales, pret-LMN-B: the paper's 34.49 against 32.37-34.37: not reached" in text
+    assert ("- Piano-midi.de, LMN-B: the paper's 28.00; 2 seed(s) finished of 2 run; no verdict "
+            "under 3 run and 2 finished.") in text
+    assert "GRU: the paper's" not in text and "(tanh): the paper's" not in text
+    assert seeds_markdown(seed_groups(runs[-3:-2])).count("the paper's") == 0  # a GRU alone

@@ -309,7 +309,39 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
             for b in [g for g in groups if (g["dataset"], g["model"]) == (dataset, model)]:
                 if a is not None and "test_acc" in a and "test_acc" in b:
                     lines.append(_claim_line(TABLE2_TITLES[dataset], b, a))
+    reached = [line for g in groups if (line := _reached_line(g)) is not None]
+    if reached:
+        lines += ["", "The paper's figure (its Table 2) against the seeds' range of test "
+                  "accuracy, per-frame mean (the paper's metric), the global range beside: "
+                  "reached where the figure lies inside the range, exceeded where the range is "
+                  "above it, not reached where below it:", "", *reached]
     return lines
+
+
+def _reached_line(group: dict) -> str | None:
+    """Whether a seed group's test accuracy reaches the paper's figure for its model and data
+    set: the figure against the seeds' range (per-frame mean, global beside); None where the
+    paper has no figure for it (another activation, a model or data set it did not run)."""
+    try:
+        figure = PAPER_TABLE2[group["model"]][TABLE2_DATASETS.index(group["dataset"])]
+    except (KeyError, ValueError):
+        return None
+    if _otheractivation_of(group) is not None:
+        return None
+    head = f"- {TABLE2_TITLES[group['dataset']]}, {_label(group)}: the paper's {figure:.2f}"
+    ran = len(group["seeds"]) + len(group.get("diverged_seeds", []))
+    if ran < MIN_CLAIM_SEEDS or len(group["seeds"]) < 2 or "test_acc_frame" not in group:
+        return (f"{head}; {len(group['seeds'])} seed(s) finished of {ran} run; no verdict under "
+                f"{MIN_CLAIM_SEEDS} run and 2 finished.")
+
+    def verdict(key: str) -> str:
+        v = group[key]
+        where = ("reached" if v["min"] <= figure <= v["max"] else
+                 "exceeded" if v["min"] > figure else "not reached")
+        return f"{v['min']:.2f}-{v['max']:.2f}: {where}"
+
+    glob = f" (global {verdict('test_acc')})" if "test_acc" in group else ""
+    return f"{head} against {verdict('test_acc_frame')}{glob}."
 
 
 def _claim_line(title: str, b: dict, a: dict) -> str:
