@@ -41,7 +41,7 @@ def _seeds(tmp_path):
              {"loss_reduction": "frame", "clip": 880.0})
     _run(tmp_path / "var", "summed-s3", 3, None, None, {"loss_reduction": "frame", "clip": 880.0},
          diverged=True)
-    _run(tmp_path / "var", "noclip-s1", 1, 33.0, 30.0, {"clip": None})  # a value of None sorts
+    _run(tmp_path / "var", "noclip-s1", 1, 32.0, 29.0, {"clip": None})  # a value of None sorts
 
 
 def test_each_variant_against_its_base(tmp_path):
@@ -71,6 +71,9 @@ def test_each_variant_against_its_base(tmp_path):
     (sm,) = [line for line in lines if "loss_reduction mean → frame" in line]
     assert "clip 10.0 → 880.0" in sm and "1, 2 (3 diverged)" in sm
     assert f"{(33.2 + 34.4) / 2 - 33.5:+.2f} |" in sm  # ranges overlap: no mark
+    (nc,) = [line for line in lines if "clip 10.0 → None" in line]
+    # one seed, outside the base's range: no range to part, it says so
+    assert f"{32.0 - 33.5:+.2f} (one seed so far)" in nc and "apart" not in nc
     assert "Made by `linmem ablation ...`" in text
 
 

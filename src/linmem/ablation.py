@@ -97,8 +97,11 @@ def _delta(a: dict, key: str) -> str:
     x, y = a["base"].get(key), a["variant"].get(key)
     if x is None or y is None:
         return "–"
+    change = f"{y['mean'] - x['mean']:+.2f}"
+    if min(x["n"], y["n"]) < 2:  # a single seed has no range to part from another
+        return f"{change} (one seed so far)"
     apart = y["min"] > x["max"] or x["min"] > y["max"]
-    return f"{y['mean'] - x['mean']:+.2f}" + (" (ranges apart)" if apart else "")
+    return change + (" (ranges apart)" if apart else "")
 
 
 def _seeds(g: dict) -> str:
@@ -132,7 +135,8 @@ def ablation_markdown(rows: Sequence[dict], command: str | None = None,
                      f"{_delta(a, 'test_acc')} |")
     lines += ["", "Mean ± standard deviation (minimum-maximum) over the seeds; a change is the "
               "difference of the means, \"ranges apart\" where the seeds' ranges do not overlap "
-              "(a seed that diverged, with no score, is named and left out)."]
+              "(two seeds or more on each side; a seed that diverged, with no score, is named "
+              "and left out)."]
     return "\n".join(lines + made_by(command, at)) + "\n"
 
 
