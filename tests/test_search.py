@@ -1045,7 +1045,7 @@ def test_seeds_of_a_study_that_selected_nothing_yet_cost_its_dearest_point():
     assert project_points([records[0]])[0]["dearest_point_cpu_s"] == pytest.approx(90.0)
 
     def seeds(name, per=None):
-        return {"study": f"{name} seeds", "todo": 3, "mean_point_cpu_s": per,
+        return {"study": f"{name} seeds", "of_study": name, "todo": 3, "mean_point_cpu_s": per,
                 "left_from": "selected run", "left_cpu_s": None if per is None else 3 * per}
 
     record = seeds("muse-lstm-g@paper")

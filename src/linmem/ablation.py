@@ -24,7 +24,7 @@ import numpy as np
 
 from ._io import atomic_write, command_line, git_commit, made_by, read_json, write_json
 from .config import PROTOCOLS
-from .report import TABLE2_TITLES, seed_groups, spread_text
+from .report import TABLE2_TITLES, ranges_apart, seed_groups, spread_text
 from .runs import METRICS, collect_metrics, log_rows
 
 __all__ = [
@@ -100,8 +100,7 @@ def _delta(a: dict, key: str) -> str:
     change = f"{y['mean'] - x['mean']:+.2f}"
     if min(x["n"], y["n"]) < 2:  # a single seed has no range to part from another
         return f"{change} (one seed so far)"
-    apart = y["min"] > x["max"] or x["min"] > y["max"]
-    return change + (" (ranges apart)" if apart else "")
+    return change + (" (ranges apart)" if ranges_apart(x, y) else "")
 
 
 def _seeds(g: dict) -> str:

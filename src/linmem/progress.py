@@ -244,7 +244,7 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
             source = "selected trial"
         elif ulm and Path(ulm).name != ULM:  # a cache entry, not the run's own
             per += run_cpu_seconds(Path(runs_root) / ulm)
-    return {"study": f"{name} seeds", "dataset": data, "model": model,
+    return {"study": f"{name} seeds", "of_study": name, "dataset": data, "model": model,
             "grid": grid, "grid_points": seeds, "states": {"done": min(done, seeds)},
             "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": todo,
             "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": source,
@@ -416,13 +416,15 @@ def project_points(records: list[dict],
             r["left_from"] = "study, by size"
         elif r["left_from"] == "probe":
             todo, running = by_probe
+        # a running point costs its projection, or what it has logged when that is more
+        ends = ([] if per is None else
+                [max(c, s) for c, s in zip(running, r["running_cpu_s"], strict=True)])
         r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
                            0.0 if per is None else
-                           sum(todo) + sum(max(c - s, 0.0) for c, s
-                                           in zip(running, r["running_cpu_s"], strict=True)))
-        points = list(r["finished_cpu_s"]) + ([] if per is None else todo + [
-            max(c, s) for c, s in zip(running, r["running_cpu_s"], strict=True)])
-        r["dearest_point_cpu_s"] = max(points, default=None)
+                           sum(todo) + sum(e - s for e, s in zip(ends, r["running_cpu_s"],
+                                                                 strict=True)))
+        r["dearest_point_cpu_s"] = max([*r["finished_cpu_s"], *ends,
+                                        *([] if per is None else todo)], default=None)
     return records
 
 
@@ -529,8 +531,8 @@ def _project_unselected_seeds(record: dict, studies: Sequence[dict]) -> None:
     projection."""
     if record["mean_point_cpu_s"] is not None or not record["todo"]:
         return
-    name = record["study"].removesuffix(" seeds")
-    dearest = next((r.get("dearest_point_cpu_s") for r in studies if r["study"] == name), None)
+    dearest = next((r.get("dearest_point_cpu_s") for r in studies
+                    if r["study"] == record["of_study"]), None)
     if dearest is not None:
         record.update(mean_point_cpu_s=dearest, left_from="dearest point",
                       left_cpu_s=record["todo"] * dearest)

@@ -43,6 +43,7 @@ __all__ = [
     "figure4_data",
     "markdown_table",
     "protocols_markdown",
+    "ranges_apart",
     "run_records",
     "seed_groups",
     "seeds_markdown",
@@ -282,6 +283,16 @@ def spread_text(group: dict, key: str) -> str:
     return f"{v['mean']:.2f}{sd} ({v['min']:.2f}-{v['max']:.2f})"
 
 
+def ranges_apart(x: dict, y: dict) -> bool:
+    """Whether two seed groups' ranges of one metric (:func:`seed_groups`) do not overlap."""
+    return y["min"] > x["max"] or x["min"] > y["max"]
+
+
+def _seeds_run(group: dict) -> int:
+    """A seed group's seeds run: those that finished and those that diverged."""
+    return len(group["seeds"]) + len(group.get("diverged_seeds", []))
+
+
 def _seeds_lines(groups: Sequence[dict]) -> list[str]:
     spread = spread_text
     lines = ["| data | model | size | weight decay | seeds | test acc % | test acc % (per-frame "
@@ -329,7 +340,7 @@ def _reached_line(group: dict) -> str | None:
     if _otheractivation_of(group) is not None:
         return None
     head = f"- {TABLE2_TITLES[group['dataset']]}, {_label(group)}: the paper's {figure:.2f}"
-    ran = len(group["seeds"]) + len(group.get("diverged_seeds", []))
+    ran = _seeds_run(group)
     if ran < MIN_CLAIM_SEEDS or len(group["seeds"]) < 2 or "test_acc_frame" not in group:
         return (f"{head}; {len(group['seeds'])} seed(s) finished of {ran} run; no verdict under "
                 f"{MIN_CLAIM_SEEDS} run and 2 finished.")
@@ -347,7 +358,7 @@ def _reached_line(group: dict) -> str | None:
 def _claim_line(title: str, b: dict, a: dict) -> str:
     """One of the paper's claims on one data set: seed group ``b`` against ``a``."""
     head = f"- {title}: {_label(b)} against {_label(a)}: "
-    ran = {id(g): len(g["seeds"]) + len(g.get("diverged_seeds", [])) for g in (a, b)}
+    ran = {id(g): _seeds_run(g) for g in (a, b)}
     if min(ran.values()) < MIN_CLAIM_SEEDS:
         return (f"{head}{ran[id(b)]} seed(s) of {_label(b)} and {ran[id(a)]} of "
                 f"{_label(a)} so far; no verdict under {MIN_CLAIM_SEEDS} each.")
@@ -363,7 +374,7 @@ def _claim_line(title: str, b: dict, a: dict) -> str:
         if key not in a or key not in b:
             continue
         x, y = a[key], b[key]
-        apart = y["min"] > x["max"] or x["min"] > y["max"]
+        apart = ranges_apart(x, y)
         parts.append(f"{y['mean'] - x['mean']:+.2f} points {metric}, the ranges "
                      + ("do not overlap (beyond the spread between seeds)" if apart
                         else "overlap (within the spread between seeds)"))
