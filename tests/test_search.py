@@ -485,6 +485,41 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
+def test_a_point_that_diverged_in_its_first_epoch_is_no_cost_sample(tmp_path, data_dir):
+    """Piano-midi.de's LMN-A (250, 250) diverged in its first epoch in 1 s: its study's points
+    left had been projected at 1 s each (0.00 CPU h) instead of from other data sets."""
+    config = _config(tmp_path, data_dir)
+    run_worker(config, command="test", log=lambda _: None)  # lmn-b: the data set's mean
+    storage = default_storage(config.out_dir)
+    logged = progress_records(storage, "tiny")[0]["cpu_s"]
+    study = open_study(replace(config, models=["rnn"]), "jsb", "rnn")
+    first, second = grid_points("rnn", "tiny")[:2]
+    for point, rows in ((first, ""), (second, '{"epoch": 1, "epoch_cpu_s": 40.0}\n')):
+        run = tmp_path / "runs" / study.study_name / point.name
+        run.mkdir(parents=True)
+        (run / "diverged.json").write_text(f'{{"cpu_time_s": {42.0 if rows else 2.0}}}')
+        if rows:  # diverged later: its epochs logged (inside its end's clock)
+            (run / "log.jsonl").write_text(rows)
+        study.enqueue_trial(point.params)
+        trial = study.ask()
+        trial.suggest_categorical("hidden", [point.hidden])
+        trial.set_user_attr("run_dir", str(run.relative_to(tmp_path)))
+        trial.set_user_attr("error", "diverged")
+        study.tell(trial, state=TrialState.FAIL)
+        rnn = next(r for r in progress_records(storage, "tiny", runs_root=tmp_path)
+                   if r["model"] == "rnn")
+        if not rows:  # its 2 s counted, not made a sample: the data set's mean per point
+            assert rnn["states"] == {"failed": 1, "todo": 3} and rnn["cpu_s"] == 2.0
+            assert rnn["finished_cpu_s"] == [] and rnn["left_from"] == "data set"
+            assert rnn["left_cpu_s"] == pytest.approx(3 * logged / 4)
+    # the one that logged an epoch is a sample
+    assert rnn["cpu_s"] == 2.0 + 42.0 and rnn["finished_cpu_s"] == [42.0]
+    per_param = 42.0 / rnn["finished_params"][0]  # one size: the cost linear in the parameters
+    assert rnn["left_from"] == "study, by size" and len(rnn["todo_params"]) == 2
+    assert rnn["left_cpu_s"] == pytest.approx(per_param * sum(rnn["todo_params"]))
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
 def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_dir):
     """``stop_by``: a point's projected time is its study's finished points' stored time scaled
     to its own parameters (one size finished: in proportion); a worker starts no point that

@@ -136,32 +136,32 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "A study marked 'earlier' counts its trials' durations from `summary.json` (its "
               "storage and runs are gone): an upper bound, a trial whose worker died lasting "
               "until it was found dead. "
-              "Projection: each point left at a cost c * n ** a of its n parameters, a fitted "
-              "to the study's finished points (complete, pruned or failed; the column shows "
-              "their mean) by least squares on the logs, within [0, 2], 1 when they are all of "
-              "one size, and c such that they add up to their CPU time; for a study with none, "
-              "with probes (`--probe`: short runs of one configuration on two data sets), each "
-              "point at the cost c * n ** a fitted to its model's finished points on another "
-              "data set times the probes' ratio of their epochs' CPU time there and here, for "
-              "the models with a memory from an LMN's probes and for the others from the "
-              "others' (\"model's on another data set, by size, x the probes\": an epoch's cost "
-              "measured, where whole runs' costs carry how long they ran, short for runs that "
-              "diverge), else its model's mean on the other data sets scaled by the two data "
-              "sets' cost ratio over the models both have finished (\"model's, scaled\"), else "
-              "the same from its model's points in another grid, the ratio then over the models "
-              "finished in both grids (\"model's in another grid, scaled\"), else its data set's "
-              "mean over every model. Seeds still to run (`--plan-seeds`): each at the CPU "
-              "time of the study's selected run, with its unrolled network's when it read "
-              "that from the cache (a seed trains its own), or at its trial's stored time when "
-              "the run is on another machine (\"trial's stored time\"), and while the study "
-              "has selected nothing, at its dearest point, finished or projected (\"the "
-              "study's dearest point, projected\"); the seeds run so far count as single runs. "
-              "A single run still to make "
-              "(`--plan-run`, an RNN-RBM): another data set's run of the same configuration, its "
-              "epochs scaled by the two data sets' training and validation frames, its final "
-              "scoring as it is (a fixed sample of frames for the AIS), its expected accuracy's "
-              "scoring by the frames scored (\"another data set's run, scaled\"); a run's "
-              "scoring (`expected.json`) counts in its CPU time."]
+              "Projection: each point left at a cost c * n ** a of its n parameters, a fitted to "
+              "the study's finished points (complete, pruned or failed after an epoch: one that "
+              "diverged in its first epoch shows its set-up's cost, not a point's; the column "
+              "shows their mean) by least squares on the logs, within [0, 2], 1 when they are all"
+              " of one size, and c such that they add up to their CPU time; for a study with "
+              "none, with probes (`--probe`: short runs of one configuration on two data sets), "
+              "each point at the cost c * n ** a fitted to its model's finished points on another"
+              " data set times the probes' ratio of their epochs' CPU time there and here, for "
+              "the models with a memory from an LMN's probes and for the others from the others' "
+              "(\"model's on another data set, by size, x the probes\": an epoch's cost measured, "
+              "where whole runs' costs carry how long they ran, short for runs that diverge), "
+              "else its model's mean on the other data sets scaled by the two data sets' cost "
+              "ratio over the models both have finished (\"model's, scaled\"), else the same from "
+              "its model's points in another grid, the ratio then over the models finished in "
+              "both grids (\"model's in another grid, scaled\"), else its data set's mean over "
+              "every model. Seeds still to run (`--plan-seeds`): each at the CPU time of the "
+              "study's selected run, with its unrolled network's when it read that from the cache"
+              " (a seed trains its own), or at its trial's stored time when the run is on another"
+              " machine (\"trial's stored time\"), and while the study has selected nothing, at its"
+              " dearest point, finished or projected (\"the study's dearest point, projected\"); "
+              "the seeds run so far count as single runs. A single run still to make (`--plan-"
+              "run`, an RNN-RBM): another data set's run of the same configuration, its epochs "
+              "scaled by the two data sets' training and validation frames, its final scoring as "
+              "it is (a fixed sample of frames for the AIS), its expected accuracy's scoring by "
+              "the frames scored (\"another data set's run, scaled\"); a run's scoring "
+              "(`expected.json`) counts in its CPU time."]
     return "\n".join(lines + made_by(command, when)) + "\n"
 
 
@@ -170,7 +170,8 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
     """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
     points by state and the CPU seconds its points' runs logged (:func:`linmem.runs.
     run_cpu_seconds`: one thread per run), and the seconds its points left would take
-    (:func:`project_points`: by size from its finished points, complete, pruned or failed,
+    (:func:`project_points`: by size from its finished points, complete, pruned or failed
+    after an epoch (a point that diverged in its first epoch costs its set-up: left out),
     :func:`size_cost`; else from its model's on other data sets, else from its data set's). A
     finished point whose run is not under ``runs_root`` (a study imported from another machine,
     :func:`import_studies`) counts its trial's stored time (``points_from_trials``: its CPU
@@ -183,24 +184,32 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
         states = point_states(study, points, max_retry)
         seconds = dict.fromkeys(points, 0.0)
         cpu: dict[Point, str | None] = dict.fromkeys(points)
-        from_trials = set()
+        from_trials, trained = set(), set()
         for t in study.get_trials(deepcopy=False):
             p = trial_point(t)
             if "duplicate_of" in t.user_attrs or "run_dir" not in t.user_attrs or p not in seconds:
                 continue
             seconds[p], elsewhere = _run_seconds(t, runs_root)
+            run = Path(runs_root) / t.user_attrs["run_dir"]
             if elsewhere:
                 from_trials.add(p)
                 cpu[p] = (t.user_attrs.get("machine") or {}).get("cpu")
             else:  # its run is here: the CPU it ended on, or this one (in flight, killed)
-                cpu[p] = run_machine(Path(runs_root) / t.user_attrs["run_dir"], here)
+                cpu[p] = run_machine(run, here)
+            if elsewhere or log_rows(run):
+                trained.add(p)
+            else:
+                trained.discard(p)
         by_machine: dict[str | None, float] = {}
         for p, s in seconds.items():
             if s > 0:
                 by_machine[cpu[p]] = by_machine.get(cpu[p], 0.0) + s
         base = TrainConfig.from_dict(attrs.get("train", {}))  # a setting added since: default
         size = {p: point_params(base, attrs["data"], attrs["model"], p) for p in points}
-        finished = [p for p in points if states[p] in ("done", "failed")]
+        # the cost samples: a point failed before its first epoch ended (diverged at once) has
+        # logged its set-up's cost, not a point's; its time counts in ``cpu_s`` all the same
+        finished = [p for p in points
+                    if states[p] == "done" or (states[p] == "failed" and p in trained)]
         running = [p for p in points if states[p] in ("running", "waiting")]
         todo = [p for p in points if states[p] == "todo"]
         records.append({"study": study.study_name, "dataset": attrs["data"],
