@@ -217,13 +217,16 @@ def test_the_protocols_table_sets_both_selections_side_by_side():
         return {"dataset": "jsb", "model": model, "test_acc": test, "grid": "paper",
                 "grid_complete": complete, "frame_selection": {"test_acc_frame": frame}}
 
+    diverged = {"dataset": "jsb", "model": "lmn-a", "grid": "paper", "grid_complete": True,
+                "points_done": 0, "points_failed": 30}  # every point failed: no score
     text = protocols_markdown([record("lmn-b", 29.82, 33.78), record("lstm", 29.25, 33.52,
-                                                                     complete=False)],
+                                                                     complete=False), diverged],
                               [record("lmn-b", 28.20, 31.51), record("rnn", 26.67, 29.40)],
                               "linmem report --compare x")
     rows = {line.split("|")[2].strip(): line for line in text.splitlines()
             if line.startswith("| JSB Chorales")}
-    assert set(rows) == {"LMN-B", "LSTM", "RNN"}
+    assert set(rows) == {"LMN-B", "LSTM", "RNN", "LMN-A"}
+    assert rows["LMN-A"].endswith("| ✗ | ✗ | – | – |") and "✗: every point of the grid" in text
     assert rows["LMN-B"] == (f"| JSB Chorales | LMN-B | {PAPER_TABLE2['lmn-b'][0]:.2f} | 33.78 | "
                              "29.82 | 31.51 | 28.20 |")
     assert "| 33.52† | 29.25† | – | – |" in rows["LSTM"]

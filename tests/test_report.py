@@ -57,8 +57,12 @@ def test_table2_puts_ours_beside_the_paper():
     from linmem.report import table2_markdown
 
     records = [_record("jsb", "lmn-b", 35.123), _record("jsb", "lstm", 30.0, complete=False),
-               {**_record("nottingham", "gru", 0.0), "test_acc": None}]
-    records[2].pop("test_acc")  # nothing complete yet in that study
+               {**_record("nottingham", "gru", 0.0), "test_acc": None},
+               # every point failed (diverged in its first epoch): run, with no score
+               {**_record("piano", "lmn-a", 0.0), "points_done": 0, "points_failed": 30,
+                "trials_pruned": 0}]
+    for r in records[2:]:
+        r.pop("test_acc")  # nothing complete (yet) in those studies
     baseline = {"scores": {"jsb": {"test": {"acc": 22.2045, "acc_frame": 27.3419}},
                            "piano": {"test": {"acc": 35.21, "acc_frame": 36.84}}}}
     table = table2_markdown(records, command="linmem report", baseline=baseline)
@@ -92,6 +96,12 @@ def test_table2_puts_ours_beside_the_paper():
     assert "| RNN-RBM* | 33.12 | – | 34.02 | – | **75.40** |" in rows["RNN-RBM*"]
     assert "- JSB Chorales: lmn-b (paper) 30/30 complete, 2 pruned; lstm (paper) 7/30" in table
     assert "- MuseData: nothing run yet." in table and "`linmem report`" in table
+    # a grid whose every point failed: marked so in every table of ours, not as 'not run'
+    assert rows["LMN-A"].endswith("| 26.69 | ✗ |") and frame_rows["LMN-A"].endswith("| ✗ |")
+    assert nll_rows["LMN-A"].endswith("| – | ✗ |")
+    assert "✗: every point of the grid failed with an error" in main
+    assert "lmn-a (paper) 0/30 complete, 30 failed" in table
+    assert "✗" not in table2_markdown(records[:3])  # and explained only where it is
 
 
 def test_table2_gives_the_accuracy_at_the_threshold_chosen_on_validation():

@@ -381,6 +381,19 @@ def _claim_line(title: str, b: dict, a: dict) -> str:
     return head + "; ".join(parts) + note + "."
 
 
+FAILED_MARK = "✗"
+FAILED_TEXT = ("✗: every point of the grid failed with an error (a training that diverged "
+               "before its first epoch ended keeps nothing): no score.")
+
+
+def _all_failed(records: Sequence[dict]) -> set[tuple[str, str]]:
+    """The (data set, model) of the complete grids with no score because every point failed
+    with an error: not 'not run'."""
+    return {(r["dataset"], r["model"]) for r in records
+            if r.get("test_acc") is None and r.get("grid_complete") and r.get("points_failed")
+            and not r.get("points_done")}
+
+
 def table2_markdown(records: Sequence[dict], command: str | None = None,
                     baseline: dict | None = None, seeds: Sequence[dict] = ()) -> str:
     """The paper's Table 2 with our test accuracy next to each published figure, under the
@@ -391,6 +404,7 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
     previous_frame_report`), a row of its own. ``seeds``: :func:`seed_groups` of the selected
     configurations re-run with other seeds, a table of their spread."""
     ours = {(r["dataset"], r["model"]): r for r in records if "test_acc" in r}
+    failed = _all_failed(records)
     models = [m for m in TABLE2_MODELS if m in PAPER_TABLE2 or any(k[1] == m for k in ours)]
     models += sorted({m for _, m in ours} - set(models))
 
@@ -441,7 +455,8 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
                 if r is not None and key == "test_acc_at_valid_threshold" and \
                         r.get("valid_threshold") is not None:
                     mark += f" ({r['valid_threshold']:.2f})"
-                cells.append(cell(measured[d][m], top_ours[d], mark))
+                cells.append(FAILED_MARK if r is None and (d, m) in failed else
+                             cell(measured[d][m], top_ours[d], mark))
             rows.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
         if baseline is not None and key in ("test_acc", "test_acc_frame",
                                             "test_acc_at_valid_threshold"):
@@ -469,7 +484,8 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
               + (" ¶: from a reduced search (" + "; ".join(reductions) + "): not comparable "
                  "with the paper's figures, and never bold." if reductions else "")
               + " ‡: not a grid search: the best on "
-              "validation of the runs listed below. –: not run. Bold: the best published and "
+              "validation of the runs listed below. "
+              + (FAILED_TEXT + " " if failed else "") + "–: not run. Bold: the best published and "
               "the best of ours per data set." + (" The previous-frame row predicts each frame "
               "to be the one before (no training): it calibrates every other row." if baseline
               else ""), "",
@@ -557,24 +573,27 @@ def protocols_markdown(paper: Sequence[dict], linmem: Sequence[dict],
     def by_key(records: Sequence[dict]) -> dict[tuple[str, str], dict]:
         return {(r["dataset"], r["model"]): r for r in records if r.get("test_acc") is not None}
 
-    def cells(r: dict | None) -> list[str]:
+    def cells(r: dict | None, failed: bool) -> list[str]:
         if r is None:
-            return ["–", "–"]
+            return [FAILED_MARK if failed else "–"] * 2
         mark = "" if r.get("grid") == "runs" or r.get("grid_complete") else "†"
         frame = (r.get("frame_selection") or {}).get("test_acc_frame")
         return [("–" if frame is None else f"{frame:.2f}{mark}"), f"{r['test_acc']:.2f}{mark}"]
 
     ours, theirs = by_key(paper), by_key(linmem)
+    ours_failed, theirs_failed = _all_failed(paper), _all_failed(linmem)
+    failed = ours_failed | theirs_failed
     lines = ["| data set | model | paper | paper protocol: per-frame | global | "
              "linmem protocol: per-frame | global |", "|---|---|---:|---:|---:|---:|---:|"]
     for i, d in enumerate(TABLE2_DATASETS):
         for m in TABLE2_MODELS:
-            if (d, m) not in ours and (d, m) not in theirs:
+            if (d, m) not in ours and (d, m) not in theirs and (d, m) not in failed:
                 continue
             published = PAPER_TABLE2[m][i] if m in PAPER_TABLE2 else None
             lines.append(f"| {TABLE2_TITLES[d]} | {display_name(m)} | "
                          + ("–" if published is None else f"{published:.2f}") + " | "
-                         + " | ".join(cells(ours.get((d, m))) + cells(theirs.get((d, m))))
+                         + " | ".join(cells(ours.get((d, m)), (d, m) in ours_failed)
+                                      + cells(theirs.get((d, m)), (d, m) in theirs_failed))
                          + " |")
     lines += ["", "Test frame accuracy in %: the per-frame mean of TP / (TP + FP + FN) (the "
               "metric of the paper's code) and the global one (Bay et al., mir_eval's), each of "
@@ -583,7 +602,8 @@ def protocols_markdown(paper: Sequence[dict], linmem: Sequence[dict],
               "default initialisation, early stopping on the per-frame accuracy, no pruning; "
               "linmem's: batch 4, the NLL summed over keys, clip 5, the readout bias at the keys' "
               "rates, early stopping on the global accuracy, the median pruner. †: selected "
-              "from a grid that is not complete yet. –: not run."]
+              "from a grid that is not complete yet. " + (FAILED_TEXT + " " if failed else "")
+              + "–: not run."]
     return "\n".join(lines + made_by(command)) + "\n"
 
 
