@@ -222,3 +222,26 @@ def test_replay_epoch_command_and_a_diverging_epoch(tmp_path, jsb, data_dir):
     assert exit_.value.code == 2
     with pytest.raises(FileNotFoundError, match=r"no last\.pt"):
         epoch_replay(tmp_path / "nothing", data=jsb)
+
+
+def test_first_updates_say_where_the_validation_overflows(tmp_path, jsb):
+    """Piano-midi.de's LMN-A diverged in its first epoch: replayed, its memory's radius passes 1
+    and the validation's long sequences overflow. The scores are then None and the table says
+    'not finite', where the replay had ended with an error."""
+    from linmem.analyses import first_updates_markdown
+
+    long = {"train": jsb["train"][:24], "valid": [np.concatenate(jsb["valid"][:30])],
+            "test": jsb["test"][:2]}  # one validation sequence of 1792 steps
+    run = tmp_path / "lmna"
+    train(TrainConfig(data="jsb", model="lmn-a", hidden=4, memory=4, batch_size=64, epochs=1),
+          run, progress=False, data=long)
+    calm, steep = (first_updates(run, updates=1, lrs=[lr], start="random", data=long)
+                   for lr in (0.3, 1.0))
+    assert calm["replays"][0]["radii"][0] < 1 and calm["replays"][0]["valid_acc"] is not None
+    (replay,) = steep["replays"]  # Adam's first step of 1.0 a weight: the radius past 1
+    assert replay["radii"][0] > 1.2 and replay["losses"][0] is not None  # the training finite
+    assert replay["valid_acc"] is None and replay["valid_nll"] is None
+    assert "NaN or inf on a batch of sequences of up to 1791 steps" in replay["valid_not_finite"]
+    assert steep["initial"]["valid_acc"] is not None  # the initial weights score
+    row = first_updates_markdown([steep]).splitlines()[2]
+    assert f"| {run.parent.name}/lmna | random | 1 | 0.00 / 10.34 | not finite | 0.4331 | " in row

@@ -52,6 +52,7 @@ from .models import activation_of
 from .nn import memory_loop_gains, memory_radii_of
 from .runs import BEST, CONFIG, INIT, LAST, load_checkpoint, log_rows
 from .train import (
+    NonFiniteOutputs,
     batch_updates,
     build_run_model,
     epoch_plan,
@@ -184,7 +185,12 @@ def first_updates(run_dir: str | Path, updates: int = 20, lrs: Sequence[float] =
         initial = build_run_model(config, train_seqs).to(device)
 
     def scores(model: torch.nn.Module) -> dict[str, Any]:
-        valid = evaluate(model, data["valid"], config.eval_batch_size, device, thresholds=())
+        """Validation accuracy and NLL, None where the outputs overflow (a memory whose radius
+        passed 1 on a sequence longer than the training batches')."""
+        try:
+            valid = evaluate(model, data["valid"], config.eval_batch_size, device, thresholds=())
+        except NonFiniteOutputs as err:
+            return {"valid_acc": None, "valid_nll": None, "valid_not_finite": str(err)}
         return {"valid_acc": 100 * valid["acc"], "valid_nll": valid["nll"]}
 
     replays = []
@@ -373,6 +379,10 @@ def first_updates_markdown(results: Sequence[dict], command: str | None = None) 
     def loss(value: float | None) -> str:
         return "inf/NaN" if value is None else f"{value:.1f}"
 
+    def valid(scores: dict) -> str:
+        return ("not finite" if scores["valid_acc"] is None else
+                f"{scores['valid_acc']:.2f} / {scores['valid_nll']:.2f}")
+
     lines = ["| run | start | lr | valid acc % / NLL before | after | radius before | after | "
              "largest change by update 1 | loss of each update |",
              "|---|---|---:|---|---|---:|---:|---|---|"]
@@ -385,12 +395,12 @@ def first_updates_markdown(results: Sequence[dict], command: str | None = None) 
             most = f"{name} ×{changes[name]:.2f}" if name else "–"
             lines.append(
                 f"| {run.parent.name}/{run.name} | {result['start']} | {replay['lr']:g} | "
-                f"{first['valid_acc']:.2f} / {first['valid_nll']:.2f} | "
-                f"{replay['valid_acc']:.2f} / {replay['valid_nll']:.2f} | "
+                f"{valid(first)} | {valid(replay)} | "
                 f"{radius(first['radius'])} | {radius(replay['radii'][-1])} | {most} | "
                 + " ".join(loss(v) for v in replay["losses"]) + " |")
     lines += ["", "Change: ||W - W_0|| / ||W_0|| of the parameter after the first update. "
-              "Radius: the first layer's recurrent matrix (W^mm of an LMN, W^hh of an RNN)."]
+              "Radius: the first layer's recurrent matrix (W^mm of an LMN, W^hh of an RNN). "
+              "Not finite: the model's outputs overflow on a validation sequence."]
     return "\n".join(lines + made_by(command)) + "\n"
 
 
