@@ -184,22 +184,20 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
         states = point_states(study, points, max_retry)
         seconds = dict.fromkeys(points, 0.0)
         cpu: dict[Point, str | None] = dict.fromkeys(points)
-        from_trials, trained = set(), set()
+        local: dict[Point, Path | None] = {}  # each point's last run here (None: elsewhere)
+        from_trials = set()
         for t in study.get_trials(deepcopy=False):
             p = trial_point(t)
             if "duplicate_of" in t.user_attrs or "run_dir" not in t.user_attrs or p not in seconds:
                 continue
             seconds[p], elsewhere = _run_seconds(t, runs_root)
-            run = Path(runs_root) / t.user_attrs["run_dir"]
             if elsewhere:
                 from_trials.add(p)
+                local[p] = None
                 cpu[p] = (t.user_attrs.get("machine") or {}).get("cpu")
             else:  # its run is here: the CPU it ended on, or this one (in flight, killed)
-                cpu[p] = run_machine(run, here)
-            if elsewhere or log_rows(run):
-                trained.add(p)
-            else:
-                trained.discard(p)
+                local[p] = Path(runs_root) / t.user_attrs["run_dir"]
+                cpu[p] = run_machine(local[p], here)
         by_machine: dict[str | None, float] = {}
         for p, s in seconds.items():
             if s > 0:
@@ -208,8 +206,8 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
         size = {p: point_params(base, attrs["data"], attrs["model"], p) for p in points}
         # the cost samples: a point failed before its first epoch ended (diverged at once) has
         # logged its set-up's cost, not a point's; its time counts in ``cpu_s`` all the same
-        finished = [p for p in points
-                    if states[p] == "done" or (states[p] == "failed" and p in trained)]
+        finished = [p for p in points if states[p] == "done" or (
+            states[p] == "failed" and p in local and (local[p] is None or log_rows(local[p])))]
         running = [p for p in points if states[p] in ("running", "waiting")]
         todo = [p for p in points if states[p] == "todo"]
         records.append({"study": study.study_name, "dataset": attrs["data"],

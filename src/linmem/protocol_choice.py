@@ -22,11 +22,17 @@ from ._io import made_by
 from .data import DATASETS
 from .models import activation_of, display_name
 
-__all__ = ["METRICS", "MIN_SEEDS", "protocol_choice", "protocol_choice_markdown"]
+__all__ = ["METRICS", "MIN_SEEDS", "protocol_choice", "protocol_choice_markdown", "ranges_apart"]
 
 MIN_SEEDS = 3
 METRICS = (("valid_acc_frame", "per-frame"), ("valid_acc", "global"))
 PROTOCOLS = ("paper", "linmem")
+
+
+def ranges_apart(x: dict, y: dict) -> bool:
+    """Whether two seed groups' ranges of one metric (:func:`linmem.report.seed_groups`) do not
+    overlap."""
+    return y["min"] > x["max"] or x["min"] > y["max"]
 
 
 def _by_pair(groups: Sequence[dict]) -> dict[tuple[str, str], dict]:
@@ -52,8 +58,7 @@ def protocol_choice(paper: Sequence[dict], linmem: Sequence[dict]) -> dict:
                 break
             values = {p: groups[p][metric] for p in PROTOCOLS}
             diff = values["paper"]["mean"] - values["linmem"]["mean"]
-            apart = (values["paper"]["min"] > values["linmem"]["max"]
-                     or values["linmem"]["min"] > values["paper"]["max"])
+            apart = ranges_apart(values["paper"], values["linmem"])
             pair[name] = {**values, "paper_minus_linmem": diff, "ranges_apart": apart,
                           "winner": "paper" if diff > 0 else "linmem"}
         else:

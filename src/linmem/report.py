@@ -25,7 +25,7 @@ from .data import DATASETS
 from .metrics import THRESHOLD_GRID
 from .models import activation_of, display_name
 from .plots import plot_figure4
-from .protocol_choice import protocol_choice, protocol_choice_markdown
+from .protocol_choice import protocol_choice, protocol_choice_markdown, ranges_apart
 from .runs import CONFIG, EXPECTED, LOG, METRICS, PRETRAINING, collect_metrics
 
 __all__ = [
@@ -281,11 +281,6 @@ def spread_text(group: dict, key: str) -> str:
         return "–"
     sd = "" if v["sd"] is None else f" ± {v['sd']:.2f}"
     return f"{v['mean']:.2f}{sd} ({v['min']:.2f}-{v['max']:.2f})"
-
-
-def ranges_apart(x: dict, y: dict) -> bool:
-    """Whether two seed groups' ranges of one metric (:func:`seed_groups`) do not overlap."""
-    return y["min"] > x["max"] or x["min"] > y["max"]
 
 
 def _seeds_run(group: dict) -> int:
