@@ -178,10 +178,16 @@ results-table2: install
 	# a seed that ended, scored (metrics.json) or diverged (diverged.json: it counts as run)
 	$(VENV)/bin/linmem publish runs/seeds/*/s*/ --to results/seeds --name seed
 	$(MAKE) results-report results-progress
+# table2.md ends with both protocols side by side (issue 43): the paper protocol's selections,
+# seeds and ablation from results/paper-protocol, where its report and ablation have run
+P_DIR = results/paper-protocol
 results-report: install
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search/search.db --grid all --runs-root . \
 	  --summary results/summary.json --baseline results/baseline.json --run results/rnn-rbm \
-	  $$(ls -d results/seeds 2>/dev/null | sed 's/^/--seed-runs /') --out results
+	  $$(ls -d results/seeds 2>/dev/null | sed 's/^/--seed-runs /') \
+	  $$(ls $(P_DIR)/summary.json 2>/dev/null | sed 's/^/--compare /') \
+	  $$(ls -d $(P_DIR)/seeds 2>/dev/null | sed 's/^/--compare-seed-runs /') \
+	  $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /') --out results
 # every search of Table 2, those not started yet too (projected, see `linmem progress --plan`)
 T2_PLAN = $(foreach d,nottingham piano musedata,$(foreach m,$(T2_MODELS),--plan $(d):$(m):reduced)) \
 	$(foreach m,$(T2_JSB_MODELS),--plan jsb:$(m):paper) \
@@ -210,7 +216,8 @@ results-table2-paper: install
 	$(VENV)/bin/linmem report --protocol paper --storage sqlite:///runs/search-paper/search.db --grid all \
 	  --runs-root . --baseline results/baseline.json --compare results/summary.json \
 	  $$(ls -d results/paper-protocol/seeds 2>/dev/null | sed 's/^/--seed-runs /') \
-	  --compare-seed-runs results/seeds --out results/paper-protocol
+	  --compare-seed-runs results/seeds $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /') \
+	  --out results/paper-protocol
 	$(MAKE) results-progress-paper
 # JSB: seeds 1-3 of the configurations selected on the per-frame
 # validation accuracy (the paper's metric; results/paper-protocol/selected/jsb-MODEL-per-frame,

@@ -8,7 +8,13 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from linmem.ablation import ablation_groups, ablation_markdown, grid_trials, replay_pruner
+from linmem.ablation import (
+    ablation_groups,
+    ablation_markdown,
+    ablation_record_markdown,
+    grid_trials,
+    replay_pruner,
+)
 from linmem.cli import cli
 from linmem.runs import collect_metrics
 
@@ -205,6 +211,9 @@ def test_the_ablation_command(tmp_path, monkeypatch):
     assert record["pruner"]["studies"][0]["stopped"] == {"h50-wd0": 2}
     assert len(record["factors"]) == 3 and record["command"].startswith("linmem ablation --base")
     assert f"Made by `{record['command']}` at commit" in text
+    # the record alone renders the same tables (the report's section on both protocols reads
+    # it): each base once, the pruner's "the same" from the selections' trial numbers
+    assert ablation_record_markdown(record) in text
     # bad input: one line, exit 2, nothing written
     bad = CliRunner().invoke(cli, ["ablation", "--runs", str(tmp_path / "var"), "--out",
                                    str(tmp_path / "bad")])

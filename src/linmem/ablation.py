@@ -30,6 +30,7 @@ from .runs import METRICS, collect_metrics, log_rows
 __all__ = [
     "ablation_groups",
     "ablation_markdown",
+    "ablation_record_markdown",
     "grid_trials",
     "pruner_markdown",
     "replay_pruner",
@@ -117,14 +118,14 @@ def ablation_markdown(rows: Sequence[dict], command: str | None = None,
     lines = ["| data | model | size, weight decay | changed alone | seeds | test acc % "
              "(per-frame mean) | change | test acc % (global) | change |",
              "|---|---|---|---|---|---:|---:|---:|---:|"]
-    shown: set[int] = set()
+    shown: set[str] = set()  # each base once (rows read back from ablation.json share none)
     for a in rows:
         b, v = a["base"], a["variant"]
         size = f"({b['hidden']}" + (f", {b['memory']}" if b.get("memory") else "") + ")"
         head = (f"| {TABLE2_TITLES.get(a['dataset'], a['dataset'])} | {a['model']} | "
                 f"{size}, {b['weight_decay']:g} |")
-        if id(b) not in shown:
-            shown.add(id(b))
+        if (key := json.dumps(b, sort_keys=True)) not in shown:
+            shown.add(key)
             lines.append(f"{head} – (as selected) | {_seeds(b)} | "
                          f"{spread_text(b, 'test_acc_frame')} | | {spread_text(b, 'test_acc')} | |")
         change = ", ".join(f"{f} {a['base_values'][f]} → {value}"
@@ -226,7 +227,7 @@ def pruner_markdown(replays: Sequence[tuple[str, dict]], warmup: int,
         return f"{t['point']}: {frame} ({glob})"
 
     for study, r in replays:
-        same = r["selected"] is r["selected_pruned"]
+        same = (r["selected"] or {}).get("number") == (r["selected_pruned"] or {}).get("number")
         saved = "–" if r["epochs_saved"] is None else f"{100 * r['epochs_saved']:.0f} %"
         lines.append(f"| {study} | {r['trials']} | {len(r['stopped'])} | {saved} | "
                      f"{sel(r['selected'])} | "
@@ -238,6 +239,21 @@ def pruner_markdown(replays: Sequence[tuple[str, dict]], warmup: int,
               "the others' at that epoch. The selection is on validation (the runs' own "
               "score), among the runs that were not stopped."]
     return "\n".join(lines + made_by(command, at)) + "\n"
+
+
+def ablation_record_markdown(record: dict, heading: str = "##") -> str:
+    """An ablation's record (``ablation.json``, :func:`write_ablation`) as Markdown, its command
+    left out: the factors' table (:func:`ablation_markdown`) and the pruner's
+    (:func:`pruner_markdown`), each under a ``heading`` of its own."""
+    parts = []
+    if record.get("factors"):
+        parts += [f"{heading} A part of training changed alone", "",
+                  ablation_markdown(record["factors"])]
+    if record.get("pruner"):
+        pruner = record["pruner"]
+        parts += [f"{heading} The median pruner", "", pruner_markdown(
+            [(s["study"], s) for s in pruner["studies"]], pruner["warmup"])]
+    return "\n".join(parts)
 
 
 def write_ablation(out: str | os.PathLike, base_runs: Sequence[str | os.PathLike],
@@ -252,14 +268,11 @@ def write_ablation(out: str | os.PathLike, base_runs: Sequence[str | os.PathLike
     commit = git_commit()
     at = f"commit {commit}" if commit else None
     record: dict[str, Any] = {"command": command, "commit": commit}
-    parts = ["# One factor at a time", ""]
     if variant_runs:
         if not base_runs:
             raise ValueError("the variants' seeds need their base's (--base)")
-        rows = ablation_groups(collect_metrics(base_runs, diverged=True),
-                               collect_metrics(variant_runs, diverged=True))
-        record["factors"] = rows
-        parts += ["## A part of training changed alone", "", ablation_markdown(rows)]
+        record["factors"] = ablation_groups(collect_metrics(base_runs, diverged=True),
+                                            collect_metrics(variant_runs, diverged=True))
     if studies:
         if storage is None:
             raise ValueError("the pruner's replay needs the search's storage (--storage)")
@@ -271,9 +284,9 @@ def write_ablation(out: str | os.PathLike, base_runs: Sequence[str | os.PathLike
              **{k: None if r[k] is None else {f: r[k][f] for f in (
                  "number", "point", "value", "test_acc_frame", "test_acc")}
                 for k in ("selected", "selected_pruned")}} for s, r in replays]}
-        parts += ["## The median pruner", "", pruner_markdown(replays, warmup)]
-    if len(parts) == 2:
+    if len(record) == 2:
         raise ValueError("nothing to report: give variant runs, or --study for the pruner")
+    parts = ["# One factor at a time", "", ablation_record_markdown(record)]
     parts += made_by(command, at)[1:]
     path = Path(out) / "ablation.md"
     with atomic_write(path, "w") as f:

@@ -292,10 +292,14 @@ def _summary_files(paths: tuple[str, ...]) -> list[list[dict]]:
               help="The other protocol's seed runs: OUT/protocol-choice.md compares both "
                    "protocols' seeds on validation and applies the rule for linmem train's "
                    "default (linmem.protocol_choice).")
+@click.option("--ablation", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="`linmem ablation`'s ablation.json: which parts of the paper's protocol "
+                   "carry its result, in table2.md's section on both protocols (with --compare "
+                   "and --compare-seed-runs).")
 def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                runs: tuple[str, ...], summaries: tuple[str, ...], seed_runs: tuple[str, ...],
                baseline: str | None, protocol: str, compare: str | None,
-               compare_seed_runs: tuple[str, ...]) -> None:
+               compare_seed_runs: tuple[str, ...], ablation: str | None) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
     _needs_matplotlib("report (figure4.png)")
@@ -307,7 +311,7 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
     try:
         records = build_report(storage, None if grid == "all" else grid, runs_root, out, runs,
                                summaries, seed_runs, baseline, protocol, compare, command_line(),
-                               compare_seed_runs)
+                               compare_seed_runs, ablation)
     except (ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     out_dir = Path(out)
