@@ -490,6 +490,8 @@ def test_kernel_variants_differ_only_by_rounding():
 def test_kernel_switch_and_fallback(monkeypatch):
     """``use_cpu_kernel(False)`` runs the PyTorch loop; an unbuildable kernel warns once and
     falls back; ``LINMEM_CPU_KERNEL=0`` disables it."""
+    # a build's first use measures every path, the loop's among them: done before counting
+    _ext.cpu_path(lmn_ops.measure_cpu_paths)
     calls = []
     loop = lmn_ops._loop_forward
     monkeypatch.setattr(lmn_ops, "_loop_forward", lambda *a: calls.append(1) or loop(*a))
@@ -520,6 +522,26 @@ def test_kernel_switch_and_fallback(monkeypatch):
         _ext.cpu_path.cache_clear()
         monkeypatch.undo()
     assert _ext.load_cpu_kernel() is not None
+
+
+def test_each_checkout_builds_the_kernel_in_a_folder_of_its_own(monkeypatch, tmp_path):
+    """The build's commands name the sources by path: a second checkout of the same sources
+    (a worktree, CI's clone) gets another build name, so that neither rebuilds the other's."""
+    import shutil
+
+    here = _ext._build_name()
+    copy = tmp_path / "csrc"
+    shutil.copytree(_ext.CSRC, copy)
+    monkeypatch.setattr(_ext, "CSRC", copy)
+    _ext._build_name.cache_clear()
+    try:
+        other = _ext._build_name()
+        assert other != here and other.startswith("linmem_lmn_cpu_")
+        assert _ext._build_name() == other  # the same folder: the same build
+    finally:
+        _ext._build_name.cache_clear()
+        monkeypatch.undo()
+    assert _ext._build_name() == here
 
 
 def test_measured_choice_is_recorded_and_env_forces_a_path(monkeypatch, tmp_path):

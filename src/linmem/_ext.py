@@ -2,8 +2,8 @@
 built on first use, and the choice of the path the CPU runs (measured on the LMN, taken by all).
 
 The build is PyTorch's JIT C++ extension (a C++ compiler and the ``ninja`` of the ``ninja``
-wheel; about 15 s once per machine, cached under ``TORCH_EXTENSIONS_DIR`` or
-``~/.cache/torch_extensions``). One build holds the kernel's loops compiled for every instruction
+wheel; about 15 s once per machine and installed copy, cached under ``TORCH_EXTENSIONS_DIR``
+or ``~/.cache/torch_extensions``). One build holds the kernel's loops compiled for every instruction
 set of the architecture (on x86-64: AVX-512, AVX2 + FMA and the SSE2 baseline; elsewhere the
 baseline), each with a register tile that fits that instruction set; the CPU says at run time
 which it can execute (:func:`kernel_variants`).
@@ -47,9 +47,13 @@ LOOP = "loop"
 
 @functools.cache
 def _build_name() -> str:
-    """The extension's name: a hash of its sources, flags and torch version. The build is the
-    same on every CPU of an architecture (no ``-march=native``), so the CPU is not part of it."""
-    digest = hashlib.sha256()
+    """The extension's name: a hash of its sources, their folder, the flags and the torch
+    version. The build is the same on every CPU of an architecture (no ``-march=native``), so
+    the CPU is not part of it. Its commands name the sources by path: two checkouts sharing one
+    build folder would rebuild it from each other's at each process's first use (20 s each), and
+    a process of one could load the library while the other rewrites it; so each folder of
+    sources has a build of its own."""
+    digest = hashlib.sha256(str(CSRC.resolve()).encode())
     for name in (*SOURCES, *HEADERS):
         digest.update((CSRC / name).read_bytes())
     digest.update(" ".join(CFLAGS).encode() + torch.__version__.encode()
@@ -89,8 +93,8 @@ def load_cpu_kernel() -> ModuleType | None:
         _wheel_ninja_first()
         directory = _build_directory(name)
         if directory is None or not any(directory.glob(f"{name}*.so")):
-            print("linmem: building the LMN's CPU kernel (once per machine, about 15 s)",
-                  file=sys.stderr, flush=True)
+            print("linmem: building the LMN's CPU kernel (once per machine and installed copy, "
+                  "about 15 s)", file=sys.stderr, flush=True)
         return cpp_extension.load(
             name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
             extra_ldflags=["-fopenmp"], verbose=False)

@@ -9,6 +9,9 @@ of them carry its result, at the configuration that its search selected:
 - the search's median pruner, which decides which runs finish, not how one trains: the grid's
   runs replayed through it (:func:`replay_pruner`): the points it would have stopped and the
   configuration selected among the others.
+
+Their tables are drawn by :mod:`linmem.report` (:func:`ablation_record_markdown`), whose Table 2
+shows them too.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 
 from ._io import atomic_write, command_line, git_commit, made_by, read_json, write_json
 from .config import PROTOCOLS
-from .report import TABLE2_TITLES, ranges_apart, seed_groups, spread_text
+from .report import ablation_markdown, ablation_record_markdown, pruner_markdown, seed_groups
 from .runs import METRICS, collect_metrics, log_rows
 
 __all__ = [
@@ -91,53 +94,6 @@ def ablation_groups(base_runs: Sequence[dict], variant_runs: Sequence[dict]) -> 
                     "variant": group, "base": base["group"]})
     return sorted(out, key=lambda a: (a["dataset"], a["model"],
                                       json.dumps(a["factor"], sort_keys=True)))
-
-
-def _delta(a: dict, key: str) -> str:
-    """The variant's mean against the base's, and whether their seeds' ranges overlap."""
-    x, y = a["base"].get(key), a["variant"].get(key)
-    if x is None or y is None:
-        return "–"
-    change = f"{y['mean'] - x['mean']:+.2f}"
-    if min(x["n"], y["n"]) < 2:  # a single seed has no range to part from another
-        return f"{change} (one seed so far)"
-    return change + (" (ranges apart)" if ranges_apart(x, y) else "")
-
-
-def _seeds(g: dict) -> str:
-    text = ", ".join(map(str, g["seeds"]))
-    if g.get("diverged_seeds"):
-        text += f" ({', '.join(map(str, g['diverged_seeds']))} diverged)"
-    return text
-
-
-def ablation_markdown(rows: Sequence[dict], command: str | None = None,
-                      at: str | None = None) -> str:
-    """:func:`ablation_groups` as a table: each configuration's own seeds, then one row per
-    factor changed alone; test accuracy per-frame mean (the paper's metric) and global."""
-    lines = ["| data | model | size, weight decay | changed alone | seeds | test acc % "
-             "(per-frame mean) | change | test acc % (global) | change |",
-             "|---|---|---|---|---|---:|---:|---:|---:|"]
-    shown: set[str] = set()  # each base once (rows read back from ablation.json share none)
-    for a in rows:
-        b, v = a["base"], a["variant"]
-        size = f"({b['hidden']}" + (f", {b['memory']}" if b.get("memory") else "") + ")"
-        head = (f"| {TABLE2_TITLES.get(a['dataset'], a['dataset'])} | {a['model']} | "
-                f"{size}, {b['weight_decay']:g} |")
-        if (key := json.dumps(b, sort_keys=True)) not in shown:
-            shown.add(key)
-            lines.append(f"{head} – (as selected) | {_seeds(b)} | "
-                         f"{spread_text(b, 'test_acc_frame')} | | {spread_text(b, 'test_acc')} | |")
-        change = ", ".join(f"{f} {a['base_values'][f]} → {value}"
-                           for f, value in a["factor"].items())
-        lines.append(f"{head} {change} | {_seeds(v)} | {spread_text(v, 'test_acc_frame')} | "
-                     f"{_delta(a, 'test_acc_frame')} | {spread_text(v, 'test_acc')} | "
-                     f"{_delta(a, 'test_acc')} |")
-    lines += ["", "Mean ± standard deviation (minimum-maximum) over the seeds; a change is the "
-              "difference of the means, \"ranges apart\" where the seeds' ranges do not overlap "
-              "(two seeds or more on each side; a seed that diverged, with no score, is named "
-              "and left out)."]
-    return "\n".join(lines + made_by(command, at)) + "\n"
 
 
 def grid_trials(storage: str, study_name: str, runs_root: str | os.PathLike = "."
@@ -209,51 +165,6 @@ def replay_pruner(trials: Sequence[dict], warmup: int = 50, percentile: float = 
     return {"trials": len(trials), "stopped": stopped, "selected": pick(trials),
             "selected_pruned": pick([t for t in trials if t["point"] not in stopped]),
             "epochs_saved": saved / epochs if epochs else None}
-
-
-def pruner_markdown(replays: Sequence[tuple[str, dict]], warmup: int,
-                    command: str | None = None, at: str | None = None) -> str:
-    """The :func:`replay_pruner` of each ``(study, replay)``: the selection with and without the
-    stops."""
-    lines = ["| study | trials | stopped | epochs saved | selected, every run to its end: "
-             "point, test acc % per-frame (global) | selected with the pruner |",
-             "|---|---:|---:|---:|---|---|"]
-
-    def sel(t: dict | None) -> str:
-        if t is None:
-            return "–"
-        glob = "–" if t["test_acc"] is None else f"{t['test_acc']:.2f}"
-        frame = "–" if t["test_acc_frame"] is None else f"{t['test_acc_frame']:.2f}"
-        return f"{t['point']}: {frame} ({glob})"
-
-    for study, r in replays:
-        same = (r["selected"] or {}).get("number") == (r["selected_pruned"] or {}).get("number")
-        saved = "–" if r["epochs_saved"] is None else f"{100 * r['epochs_saved']:.0f} %"
-        lines.append(f"| {study} | {r['trials']} | {len(r['stopped'])} | {saved} | "
-                     f"{sel(r['selected'])} | "
-                     f"{'the same' if same else sel(r['selected_pruned'])} |")
-    lines += ["", f"The median pruner (from epoch {warmup}) replayed on the grid's finished runs, "
-              "each against all the others as if they had finished before it (a search's "
-              "pruner sees only those finished by then, after its first few): a run stops at "
-              "the first epoch where its best validation score so far is below the median of "
-              "the others' at that epoch. The selection is on validation (the runs' own "
-              "score), among the runs that were not stopped."]
-    return "\n".join(lines + made_by(command, at)) + "\n"
-
-
-def ablation_record_markdown(record: dict, heading: str = "##") -> str:
-    """An ablation's record (``ablation.json``, :func:`write_ablation`) as Markdown, its command
-    left out: the factors' table (:func:`ablation_markdown`) and the pruner's
-    (:func:`pruner_markdown`), each under a ``heading`` of its own."""
-    parts = []
-    if record.get("factors"):
-        parts += [f"{heading} A part of training changed alone", "",
-                  ablation_markdown(record["factors"])]
-    if record.get("pruner"):
-        pruner = record["pruner"]
-        parts += [f"{heading} The median pruner", "", pruner_markdown(
-            [(s["study"], s) for s in pruner["studies"]], pruner["warmup"])]
-    return "\n".join(parts)
 
 
 def write_ablation(out: str | os.PathLike, base_runs: Sequence[str | os.PathLike],

@@ -128,7 +128,7 @@ def measure_cpu_paths(variants: list[str], repeats: int = 5) -> dict:
     up: a burst of load from other processes slows the paths alike rather than the one timed
     then); with one thread the time is the process's CPU time, which the other processes'
     share of the cores does not count, else the wall time. The choice is the fastest variant
-    that beats the loop at both sizes, else the loop. Used once per machine by
+    that beats the loop at both sizes, else the loop. Used once per machine and build by
     :func:`linmem._ext.cpu_path`; takes about a second."""
     with torch.inference_mode(False), torch.enable_grad():  # whatever context asked first
         return _measure_cpu_paths(variants, repeats)

@@ -1,6 +1,7 @@
 """The paper's tables from run directories and search records (``linmem report``,
 :func:`build_report`): Table 2 (both accuracies, the NLL, the seeds' spread, the claims), the
-seeds' table, both protocols side by side, Figure 4's data and the summary files. Every number of
+seeds' table, both protocols side by side, the ablation's tables (:mod:`linmem.ablation` computes
+them), Figure 4's data and the summary files. Every number of
 a run comes from its ``metrics.json`` (:mod:`linmem.runs`); the previous-frame baseline that the
 table quotes is computed from the data (:func:`linmem.analyses.previous_frame_report`)."""
 
@@ -40,11 +41,14 @@ __all__ = [
     "TABLE2_DATASETS",
     "TABLE2_MODELS",
     "TABLE2_TITLES",
+    "ablation_markdown",
+    "ablation_record_markdown",
     "both_protocols_lines",
     "build_report",
     "figure4_data",
     "markdown_table",
     "protocols_markdown",
+    "pruner_markdown",
     "ranges_apart",
     "run_records",
     "seed_groups",
@@ -626,6 +630,100 @@ def _protocols_lines(paper: Sequence[dict], linmem: Sequence[dict]) -> list[str]
     return lines
 
 
+def _ablation_delta(a: dict, key: str) -> str:
+    """The variant's mean against the base's, and whether their seeds' ranges overlap."""
+    x, y = a["base"].get(key), a["variant"].get(key)
+    if x is None or y is None:
+        return "–"
+    change = f"{y['mean'] - x['mean']:+.2f}"
+    if min(x["n"], y["n"]) < 2:  # a single seed has no range to part from another
+        return f"{change} (one seed so far)"
+    return change + (" (ranges apart)" if ranges_apart(x, y) else "")
+
+
+def _ablation_seeds(g: dict) -> str:
+    text = ", ".join(map(str, g["seeds"]))
+    if g.get("diverged_seeds"):
+        text += f" ({', '.join(map(str, g['diverged_seeds']))} diverged)"
+    return text
+
+
+def ablation_markdown(rows: Sequence[dict], command: str | None = None,
+                      at: str | None = None) -> str:
+    """:func:`linmem.ablation.ablation_groups` as a table: each configuration's own seeds, then
+    one row per factor changed alone; test accuracy per-frame mean (the paper's metric) and
+    global."""
+    lines = ["| data | model | size, weight decay | changed alone | seeds | test acc % "
+             "(per-frame mean) | change | test acc % (global) | change |",
+             "|---|---|---|---|---|---:|---:|---:|---:|"]
+    shown: set[str] = set()  # each base once (rows read back from ablation.json share none)
+    for a in rows:
+        b, v = a["base"], a["variant"]
+        size = f"({b['hidden']}" + (f", {b['memory']}" if b.get("memory") else "") + ")"
+        head = (f"| {TABLE2_TITLES.get(a['dataset'], a['dataset'])} | {a['model']} | "
+                f"{size}, {b['weight_decay']:g} |")
+        if (key := json.dumps(b, sort_keys=True)) not in shown:
+            shown.add(key)
+            lines.append(f"{head} – (as selected) | {_ablation_seeds(b)} | "
+                         f"{spread_text(b, 'test_acc_frame')} | | {spread_text(b, 'test_acc')} | |")
+        change = ", ".join(f"{f} {a['base_values'][f]} → {value}"
+                           for f, value in a["factor"].items())
+        lines.append(f"{head} {change} | {_ablation_seeds(v)} | "
+                     f"{spread_text(v, 'test_acc_frame')} | "
+                     f"{_ablation_delta(a, 'test_acc_frame')} | {spread_text(v, 'test_acc')} | "
+                     f"{_ablation_delta(a, 'test_acc')} |")
+    lines += ["", "Mean ± standard deviation (minimum-maximum) over the seeds; a change is the "
+              "difference of the means, \"ranges apart\" where the seeds' ranges do not overlap "
+              "(two seeds or more on each side; a seed that diverged, with no score, is named "
+              "and left out)."]
+    return "\n".join(lines + made_by(command, at)) + "\n"
+
+
+def pruner_markdown(replays: Sequence[tuple[str, dict]], warmup: int,
+                    command: str | None = None, at: str | None = None) -> str:
+    """The :func:`linmem.ablation.replay_pruner` of each ``(study, replay)``: the selection with
+    and without the stops."""
+    lines = ["| study | trials | stopped | epochs saved | selected, every run to its end: "
+             "point, test acc % per-frame (global) | selected with the pruner |",
+             "|---|---:|---:|---:|---|---|"]
+
+    def sel(t: dict | None) -> str:
+        if t is None:
+            return "–"
+        glob = "–" if t["test_acc"] is None else f"{t['test_acc']:.2f}"
+        frame = "–" if t["test_acc_frame"] is None else f"{t['test_acc_frame']:.2f}"
+        return f"{t['point']}: {frame} ({glob})"
+
+    for study, r in replays:
+        same = (r["selected"] or {}).get("number") == (r["selected_pruned"] or {}).get("number")
+        saved = "–" if r["epochs_saved"] is None else f"{100 * r['epochs_saved']:.0f} %"
+        lines.append(f"| {study} | {r['trials']} | {len(r['stopped'])} | {saved} | "
+                     f"{sel(r['selected'])} | "
+                     f"{'the same' if same else sel(r['selected_pruned'])} |")
+    lines += ["", f"The median pruner (from epoch {warmup}) replayed on the grid's finished runs, "
+              "each against all the others as if they had finished before it (a search's "
+              "pruner sees only those finished by then, after its first few): a run stops at "
+              "the first epoch where its best validation score so far is below the median of "
+              "the others' at that epoch. The selection is on validation (the runs' own "
+              "score), among the runs that were not stopped."]
+    return "\n".join(lines + made_by(command, at)) + "\n"
+
+
+def ablation_record_markdown(record: dict, heading: str = "##") -> str:
+    """An ablation's record (``ablation.json``, :func:`linmem.ablation.write_ablation`) as
+    Markdown, its command left out: the factors' table (:func:`ablation_markdown`) and the
+    pruner's (:func:`pruner_markdown`), each under a ``heading`` of its own."""
+    parts = []
+    if record.get("factors"):
+        parts += [f"{heading} A part of training changed alone", "",
+                  ablation_markdown(record["factors"])]
+    if record.get("pruner"):
+        pruner = record["pruner"]
+        parts += [f"{heading} The median pruner", "", pruner_markdown(
+            [(s["study"], s) for s in pruner["studies"]], pruner["warmup"])]
+    return "\n".join(parts)
+
+
 PROTOCOL_TITLES = {"paper": "the paper's protocol", "linmem": "linmem's protocol"}
 
 
@@ -641,8 +739,6 @@ def both_protocols_lines(records: Sequence[dict], other: Sequence[dict], protoco
     if protocol not in PROTOCOL_TITLES:
         raise ValueError(f"both protocols side by side: the report's protocol must be one of "
                          f"{', '.join(PROTOCOL_TITLES)}, not {protocol!r}")
-    from .ablation import ablation_record_markdown  # it builds on this module
-
     paper, linmem = (records, other) if protocol == "paper" else (other, records)
     other_title = PROTOCOL_TITLES["linmem" if protocol == "paper" else "paper"]
     lines = ["", "## Both training protocols", "",
