@@ -80,10 +80,10 @@ def test_baselines_script_runs(tmp_path):
     """linmem.rnns' RNN and GRU against PyTorch's, the ULM against its autograd loop, at a tiny
     size (the script checks that both give the same logits before it times them)."""
     out = tmp_path / "b.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "baselines.py"), "--sizes", "8",
-                    "--ulm-sizes", "8", "--steps", "6", "--rounds", "1", "--min-time", "0.01",
-                    "--json", str(out)],
-                   check=True, capture_output=True)
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "baselines.py"), "--sizes", "8",
+                           "--ulm-sizes", "8", "--steps", "6", "--rounds", "1", "--min-time",
+                           "0.01", "--json", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(out.read_text())["sizes"]
     assert row["gru_vs_torch"] == pytest.approx(row["gru_train_fps"] / row["gru-torch_train_fps"])
     assert row["gru_vs_loop"] == pytest.approx(row["gru_train_fps"] / row["gru-loop_train_fps"])
