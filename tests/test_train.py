@@ -259,6 +259,26 @@ def test_divergence_in_the_first_epoch_fails_the_run(tmp_path, small, monkeypatc
     assert not (tmp_path / "run" / "diverged.json").exists()
 
 
+def test_a_pretraining_that_diverged_is_the_runs_result(tmp_path, small):
+    """A pretrained model's run whose pretraining diverged (its unrolled network's training,
+    say) records it in its own ``diverged.json``, as a divergence of its own training: a seed
+    of it counts as run (``linmem reseed``, the seeds' table), not as never started."""
+    def diverging(model):
+        raise TrainingDiverged("the checkpoint chosen on validation (epoch 8): outputs NaN")
+
+    with pytest.raises(TrainingDiverged, match=r"^its pretraining: the checkpoint chosen"):
+        train(config(), tmp_path / "run", progress=False, data=small, initialize=diverging)
+    record = json.loads((tmp_path / "run" / "diverged.json").read_text())
+    assert record["diverged"] == ("its pretraining: the checkpoint chosen on validation "
+                                  "(epoch 8): outputs NaN")
+    assert record["epochs"] == 0 and record["seed"] == config().seed and record["commit"]
+    assert record["cpu_time_s"] >= 0 and not (tmp_path / "run" / "metrics.json").exists()
+    from linmem.runs import collect_metrics  # read with the seeds, as a seed that diverged
+
+    (seen,) = collect_metrics([tmp_path / "run"], diverged=True)
+    assert seen["diverged"].startswith("its pretraining")
+
+
 def test_evaluate_rejects_non_finite_outputs(small):
     torch.manual_seed(0)
     model = build_model("lstm", 5)

@@ -455,8 +455,24 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     run_dir.mkdir(parents=True, exist_ok=True)
     claim.acquire()
     write_json(run_dir / CONFIG, asdict(config))
+    elapsed_before = state["elapsed"]
+    # older checkpoints did not keep the CPU time: their wall time stands in (an upper bound)
+    cpu_before = state.get("cpu_elapsed", elapsed_before)
+
+    def spent() -> tuple[float, float]:
+        """The wall and CPU seconds of the run so far, every session's (its pretraining's
+        too: it runs in this call)."""
+        return (elapsed_before + time.perf_counter() - started,
+                cpu_before + time.process_time() - cpu_started)
+
     if initialize is not None and ckpt is None:
-        initialize(model)
+        try:
+            initialize(model)
+        except TrainingDiverged as err:  # a network that the pretraining trains diverged
+            why = f"its pretraining: {err}"
+            # a result as the run's own divergence is (a seed that diverged counts as run)
+            _write_diverged(run_dir, config, state, why, commit, spent(), device)
+            raise TrainingDiverged(why) from None
     model = model.to(device)
     optimizer = make_optimizer(model.parameters(), config)
     if ckpt is not None:
@@ -466,14 +482,6 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
             torch.set_rng_state(ckpt["rng"].cpu())
         if "cuda_rng" in ckpt and device.type == "cuda":  # a run on CUDA continued on CUDA
             torch.cuda.set_rng_state(ckpt["cuda_rng"].cpu(), device)
-    elapsed_before = state["elapsed"]
-    # older checkpoints did not keep the CPU time: their wall time stands in (an upper bound)
-    cpu_before = state.get("cpu_elapsed", elapsed_before)
-
-    def spent() -> tuple[float, float]:
-        """The wall and CPU seconds of the run so far, every session's."""
-        return (elapsed_before + time.perf_counter() - started,
-                cpu_before + time.process_time() - cpu_started)
 
     if state["stop_reason"] is None and not _budget_left(state, config):
         state["stop_reason"] = _stop_reason(state, config)  # a smaller budget: stop here
