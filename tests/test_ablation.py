@@ -193,6 +193,33 @@ def test_grid_trials_read_the_runs_logs_and_the_storage(tmp_path):
         grid_trials(storage, "jsb-gru-paper@paper", tmp_path)
 
 
+def test_grid_trials_without_the_runs_join_a_resumed_runs_trials(tmp_path):
+    """With the run directory gone (another machine's), a run that a killed worker left and a
+    later trial resumed has its epochs in two trials' intermediate values: the curve joins them
+    (the later trial's report of an epoch wins), as the run's log would have it."""
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    study = optuna.create_study(study_name="jsb-lstm-paper@paper", storage=storage,
+                                direction="maximize")
+    study.set_user_attr("train", {"select": "acc_frame", "protocol": "paper"})
+    dist = {"hidden": optuna.distributions.CategoricalDistribution([50, 250]),
+            "weight_decay": optuna.distributions.CategoricalDistribution([0.0])}
+    for state, hidden, curve, value in (
+            ("FAIL", 250, {1: 10.0, 2: 24.0, 3: 26.0}, None),  # killed after epoch 3
+            ("COMPLETE", 50, {1: 15.0, 2: 16.0, 3: 16.5, 4: 17.0, 5: 17.5}, 17.5),
+            ("COMPLETE", 250, {3: 27.0, 4: 30.0, 5: 31.0}, 31.0)):  # resumed from epoch 2
+        study.add_trial(optuna.trial.create_trial(
+            state=getattr(optuna.trial.TrialState, state), value=value,
+            params={"hidden": hidden, "weight_decay": 0.0}, distributions=dist,
+            intermediate_values=curve, user_attrs={"run_dir": f"runs/h{hidden}-wd0"}))
+    trials = grid_trials(storage, "jsb-lstm-paper@paper", tmp_path)
+    assert [t["point"] for t in trials] == ["h50-wd0", "h250-wd0"]
+    assert trials[1]["curve"] == {1: 10.0, 2: 24.0, 3: 27.0, 4: 30.0, 5: 31.0}
+    assert trials[0]["curve"] == {1: 15.0, 2: 16.0, 3: 16.5, 4: 17.0, 5: 17.5}
+    # epoch 2: h50's best 16 against h250's 24: with the resumed run's second trial alone,
+    # h250 had no score before epoch 3 and h50 would have been compared with nothing
+    assert replay_pruner(trials, warmup=2)["stopped"] == {"h50-wd0": 2}
+
+
 def test_the_ablation_command(tmp_path, monkeypatch):
     _seeds(tmp_path)
     storage = _study(tmp_path)

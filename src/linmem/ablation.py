@@ -102,7 +102,9 @@ def grid_trials(storage: str, study_name: str, runs_root: str | os.PathLike = ".
     number, its objective (the validation score its runs select on, ``value``), the test
     accuracies of its run (``test_acc_frame``, ``test_acc``, from ``metrics.json`` under
     ``runs_root``) and its validation score at every epoch of the run's ``log.jsonl`` (``curve``:
-    epoch -> score; the trial's intermediate values where the run is not there)."""
+    epoch -> score; where the run is not there, the intermediate values of every trial that
+    trained its run directory: a worker killed mid-run leaves a failed trial with the epochs up
+    to then, and the trial that resumed the run reports only the epochs after)."""
     import optuna  # slow to import
     from optuna.trial import TrialState
 
@@ -117,14 +119,23 @@ def grid_trials(storage: str, study_name: str, runs_root: str | os.PathLike = ".
     study = optuna.load_study(study_name=study_name, storage=storage)
     select = study.user_attrs.get("train", {}).get(
         "select", PROTOCOLS[study_protocol(study.user_attrs)].select)
+    trials = study.get_trials(deepcopy=False)
+    reported: dict[str, dict[int, float]] = {}  # run directory -> epoch -> score, all trials'
+    for t in sorted(trials, key=lambda t: t.number):  # a later trial's report of an epoch wins
+        if "run_dir" in t.user_attrs:
+            reported.setdefault(t.user_attrs["run_dir"], {}).update(
+                {int(k): v for k, v in t.intermediate_values.items()})
     out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    for t in trials:
+        if t.state != TrialState.COMPLETE:
+            continue
         point = trial_point(t)
         if point is None or "duplicate_of" in t.user_attrs or not math.isfinite(t.value):
             continue
         run = Path(runs_root) / t.user_attrs["run_dir"] if "run_dir" in t.user_attrs else None
         rows = log_rows(run) if run is not None else []
-        curve = ({int(r["epoch"]): _score(r, select) for r in rows} if rows
+        curve = ({int(r["epoch"]): _score(r, select) for r in rows} if rows else
+                 dict(sorted(reported[t.user_attrs["run_dir"]].items())) if run is not None
                  else {int(k): v for k, v in t.intermediate_values.items()})
         metrics = (read_json(run / METRICS) if run is not None and (run / METRICS).is_file()
                    else t.user_attrs)
