@@ -748,6 +748,9 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
                                                               "jsb-rnn-tiny": 1}
     assert import_studies(export, make_storage(storage2)) == {"jsb-lmn-b-tiny": 0,
                                                               "jsb-rnn-tiny": 0}
+    back = tmp_path / "back.jsonl"  # exported from where it was imported: the same text
+    export_studies(storage2, back)
+    assert back.read_bytes() == export.read_bytes()
     after = search_records(storage2, "tiny", runs_root=elsewhere)
     for a, b in zip(before, after, strict=True):
         assert a["trials_run"] == b["trials_run"] or a["model"] == "rnn"
@@ -828,6 +831,9 @@ def test_export_gives_a_killed_trial_the_time_its_run_logged(tmp_path, data_dir)
                 None: record["cpu_s"]}
         else:
             assert record["cpu_s"] == seconds and record["cpu_s_by_machine"] == {cpu: seconds}
+        back = tmp_path / f"{export.stem}-back.jsonl"  # exported again from there: the same
+        main(["search-export", str(back), "--storage", elsewhere])  # text, the run's time added
+        assert back.read_bytes() == export.read_bytes()  # after the trial's own attributes too
 
 
 def test_report_of_an_imported_study_keeps_what_its_runs_held(tmp_path, data_dir):

@@ -275,9 +275,11 @@ def export_studies(storage: str, path: str | os.PathLike, grid: str | None = Non
             counts[study.study_name] = len(trials)
         journal_file.touch()  # no study: an empty journal
         lines = [json.loads(line) for line in journal_file.read_text().splitlines()]
-        with atomic_write(path, "w") as f:  # one writer's name: the same trials, the same text
-            f.writelines(json.dumps({**e, "worker_id": "linmem-export"}, separators=(",", ":"))
-                         + "\n" for e in lines)
+        # one writer's name and sorted keys: the same trials, the same text (a storage that
+        # imported them keeps a trial's attributes in another order)
+        with atomic_write(path, "w") as f:
+            f.writelines(json.dumps({**e, "worker_id": "linmem-export"}, separators=(",", ":"),
+                                    sort_keys=True) + "\n" for e in lines)
     return counts
 
 
