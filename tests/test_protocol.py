@@ -197,6 +197,10 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
         assert metrics["best_epoch"] == max(log, key=lambda r: (r["valid_acc_frame"],
                                                                 -r["epoch"]))["epoch"]
         assert json.loads((run / "config.json").read_text())["batch_size"] == 1
+        # the best score the trial reported, named for what it is (a per-frame accuracy)
+        assert t["best_intermediate_valid_acc_frame"] == pytest.approx(
+            max(r["valid_acc_frame"] for r in log))
+        assert t["best_intermediate_valid_nll"] is None and t["best_intermediate_valid_acc"] is None
     # the report keeps each column's selected run (the per-frame one apart where it differs)
     from linmem.report import write_search_report
 

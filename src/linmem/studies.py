@@ -151,6 +151,9 @@ def search_records(storage: str, grid: str | None = None,
             p = trial_point(t)
             if "duplicate_of" in t.user_attrs or p is None or t.state == TrialState.WAITING:
                 continue
+            # the best epoch's score that the trial reported (the study's objective: an accuracy,
+            # global or per-frame, or minus the NLL), named for what it is
+            best = max(t.intermediate_values.values(), default=None)
             trials.append({"number": t.number, "point": p.name, "hidden": p.hidden,
                            "memory": p.memory, "weight_decay": p.weight_decay,
                            "state": t.state.name.lower(),
@@ -158,12 +161,10 @@ def search_records(storage: str, grid: str | None = None,
                            **({"valid_acc_frame": t.user_attrs.get("valid_acc_frame")}
                               if on_frame else {}),
                            "valid_nll": t.user_attrs.get("valid_nll"),
-                           "best_intermediate_valid_acc": (
-                               max(t.intermediate_values.values(), default=None) if on_acc
-                               else None),
+                           "best_intermediate_valid_acc": best if on_acc else None,
+                           **({"best_intermediate_valid_acc_frame": best} if on_frame else {}),
                            "best_intermediate_valid_nll": (
-                               None if on_acc or not t.intermediate_values
-                               else -max(t.intermediate_values.values())),
+                               -best if selects == "nll" and best is not None else None),
                            "epochs": t.user_attrs.get("epochs",
                                                       t.user_attrs.get("pruned_at_epoch")),
                            "wall_time_s": (t.duration.total_seconds()
