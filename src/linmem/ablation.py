@@ -206,7 +206,7 @@ def write_ablation(out: str | os.PathLike, base_runs: Sequence[str | os.PathLike
              **{k: None if r[k] is None else {f: r[k][f] for f in (
                  "number", "point", "value", "test_acc_frame", "test_acc")}
                 for k in ("selected", "selected_pruned")}} for s, r in replays]}
-    if len(record) == 2:
+    if "factors" not in record and "pruner" not in record:
         raise ValueError("nothing to report: give variant runs, or --study for the pruner")
     parts = ["# One factor at a time", "", ablation_record_markdown(record)]
     parts += made_by(command, at)[1:]
