@@ -727,11 +727,11 @@ def ablation_record_markdown(record: dict, heading: str = "##") -> str:
 PROTOCOL_TITLES = {"paper": "the paper's protocol", "linmem": "linmem's protocol"}
 
 
-def both_protocols_lines(records: Sequence[dict], other: Sequence[dict], protocol: str,
+def both_protocols_lines(paper: Sequence[dict], linmem: Sequence[dict], protocol: str,
                          other_seeds: Sequence[dict] = (), ablation: dict | None = None,
                          sources: str = "") -> list[str]:
-    """Table 2's section on both training protocols (issue 43): ``records`` (trained under
-    ``protocol``, 'paper' or 'linmem') and ``other`` (the other one's) side by side
+    """Table 2's section on both training protocols (issue 43), in the report of ``protocol``
+    ('paper' or 'linmem'): each protocol's records side by side
     (:func:`protocols_markdown`), the other protocol's seeds (:func:`seed_groups`: their spread,
     the paper's claims and whether its figures are reached) and an ablation's record (``linmem
     ablation``'s ``ablation.json``) of the paper protocol's parts; ``sources`` names where
@@ -739,7 +739,6 @@ def both_protocols_lines(records: Sequence[dict], other: Sequence[dict], protoco
     if protocol not in PROTOCOL_TITLES:
         raise ValueError(f"both protocols side by side: the report's protocol must be one of "
                          f"{', '.join(PROTOCOL_TITLES)}, not {protocol!r}")
-    paper, linmem = (records, other) if protocol == "paper" else (other, records)
     other_title = PROTOCOL_TITLES["linmem" if protocol == "paper" else "paper"]
     lines = ["", "## Both training protocols", "",
              f"The tables above were trained under {PROTOCOL_TITLES[protocol]}; here they are "
@@ -912,22 +911,23 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
         raise ValueError(f"--ablation {ablation}: not `linmem ablation`'s ablation.json "
                          f"({err})") from None
     other = summary_file_records(compare) if compare is not None else []
+    paper, linmem = (records, other) if protocol == "paper" else (other, records)
     protocols = []
     if compare is not None or other_seeds or ablation_record:
         sources = "; ".join(f"{what} `{path}`" for what, path in (
             ("selections", compare), ("seeds", ", ".join(map(str, compare_seed_runs))),
             ("ablation", ablation)) if path)
-        protocols = both_protocols_lines(records, other, protocol, other_seeds,
+        protocols = both_protocols_lines(paper, linmem, protocol, other_seeds,
                                          ablation_record, sources)
     command = command or command_line()
     write_search_report(records, Path(out), command, runs_root, calibration, seeds, protocols)
     if compare is not None:  # the other protocol's selections beside these
-        paper, linmem = (records, other) if protocol == "paper" else (other, records)
         with atomic_write(Path(out) / "protocols.md", "w") as f:
             f.write(protocols_markdown(paper, linmem, command))
     if compare_seed_runs:  # which protocol linmem train uses by default (issue 43, item 5)
-        ours, other = (seeds, other_seeds) if protocol == "paper" else (other_seeds, seeds)
-        choice = {**protocol_choice(ours, other), "command": command}
+        paper_seeds, linmem_seeds = ((seeds, other_seeds) if protocol == "paper"
+                                     else (other_seeds, seeds))
+        choice = {**protocol_choice(paper_seeds, linmem_seeds), "command": command}
         write_json(Path(out) / "protocol-choice.json", choice)
         with atomic_write(Path(out) / "protocol-choice.md", "w") as f:
             f.write(protocol_choice_markdown(choice, command))
