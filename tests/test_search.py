@@ -836,6 +836,29 @@ def test_export_gives_a_killed_trial_the_time_its_run_logged(tmp_path, data_dir)
         assert back.read_bytes() == export.read_bytes()  # after the trial's own attributes too
 
 
+def test_a_resumed_pruned_trial_is_scored_on_its_runs_every_epoch(tmp_path, data_dir):
+    """A worker killed mid-run leaves a failed trial with the epochs up to then; the trial that
+    resumes the run reports only the epochs after. The best validation accuracy that a pruned
+    trial reached (the hidden-size figure's lower bound) is over both trials' reports."""
+    config = _config(tmp_path, data_dir)
+    study = open_study(config, "jsb", "lmn-b")
+    point = grid_points("lmn-b", "tiny")[0]
+    run_dir = f"runs/{study.study_name}/{point.name}"
+    for state, reports in ((TrialState.FAIL, {1: 10.0, 2: 24.0}),  # killed after epoch 2
+                           (TrialState.PRUNED, {3: 20.0, 4: 21.0})):  # resumed, then pruned
+        study.enqueue_trial(point.params)
+        trial = study.ask()
+        trial.set_user_attr("run_dir", run_dir)
+        for epoch, acc in reports.items():
+            trial.report(acc, epoch)
+        study.tell(trial, state=state)
+    record, = search_records(default_storage(config.out_dir), "tiny")
+    failed, pruned = record["trials_run"]
+    assert (failed["state"], pruned["state"]) == ("fail", "pruned")
+    assert pruned["best_intermediate_valid_acc"] == 24.0  # the trial's own reports: 21.0
+    assert pruned["epochs"] is None and record["points_done"] == 1
+
+
 def test_report_of_an_imported_study_keeps_what_its_runs_held(tmp_path, data_dir):
     """A study imported from another machine, its trials older than the threshold attributes
     (dropped from the journal), its runs left there: `linmem report` into the same results

@@ -110,7 +110,7 @@ def grid_trials(storage: str, study_name: str, runs_root: str | os.PathLike = ".
 
     from .grids import trial_point
     from .search import _score
-    from .studies import study_protocol
+    from .studies import run_reports, study_protocol
 
     names = optuna.get_all_study_names(storage)
     if study_name not in names:
@@ -120,11 +120,7 @@ def grid_trials(storage: str, study_name: str, runs_root: str | os.PathLike = ".
     select = study.user_attrs.get("train", {}).get(
         "select", PROTOCOLS[study_protocol(study.user_attrs)].select)
     trials = study.get_trials(deepcopy=False)
-    reported: dict[str, dict[int, float]] = {}  # run directory -> epoch -> score, all trials'
-    for t in sorted(trials, key=lambda t: t.number):  # a later trial's report of an epoch wins
-        if "run_dir" in t.user_attrs:
-            reported.setdefault(t.user_attrs["run_dir"], {}).update(
-                {int(k): v for k, v in t.intermediate_values.items()})
+    reported = run_reports(trials)  # run directory -> epoch -> score, all trials'
     out = []
     for t in trials:
         if t.state != TrialState.COMPLETE:
