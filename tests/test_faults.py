@@ -216,7 +216,15 @@ def test_layer_input_errors():
         with pytest.raises(TypeError, match=re.escape(f"input is {dtype}, the LMN's parameters "
                                                       "are torch.float32: convert")):
             lmn(torch.zeros(3, 2, 4, dtype=dtype))
-    with pytest.raises(TypeError, match=r"memory state is torch\.float64"):
+    with pytest.raises(TypeError, match=re.escape("convert one of them (input.to(torch.float32)"
+                                                  " or lmn.to(torch.float64))")):
+        lmn(torch.zeros(3, 2, 4, dtype=torch.float64))
+    with pytest.raises(TypeError, match=re.escape(  # an LMN of integers is no choice
+            "convert it to a floating dtype (input.to(torch.float32))")):
+        lmn(torch.zeros(3, 2, 4, dtype=torch.uint8))
+    with pytest.raises(TypeError, match=re.escape(
+            "memory state is torch.float64, the LMN's parameters are torch.float32: convert one "
+            "of them (state.to(torch.float32) or lmn.to(torch.float64))")):
         lmn(torch.zeros(3, 2, 4), torch.zeros(1, 2, 6, dtype=torch.float64))
 
 

@@ -71,8 +71,11 @@ def _check_nonlinearity(name: str) -> None:
 def _check_dtype(t: Tensor, weight: Tensor, what: str = "input") -> None:
     """A tensor of the parameters' floating dtype, or one line saying how to get there."""
     if t.dtype != weight.dtype:
-        raise TypeError(f"{what} is {t.dtype}, the LMN's parameters are {weight.dtype}: convert "
-                        f"one of them (input.to({weight.dtype}) or lmn.to({t.dtype}))")
+        how = (f"one of them ({what.split()[-1]}.to({weight.dtype}) or lmn.to({t.dtype}))"
+               if t.is_floating_point() else
+               f"it to a floating dtype ({what.split()[-1]}.to({weight.dtype}))")
+        raise TypeError(f"{what} is {t.dtype}, the LMN's parameters are {weight.dtype}: "
+                        f"convert {how}")
 
 
 def _autocast_enabled(device_type: str) -> bool:
