@@ -213,6 +213,20 @@ def test_float32_torch_input_and_batched_encode():
     for i, s in enumerate(seqs):
         np.testing.assert_allclose(batch[i, : len(s)], la64.encode(s), atol=1e-12)
         assert np.all(batch[i, len(s):] == 0)
+    # a list of sequences of their own lengths, as fit takes it: a list of their states, each
+    # the eq. 1 recursion run by hand
+    listed = la64.transform(seqs)
+    assert [len(y) for y in listed] == [9, 6, 3]
+    for s, states in zip(seqs, listed, strict=True):
+        y = np.zeros(10)
+        for t, x in enumerate(s):
+            y = la64.A_ @ x + la64.B_ @ y
+            np.testing.assert_allclose(states[t], y, atol=1e-12)
+    refit = LinearAutoencoder(10, solver="dense")
+    fitted = refit.fit_transform([torch.from_numpy(s) for s in seqs])
+    for a, b in zip(fitted, listed, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert refit.A_.shape == la64.A_.shape
 
 
 def test_bad_input():
@@ -238,6 +252,10 @@ def test_bad_input():
     la = LinearAutoencoder(2, solver="dense").fit(good)
     with pytest.raises(ValueError, match="expected"):
         la.encode(np.ones((4, 5)))
+    with pytest.raises(ValueError, match=r"sequence 1: expected \(T, 3\)"):
+        la.encode([good[0], np.ones((4, 5))])
+    with pytest.raises(ValueError, match="lengths"):
+        la.encode(good, lengths=[4, 4])
     with pytest.raises(ValueError, match="state"):
         la.decode(np.ones(3), 2)
 

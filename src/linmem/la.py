@@ -527,14 +527,26 @@ class LinearAutoencoder:
         if not hasattr(self, "A_"):
             raise RuntimeError("this LinearAutoencoder is not fitted yet; call fit first")
 
-    def encode(self, sequence, lengths=None) -> np.ndarray:
+    def encode(self, sequence, lengths=None) -> np.ndarray | list[np.ndarray]:
         """States ``y_t = A x_t + B y_{t-1}`` (eq. 1, ``y_0 = 0``) for every step.
 
-        ``sequence`` is ``(T, a)`` -> ``(T, p)``, or a padded batch ``(N, T, a)`` -> ``(N, T, p)``
+        ``sequence`` is ``(T, a)`` -> ``(T, p)``, a padded batch ``(N, T, a)`` -> ``(N, T, p)``
         computed with batched matrix products (``lengths`` only zeroes the states after each
-        sequence's end).
+        sequence's end), or a list of ``(T_i, a)`` sequences, as :meth:`fit` takes them -> a
+        list of ``(T_i, p)``.
         """
         self._check_fitted()
+        if isinstance(sequence, (list, tuple)) and sequence and all(
+                np.ndim(s) == 2 for s in sequence):  # (np.ndim: a tensor's too)
+            if lengths is not None:
+                raise ValueError("lengths is for a padded (N, T, a) batch, not a list")
+            out = []
+            for i, s in enumerate(sequence):
+                try:
+                    out.append(self.encode(s))
+                except ValueError as e:
+                    raise ValueError(f"sequence {i}: {e}") from None
+            return out
         x = sequence.detach().cpu().numpy() if hasattr(sequence, "detach") else np.asarray(
             sequence)
         if x.ndim not in (2, 3) or x.shape[-1] != self.n_features_in_:
@@ -557,6 +569,10 @@ class LinearAutoencoder:
         return states[0] if single else states
 
     transform = encode
+
+    def fit_transform(self, sequences, y: None = None) -> np.ndarray | list[np.ndarray]:
+        """:meth:`fit` on ``sequences``, then their states (:meth:`encode`)."""
+        return self.fit(sequences).encode(sequences)
 
     def decode(self, state, n_steps: int) -> np.ndarray:
         """The last ``n_steps`` inputs reconstructed from one state ``y_t`` ``(p,)``, in
