@@ -45,7 +45,13 @@ def test_missing_and_corrupt_files(tmp_path, data_dir):
     raw = bytearray((data_dir / "JSB_Chorales.mat").read_bytes())
     raw[5000] ^= 0xFF
     broken.write_bytes(bytes(raw))
-    with pytest.raises(DataError, match="SHA-256 mismatch"):
+    with pytest.raises(DataError, match=r"SHA-256 mismatch .*: a corrupt or other file; delete "
+                                         "it, and load with download=True"):
+        load_polyphonic("jsb", root=tmp_path)
+    broken.unlink()  # a cached pickle that is not the published one: the same advice
+    (tmp_path / "JSB Chorales.pickle").write_bytes(b"not the data set")
+    with pytest.raises(DataError, match=r"JSB Chorales\.pickle: SHA-256 mismatch .*: a corrupt "
+                                         "or other file; delete it"):
         load_polyphonic("jsb", root=tmp_path)
 
 

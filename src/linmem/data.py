@@ -386,6 +386,9 @@ def _download(url: str, dest: Path, info: DatasetInfo, progress: bool) -> None:
         raise
 
 
+_REFETCH = "delete it, and load with download=True to fetch the data set again"
+
+
 def load_polyphonic(
     name: str,
     root: str | os.PathLike | None = None,
@@ -424,7 +427,8 @@ def load_polyphonic(
     mat, pkl = folder / info.mat_file, folder / info.pickle_file
     if mat.is_file():
         if sha256_file(mat) != info.mat_sha256:
-            raise DataError(f"{mat}: SHA-256 mismatch (expected {info.mat_sha256}); corrupt file")
+            raise DataError(f"{mat}: SHA-256 mismatch (expected {info.mat_sha256}): a corrupt or "
+                            f"other file; {_REFETCH}")
         data, path = _read_mat(mat), mat
     else:
         if not pkl.is_file():
@@ -435,7 +439,8 @@ def load_polyphonic(
                 )
             _download_any(info, pkl, progress)
         elif info.pickle_sha256 is not None and sha256_file(pkl) != info.pickle_sha256:
-            raise DataError(f"{pkl}: SHA-256 mismatch (expected {info.pickle_sha256})")
+            raise DataError(f"{pkl}: SHA-256 mismatch (expected {info.pickle_sha256}): a "
+                            f"corrupt or other file; {_REFETCH}")
         data, path = read_pickle(pkl), pkl
     _check(data, info, path)
     return {split: [np.ascontiguousarray(s, dtype=np.uint8) for s in data[split]]
