@@ -125,6 +125,22 @@ def test_compile_with_inductor_trains_like_eager():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["lmn-b", "pret-lmn-b", "lstm"])
+def test_torchscript_is_refused_in_one_line_that_names_what_to_use(name):
+    """torch.jit.script (deprecated by PyTorch) fails deep in its compiler on these modules'
+    Python; each says instead, from the model down to its recurrent layer, what to use."""
+    from linmem import LMNCell, UnrolledNet
+
+    model = build_model(name, 6, 5)
+    layer = type(model.core).__name__
+    for module, what in ((model, layer), (LMNCell(3, 4, 5), "LMNCell"),
+                         (UnrolledNet(3, 4, k=2), "UnrolledNet")):
+        with pytest.warns(DeprecationWarning), pytest.raises(RuntimeError, match=(
+                f"^{what} does not support TorchScript .*: use torch.compile, "
+                "torch.export.export or torch.onnx.export")):
+            torch.jit.script(module)
+
+
 def test_export_saves_loads_and_runs_at_another_length(tmp_path):
     """torch.export with batch and time dynamic: the program holds linmem::lmn_scan, runs,
     saves and loads, and gives eager's outputs at a batch and length it was not exported at."""

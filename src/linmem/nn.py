@@ -193,6 +193,15 @@ def lmn_recurrence(
     return hs, ms, hs[last, index], ms[last, index]
 
 
+def _no_torchscript(self: nn.Module) -> nn.Module:
+    """``torch.jit.script``'s hook (``__prepare_scriptable__``): one line that says what to use,
+    where TorchScript would fail deep in its compiler on the Python this module runs."""
+    raise RuntimeError(
+        f"{type(self).__name__} does not support TorchScript (torch.jit.script, deprecated by "
+        "PyTorch): use torch.compile, torch.export.export or torch.onnx.export, which see its "
+        "recurrence as one registered operator")
+
+
 class LMNCell(nn.Module):
     r"""One step of a Linear Memory Network, eqs. (6)-(7).
 
@@ -228,6 +237,8 @@ class LMNCell(nn.Module):
     spectral radius of ``W^mm`` is then about ``1/sqrt(3)`` (circular law), so the linear memory
     is a contraction at initialisation and cannot accumulate without bound.
     """
+
+    __prepare_scriptable__ = _no_torchscript
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, bias: bool = True,
                  nonlinearity: str = "tanh", device=None, dtype=None):
@@ -332,6 +343,8 @@ class LMN(nn.Module):
             :class:`LMNCell` (the reverse direction's end in ``_reverse``; layer ``k > 0``
             reads ``D`` times the output size).
     """
+
+    __prepare_scriptable__ = _no_torchscript
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, num_layers: int = 1,
                  output: str = "memory", bias: bool = True, batch_first: bool = False,
@@ -563,6 +576,8 @@ class UnrolledNet(nn.Module):
     Parameters: ``weight_xh`` ``(H, input_size)``, ``bias_h`` ``(H,)``, ``weight_hh``
     ``(H, k H)`` ``= [W^hh_1 ... W^hh_k]``; initialised like :class:`LMNCell`.
     """
+
+    __prepare_scriptable__ = _no_torchscript
 
     def __init__(self, input_size: int, hidden_size: int, k: int = 10,
                  nonlinearity: str = "selu", batch_first: bool = False, device=None,

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from ._ext import LOOP
-from .nn import _autocast_enabled, _to_dtype, activation_slope
+from .nn import _autocast_enabled, _no_torchscript, _to_dtype, activation_slope
 from .ops import (
     _KERNEL_CODES,
     _activate,
@@ -511,6 +511,8 @@ class _FastForward:
     """The forward of :class:`RNN`, :class:`GRU` and :class:`LSTM`: PyTorch's module layer by
     layer, each layer's input products one matrix product and its recurrence
     :meth:`_recurrence` (``(hs, *the other last states)``: the LSTM's ``c_T``)."""
+
+    __prepare_scriptable__ = _no_torchscript
 
     def _fast(self, input) -> bool:
         return (isinstance(input, Tensor) and input.device.type == "cpu"
