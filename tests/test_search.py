@@ -845,7 +845,8 @@ def test_a_resumed_pruned_trial_is_scored_on_its_runs_every_epoch(tmp_path, data
     point = grid_points("lmn-b", "tiny")[0]
     run_dir = f"runs/{study.study_name}/{point.name}"
     for state, reports in ((TrialState.FAIL, {1: 10.0, 2: 24.0}),  # killed after epoch 2
-                           (TrialState.PRUNED, {3: 20.0, 4: 21.0})):  # resumed, then pruned
+                           (TrialState.FAIL, {3: 30.0}),  # resumed, killed again
+                           (TrialState.PRUNED, {4: 20.0, 5: 21.0})):  # resumed, then pruned
         study.enqueue_trial(point.params)
         trial = study.ask()
         trial.set_user_attr("run_dir", run_dir)
@@ -853,9 +854,12 @@ def test_a_resumed_pruned_trial_is_scored_on_its_runs_every_epoch(tmp_path, data
             trial.report(acc, epoch)
         study.tell(trial, state=state)
     record, = search_records(default_storage(config.out_dir), "tiny")
-    failed, pruned = record["trials_run"]
-    assert (failed["state"], pruned["state"]) == ("fail", "pruned")
-    assert pruned["best_intermediate_valid_acc"] == 24.0  # the trial's own reports: 21.0
+    first, second, pruned = record["trials_run"]
+    assert [t["state"] for t in record["trials_run"]] == ["fail", "fail", "pruned"]
+    assert pruned["best_intermediate_valid_acc"] == 30.0  # the trial's own reports: 21.0
+    # each killed trial: what its run held when it was killed, not what came after
+    assert (first["best_intermediate_valid_acc"], second["best_intermediate_valid_acc"]) == (
+        24.0, 30.0)
     assert pruned["epochs"] is None and record["points_done"] == 1
 
 
