@@ -558,6 +558,32 @@ def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_
     assert counts == {"jsb-rnn-tiny": {"done": 4}, "jsb-gru-tiny": {"done": 4}}
 
 
+def test_stop_by_counts_what_a_killed_points_run_has_logged(tmp_path, data_dir):
+    """A point whose run a killed worker left resumes from its last epoch: with a deadline it
+    starts if what is left of its projection (less its run's logged CPU time) fits, where the
+    whole projection would not (a long point then spans sessions on a machine that is kept)."""
+    from linmem.search import _late, point_run_dir
+
+    config = _config(tmp_path, data_dir, models=["rnn"])
+    study = open_study(config, "jsb", "rnn")
+    points = grid_points("rnn", "tiny")  # 4 units at two decays, then 8
+    study.enqueue_trial(points[0].params)
+    trial = study.ask()
+    trial.suggest_categorical("hidden", [4, 8])
+    trial.set_user_attr("wall_time_s", 1e6)  # so each 4-unit point is projected at 1e6 s
+    study.tell(trial, 30.0)
+    run = point_run_dir(config, study, points[1])
+    assert run == tmp_path / "runs" / "jsb-rnn-tiny" / points[1].name
+    run.mkdir(parents=True)
+    (run / "log.jsonl").write_text("".join(
+        json.dumps({"epoch": e, "epoch_cpu_s": 3e5, "epoch_time_s": 3.1e5}) + "\n"
+        for e in (1, 2, 3)))  # 9e5 of its 1e6 s done
+    deadline = replace(config, stop_by=time.time() + 2e5)
+    assert _late(deadline, study, "rnn", points[1:]) == {points[2], points[3]}
+    assert _late(replace(config, stop_by=time.time() + 5e4), study, "rnn", points[1:]) == set(
+        points[1:])
+
+
 def test_search_cli_passes_max_retry_and_wait(tmp_path, data_dir, monkeypatch, capsys):
     import linmem.search
     from linmem.cli import main

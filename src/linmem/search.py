@@ -30,9 +30,10 @@ How workers share a study without losing or repeating work:
   have been failed and taken over): a worker that has other work to do goes on to it, rather than
   idling through another's last trial.
 - With a deadline (``stop_by``, ``linmem search --stop-by``) a worker starts no point projected
-  to end after it (:func:`point_seconds`), and none at all once it has passed (a study with
-  nothing finished has nothing to project from), and leaves when none that fits is left: on a
-  machine with a time limit, no point is cut off half-way.
+  to end after it (:func:`point_seconds`, less what the point's run directory has logged already
+  where a killed run resumes), and none at all once it has passed (a study with nothing finished
+  has nothing to project from), and leaves when none that fits is left: on a machine with a time
+  limit, no point is cut off half-way.
 
 Selection is on validation accuracy only (:func:`linmem.studies.select`); the test scores of
 the other trials are stored with them but never used to choose. The grids, their points and the
@@ -82,6 +83,7 @@ from .grids import (
 )
 from .models import get_spec, option_names
 from .recipes import run as run_training
+from .runs import training_cpu_seconds
 from .studies import trial_seconds
 from .train import TrainingDiverged, check_size
 
@@ -211,7 +213,7 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         if owner is not None:
             trial.set_user_attr("duplicate_of", owner)
             raise optuna.TrialPruned(f"duplicate of trial {owner}")
-        run_dir = Path(config.out_dir) / study.study_name / point.name
+        run_dir = point_run_dir(config, study, point)
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         # the points that differ in memory size alone share their unrolled network (pret-lmn)
@@ -345,8 +347,18 @@ def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> s
     left = config.stop_by - time.time()
     if left <= 0:
         return set(points)
-    return {p for p, s in point_seconds(config, study, model, points).items()
-            if s is not None and s > left}
+    late = set()
+    for p, s in point_seconds(config, study, model, points).items():
+        run_dir = point_run_dir(config, study, p)  # a killed run resumes: less its time so far
+        if s is not None and s - (training_cpu_seconds(run_dir) if run_dir.is_dir() else 0.0) \
+                > left:
+            late.add(p)
+    return late
+
+
+def point_run_dir(config: SearchConfig, study, point: Point) -> Path:
+    """The run directory of a grid point: ``OUT/STUDY/POINT``."""
+    return Path(config.out_dir) / study.study_name / point.name
 
 
 def run_worker(config: SearchConfig, command: str | None = None,
