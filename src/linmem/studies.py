@@ -126,17 +126,25 @@ def trial_seconds(trial) -> float:
     return trial.duration.total_seconds() if trial.duration is not None else 0.0
 
 
-def run_reports(trials, through: int | None = None) -> dict[str, dict[int, float]]:
-    """Run directory -> epoch -> the score reported at that epoch by every trial that trained
-    the run: a worker killed mid-run leaves a failed trial with the epochs up to then, and the
-    trial that resumed the run reports only the epochs after (a later trial's report of an epoch
-    wins). ``through``: the trials numbered up to it only (what a run held when it ended)."""
+def _reports_so_far(trials) -> Iterator[tuple[Any, dict[int, float]]]:
+    """Each trial, in the order of their numbers, with its run's reports so far: epoch -> the
+    score reported at that epoch by it and by the earlier trials that trained its run directory
+    (a worker killed mid-run leaves a failed trial with the epochs up to then, and the trial that
+    resumed the run reports only the epochs after; a later trial's report of an epoch wins). A
+    trial without a run directory: its own reports. Read each before the next is drawn."""
     reported: dict[str, dict[int, float]] = {}
     for t in sorted(trials, key=lambda t: t.number):
-        if "run_dir" in t.user_attrs and (through is None or t.number <= through):
-            reported.setdefault(t.user_attrs["run_dir"], {}).update(
-                {int(k): v for k, v in t.intermediate_values.items()})
-    return reported
+        values = (reported.setdefault(t.user_attrs["run_dir"], {})
+                  if "run_dir" in t.user_attrs else {})
+        values.update({int(k): v for k, v in t.intermediate_values.items()})
+        yield t, values
+
+
+def run_reports(trials) -> dict[str, dict[int, float]]:
+    """Run directory -> epoch -> the score reported at that epoch by every trial that trained
+    the run (:func:`_reports_so_far` at the last of them)."""
+    return {t.user_attrs["run_dir"]: values for t, values in _reports_so_far(trials)
+            if "run_dir" in t.user_attrs}
 
 
 def search_records(storage: str, grid: str | None = None,
@@ -161,16 +169,15 @@ def search_records(storage: str, grid: str | None = None,
         states = point_states(study, points)
         trials = []
         all_trials = study.get_trials(deepcopy=False)
+        # the best epoch's score reported for each trial's run by it and by the trials it
+        # resumed (the study's objective: an accuracy, global or per-frame, or minus the NLL)
+        best_of = {t.number: max(values.values(), default=None)
+                   for t, values in _reports_so_far(all_trials)}
         for t in all_trials:
             p = trial_point(t)
             if "duplicate_of" in t.user_attrs or p is None or t.state == TrialState.WAITING:
                 continue
-            # the best epoch's score reported for the trial's run by it and by the trials it
-            # resumed (the study's objective: an accuracy, global or per-frame, or minus the
-            # NLL), named for what it is
-            values = run_reports(all_trials, through=t.number).get(
-                t.user_attrs.get("run_dir"), t.intermediate_values)
-            best = max(values.values(), default=None)
+            best = best_of[t.number]  # named below for what it is
             trials.append({"number": t.number, "point": p.name, "hidden": p.hidden,
                            "memory": p.memory, "weight_decay": p.weight_decay,
                            "state": t.state.name.lower(),
