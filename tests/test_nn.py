@@ -1,6 +1,7 @@
 """The LMN layer against independent references: an explicit loop, torch.nn.RNN, gradcheck."""
 
 import contextlib
+import copy
 import json
 import math
 import platform
@@ -732,6 +733,35 @@ def test_recurrences_keep_their_precision_under_autocast(name):
     assert len(plain) == len(cast) > 3
     for a, b in zip(plain, cast, strict=True):
         assert b.dtype == torch.float32 and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["lmn", "lmn-packed", "cell", "unrolled", "rnn", "gru",
+                                  "lstm"])
+def test_meta_device_gives_the_shapes_of_a_real_run(name):
+    """On the ``meta`` device (shape inference, deferred initialisation) every recurrent module
+    runs forward and backward, its outputs, final states and gradients shaped as on the CPU
+    (autocast, which knows no ``meta`` device, is not asked)."""
+    module, x, state = _autocast_cases()[name]
+
+    def run(module, x, state):
+        out, final = module(x, state)
+        data = out.data if hasattr(out, "batch_sizes") else out
+        finals = list(final) if isinstance(final, tuple) else [final]
+        (data.square().sum() + sum(f.sum() for f in finals)).backward()
+        return [data, *finals, *(p.grad for p in module.parameters())]
+
+    real = run(module, x, state)
+    meta = copy.deepcopy(module).to("meta")
+    meta.zero_grad(set_to_none=True)
+    def to_meta(t):  # a tensor, a packed sequence, a tuple of tensors or None
+        if t is None or hasattr(t, "batch_sizes"):
+            return t if t is None else t.to("meta")
+        return tuple(map(to_meta, t)) if isinstance(t, tuple) else t.to("meta")
+
+    shaped = run(meta, to_meta(x), to_meta(state))
+    assert len(real) == len(shaped) > 3
+    for a, b in zip(real, shaped, strict=True):
+        assert b.device.type == "meta" and b.shape == a.shape and b.dtype == a.dtype
 
 
 @pytest.mark.parametrize("name", ["lmn", "lmn-packed", "cell", "unrolled", "rnn", "gru",

@@ -79,12 +79,15 @@ def _check_dtype(t: Tensor, weight: Tensor, what: str = "input") -> None:
 
 
 def _autocast_enabled(device_type: str) -> bool:
-    """Whether ``torch.autocast`` is on for ``device_type`` ("cpu", "cuda") here."""
+    """Whether ``torch.autocast`` is on for ``device_type`` ("cpu", "cuda") here; never for a
+    device autocast does not know (``meta``: shape inference, deferred initialisation)."""
     try:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # torch < 2.4: no device argument
         return (torch.is_autocast_enabled() if device_type == "cuda"
                 else torch.is_autocast_cpu_enabled())
+    except RuntimeError:  # "unknown device type for autocast"
+        return False
 
 
 def _to_dtype(value, dtype: torch.dtype):
