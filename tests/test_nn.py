@@ -7,6 +7,7 @@ import math
 import platform
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_sequence, pad_packed_sequence
@@ -678,6 +679,11 @@ def test_bad_input_is_rejected():
         LMN(3, 4, 5, output="both")
     with pytest.raises(ValueError, match="positive"):
         LMNCell(3, 0, 5)
+    with pytest.raises(ValueError, match=r"hidden_size must be a positive integer, got 4\.0"):
+        LMN(3, 4.0, 5)  # as torch.nn.RNN: a size is an int (not left to fail in torch.empty)
+    with pytest.raises(ValueError, match=r"num_layers must be a positive integer, got 2\.0"):
+        LMN(3, 4, 5, num_layers=2.0)
+    assert LMN(np.int64(3), np.int64(4), 5).weight_xh_l0.shape == (4, 3)  # numpy's ints are ints
     with pytest.raises(ValueError, match="nonlinearity"):
         LMN(3, 4, 5, nonlinearity="sigmoid")
 
@@ -685,6 +691,14 @@ def test_bad_input_is_rejected():
 def test_parameter_names_and_shapes():
     lmn = LMN(88, 50, 70, num_layers=2, output="memory")
     shapes = {n: tuple(p.shape) for n, p in lmn.named_parameters()}
+    # torch.nn.RNN's API: all_weights per layer and direction, flatten_parameters a no-op
+    assert [[id(p) for p in ps] for ps in lmn.all_weights] == [
+        [id(p) for n, p in lmn.named_parameters() if n.endswith(f"_l{k}")] for k in (0, 1)]
+    assert lmn.flatten_parameters() is None and len(list(lmn.parameters())) == 12
+    both = LMN(3, 4, 5, bidirectional=True, bias=False)
+    assert [[tuple(p.shape) for p in ps] for ps in both.all_weights] == 2 * [
+        [(4, 3), (4, 5), (5, 4), (5, 5)]]
+    assert both.all_weights[1][0] is both.weight_xh_l0_reverse
     assert shapes["weight_xh_l0"] == (50, 88) and shapes["weight_xh_l1"] == (50, 70)
     assert shapes["weight_mh_l0"] == (50, 70) and shapes["weight_hm_l0"] == (70, 50)
     assert shapes["weight_mm_l1"] == (70, 70)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import field, fields
 from typing import Any
 
@@ -13,13 +14,13 @@ __all__ = ["check_device", "check_fields", "check_int", "device_form", "option"]
 
 def check_int(name: str, value: Any, minimum: int = 1, none_ok: bool = False) -> Any:
     """``value`` if it is an integer ``>= minimum`` (or ``None`` with ``none_ok``), else a
-    ``ValueError`` naming ``name``: "hidden must be a positive integer, got 0"."""
+    ``ValueError`` naming ``name``: "hidden must be a positive integer, got 0". A float is no
+    integer, whole or not (``torch.nn.RNN`` refuses it too; a size of 7.0 would fail later,
+    in ``torch.empty``, with a message that names no argument)."""
     if value is None and none_ok:
         return value
-    try:
-        ok = not isinstance(value, bool) and int(value) == value and value >= minimum
-    except (TypeError, ValueError, OverflowError):
-        ok = False
+    ok = (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+          and value >= minimum)
     if not ok:
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{name} must be {what}{' or None' if none_ok else ''}, got {value!r}")

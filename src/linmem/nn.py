@@ -384,6 +384,19 @@ class LMN(nn.Module):
                 _reset_layer(self.layer_weights(k, reverse), self._layer_input_size(k),
                              self.hidden_size, self.memory_size)
 
+    def flatten_parameters(self) -> None:
+        """Nothing to do (``torch.nn.RNN``'s packs cuDNN's weights into one buffer; the LMN's
+        recurrence reads its parameters as they are): there so that code written for
+        ``torch.nn.RNN`` runs unchanged."""
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        """Each layer's parameters (each direction's, the forward one first): ``weight_xh``,
+        ``weight_mh``, ``weight_hm``, ``weight_mm``, then the biases, as
+        ``torch.nn.RNN.all_weights`` lists its own."""
+        return [[w for w in self.layer_weights(k, reverse).values() if w is not None]
+                for k in range(self.num_layers) for reverse in self._directions()]
+
     def layer_weights(self, k: int, reverse: bool = False) -> dict[str, Tensor | None]:
         """The parameters of layer ``k`` (its reverse direction's with ``reverse``) under their
         cell names (``weight_xh``, ...)."""
