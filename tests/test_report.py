@@ -531,8 +531,9 @@ def test_rerun_cpu_seconds_counts_an_unrolled_network_read_from_a_cache(tmp_path
 def test_seed_table_says_whether_the_papers_figure_is_reached():
     """Per seed group of a model the paper ran: its Table 2 figure against the seeds' range of
     test accuracy, per-frame mean first (the paper's metric), global beside: reached inside the
-    range, exceeded below it, not reached above it; no verdict before three seeds run and two
-    finished; no line where the paper has no figure."""
+    range, exceeded below it, not reached above it; no verdict before three seeds run; with fewer
+    than two finished (the others diverged), the finished seed against the figure; no line
+    where the paper has no figure."""
     from linmem.report import PAPER_TABLE2, seed_groups, seeds_markdown
 
     def run(model, seed, frame, dataset="jsb", act=None):
@@ -555,7 +556,20 @@ def test_seed_table_says_whether_the_papers_figure_is_reached():
             "30.35-30.54: not reached).") in text
     assert "- JSB Chorales, pret-LMN-B: the paper's 34.49 against 32.37-34.37: not reached" in text
     assert ("- Piano-midi.de, LMN-B: the paper's 28.00; 2 seed(s) finished of 2 run; no verdict "
-            "under 3 run and 2 finished.") in text
+            "under 3 run.") in text
+    # three run, fewer than two finished: no range, but a seed that diverged reaches nothing
+    one = seed_groups([run("pret-lmn-b", 1, 31.28, dataset="musedata"),
+                       *({**run("pret-lmn-b", s, 0.0, dataset="musedata"), "diverged": "NaN"}
+                         for s in (2, 3))])
+    assert one[0]["diverged_seeds"] == [2, 3]
+    assert ("- MuseData, pret-LMN-B: the paper's 35.66; 2 of 3 seeds diverged (no score), the one "
+            "finished 31.28 (global 27.28): not reached by any seed.") in seeds_markdown(one)
+    one[0]["test_acc_frame"]["max"] = 36.0
+    assert "finished 36.00 (global 27.28): reached by that seed alone." in seeds_markdown(one)
+    none = seed_groups([{**run("lmn-b", s, 0.0, dataset="musedata"), "diverged": "NaN"}
+                        for s in (1, 2, 3)])
+    assert ("- MuseData, LMN-B: the paper's 35.56; 3 of 3 seeds diverged (no score): not "
+            "reached.") in seeds_markdown(none)
     assert "GRU: the paper's" not in text and "(tanh): the paper's" not in text
     assert seeds_markdown(seed_groups(runs[-3:-2])).count("the paper's") == 0  # a GRU alone
 

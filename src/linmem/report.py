@@ -355,10 +355,18 @@ def _reached_line(group: dict) -> str | None:
     if _otheractivation_of(group) is not None:
         return None
     head = f"- {TABLE2_TITLES[group['dataset']]}, {_label(group)}: the paper's {figure:.2f}"
-    ran = _seeds_run(group)
-    if ran < MIN_CLAIM_SEEDS or len(group["seeds"]) < 2 or "test_acc_frame" not in group:
-        return (f"{head}; {len(group['seeds'])} seed(s) finished of {ran} run; no verdict under "
-                f"{MIN_CLAIM_SEEDS} run and 2 finished.")
+    ran, finished = _seeds_run(group), len(group["seeds"])
+    if ran < MIN_CLAIM_SEEDS or (finished and "test_acc_frame" not in group):
+        return (f"{head}; {finished} seed(s) finished of {ran} run; no verdict under "
+                f"{MIN_CLAIM_SEEDS} run.")
+    if finished < 2:  # no range; a seed that diverged reaches nothing
+        failed = f"{ran - finished} of {ran} seeds diverged (no score)"
+        if not finished:
+            return f"{head}; {failed}: not reached."
+        v, g = group["test_acc_frame"]["max"], group.get("test_acc", {}).get("max")
+        glob = f" (global {g:.2f})" if g is not None else ""
+        where = "reached by that seed alone" if v >= figure else "not reached by any seed"
+        return f"{head}; {failed}, the one finished {v:.2f}{glob}: {where}."
 
     def verdict(key: str) -> str:
         v = group[key]
