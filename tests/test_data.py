@@ -199,6 +199,33 @@ def test_next_step_pairs_and_collate():
         D.collate([seqs[2]])
 
 
+def test_polyphonic_music_is_a_dataset_for_a_data_loader(data_dir, jsb, tmp_path):
+    """``PolyphonicMusic`` serves one split's rolls as float tensors (transformed if asked), and
+    a ``DataLoader`` with ``collate_fn=collate`` gives the batches ``collate`` gives the arrays."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from linmem import PolyphonicMusic
+
+    valid = PolyphonicMusic("JSB Chorales", "valid", root=data_dir)
+    assert len(valid) == 76 and valid.lengths == [len(s) for s in jsb["valid"]]
+    assert valid[3].dtype == torch.float32 and valid[3].shape == (len(jsb["valid"][3]), 88)
+    assert torch.equal(valid[3], torch.from_numpy(jsb["valid"][3]).float())
+    assert repr(valid) == (f"PolyphonicMusic('JSB Chorales', split='valid': 76 sequences, "
+                           f"{sum(valid.lengths)} frames)")
+    batches = list(DataLoader(valid, batch_size=5, collate_fn=D.collate))
+    assert len(batches) == 16
+    first, expected = batches[0], D.collate(jsb["valid"][:5])
+    for field in ("inputs", "targets", "mask", "lengths"):
+        assert torch.equal(getattr(first, field), getattr(expected, field))
+    flipped = PolyphonicMusic("jsb", "test", root=data_dir, transform=lambda r: r.flip(-1))
+    assert torch.equal(flipped[0], torch.from_numpy(jsb["test"][0]).float().flip(-1))
+    with pytest.raises(ValueError, match=r"split must be one of \['train', 'valid', 'test'\]"):
+        PolyphonicMusic("jsb", "validation", root=data_dir)
+    with pytest.raises(DataError, match="not found"):
+        PolyphonicMusic("jsb", root=tmp_path, download=False)
+
+
 def test_bucket_batches_cover_every_sequence_once(jsb):
     lengths = [len(s) for s in jsb["train"]]
     for shuffle in (False, True):

@@ -2,8 +2,9 @@
 
 Public API: :class:`LMN` and :class:`LMNCell` (``torch.nn.RNN``-style layers),
 :class:`LinearAutoencoder` (the linear autoencoder for sequences), the polyphonic music data sets
-(:func:`load_polyphonic`), the frame-level metrics, the next-step models and what defines a
-training run (:class:`TrainConfig`; :func:`linmem.recipes.run` trains one).
+(:func:`load_polyphonic`; :class:`PolyphonicMusic` for a ``DataLoader``), the frame-level
+metrics, the next-step models and what defines a training run (:class:`TrainConfig`;
+:func:`linmem.recipes.run` trains one).
 
 The names are imported on first use (PEP 562), so that ``import linmem`` and ``linmem --help``
 do not load torch.
@@ -21,7 +22,7 @@ except metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 _EXPORTS = {
-    "DataError": "data", "load_polyphonic": "data",
+    "DataError": "data", "PolyphonicMusic": "data", "load_polyphonic": "data",
     "LinearAutoencoder": "la",
     "frame_accuracy": "metrics", "frame_nll": "metrics",
     "MODELS": "models", "build_model": "models",

@@ -50,6 +50,7 @@ __all__ = [
     "Batch",
     "DataError",
     "DatasetInfo",
+    "PolyphonicMusic",
     "bucket_batches",
     "collate",
     "content_digest",
@@ -447,6 +448,47 @@ def load_polyphonic(
             for split in SPLITS}
 
 
+class PolyphonicMusic(torch.utils.data.Dataset):
+    """One split of a data set as a map-style ``torch.utils.data.Dataset``, torchvision's way.
+
+    Item ``i`` is sequence ``i``'s piano roll, a ``(T_i, 88)`` float32 tensor (after
+    ``transform``, if given). :func:`collate` is its ``collate_fn``: it pads a list of items into
+    one :class:`Batch` of next-step pairs::
+
+        loader = DataLoader(PolyphonicMusic("jsb", "train"), batch_size=4, shuffle=True,
+                            collate_fn=collate)
+
+    Args:
+        name, root, download, progress: as in :func:`load_polyphonic` (the same files, checked
+            the same way).
+        split: ``"train"``, ``"valid"`` or ``"test"``. Default: ``"train"``.
+        transform: a callable applied to each item's tensor. Default: none.
+
+    Attributes:
+        sequences: the split's ``uint8`` piano rolls.  lengths: their numbers of frames.
+    """
+
+    def __init__(self, name: str, split: str = "train", root: str | os.PathLike | None = None,
+                 download: bool = True, transform: Any = None, progress: bool = True):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+        self.name, self.split, self.transform = name, split, transform
+        self.sequences = load_polyphonic(name, root=root, download=download,
+                                         progress=progress)[split]
+        self.lengths = [len(s) for s in self.sequences]
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        roll = torch.from_numpy(self.sequences[index]).float()
+        return roll if self.transform is None else self.transform(roll)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.name!r}, split={self.split!r}: {len(self)} "
+                f"sequences, {sum(self.lengths)} frames)")
+
+
 def _download_any(info: DatasetInfo, dest: Path, progress: bool) -> None:
     errors = []
     created = not dest.parent.exists()
@@ -532,8 +574,11 @@ def next_step_pairs(sequences: Sequence[np.ndarray]) -> list[tuple[np.ndarray, n
     return [(s[:-1], s[1:]) for s in sequences if len(s) >= 2]
 
 
-def collate(sequences: Sequence[np.ndarray], dtype: torch.dtype = torch.float32) -> Batch:
-    """Pad next-step pairs of ``sequences`` into one :class:`Batch`."""
+def collate(sequences: Sequence[np.ndarray | torch.Tensor], dtype: torch.dtype = torch.float32
+            ) -> Batch:
+    """Pad next-step pairs of ``sequences`` (arrays, or CPU tensors such as
+    :class:`PolyphonicMusic`'s items: a ``DataLoader``'s ``collate_fn``) into one
+    :class:`Batch`."""
     pairs = next_step_pairs(sequences)
     if not pairs:
         raise ValueError("no sequence of length >= 2 to make next-step pairs from")
