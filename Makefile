@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-ablation-paper
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -237,6 +237,16 @@ results-seeds-paper: install
 	for d in piano nottingham musedata; do for m in lmn-b lstm pret-lmn-b; do \
 	  $(P_RESEED) $(P_RUN_OF) --out runs/paper-seeds/$$d-$$m; done; done
 	$(VENV)/bin/linmem publish runs/paper-seeds/*/s*/ --to results/paper-protocol/seeds --name seed
+# pret-LMN-B as the paper's text has it (the fine-tuned LMN tanh, the unrolled network alone SELU)
+# from the SELU seeds' own unrolled networks (the ULM cache) and memories (memory.npz): the same
+# initial weights, so each pair differs in the LMN's activation only; where SELU seeds diverged
+PAPER_TANH_DATA ?= musedata piano
+results-seeds-paper-tanh: install
+	for d in $(PAPER_TANH_DATA); do m=pret-lmn-b; out=runs/paper-seeds/$$d-$$m-tanh; \
+	  for s in 1 2 3; do src=runs/paper-seeds/$$d-$$m/s$$s; mkdir -p $$out/s$$s; \
+	    [ -e $$out/s$$s/memory.npz ] || [ ! -e $$src/memory.npz ] || cp $$src/memory.npz $$out/s$$s/; done; \
+	  $(P_RESEED) $(P_RUN_OF) --set nonlinearity=tanh --set ulm_nonlinearity=selu --out $$out || exit 1; \
+	  $(VENV)/bin/linmem publish $$out/s1 $$out/s2 $$out/s3 --to results/paper-protocol/seeds --name seed; done
 results-ablation-paper: install
 	d=jsb; for m in lmn-b lstm; do \
 	  $(P_RESEED) $(P_RUN_OF) --set batch_size=4 --out runs/paper-ablation/jsb-$$m-batch4; \
