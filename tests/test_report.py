@@ -572,6 +572,10 @@ def test_seed_table_says_whether_the_papers_figure_is_reached():
                         for s in (1, 2, 3)])
     assert ("- MuseData, LMN-B: the paper's 35.56; 3 of 3 seeds diverged (no score): not "
             "reached.") in seeds_markdown(none)
+    global_only = seed_groups([{k: v for k, v in run("rnn", s, 30.0).items()
+                                if k != "test_acc_frame"} for s in (1, 2, 3)])
+    assert ("- JSB Chorales, RNN: the paper's 31.00; no per-frame score in its seeds' records: "
+            "no verdict.") in seeds_markdown(global_only)
     # pret-LMN-B with the paper's text's tanh (its default SELU) gets its line too; relu none
     assert ("- JSB Chorales, pret-LMN-B (tanh): the paper's 34.49 against 40.10-40.30: exceeded"
             in text)
