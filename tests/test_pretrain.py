@@ -2,6 +2,7 @@
 (exact at full rank: the equivalence of the paper's section 3, executable), pret-RNN."""
 
 import json
+import shutil
 import warnings
 from dataclasses import replace
 
@@ -244,6 +245,19 @@ def test_ulm_activation_apart_from_the_lmns(tmp_path, data_dir):
     # ... computed with tanh: the fine-tuned LMN of the second run is a tanh LMN
     model, _ = load_run_model(tmp_path / "tanh", "best")
     assert model.nonlinearity == "tanh" and model.core.nonlinearity == "tanh"
+    # a run started in a folder holding another run's unrolled network and memory (the
+    # Makefile's pretraining-activation targets) takes them as they are: the same initial weights
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    shutil.copytree(tmp_path / "selu" / "ulm", copied / "ulm")
+    shutil.copy(tmp_path / "selu" / "memory.npz", copied)
+    ulm_log = (copied / "ulm" / "log.jsonl").read_text()
+    assert run_cli("pretrain", *common, "--ulm-nonlinearity", "selu", "--nonlinearity", "tanh",
+                   "--out", str(copied)) == 0
+    assert (copied / "ulm" / "log.jsonl").read_text() == ulm_log  # read, not trained again
+    c = torch.load(copied / "init.pt", weights_only=True)
+    for key, value in a.items():
+        torch.testing.assert_close(c[key], value, rtol=0, atol=0)
     assert run_cli("train", "--model", "lmn-b", "--ulm-nonlinearity", "selu", *common,
                    "--out", str(tmp_path / "refused")) == 2
     assert not (tmp_path / "refused").exists()

@@ -137,8 +137,12 @@ def test_resume_with_a_larger_budget_continues_the_run(tmp_path, small):
     with pytest.raises(ValueError, match=r"different config.*hidden"):
         train(config(epochs=6, hidden=13), tmp_path / "run", resume=True, progress=False,
               data=small)
-    longer = train(config(epochs=6), tmp_path / "run", resume=True, progress=False, data=small,
-                   command="second")
+    # the activation spelt out is the default it was run with (the ULM cache's entries are
+    # resumed so by a pret-LMN with --ulm-nonlinearity selu): the same run, not a change
+    assert config(nonlinearity="tanh").identity() == config().identity() != config(
+        nonlinearity="relu").identity()
+    longer = train(config(epochs=6, nonlinearity="tanh"), tmp_path / "run", resume=True,
+                   progress=False, data=small, command="second")
     for key in ("valid_acc", "test_acc", "test_nll", "best_epoch", "epochs", "stop_reason"):
         assert longer[key] == straight[key], key
     assert longer["command"] == "first" and longer["resumed_with"] == ["second"]

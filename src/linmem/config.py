@@ -25,6 +25,7 @@ from .models import (
     RBMOptions,
     TransferOptions,
     check_options,
+    default_nonlinearity,
     get_spec,
     model_names,
     model_options,
@@ -233,9 +234,12 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the run's numbers: all but the budget (:data:`BUDGET_FIELDS`)
-        and where it runs (device, data folder). ``--resume`` refuses a change of these."""
-        return {k: v for k, v in asdict(self).items()
-                if k not in BUDGET_FIELDS and k not in PLACE_FIELDS}
+        and where it runs (device, data folder), the activation spelt out (``None`` is the
+        model's default: the same run). ``--resume`` refuses a change of these."""
+        fields = {k: v for k, v in asdict(self).items()
+                  if k not in BUDGET_FIELDS and k not in PLACE_FIELDS}
+        fields["nonlinearity"] = self.nonlinearity or default_nonlinearity(self.model)
+        return fields
 
     def protocol_overrides(self) -> dict[str, Any]:
         """The fields of :data:`PROTOCOL_FIELDS` where this run departs from its protocol."""

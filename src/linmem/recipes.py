@@ -46,8 +46,10 @@ from .runs import (
     CONFIG,
     DIVERGED,
     INIT,
+    MEMORY,
     METRICS,
     PRETRAINING,
+    ULM,
     rerun_cpu_seconds,
     training_cpu_seconds,
 )
@@ -161,7 +163,7 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
             trained = True
         return folder
 
-    own = run_dir / "ulm"
+    own = run_dir / ULM
     if config.ulm_cache is None or fcntl is None:
         return finished(own), trained
     entry = Path(config.ulm_cache) / ulm_key(config)
@@ -206,7 +208,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
     ulm_here = time.process_time() - cpu_started
     ulm, _ = load_run_model(ulm_dir, "best", "cpu")
     ulm = ulm.double()
-    memory_path = run_dir / "memory.npz"
+    memory_path = run_dir / MEMORY
     if memory_path.is_file():
         la = LinearAutoencoder.load(memory_path)
     else:

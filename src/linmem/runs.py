@@ -13,6 +13,7 @@ A run directory (``linmem train --out RUN``) holds::
     expected.json     the expected accuracy (``linmem evaluate --expected``; EXPECTED)
     init.pt           a pretrained run's initial weights (INIT)
     ulm/              a pret-LMN run's unrolled network, itself a run directory (ULM)
+    memory.npz        a pret-LMN run's linear autoencoder, fitted on the ULM's states (MEMORY)
     .lock             held by the process that writes the run (LOCK)
 """
 
@@ -44,6 +45,7 @@ __all__ = [
     "LAST_PREV",
     "LOCK",
     "LOG",
+    "MEMORY",
     "METRICS",
     "PRETRAINING",
     "RECORDS",
@@ -83,6 +85,7 @@ PRETRAINING = "pretraining.json"
 EXPECTED = "expected.json"
 INIT = "init.pt"
 ULM = "ulm"
+MEMORY = "memory.npz"
 LOCK = ".lock"
 ENDINGS = (METRICS, DIVERGED)  # a run has ended when it wrote one of these
 RUN_FILES = (CONFIG, LOG, LAST, LAST_PREV, BEST, METRICS, DIVERGED, PRETRAINING, EXPECTED, INIT,

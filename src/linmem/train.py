@@ -75,8 +75,10 @@ from .runs import (
     DIVERGED,
     LAST,
     LOCK,
+    MEMORY,
     METRICS,
     PRETRAINING,
+    ULM,
     RunDirClaim,
     load_checkpoint,
     resume_checkpoint,
@@ -377,8 +379,10 @@ def _recurrence_path(device: torch.device) -> str:
 
 def _check_run_dir(run_dir: Path) -> None:
     """``ValueError`` when ``run_dir`` holds files but no run of ours (no ``config.json``): a
-    run never writes into a folder of someone else's files."""
-    others = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK)
+    run never writes into a folder of someone else's files. A pretraining's own inputs put
+    there before the run starts (another run's unrolled network ``ulm/`` and memory
+    ``memory.npz``: the same initial weights) are ours."""
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in (LOCK, ULM, MEMORY))
     if others and not (run_dir / CONFIG).is_file():
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise ValueError(f"{run_dir} holds files that are not a linmem run ({shown}): choose a "
@@ -404,8 +408,8 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     checkpoint = run_dir / LAST
     if resume and (run_dir / CONFIG).is_file():
         saved = TrainConfig.from_run(run_dir)
-        diff = {k: (v, getattr(config, k)) for k, v in saved.identity().items()
-                if getattr(config, k) != v}
+        given = config.identity()
+        diff = {k: (v, given[k]) for k, v in saved.identity().items() if given[k] != v}
         if diff:
             raise ValueError(f"--resume with a different config than {run_dir}/config.json: "
                              + ", ".join(f"{k}: saved {a!r}, given {b!r}"
