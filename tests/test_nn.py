@@ -724,6 +724,17 @@ def _autocast_cases():
     return cases
 
 
+def _outputs_and_grads(call, module, x, state) -> list[torch.Tensor]:
+    """``call(x, state)``'s output (a packed sequence's data) and final states, then the
+    gradients of ``module``'s parameters (set afresh) from a loss over them."""
+    module.zero_grad()
+    out, final = call(x, state)
+    data = out.data if hasattr(out, "batch_sizes") else out
+    finals = list(final) if isinstance(final, tuple) else [final]
+    (data.square().sum() + sum(f.sum() for f in finals)).backward()
+    return [data, *finals, *(p.grad.clone() for p in module.parameters() if p.grad is not None)]
+
+
 @pytest.mark.parametrize("name", ["lmn", "lmn-packed", "cell", "unrolled", "rnn", "gru",
                                   "lstm"])
 def test_recurrences_keep_their_precision_under_autocast(name):
@@ -734,14 +745,11 @@ def test_recurrences_keep_their_precision_under_autocast(name):
     module, x, state = _autocast_cases()[name]
 
     def run(autocast: bool):
-        module.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out, final = module(x, state)
-        data = out.data if hasattr(out, "batch_sizes") else out
-        finals = list(final) if isinstance(final, tuple) else [final]
-        (data.square().sum() + sum(f.sum() for f in finals)).backward()
-        return [data, *finals, *(p.grad.clone() for p in module.parameters()
-                                 if p.grad is not None)]
+        def call(x, state):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                return module(x, state)
+
+        return _outputs_and_grads(call, module, x, state)
 
     plain, cast = run(False), run(True)
     assert len(plain) == len(cast) > 3
@@ -757,22 +765,14 @@ def test_meta_device_gives_the_shapes_of_a_real_run(name):
     (autocast, which knows no ``meta`` device, is not asked)."""
     module, x, state = _autocast_cases()[name]
 
-    def run(module, x, state):
-        out, final = module(x, state)
-        data = out.data if hasattr(out, "batch_sizes") else out
-        finals = list(final) if isinstance(final, tuple) else [final]
-        (data.square().sum() + sum(f.sum() for f in finals)).backward()
-        return [data, *finals, *(p.grad for p in module.parameters())]
-
-    real = run(module, x, state)
-    meta = copy.deepcopy(module).to("meta")
-    meta.zero_grad(set_to_none=True)
     def to_meta(t):  # a tensor, a packed sequence, a tuple of tensors or None
         if t is None or hasattr(t, "batch_sizes"):
             return t if t is None else t.to("meta")
         return tuple(map(to_meta, t)) if isinstance(t, tuple) else t.to("meta")
 
-    shaped = run(meta, to_meta(x), to_meta(state))
+    real = _outputs_and_grads(module, module, x, state)
+    meta = copy.deepcopy(module).to("meta")
+    shaped = _outputs_and_grads(meta, meta, to_meta(x), to_meta(state))
     assert len(real) == len(shaped) > 3
     for a, b in zip(real, shaped, strict=True):
         assert b.device.type == "meta" and b.shape == a.shape and b.dtype == a.dtype
@@ -793,12 +793,7 @@ def test_torch_compile_gives_the_eager_results(name):
         module, x, state = cases[name]
 
     def run(call):
-        module.zero_grad()
-        out, final = call(x, state)
-        data = out.data if hasattr(out, "batch_sizes") else out
-        finals = list(final) if isinstance(final, tuple) else [final]
-        (data.square().sum() + sum(f.sum() for f in finals)).backward()
-        return [data, *finals, *(p.grad.clone() for p in module.parameters())]
+        return _outputs_and_grads(call, module, x, state)
 
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as caught:
