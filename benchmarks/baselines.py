@@ -141,9 +141,13 @@ def main() -> None:
                     with_autograd_ulm(models[name]) if name == "ulm"
                     else with_torch_core(models[name]))
                 reference = models[f"{name}-{'autograd' if name == 'ulm' else 'torch'}"]
+                which = (f"{name} ({hidden} units, batch {batch_size}) against its reference, "
+                         f"the kernel's path {cpu_path(measure_cpu_paths)}, "
+                         f"{torch.get_num_threads()} threads")  # a rare CI failure: which one
                 with torch.no_grad():
-                    torch.testing.assert_close(models[name](batch.inputs),
-                                               reference(batch.inputs), rtol=1e-4, atol=1e-5)
+                    torch.testing.assert_close(
+                        models[name](batch.inputs), reference(batch.inputs), rtol=1e-4,
+                        atol=1e-5, msg=lambda m, which=which: f"{which}: {m}")
             for name in ("rnn", "gru"):
                 if name in models:
                     models[f"{name}-loop"] = LoopPath(models[name])
