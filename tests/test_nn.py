@@ -596,6 +596,14 @@ def test_measurement_picks_a_path_not_slower_than_the_loop():
             pass
 
 
+def test_measurement_with_no_variant_chooses_the_loop():
+    """No kernel variant to time (no compiler, or ``LINMEM_CPU_KERNEL=loop``): the loop alone is
+    timed and chosen (it raised "max() arg is an empty sequence")."""
+    rec = lmn_nn.measure_cpu_paths([], repeats=1)
+    assert rec["choice"] == "loop" and set(rec["seconds"]) == {"loop"}
+    assert rec["speedup_over_loop"] == {}
+
+
 def test_measurement_times_the_paths_in_turns(monkeypatch):
     """Each round times every path once (a burst of load from another process slows them alike,
     not the one path timed then), after a round that warms them up and is not counted."""

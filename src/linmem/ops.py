@@ -172,8 +172,8 @@ def _measure_cpu_paths(variants: list[str], repeats: int) -> dict:
         for path, value in best.items():
             seconds.setdefault(path, {})[size] = value
     speedup = {v: min(seconds[LOOP][s] / seconds[v][s] for s in problems) for v in variants}
-    fastest = max(variants, key=speedup.get)
-    return {"choice": fastest if speedup[fastest] >= 1.0 else LOOP,
+    fastest = max(variants, key=speedup.get, default=LOOP)  # no variant (no kernel): the loop
+    return {"choice": fastest if speedup.get(fastest, 0.0) >= 1.0 else LOOP,
             "speedup_over_loop": speedup, "seconds": seconds,
             "problems": {k: dict(zip(("steps", "batch", "hidden", "memory"), v, strict=True))
                          for k, v in problems.items()},
