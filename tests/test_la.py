@@ -6,7 +6,7 @@ import scipy.linalg
 import torch
 
 import linmem.la as la_module
-from linmem.la import LinearAutoencoder, build_xi, xi_rows, xi_squared_norm
+from linmem.la import LinearAutoencoder, NotFittedError, build_xi, xi_rows, xi_squared_norm
 
 
 def random_sequences(lengths, a, seed=0):
@@ -249,8 +249,13 @@ def test_bad_input():
         LinearAutoencoder(2.0).fit(good)
     with pytest.raises(ValueError, match="solver"):
         LinearAutoencoder(2, solver="magic").fit(good)
-    with pytest.raises(RuntimeError, match="not fitted"):
-        LinearAutoencoder(2).encode(good[0])
+    for method, args in (("encode", (good[0],)), ("decode", (np.ones(2), 3)),
+                         ("transform", (good,)), ("reconstruction_error", (good,))):
+        with pytest.raises(NotFittedError, match="not fitted") as info:
+            getattr(LinearAutoencoder(2), method)(*args)
+        # caught as scikit-learn's NotFittedError is (ValueError, AttributeError), and as before
+        assert all(isinstance(info.value, kind)
+                   for kind in (ValueError, AttributeError, RuntimeError))
     la = LinearAutoencoder(2, solver="dense").fit(good)
     with pytest.raises(ValueError, match="expected"):
         la.encode(np.ones((4, 5)))

@@ -49,6 +49,12 @@ class ConvergenceWarning(UserWarning):
     """The randomized solver reached ``max_iter`` before its tolerance."""
 
 
+class NotFittedError(RuntimeError, ValueError, AttributeError):
+    """A :class:`LinearAutoencoder` used before :meth:`~LinearAutoencoder.fit`: a
+    ``ValueError`` and an ``AttributeError`` as scikit-learn's ``NotFittedError`` is, so code
+    written for its estimators catches it, and a ``RuntimeError`` as it was before."""
+
+
 _DENSE_MAX_ENTRIES = 2e7  # Xi entries up to which "auto" takes the dense SVD (160 MB in float64)
 _QR_MAX_COLUMNS = 4000  # window * features up to which "auto" takes the exact streamed QR
 _FLOAT32_TOL = 1e-4  # randomized solver: from this tolerance up, iterate in float32
@@ -525,7 +531,7 @@ class LinearAutoencoder:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "A_"):
-            raise RuntimeError("this LinearAutoencoder is not fitted yet; call fit first")
+            raise NotFittedError("this LinearAutoencoder is not fitted yet; call fit first")
 
     def encode(self, sequence, lengths=None) -> np.ndarray | list[np.ndarray]:
         """States ``y_t = A x_t + B y_{t-1}`` (eq. 1, ``y_0 = 0``) for every step.
