@@ -378,16 +378,13 @@ def test_ctrl_c_to_search_is_one_line(tmp_path, data_dir):
 def test_a_ctrl_c_in_a_storage_query_logs_nothing(tmp_path, caplog):
     """Row 9: a Ctrl-C that lands in a query makes SQLAlchemy close the connection, then log
     "Error closing cursor" with a traceback through its pool's logger (seen once in CI: the
-    test above failed on it). The search hushes that record, and only that: a pool error with no
-    Ctrl-C behind it is still logged."""
+    test above failed on it). The storage hushes that record, and only that: a pool error with no
+    Ctrl-C behind it is still logged. make_storage (the search's storage) adds the filter."""
     import logging
 
     from linmem.grids import default_storage, make_storage
-    from linmem.search import _hush_interrupts
 
-    storage = make_storage(default_storage(tmp_path))
-    _hush_interrupts(storage)
-    pool_logger = storage.engine.pool.logger
+    pool_logger = make_storage(default_storage(tmp_path)).engine.pool.logger
 
     def close_cursor_after(err: BaseException) -> None:  # SQLAlchemy's _safe_close_cursor
         try:
@@ -403,6 +400,36 @@ def test_a_ctrl_c_in_a_storage_query_logs_nothing(tmp_path, caplog):
         assert caplog.records == []
         close_cursor_after(OSError("disk I/O error"))
         assert [r.getMessage() for r in caplog.records] == ["Error closing cursor"]
+
+
+def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path):
+    """Row 9: a Ctrl-C that comes while a search writes to its storage is raised once the write
+    has committed: cut, the write's transaction kept SQLite's lock, and the trial's "failed"
+    write waited out the busy timeout (120 s) and failed with a traceback (seen in the test
+    above on a loaded machine). A second storage writes at once afterwards."""
+    import optuna
+    import sqlalchemy
+
+    from linmem.grids import default_storage, interrupts_between_storage_calls, make_storage
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    storage = make_storage(default_storage(tmp_path))
+    sent = []
+
+    def ctrl_c_once(*_):
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler before returning here
+
+    sqlalchemy.event.listen(storage.engine, "before_cursor_execute", ctrl_c_once)
+    with interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt):
+        storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "s")
+    assert sent
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    other = optuna.storages.RDBStorage(default_storage(tmp_path),
+                                       engine_kwargs={"connect_args": {"timeout": 1}})
+    assert [s.study_name for s in other.get_all_studies()] == ["s"]
+    other.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "t")
 
 
 def test_the_kernel_path_is_recorded_and_can_be_pinned(tmp_path, data_dir, capsys):

@@ -6,9 +6,15 @@ workers that share a study (:func:`point_states`: the rules are :mod:`linmem.sea
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+import logging
 import os
+import signal
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,7 +213,9 @@ def _first_line(err: BaseException) -> str:
 
 def make_storage(url: str, heartbeat_interval: int = 60, grace_period: int | None = None,
                  max_retry: int = MAX_RETRY):
-    """An ``optuna.storages.RDBStorage`` with heartbeats and the retry of failed trials."""
+    """An ``optuna.storages.RDBStorage`` with heartbeats and the retry of failed trials, whose
+    calls a Ctrl-C lets end (:func:`interrupts_between_storage_calls`) and whose SQLAlchemy
+    loggers drop the records a Ctrl-C caused."""
 
     url = storage_url(url)
     database = sqlite_path(url)
@@ -225,9 +233,116 @@ def make_storage(url: str, heartbeat_interval: int = 60, grace_period: int | Non
         else:
             retry = {"failed_trial_callback":
                      optuna.storages.RetryFailedTrialCallback(max_retry=max_retry)}
-        return optuna.storages.RDBStorage(
+        storage = _Storage(
             url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
             grace_period=grace_period or 2 * heartbeat_interval, **retry)
+    _hush_interrupts(storage.engine)
+    return storage
+
+
+class _Deferral(threading.local):
+    """How deep the main thread is in storage calls, and whether a Ctrl-C came meanwhile."""
+
+    depth = 0
+    pending = False
+
+
+_deferral = _Deferral()
+
+
+@contextlib.contextmanager
+def _storage_call() -> Iterator[None]:
+    """A storage call that a Ctrl-C does not cut (under :func:`interrupts_between_storage_calls`):
+    the ``KeyboardInterrupt`` is raised when the outermost call has returned. Cut, a call can
+    leave its connection inside a transaction that holds SQLite's lock, so that the trial's
+    own "failed" write waits out the busy timeout (120 s) and fails, or make SQLAlchemy log a
+    traceback (both seen in CI)."""
+    _deferral.depth += 1
+    try:
+        yield
+    finally:
+        _deferral.depth -= 1
+        if not _deferral.depth and _deferral.pending:
+            _deferral.pending = False
+            raise KeyboardInterrupt
+
+
+def _deferring(method):
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with _storage_call():
+            return method(self, *args, **kwargs)
+    return call
+
+
+class _Storage(optuna.storages.RDBStorage):
+    """``RDBStorage`` whose calls a Ctrl-C lets end (:func:`_storage_call`)."""
+
+
+for _name, _method in vars(optuna.storages.RDBStorage).items():
+    if not _name.startswith("_") and inspect.isfunction(_method):
+        setattr(_Storage, _name, _deferring(_method))
+del _name, _method
+
+
+@contextlib.contextmanager
+def interrupts_between_storage_calls() -> Iterator[None]:
+    """Within the block, a Ctrl-C (SIGINT) that comes during a call of a storage from
+    :func:`make_storage` raises its ``KeyboardInterrupt`` once the call has returned, and at
+    once anywhere else (a second Ctrl-C during the call: at once too). Python's own handler
+    only, in the main thread; a handler set by the program is left alone."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        if _deferral.depth and not _deferral.pending:
+            _deferral.pending = True
+        else:
+            signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _deferral.pending = False
+
+
+def caused_by_interrupt(exc_info: Any) -> bool:
+    """Whether a ``KeyboardInterrupt`` is in the chain (cause or context) of a log record's
+    exception (``record.exc_info``)."""
+    err = exc_info[1] if isinstance(exc_info, tuple) else None
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
+class _NotOfAnInterrupt(logging.Filter):
+    """Drops a record whose exception a Ctrl-C caused: SQLAlchemy's "Error closing cursor" with
+    its traceback when the Ctrl-C lands in a query (it closes the connection, then fails to
+    close the cursor on it), which says nothing that the command's own line does not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not caused_by_interrupt(record.exc_info)
+
+
+_not_of_an_interrupt = _NotOfAnInterrupt()
+
+
+def _hush_interrupts(engine: Any) -> None:
+    """Adds :data:`_not_of_an_interrupt` to the loggers of a SQLAlchemy ``engine`` and its pool
+    (they write to stderr when no logging is configured)."""
+    for logger in (getattr(engine, "logger", None),
+                   getattr(getattr(engine, "pool", None), "logger", None)):
+        logger = getattr(logger, "logger", logger)  # SQLAlchemy's InstanceLogger (echo=True)
+        if isinstance(logger, logging.Logger) and _not_of_an_interrupt not in logger.filters:
+            logger.addFilter(_not_of_an_interrupt)
 
 
 def trial_point(trial) -> Point | None:

@@ -71,11 +71,13 @@ from .grids import (
     GRIDS,
     MAX_RETRY,
     Point,
+    caused_by_interrupt,
     check_grid,
     check_storage,
     claimed_before,
     default_storage,
     grid_points,
+    interrupts_between_storage_calls,
     make_storage,
     point_states,
     study_name,
@@ -254,42 +256,13 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
 class _QuietAfterInterrupt(logging.Filter):
     """Drops Optuna's log records once the user interrupted a trial (Ctrl-C), and any record
     whose exception a Ctrl-C caused: Optuna's traceback of the ``KeyboardInterrupt`` and "failed
-    with value None", or SQLAlchemy's "Error closing cursor" when the Ctrl-C lands in a query
-    (it closes the connection, then fails to close the cursor on it), say nothing that the
-    command's own line does not."""
+    with value None" say nothing that the command's own line does not (the storage's own records
+    of a Ctrl-C: :func:`linmem.grids.make_storage`)."""
 
     interrupted = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (self.interrupted or _caused_by_interrupt(record.exc_info))
-
-
-def _caused_by_interrupt(exc_info: Any) -> bool:
-    """Whether a ``KeyboardInterrupt`` is in the chain (cause or context) of a log record's
-    exception."""
-    err = exc_info[1] if isinstance(exc_info, tuple) else None
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, KeyboardInterrupt):
-            return True
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return False
-
-
-def _hush_interrupts(storage: Any) -> None:
-    """Adds :data:`_quiet_after_interrupt` to the loggers of Optuna and of ``storage``'s
-    SQLAlchemy engine and pool (they log to stderr when nothing is configured)."""
-    engine = getattr(storage, "engine", None)
-    loggers = [getattr(engine, "logger", None), getattr(getattr(engine, "pool", None), "logger",
-                                                        None)]
-    for logger in loggers:
-        logger = getattr(logger, "logger", logger)  # SQLAlchemy's InstanceLogger (echo=True)
-        if isinstance(logger, logging.Logger) and _quiet_after_interrupt not in logger.filters:
-            logger.addFilter(_quiet_after_interrupt)
-    for handler in logging.getLogger("optuna").handlers:
-        if _quiet_after_interrupt not in handler.filters:
-            handler.addFilter(_quiet_after_interrupt)
+        return not (self.interrupted or caused_by_interrupt(record.exc_info))
 
 
 _quiet_after_interrupt = _QuietAfterInterrupt()
@@ -394,17 +367,26 @@ def point_run_dir(config: SearchConfig, study, point: Point) -> Path:
 def run_worker(config: SearchConfig, command: str | None = None,
                log: Callable[[str], None] | None = None) -> dict[str, dict[str, int]]:
     """Work on the studies of ``config`` until every point is done or failed (see the module
-    docstring). Returns the count of points per state per study."""
+    docstring). Returns the count of points per state per study. A Ctrl-C lets a storage call
+    end first (:func:`linmem.grids.interrupts_between_storage_calls`)."""
 
+    with interrupts_between_storage_calls():
+        return _run_worker(config, command, log)
+
+
+def _run_worker(config: SearchConfig, command: str | None,
+                log: Callable[[str], None] | None) -> dict[str, dict[str, int]]:
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     command = command or command_line()
     check_device(config.base.device)  # here, before a trial could fail for want of it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for handler in logging.getLogger("optuna").handlers:
+        if _quiet_after_interrupt not in handler.filters:
+            handler.addFilter(_quiet_after_interrupt)
     # heartbeats and fail_stale_trials are marked experimental since Optuna 2.9
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     storage = make_storage(config.storage or default_storage(config.out_dir),
                            config.heartbeat_interval, config.grace_period, config.max_retry)
-    _hush_interrupts(storage)
     studies = [(d, m, open_study(config, d, m, storage)) for d in config.data
                for m in config.models]
     points = {id(s): grid_points(m, config.grid) for _, m, s in studies}
