@@ -412,7 +412,6 @@ def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path):
 
     from linmem.grids import default_storage, interrupts_between_storage_calls, make_storage
 
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     storage = make_storage(default_storage(tmp_path))
     sent = []
 
@@ -422,10 +421,15 @@ def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler before returning here
 
     sqlalchemy.event.listen(storage.engine, "before_cursor_execute", ctrl_c_once)
-    with interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt):
-        storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "s")
+    # Python's own handler, as in a terminal (started in the background, SIGINT is ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt):
+            storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "s")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert sent
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     other = optuna.storages.RDBStorage(default_storage(tmp_path),
                                        engine_kwargs={"connect_args": {"timeout": 1}})
     assert [s.study_name for s in other.get_all_studies()] == ["s"]
