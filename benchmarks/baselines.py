@@ -121,9 +121,9 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     started, commit = time.perf_counter(), git_commit()
-    cpu = machine()["cpu"]
+    cpu, path = machine()["cpu"], cpu_path(measure_cpu_paths)
     print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads; the "
-          f"kernel's path: {cpu_path(measure_cpu_paths)}", flush=True)
+          f"kernel's path: {path}", flush=True)
     rows = []
     for hidden in sorted({*args.sizes, *args.ulm_sizes}):
         for batch_size in args.batches:
@@ -142,7 +142,7 @@ def main() -> None:
                     else with_torch_core(models[name]))
                 reference = models[f"{name}-{'autograd' if name == 'ulm' else 'torch'}"]
                 which = (f"{name} ({hidden} units, batch {batch_size}) against its reference, "
-                         f"the kernel's path {cpu_path(measure_cpu_paths)}, "
+                         f"the kernel's path {path}, "
                          f"{torch.get_num_threads()} threads")  # a rare CI failure: which one
                 with torch.no_grad():
                     torch.testing.assert_close(
