@@ -484,6 +484,72 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
         assert f"| jsb-lmn-b-tiny | 0 / 4 | {failed} | 0 |" in out.read_text()
 
 
+def _run_in_flight(run, config: TrainConfig, best: list[bool], seconds: float = 10.0) -> None:
+    """A run directory as ``linmem train`` leaves it in flight: its config and one log row per
+    epoch, ``best`` saying which improved, each epoch ``seconds`` of CPU time."""
+    from dataclasses import asdict
+
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(asdict(config)))
+    (run / "log.jsonl").write_text("".join(
+        json.dumps({"epoch": e, "epoch_cpu_s": seconds, "epoch_time_s": 3 * seconds,
+                    "best": b}) + "\n" for e, b in enumerate(best, 1)))
+
+
+def test_a_running_point_is_projected_at_least_to_its_early_stopping(tmp_path):
+    """A run in flight still has at the least the epochs its early stopping holds it to:
+    ``patience`` after its best so far (early stopping ends a run once ``bad_epochs`` reaches
+    ``patience``), at most to its epoch limit, each at its logged epochs' mean CPU time.
+    Nottingham's GRU of 750 units was projected at 0.33 CPU h a point from its 250-unit point
+    while it ran at 155 s an epoch with its best epoch the last."""
+    from linmem.progress import epochs_due_cpu_seconds
+
+    config = TrainConfig(epochs=100, patience=5)
+    run = tmp_path / "run"
+    _run_in_flight(run, config, [True, False, True, True, False, True, False, False], 10.0)
+    assert epochs_due_cpu_seconds(run) == pytest.approx((5 - 2) * 10.0)  # best 6, last 8
+    near_end = tmp_path / "near_end"
+    _run_in_flight(near_end, replace(config, epochs=9), [True] * 6 + [False] * 2, 10.0)
+    assert epochs_due_cpu_seconds(near_end) == pytest.approx(10.0)  # the limit: one epoch
+    (run / "metrics.json").write_text("{}")  # ended: nothing due
+    assert epochs_due_cpu_seconds(run) == 0.0
+    assert epochs_due_cpu_seconds(tmp_path / "nowhere") == 0.0
+    record = {"dataset": "muse", "model": "lstm", "grid": "reduced", "finished_cpu_s": [30.0],
+              "running_cpu_s": [20.0, 90.0], "todo": 0}
+    plain = project_points([dict(record)])[0]  # 30 each: 10 left of the first, none of the other
+    assert plain["left_cpu_s"] == pytest.approx(10.0)
+    held = project_points([{**record, "running_due_cpu_s": [5.0, 40.0]}])[0]
+    assert held["left_cpu_s"] == pytest.approx(10.0 + 40.0)  # max(30, 20 + 5), max(30, 90 + 40)
+    assert held["dearest_point_cpu_s"] == pytest.approx(130.0)
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
+@pytest.mark.parametrize("protocol", ["paper", "linmem"])
+def test_progress_holds_a_running_point_to_its_early_stopping_without_a_pruner(
+        tmp_path, data_dir, protocol):
+    """Under ``paper`` (no pruner) a running point's due epochs count; under ``linmem`` the
+    median pruner may end it sooner, so they do not."""
+    config = _config(tmp_path, data_dir, models=["rnn"])
+    config = replace(config, base=TrainConfig(epochs=2, protocol=protocol, data_dir=str(data_dir)),
+                     pruner=None)
+    study = open_study(config, "jsb", "rnn")
+    point = grid_points("rnn", "tiny")[0]
+    run = tmp_path / "runs" / study.study_name / point.name
+    _run_in_flight(run, TrainConfig.from_dict({**study.user_attrs["train"], "data": "jsb",
+                                                "model": "rnn", "epochs": 1000}),
+                   [True] * 3 + [False] * 10, 7.0)
+    study.enqueue_trial(point.params)
+    trial = study.ask()
+    trial.suggest_categorical("hidden", [point.hidden])
+    trial.set_user_attr("run_dir", str(run.relative_to(tmp_path)))
+    (record,) = progress_records(default_storage(config.out_dir), "tiny", runs_root=tmp_path,
+                                 protocol=protocol)
+    assert record["states"] == {"running": 1, "todo": len(grid_points("rnn", "tiny")) - 1}
+    assert record["running_cpu_s"] == [pytest.approx(13 * 7.0)]
+    assert record["running_due_cpu_s"] == [pytest.approx((50 - 10) * 7.0 if protocol == "paper"
+                                                         else 0.0)]
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
 def test_a_point_that_diverged_in_its_first_epoch_is_no_cost_sample(tmp_path, data_dir):
     """Piano-midi.de's LMN-A (250, 250) diverged in its first epoch in 1 s: its study's points

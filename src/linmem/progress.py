@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 
 from ._io import command_line, machine, made_by, read_json
-from .config import TrainConfig
+from .config import PROTOCOLS, TrainConfig
 from .data import DATASETS, resolve_name
 from .grids import (
     FINISHED,
@@ -40,6 +40,7 @@ from .runs import (
     PRETRAINING,
     ULM,
     collect_metrics,
+    ended,
     epochs_cpu_seconds,
     log_rows,
     run_cpu_seconds,
@@ -50,8 +51,8 @@ from .runs import (
 from .search import point_params, size_cost
 from .studies import grid_studies, select, trial_seconds
 
-__all__ = ["planned_record", "planned_run_record", "progress_markdown", "progress_records",
-           "progress_table", "project_points", "seeds_record"]
+__all__ = ["epochs_due_cpu_seconds", "planned_record", "planned_run_record", "progress_markdown",
+           "progress_records", "progress_table", "project_points", "seeds_record"]
 
 
 def _hours_by_machine(studies: Sequence[dict], runs: Sequence[tuple[str, float]],
@@ -151,7 +152,11 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "ratio over the models both have finished (\"model's, scaled\"), else the same from "
               "its model's points in another grid, the ratio then over the models finished in "
               "both grids (\"model's in another grid, scaled\"), else its data set's mean over "
-              "every model. Seeds still to run (`--plan-seeds`): each at the CPU time of the "
+              "every model. A point running counts its projection, or what it has logged and "
+              "the epochs its early stopping still has to run at the least when that is more "
+              "(patience epochs after its best so far, each at its logged epochs' mean CPU time;"
+              " under a protocol without a pruner, which could end it sooner). "
+              "Seeds still to run (`--plan-seeds`): each at the CPU time of the "
               "study's selected run, with its unrolled network's when it read that from the cache"
               " (a seed trains its own), or at its trial's stored time when the run is on another"
               " machine (\"trial's stored time\"), and while the study has selected nothing, at its"
@@ -163,6 +168,23 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "the frames scored (\"another data set's run, scaled\"); a run's scoring "
               "(`expected.json`) counts in its CPU time."]
     return "\n".join(lines + made_by(command, when)) + "\n"
+
+
+def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds a run in flight still takes at the least, unless it diverges or a pruner
+    stops it: early stopping ends it ``patience`` epochs after its best epoch so far at the
+    soonest (its ``epochs`` limit at the latest; both from ``config.json``), each epoch at the
+    mean CPU time of its logged ones (their wall time where they did not record it). 0 for a
+    run that has ended or has logged no epoch."""
+    rows = [r for r in log_rows(run_dir) if "epoch" in r]
+    if not rows or ended(run_dir) or not (Path(run_dir) / CONFIG).is_file():
+        return 0.0
+    config = TrainConfig.from_run(run_dir)
+    last = rows[-1]["epoch"]
+    best = max((r["epoch"] for r in rows if r.get("best")), default=0)
+    due = max(0, min(config.patience - (last - best), config.epochs - last))
+    seconds = [r.get("epoch_cpu_s", r.get("epoch_time_s", 0.0)) for r in rows]
+    return due * sum(seconds) / len(seconds)
 
 
 def progress_records(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
@@ -210,13 +232,17 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
             states[p] == "failed" and p in local and (local[p] is None or log_rows(local[p])))]
         running = [p for p in points if states[p] in ("running", "waiting")]
         todo = [p for p in points if states[p] == "todo"]
+        # what early stopping still holds a running point to: only where no pruner may end it
+        unpruned = PROTOCOLS[base.protocol].pruner == "none"
+        due = [epochs_due_cpu_seconds(local[p]) if unpruned and local.get(p) else 0.0
+               for p in running]
         records.append({"study": study.study_name, "dataset": attrs["data"],
                         "model": attrs["model"], "grid": attrs["grid"],
                         "grid_points": len(points), "states": dict(Counter(states.values())),
                         "cpu_s": sum(seconds.values()), "cpu_s_by_machine": by_machine,
                         "finished_cpu_s": [seconds[p] for p in finished],
                         "running_cpu_s": [seconds[p] for p in running], "todo": len(todo),
-                        "points_from_trials": len(from_trials),
+                        "running_due_cpu_s": due, "points_from_trials": len(from_trials),
                         "finished_params": [size[p] for p in finished],
                         "running_params": [size[p] for p in running],
                         "todo_params": [size[p] for p in todo]})
@@ -335,7 +361,9 @@ def project_points(records: list[dict],
                    probes: dict[tuple[str, str, str], float] | None = None) -> list[dict]:
     """Each study record's projected cost per point (``mean_point_cpu_s``) and of the points it
     has left (``left_cpu_s``: the points to do at that cost, the running ones at that cost less
-    what they have logged), in place; ``left_from`` says where the per-point cost came from:
+    what they have logged, or at the least what their early stopping still holds them to,
+    ``running_due_cpu_s``, where a record gives it: :func:`epochs_due_cpu_seconds`), in place;
+    ``left_from`` says where the per-point cost came from:
 
     - ``study``: the mean of its finished points; where the record gives every point's number
       of parameters (``finished_params``, ``running_params``, ``todo_params``, as
@@ -423,9 +451,11 @@ def project_points(records: list[dict],
             r["left_from"] = "study, by size"
         elif r["left_from"] == "probe":
             todo, running = by_probe
-        # a running point costs its projection, or what it has logged when that is more
+        # a running point costs its projection, or what it has logged and the epochs its early
+        # stopping still has to run (``running_due_cpu_s``) when that is more
+        due = r.get("running_due_cpu_s") or [0.0] * len(r["running_cpu_s"])
         ends = ([] if per is None else
-                [max(c, s) for c, s in zip(running, r["running_cpu_s"], strict=True)])
+                [max(c, s + d) for c, s, d in zip(running, r["running_cpu_s"], due, strict=True)])
         r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
                            0.0 if per is None else
                            sum(todo) + sum(e - s for e, s in zip(ends, r["running_cpu_s"],
