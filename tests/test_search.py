@@ -502,7 +502,7 @@ def test_a_running_point_is_projected_at_least_to_its_early_stopping(tmp_path):
     ``patience``), at most to its epoch limit, each at its logged epochs' mean CPU time.
     Nottingham's GRU of 750 units was projected at 0.33 CPU h a point from its 250-unit point
     while it ran at 155 s an epoch with its best epoch the last."""
-    from linmem.progress import epochs_due_cpu_seconds
+    from linmem.search import epochs_due_cpu_seconds
 
     config = TrainConfig(epochs=100, patience=5)
     run = tmp_path / "run"
@@ -648,6 +648,31 @@ def test_stop_by_counts_what_a_killed_points_run_has_logged(tmp_path, data_dir):
     assert _late(deadline, study, "rnn", points[1:]) == {points[2], points[3]}
     assert _late(replace(config, stop_by=time.time() + 5e4), study, "rnn", points[1:]) == set(
         points[1:])
+
+
+def test_stop_by_holds_a_killed_points_run_to_its_early_stopping_without_a_pruner(
+        tmp_path, data_dir):
+    """What is left of a resumed point is not less than the epochs its early stopping still
+    holds it to, where no pruner may end it sooner: 9e5 of its 1e6 s logged, but its best epoch
+    its last, so 5 more epochs of 3e5 s; with the median pruner the projection alone counts."""
+    from linmem.search import _late, point_run_dir
+
+    config = _config(tmp_path, data_dir, models=["rnn"], pruner="none")
+    study = open_study(config, "jsb", "rnn")
+    points = grid_points("rnn", "tiny")
+    study.enqueue_trial(points[0].params)
+    trial = study.ask()
+    trial.suggest_categorical("hidden", [4, 8])
+    trial.set_user_attr("wall_time_s", 1e6)
+    study.tell(trial, 30.0)
+    run = point_run_dir(config, study, points[1])
+    _run_in_flight(run, replace(config.base, model="rnn", hidden=4, patience=5, epochs=100),
+                   [True, True, True], 3e5)
+    soon, later = time.time() + 2e5, time.time() + 2e6
+    assert points[1] in _late(replace(config, stop_by=soon), study, "rnn", points[1:2])
+    assert not _late(replace(config, stop_by=later), study, "rnn", points[1:2])  # 1.5e6 fits
+    median = replace(config, pruner="median", stop_by=soon)
+    assert not _late(median, study, "rnn", points[1:2])  # 1e6 - 9e5 fits
 
 
 def test_search_cli_passes_max_retry_and_wait(tmp_path, data_dir, monkeypatch, capsys):

@@ -40,7 +40,6 @@ from .runs import (
     PRETRAINING,
     ULM,
     collect_metrics,
-    ended,
     epochs_cpu_seconds,
     log_rows,
     run_cpu_seconds,
@@ -48,11 +47,11 @@ from .runs import (
     scoring_cpu_seconds,
     training_cpu_seconds,
 )
-from .search import point_params, size_cost
+from .search import epochs_due_cpu_seconds, point_params, size_cost
 from .studies import grid_studies, select, trial_seconds
 
-__all__ = ["epochs_due_cpu_seconds", "planned_record", "planned_run_record", "progress_markdown",
-           "progress_records", "progress_table", "project_points", "seeds_record"]
+__all__ = ["planned_record", "planned_run_record", "progress_markdown", "progress_records",
+           "progress_table", "project_points", "seeds_record"]
 
 
 def _hours_by_machine(studies: Sequence[dict], runs: Sequence[tuple[str, float]],
@@ -168,23 +167,6 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "the frames scored (\"another data set's run, scaled\"); a run's scoring "
               "(`expected.json`) counts in its CPU time."]
     return "\n".join(lines + made_by(command, when)) + "\n"
-
-
-def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds a run in flight still takes at the least, unless it diverges or a pruner
-    stops it: early stopping ends it ``patience`` epochs after its best epoch so far at the
-    soonest (its ``epochs`` limit at the latest; both from ``config.json``), each epoch at the
-    mean CPU time of its logged ones (their wall time where they did not record it). 0 for a
-    run that has ended or has logged no epoch."""
-    rows = [r for r in log_rows(run_dir) if "epoch" in r]
-    if not rows or ended(run_dir) or not (Path(run_dir) / CONFIG).is_file():
-        return 0.0
-    config = TrainConfig.from_run(run_dir)
-    last = rows[-1]["epoch"]
-    best = max((r["epoch"] for r in rows if r.get("best")), default=0)
-    due = max(0, min(config.patience - (last - best), config.epochs - last))
-    seconds = [r.get("epoch_cpu_s", r.get("epoch_time_s", 0.0)) for r in rows]
-    return due * sum(seconds) / len(seconds)
 
 
 def progress_records(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",

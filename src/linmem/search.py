@@ -31,9 +31,10 @@ How workers share a study without losing or repeating work:
   idling through another's last trial.
 - With a deadline (``stop_by``, ``linmem search --stop-by``) a worker starts no point projected
   to end after it (:func:`point_seconds`, less what the point's run directory has logged already
-  where a killed run resumes), and none at all once it has passed (a study with nothing finished
-  has nothing to project from), and leaves when none that fits is left: on a machine with a time
-  limit, no point is cut off half-way.
+  where a killed run resumes, but not less than the epochs its early stopping still holds it to
+  where no pruner may end it sooner), and none at all once it has passed (a study with nothing
+  finished has nothing to project from), and leaves when none that fits is left: on a machine
+  with a time limit, no point is cut off half-way.
 
 Selection is on validation accuracy only (:func:`linmem.studies.select`); the test scores of
 the other trials are stored with them but never used to choose. The grids, their points and the
@@ -85,7 +86,7 @@ from .grids import (
 )
 from .models import get_spec, option_names
 from .recipes import run as run_training
-from .runs import training_cpu_seconds
+from .runs import CONFIG, ended, log_rows, training_cpu_seconds
 from .studies import trial_seconds
 from .train import TrainingDiverged, check_size
 
@@ -93,6 +94,7 @@ __all__ = [
     "SearchConfig",
     "check_search",
     "count_points",
+    "epochs_due_cpu_seconds",
     "open_study",
     "point_params",
     "point_seconds",
@@ -342,9 +344,28 @@ def point_params(base: TrainConfig, data: str, model: str, point: Point) -> int:
                               memory=point.memory))
 
 
+def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds a run in flight still takes at the least, unless it diverges or a pruner
+    stops it: early stopping ends it ``patience`` epochs after its best epoch so far at the
+    soonest (its ``epochs`` limit at the latest; both from ``config.json``), each epoch at the
+    mean CPU time of its logged ones (their wall time where they did not record it). 0 for a
+    run that has ended or has logged no epoch."""
+    rows = [r for r in log_rows(run_dir) if "epoch" in r]
+    if not rows or ended(run_dir) or not (Path(run_dir) / CONFIG).is_file():
+        return 0.0
+    config = TrainConfig.from_run(run_dir)
+    last = rows[-1]["epoch"]
+    best = max((r["epoch"] for r in rows if r.get("best")), default=0)
+    due = max(0, min(config.patience - (last - best), config.epochs - last))
+    seconds = [r.get("epoch_cpu_s", r.get("epoch_time_s", 0.0)) for r in rows]
+    return due * sum(seconds) / len(seconds)
+
+
 def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> set[Point]:
     """The points of ``points`` projected to end after ``config.stop_by`` (none without it),
-    and every one once it has passed (those without a projection included)."""
+    and every one once it has passed (those without a projection included). A killed run that
+    would resume counts its projection less what it has logged, and without a pruner not less
+    than what its early stopping still holds it to (:func:`epochs_due_cpu_seconds`)."""
     if config.stop_by is None or not points:
         return set()
     left = config.stop_by - time.time()
@@ -352,9 +373,13 @@ def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> s
         return set(points)
     late = set()
     for p, s in point_seconds(config, study, model, points).items():
-        run_dir = point_run_dir(config, study, p)  # a killed run resumes: less its time so far
-        if s is not None and s - (training_cpu_seconds(run_dir) if run_dir.is_dir() else 0.0) \
-                > left:
+        run_dir = point_run_dir(config, study, p)  # a killed run resumes: less its time so far,
+        if s is None or not run_dir.is_dir():  # and not less than its early stopping holds it to
+            due = s
+        else:
+            due = max(s - training_cpu_seconds(run_dir),
+                      epochs_due_cpu_seconds(run_dir) if config.pruner == "none" else 0.0)
+        if due is not None and due > left:
             late.add(p)
     return late
 
