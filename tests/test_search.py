@@ -502,7 +502,7 @@ def test_a_running_point_is_projected_at_least_to_its_early_stopping(tmp_path):
     ``patience``), at most to its epoch limit, each at its logged epochs' mean CPU time.
     Nottingham's GRU of 750 units was projected at 0.33 CPU h a point from its 250-unit point
     while it ran at 155 s an epoch with its best epoch the last."""
-    from linmem.search import epochs_due_cpu_seconds
+    from linmem.runs import epochs_due_cpu_seconds
 
     config = TrainConfig(epochs=100, patience=5)
     run = tmp_path / "run"

@@ -41,13 +41,14 @@ from .runs import (
     ULM,
     collect_metrics,
     epochs_cpu_seconds,
+    epochs_due_cpu_seconds,
     log_rows,
     run_cpu_seconds,
     run_machine,
     scoring_cpu_seconds,
     training_cpu_seconds,
 )
-from .search import epochs_due_cpu_seconds, point_params, size_cost
+from .search import point_params, size_cost
 from .studies import grid_studies, select, trial_seconds
 
 __all__ = ["planned_record", "planned_run_record", "progress_markdown", "progress_records",
@@ -344,8 +345,8 @@ def project_points(records: list[dict],
     """Each study record's projected cost per point (``mean_point_cpu_s``) and of the points it
     has left (``left_cpu_s``: the points to do at that cost, the running ones at that cost less
     what they have logged, or at the least what their early stopping still holds them to,
-    ``running_due_cpu_s``, where a record gives it: :func:`epochs_due_cpu_seconds`), in place;
-    ``left_from`` says where the per-point cost came from:
+    ``running_due_cpu_s``, where a record gives it: :func:`linmem.runs.epochs_due_cpu_seconds`),
+    in place; ``left_from`` says where the per-point cost came from:
 
     - ``study``: the mean of its finished points; where the record gives every point's number
       of parameters (``finished_params``, ``running_params``, ``todo_params``, as

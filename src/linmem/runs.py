@@ -58,6 +58,7 @@ __all__ = [
     "end_record",
     "ended",
     "epochs_cpu_seconds",
+    "epochs_due_cpu_seconds",
     "expected_fields",
     "load_checkpoint",
     "log_fields",
@@ -173,6 +174,22 @@ def epochs_cpu_seconds(run_dir: str | os.PathLike) -> float:
     """The CPU seconds of a run's logged epochs (``log.jsonl``: training and validation; the
     wall time where they did not record it)."""
     return sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in log_rows(Path(run_dir)))
+
+
+def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
+    """The CPU seconds a run in flight still takes at the least, unless it diverges or a pruner
+    stops it: early stopping ends it ``patience`` epochs after its best epoch so far at the
+    soonest (its ``epochs`` limit at the latest; both from ``config.json``), each epoch at the
+    mean CPU time of its logged ones (their wall time where they did not record it). 0 for a
+    run that has ended or has logged no epoch."""
+    rows = log_rows(run_dir)
+    if not rows or ended(run_dir) or not (Path(run_dir) / CONFIG).is_file():
+        return 0.0
+    config = read_json(Path(run_dir) / CONFIG)  # the budget as the run resolved it
+    last = rows[-1]["epoch"]
+    best = max((r["epoch"] for r in rows if r.get("best")), default=0)
+    due = max(0, min(config["patience"] - (last - best), config["epochs"] - last))
+    return due * sum(_seconds(r, "epoch_cpu_s", "epoch_time_s") for r in rows) / len(rows)
 
 
 def training_cpu_seconds(run_dir: str | os.PathLike) -> float:

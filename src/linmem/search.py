@@ -86,7 +86,7 @@ from .grids import (
 )
 from .models import get_spec, option_names
 from .recipes import run as run_training
-from .runs import CONFIG, ended, log_rows, training_cpu_seconds
+from .runs import epochs_due_cpu_seconds, training_cpu_seconds
 from .studies import trial_seconds
 from .train import TrainingDiverged, check_size
 
@@ -94,7 +94,6 @@ __all__ = [
     "SearchConfig",
     "check_search",
     "count_points",
-    "epochs_due_cpu_seconds",
     "open_study",
     "point_params",
     "point_seconds",
@@ -344,28 +343,12 @@ def point_params(base: TrainConfig, data: str, model: str, point: Point) -> int:
                               memory=point.memory))
 
 
-def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds a run in flight still takes at the least, unless it diverges or a pruner
-    stops it: early stopping ends it ``patience`` epochs after its best epoch so far at the
-    soonest (its ``epochs`` limit at the latest; both from ``config.json``), each epoch at the
-    mean CPU time of its logged ones (their wall time where they did not record it). 0 for a
-    run that has ended or has logged no epoch."""
-    rows = [r for r in log_rows(run_dir) if "epoch" in r]
-    if not rows or ended(run_dir) or not (Path(run_dir) / CONFIG).is_file():
-        return 0.0
-    config = TrainConfig.from_run(run_dir)
-    last = rows[-1]["epoch"]
-    best = max((r["epoch"] for r in rows if r.get("best")), default=0)
-    due = max(0, min(config.patience - (last - best), config.epochs - last))
-    seconds = [r.get("epoch_cpu_s", r.get("epoch_time_s", 0.0)) for r in rows]
-    return due * sum(seconds) / len(seconds)
-
-
 def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> set[Point]:
     """The points of ``points`` projected to end after ``config.stop_by`` (none without it),
     and every one once it has passed (those without a projection included). A killed run that
     would resume counts its projection less what it has logged, and without a pruner not less
-    than what its early stopping still holds it to (:func:`epochs_due_cpu_seconds`)."""
+    than what its early stopping still holds it to
+    (:func:`linmem.runs.epochs_due_cpu_seconds`)."""
     if config.stop_by is None or not points:
         return set()
     left = config.stop_by - time.time()
