@@ -523,6 +523,55 @@ def test_a_running_point_is_projected_at_least_to_its_early_stopping(tmp_path):
     assert held["dearest_point_cpu_s"] == pytest.approx(130.0)
 
 
+def test_a_study_of_one_size_is_scaled_at_its_models_epoch_slope(tmp_path):
+    """Nottingham's pret-RNN had finished one point of 250 units: its 750-unit points were
+    projected in proportion to their parameters (slope 1), while an epoch of the model's
+    750-unit runs costs 9.3 times a 250-unit one for 6.5 times the parameters (Piano-midi.de:
+    11.7 s against 1.26). The slope of log epoch time on log parameters comes from the model's
+    studies of several sizes (each against its own mean; its grid first) and scales a study of
+    one size; a study of several sizes keeps its own fit of whole runs."""
+    from linmem.progress import epoch_slope
+    from linmem.runs import mean_epoch_cpu_seconds
+    from linmem.search import size_cost
+
+    run = tmp_path / "run"
+    _run_in_flight(run, TrainConfig(), [True, False, True], 10.0)
+    with (run / "log.jsonl").open("a") as log:  # a row from before CPU time was logged: wall
+        log.write(json.dumps({"epoch": 4, "epoch_time_s": 50.0, "best": False}) + "\n")
+    assert mean_epoch_cpu_seconds(run) == pytest.approx((3 * 10.0 + 50.0) / 4)
+    assert mean_epoch_cpu_seconds(tmp_path / "nowhere") is None
+
+    one = size_cost([100, 100], [10.0, 30.0], slope=1.5)  # 20 at 100: 20 * 4 ** 1.5 at 400
+    assert one(400) == pytest.approx(160.0)
+    assert size_cost([100, 400], [10.0, 20.0], slope=1.5)(1600) == pytest.approx(
+        size_cost([100, 400], [10.0, 20.0])(1600))  # two sizes: their own fit
+
+    def study(data, grid, params, epochs, running=((), ())):
+        return {"dataset": data, "model": "pret-rnn", "grid": grid, "finished_cpu_s":
+                [100.0 * t for t in epochs], "finished_params": list(params),
+                "finished_epoch_cpu_s": list(epochs), "running_cpu_s": [50.0] * len(running[0]),
+                "running_params": list(running[0]), "running_epoch_cpu_s": list(running[1]),
+                "todo": 0, "todo_params": []}
+
+    piano = study("piano", "long", [100, 400, 400], [1.0, 8.0, 8.0])  # slope 1.5
+    muse = study("muse", "long", [100], [20.0], running=([400], [None]))  # no epoch yet: none
+    jsb = study("jsb", "short", [100, 400], [1.0, 2.0])  # slope 0.5: another grid
+    assert epoch_slope([piano, muse, jsb], "pret-rnn", "long") == pytest.approx(1.5)
+    assert epoch_slope([muse, jsb], "pret-rnn", "long") == pytest.approx(0.5)  # any grid
+    assert epoch_slope([muse], "pret-rnn", "long") is None
+    assert epoch_slope([piano], "rnn", "long") is None  # another model's
+    # a data set of longer sequences costs more at every size: not a larger model's slope
+    notts = study("notts", "long", [400], [80.0], running=([100], [10.0]))
+    assert epoch_slope([piano, notts], "pret-rnn", "long") == pytest.approx(1.5)
+
+    left = {**study("notts", "long", [100], [4.0]), "todo": 1, "todo_params": [400]}
+    alone = project_points([dict(left)])[0]  # 400 s at 100: in proportion at 400
+    assert alone["left_cpu_s"] == pytest.approx(1600.0)
+    scaled = next(r for r in project_points([dict(left), piano]) if r["dataset"] == "notts")
+    assert scaled["left_from"] == "study, by size"
+    assert scaled["left_cpu_s"] == pytest.approx(400.0 * 4 ** 1.5)
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
 @pytest.mark.parametrize("protocol", ["paper", "linmem"])
 def test_progress_holds_a_running_point_to_its_early_stopping_without_a_pruner(
@@ -548,6 +597,8 @@ def test_progress_holds_a_running_point_to_its_early_stopping_without_a_pruner(
     assert record["running_cpu_s"] == [pytest.approx(13 * 7.0)]
     assert record["running_due_cpu_s"] == [pytest.approx((50 - 10) * 7.0 if protocol == "paper"
                                                          else 0.0)]
+    assert record["running_epoch_cpu_s"] == [pytest.approx(7.0)]  # its epochs' mean
+    assert record["finished_epoch_cpu_s"] == []
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()

@@ -9,6 +9,7 @@ points left, and writes the table.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import statistics
 from collections import Counter
@@ -43,6 +44,7 @@ from .runs import (
     epochs_cpu_seconds,
     epochs_due_cpu_seconds,
     log_rows,
+    mean_epoch_cpu_seconds,
     run_cpu_seconds,
     run_machine,
     scoring_cpu_seconds,
@@ -51,8 +53,8 @@ from .runs import (
 from .search import point_params, size_cost
 from .studies import grid_studies, select, trial_seconds
 
-__all__ = ["planned_record", "planned_run_record", "progress_markdown", "progress_records",
-           "progress_table", "project_points", "seeds_record"]
+__all__ = ["epoch_slope", "planned_record", "planned_run_record", "progress_markdown",
+           "progress_records", "progress_table", "project_points", "seeds_record"]
 
 
 def _hours_by_machine(studies: Sequence[dict], runs: Sequence[tuple[str, float]],
@@ -140,8 +142,11 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               "Projection: each point left at a cost c * n ** a of its n parameters, a fitted to "
               "the study's finished points (complete, pruned or failed after an epoch: one that "
               "diverged in its first epoch shows its set-up's cost, not a point's; the column "
-              "shows their mean) by least squares on the logs, within [0, 2], 1 when they are all"
-              " of one size, and c such that they add up to their CPU time; for a study with "
+              "shows their mean) by least squares on the logs, within [0, 2], and when they are "
+              "all of one size the slope of log epoch CPU time on log parameters over the "
+              "model's runs of two sizes or more (each study's against its own mean; in the "
+              "same grid, else in any; an epoch's cost, not early stopping's), else 1; c such "
+              "that they add up to their CPU time; for a study with "
               "none, with probes (`--probe`: short runs of one configuration on two data sets), "
               "each point at the cost c * n ** a fitted to its model's finished points on another"
               " data set times the probes' ratio of their epochs' CPU time there and here, for "
@@ -219,6 +224,8 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
         unpruned = PROTOCOLS[base.protocol].pruner == "none"
         due = [epochs_due_cpu_seconds(local[p]) if unpruned and local.get(p) else 0.0
                for p in running]
+        per_epoch = {p: mean_epoch_cpu_seconds(local[p]) if local.get(p) else None
+                     for p in finished + running}
         records.append({"study": study.study_name, "dataset": attrs["data"],
                         "model": attrs["model"], "grid": attrs["grid"],
                         "grid_points": len(points), "states": dict(Counter(states.values())),
@@ -228,7 +235,9 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
                         "running_due_cpu_s": due, "points_from_trials": len(from_trials),
                         "finished_params": [size[p] for p in finished],
                         "running_params": [size[p] for p in running],
-                        "todo_params": [size[p] for p in todo]})
+                        "todo_params": [size[p] for p in todo],
+                        "finished_epoch_cpu_s": [per_epoch[p] for p in finished],
+                        "running_epoch_cpu_s": [per_epoch[p] for p in running]})
     return project_points(records)
 
 
@@ -340,6 +349,36 @@ def probe_ratios(paths: Sequence[str | os.PathLike]) -> dict[tuple[str, str, str
     return {k: sum(v) / len(v) for k, v in pairs.items()}
 
 
+def epoch_slope(records: Sequence[dict], model: str, grid: str) -> float | None:
+    """How an epoch's CPU time grows with the parameters for ``model``: the slope of log
+    epoch time on log parameters over its studies' points of several sizes (the records'
+    ``finished_epoch_cpu_s``, ``running_epoch_cpu_s`` beside their ``*_params``; each study's
+    points against their own means, so that data sets of longer sequences do not count as
+    larger models), its studies in ``grid`` (the same batch and sequences), else in any grid.
+    An epoch's time is the machine's, not early stopping's: at batch 1 it grows faster than
+    the parameters once the weights leave the cache (a 750-unit GRU's epoch on Nottingham
+    costs 13 times a 250-unit one for 7 times the parameters). None where no study has run
+    two sizes."""
+
+    def slope(studies: list[dict]) -> float | None:
+        sxy = sxx = 0.0
+        for r in studies:
+            pairs = [(math.log(n), math.log(t)) for k in ("finished", "running")
+                     if f"{k}_epoch_cpu_s" in r  # a record made without them: none
+                     for n, t in zip(r[f"{k}_params"], r[f"{k}_epoch_cpu_s"], strict=True)
+                     if t and n > 0]
+            if len(pairs) < 2:
+                continue
+            mx, my = (sum(v) / len(pairs) for v in zip(*pairs, strict=True))
+            sxy += sum((x - mx) * (y - my) for x, y in pairs)
+            sxx += sum((x - mx) ** 2 for x, _ in pairs)
+        return sxy / sxx if sxx > 1e-12 else None
+
+    mine = [r for r in records if r["model"] == model]
+    here = slope([r for r in mine if r["grid"] == grid])
+    return here if here is not None else slope(mine)
+
+
 def project_points(records: list[dict],
                    probes: dict[tuple[str, str, str], float] | None = None) -> list[dict]:
     """Each study record's projected cost per point (``mean_point_cpu_s``) and of the points it
@@ -352,9 +391,11 @@ def project_points(records: list[dict],
       of parameters (``finished_params``, ``running_params``, ``todo_params``, as
       :func:`progress_records` does), each point left costs instead what :func:`size_cost`
       fits to the finished points' sizes and CPU seconds (``study, by size``: a study whose
-      small points finished first is not projected at their mean);
+      small points finished first is not projected at their mean; where they are all of one
+      size, at the slope :func:`epoch_slope` measures on its model's epochs, else 1);
     - ``probe``: none finished yet and ``probes`` given (:func:`probe_ratios`): each point
-      left at what :func:`size_cost` fits to its model's finished points on another data set,
+      left at what :func:`size_cost` fits to its model's finished points on another data set
+      (of one size: at :func:`epoch_slope`'s slope),
       times the probes' ratio of the two data sets' epoch costs for its family (averaged over
       the data sets that have both); the record must give ``todo_params``. It comes before
       the whole runs' ratios below: a probe measures an epoch's cost, while a ratio of whole
@@ -397,7 +438,8 @@ def project_points(records: list[dict],
         for q in records:
             ratio = probes.get((r["dataset"], q["dataset"], _family(r["model"])))
             if q["model"] == r["model"] and ratio is not None and q.get("finished_params"):
-                fit = size_cost(q["finished_params"], q["finished_cpu_s"])
+                fit = size_cost(q["finished_params"], q["finished_cpu_s"],
+                                epoch_slope(records, q["model"], q["grid"]))
                 if fit is not None:
                     fits.append((fit, ratio))
         running = r.get("running_params") or []
@@ -425,7 +467,7 @@ def project_points(records: list[dict],
         r["mean_point_cpu_s"] = per
         todo, running = [per] * r["todo"], [per] * len(r["running_cpu_s"])
         sizes = [r.get(k) for k in ("finished_params", "running_params", "todo_params")]
-        cost = (size_cost(sizes[0], r["finished_cpu_s"])
+        cost = (size_cost(sizes[0], r["finished_cpu_s"], epoch_slope(records, r["model"], grid))
                 if r["left_from"] == "study" and None not in sizes
                 and list(map(len, sizes)) == [len(r["finished_cpu_s"]), len(r["running_cpu_s"]),
                                               r["todo"]] else None)

@@ -63,6 +63,7 @@ __all__ = [
     "load_checkpoint",
     "log_fields",
     "log_rows",
+    "mean_epoch_cpu_seconds",
     "publish",
     "rerun_cpu_seconds",
     "resume_checkpoint",
@@ -176,6 +177,15 @@ def epochs_cpu_seconds(run_dir: str | os.PathLike) -> float:
     return sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in log_rows(Path(run_dir)))
 
 
+def mean_epoch_cpu_seconds(run_dir: str | os.PathLike) -> float | None:
+    """The mean CPU seconds of a run's logged epochs (:func:`epochs_cpu_seconds` over their
+    number): what an epoch of its size costs on its data set, however long early stopping let
+    it run. None for a run that has logged no epoch."""
+    rows = log_rows(Path(run_dir))
+    return sum(_seconds(r, "epoch_cpu_s", "epoch_time_s") for r in rows) / len(rows) if rows \
+        else None
+
+
 def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
     """The CPU seconds a run in flight still takes at the least, unless it diverges or a pruner
     stops it: early stopping ends it ``patience`` epochs after its best epoch so far at the
@@ -189,7 +199,7 @@ def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
     last = rows[-1]["epoch"]
     best = max((r["epoch"] for r in rows if r.get("best")), default=0)
     due = max(0, min(config["patience"] - (last - best), config["epochs"] - last))
-    return due * sum(_seconds(r, "epoch_cpu_s", "epoch_time_s") for r in rows) / len(rows)
+    return due * mean_epoch_cpu_seconds(run_dir)
 
 
 def training_cpu_seconds(run_dir: str | os.PathLike) -> float:

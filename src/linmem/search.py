@@ -313,24 +313,25 @@ def point_seconds(config: SearchConfig, study, model: str, points: Sequence[Poin
             for p in points}
 
 
-def size_cost(sizes: Sequence[int], seconds: Sequence[float]
+def size_cost(sizes: Sequence[int], seconds: Sequence[float], slope: float | None = None
               ) -> Callable[[int], float] | None:
     """The cost of a point of ``n`` parameters, ``c * n ** a``, from finished points of
     ``sizes`` parameters that took ``seconds``: ``a`` the slope of log seconds on log
-    parameters (least squares, kept within [0, 2]; 1 where the points are all of one size: an
-    epoch's matrix products grow with the parameters), ``c`` such that the finished points'
-    costs add up to their seconds. An RNN's or LSTM's time grows about as its parameters, an
-    LMN's far less (its small matrices' products do not dominate a step), and early stopping
-    moves both; the fit follows each study. None with no finished point that took any time."""
+    parameters (least squares, kept within [0, 2]; where the points are all of one size,
+    ``slope``, kept there too, or 1 without it: an epoch's matrix products grow with the
+    parameters), ``c`` such that the finished points' costs add up to their seconds. An RNN's
+    or LSTM's time grows about as its parameters, an LMN's far less (its small matrices'
+    products do not dominate a step), and early stopping moves both; the fit follows each
+    study. None with no finished point that took any time."""
     pairs = [(math.log(n), t) for n, t in zip(sizes, seconds, strict=True) if n > 0 and t > 0]
     if not pairs:
         return None
     xs, ys = [x for x, _ in pairs], [math.log(t) for _, t in pairs]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     spread = sum((x - mx) ** 2 for x in xs)
-    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / spread
-             if spread > 1e-12 else 1.0)
-    a = min(max(slope, 0.0), 2.0)
+    fitted = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / spread
+              if spread > 1e-12 else 1.0 if slope is None else slope)
+    a = min(max(fitted, 0.0), 2.0)
     c = sum(t for _, t in pairs) / sum(math.exp(a * x) for x, _ in pairs)
     return lambda n: c * n ** a
 
