@@ -357,7 +357,7 @@ def epoch_slope(records: Sequence[dict], model: str, grid: str) -> float | None:
     larger models), its studies in ``grid`` (the same batch and sequences), else in any grid.
     An epoch's time is the machine's, not early stopping's: at batch 1 it grows faster than
     the parameters once the weights leave the cache (a 750-unit GRU's epoch on Nottingham
-    costs 13 times a 250-unit one for 7 times the parameters). None where no study has run
+    costs 11 to 13 times a 250-unit one for 7 times the parameters). None where no study has run
     two sizes."""
 
     def slope(studies: list[dict]) -> float | None:
