@@ -87,6 +87,7 @@ def test_sqlite_search_runs_each_point_once_and_selects_on_validation(tmp_path, 
         assert t.value == pytest.approx(metrics["valid_acc"])
         assert t.user_attrs["test_acc"] == pytest.approx(metrics["test_acc"])
         assert metrics["command"] == "test" and metrics["epochs"] == 2
+        assert t.user_attrs["pruner"] == "median"  # linmem's: what could have ended it sooner
     best, counts = select(study)
     values = {t.number: t.value for t in study.get_trials()}
     assert best.value == max(values.values()) and counts["complete"] == 4
@@ -573,11 +574,14 @@ def test_a_study_of_one_size_is_scaled_at_its_models_epoch_slope(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
-@pytest.mark.parametrize("protocol", ["paper", "linmem"])
+@pytest.mark.parametrize(("protocol", "pruner", "held"), [
+    ("paper", None, True), ("linmem", None, False), ("linmem", "none", True),
+    ("paper", "median", False)])
 def test_progress_holds_a_running_point_to_its_early_stopping_without_a_pruner(
-        tmp_path, data_dir, protocol):
+        tmp_path, data_dir, protocol, pruner, held):
     """Under ``paper`` (no pruner) a running point's due epochs count; under ``linmem`` the
-    median pruner may end it sooner, so they do not."""
+    median pruner may end it sooner, so they do not; a trial that says which pruner it ran
+    under (``linmem search --pruner``) is held by that one."""
     config = _config(tmp_path, data_dir, models=["rnn"])
     config = replace(config, base=TrainConfig(epochs=2, protocol=protocol, data_dir=str(data_dir)),
                      pruner=None)
@@ -591,12 +595,13 @@ def test_progress_holds_a_running_point_to_its_early_stopping_without_a_pruner(
     trial = study.ask()
     trial.suggest_categorical("hidden", [point.hidden])
     trial.set_user_attr("run_dir", str(run.relative_to(tmp_path)))
+    if pruner is not None:
+        trial.set_user_attr("pruner", pruner)
     (record,) = progress_records(default_storage(config.out_dir), "tiny", runs_root=tmp_path,
                                  protocol=protocol)
     assert record["states"] == {"running": 1, "todo": len(grid_points("rnn", "tiny")) - 1}
     assert record["running_cpu_s"] == [pytest.approx(13 * 7.0)]
-    assert record["running_due_cpu_s"] == [pytest.approx((50 - 10) * 7.0 if protocol == "paper"
-                                                         else 0.0)]
+    assert record["running_due_cpu_s"] == [pytest.approx((50 - 10) * 7.0 if held else 0.0)]
     assert record["running_epoch_cpu_s"] == [pytest.approx(7.0)]  # its epochs' mean
     assert record["finished_epoch_cpu_s"] == []
 

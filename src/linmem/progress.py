@@ -185,7 +185,9 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
     :func:`size_cost`; else from its model's on other data sets, else from its data set's). A
     finished point whose run is not under ``runs_root`` (a study imported from another machine,
     :func:`import_studies`) counts its trial's stored time (``points_from_trials``: its CPU
-    time, or its wall time for older trials)."""
+    time, or its wall time for older trials). A running point's run is held to the epochs its
+    early stopping still has to run (``running_due_cpu_s``) where no pruner may end it sooner:
+    the pruner its trial ran under (``linmem search --pruner``), else its protocol's."""
 
     here = machine()["cpu"]
     records = []
@@ -195,12 +197,15 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
         seconds = dict.fromkeys(points, 0.0)
         cpu: dict[Point, str | None] = dict.fromkeys(points)
         local: dict[Point, Path | None] = {}  # each point's last run here (None: elsewhere)
+        pruner: dict[Point, str] = {}  # the pruner its last trial ran under, where it says
         from_trials = set()
         for t in study.get_trials(deepcopy=False):
             p = trial_point(t)
             if "duplicate_of" in t.user_attrs or "run_dir" not in t.user_attrs or p not in seconds:
                 continue
             seconds[p], elsewhere = _run_seconds(t, runs_root)
+            if "pruner" in t.user_attrs:
+                pruner[p] = t.user_attrs["pruner"]
             if elsewhere:
                 from_trials.add(p)
                 local[p] = None
@@ -221,8 +226,9 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
         running = [p for p in points if states[p] in ("running", "waiting")]
         todo = [p for p in points if states[p] == "todo"]
         # what early stopping still holds a running point to: only where no pruner may end it
-        unpruned = PROTOCOLS[base.protocol].pruner == "none"
-        due = [epochs_due_cpu_seconds(local[p]) if unpruned and local.get(p) else 0.0
+        # (the one its trial ran under; a trial from before they said: the protocol's default)
+        unpruned = {p: pruner.get(p, PROTOCOLS[base.protocol].pruner) == "none" for p in running}
+        due = [epochs_due_cpu_seconds(local[p]) if unpruned[p] and local.get(p) else 0.0
                for p in running]
         per_epoch = {p: mean_epoch_cpu_seconds(local[p]) if local.get(p) else None
                      for p in finished + running}

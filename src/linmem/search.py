@@ -219,6 +219,7 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
         run_dir = point_run_dir(config, study, point)
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        trial.set_user_attr("pruner", config.pruner)  # what may end it before early stopping
         # the points that differ in memory size alone share their unrolled network (pret-lmn)
         cache = (config.base.ulm_cache or str(Path(config.out_dir) / "ulm-cache")
                  if "ulm_cache" in option_names(model) else None)
