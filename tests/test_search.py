@@ -680,6 +680,36 @@ def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_
     assert counts == {"jsb-rnn-tiny": {"done": 4}, "jsb-gru-tiny": {"done": 4}}
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
+def test_stop_by_scales_one_finished_size_at_its_runs_epoch_slope(tmp_path, data_dir):
+    """With the finished points all of one size, ``stop_by``'s projection of another size
+    takes the slope of log epoch CPU time on log parameters that the study's runs here show
+    (a finished and a killed run of two sizes), not the parameters' proportion."""
+    from linmem.search import point_run_dir, size_slope
+    from linmem.train import check_size
+
+    assert size_slope([[(100, 1.0), (400, 8.0), (400, None)]]) == pytest.approx(1.5)
+    assert size_slope([[(100, 1.0), (400, 8.0)], [(100, 50.0), (100, 70.0)]]) == pytest.approx(
+        1.5)  # a group of one size (another data set) adds nothing
+    assert size_slope([[(100, 1.0)], [(400, 8.0)]]) is None  # no group has two sizes
+
+    config = _config(tmp_path, data_dir, models=["rnn"])
+    study = open_study(config, "jsb", "rnn")
+    points = grid_points("rnn", "tiny")  # 4 units at two decays, then 8
+    done, big = points[0], points[2]
+    study.enqueue_trial(done.params)
+    trial = study.ask()
+    trial.suggest_categorical("hidden", [4, 8])
+    trial.set_user_attr("wall_time_s", 1e6)
+    study.tell(trial, 30.0)
+    n = {p: check_size(replace(config.base, model="rnn", hidden=p.hidden)) for p in points}
+    assert point_seconds(config, study, "rnn", [big])[big] == pytest.approx(1e6 * n[big] / n[done])
+    ratio = n[big] / n[done]
+    for p, epoch_s in ((done, 2.0), (big, 2.0 * ratio ** 1.7)):  # the runs' epochs: slope 1.7
+        _run_in_flight(point_run_dir(config, study, p), config.base, [True, False], epoch_s)
+    assert point_seconds(config, study, "rnn", [big])[big] == pytest.approx(1e6 * ratio ** 1.7)
+
+
 def test_stop_by_counts_what_a_killed_points_run_has_logged(tmp_path, data_dir):
     """A point whose run a killed worker left resumes from its last epoch: with a deadline it
     starts if what is left of its projection (less its run's logged CPU time) fits, where the

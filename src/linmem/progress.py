@@ -9,7 +9,6 @@ points left, and writes the table.
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import statistics
 from collections import Counter
@@ -50,7 +49,7 @@ from .runs import (
     scoring_cpu_seconds,
     training_cpu_seconds,
 )
-from .search import point_params, size_cost
+from .search import point_params, size_cost, size_slope
 from .studies import grid_studies, select, trial_seconds
 
 __all__ = ["epoch_slope", "planned_record", "planned_run_record", "progress_markdown",
@@ -360,25 +359,18 @@ def epoch_slope(records: Sequence[dict], model: str, grid: str) -> float | None:
     epoch time on log parameters over its studies' points of several sizes (the records'
     ``finished_epoch_cpu_s``, ``running_epoch_cpu_s`` beside their ``*_params``; each study's
     points against their own means, so that data sets of longer sequences do not count as
-    larger models), its studies in ``grid`` (the same batch and sequences), else in any grid.
+    larger models: :func:`linmem.search.size_slope`), its studies in ``grid`` (the same batch
+    and sequences), else in any grid.
     An epoch's time is the machine's, not early stopping's: at batch 1 it grows faster than
     the parameters once the weights leave the cache (a 750-unit GRU's epoch on Nottingham
     costs 11 to 13 times a 250-unit one for 7 times the parameters). None where no study has run
     two sizes."""
 
     def slope(studies: list[dict]) -> float | None:
-        sxy = sxx = 0.0
-        for r in studies:
-            pairs = [(math.log(n), math.log(t)) for k in ("finished", "running")
-                     if f"{k}_epoch_cpu_s" in r  # a record made without them: none
-                     for n, t in zip(r[f"{k}_params"], r[f"{k}_epoch_cpu_s"], strict=True)
-                     if t and n > 0]
-            if len(pairs) < 2:
-                continue
-            mx, my = (sum(v) / len(pairs) for v in zip(*pairs, strict=True))
-            sxy += sum((x - mx) * (y - my) for x, y in pairs)
-            sxx += sum((x - mx) ** 2 for x, _ in pairs)
-        return sxy / sxx if sxx > 1e-12 else None
+        return size_slope([(n, t) for k in ("finished", "running")
+                           if f"{k}_epoch_cpu_s" in r  # a record made without them: none
+                           for n, t in zip(r[f"{k}_params"], r[f"{k}_epoch_cpu_s"], strict=True)]
+                          for r in studies)
 
     mine = [r for r in records if r["model"] == model]
     here = slope([r for r in mine if r["grid"] == grid])

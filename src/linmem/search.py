@@ -53,7 +53,7 @@ import sys
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -86,7 +86,7 @@ from .grids import (
 )
 from .models import get_spec, option_names
 from .recipes import run as run_training
-from .runs import epochs_due_cpu_seconds, training_cpu_seconds
+from .runs import epochs_due_cpu_seconds, mean_epoch_cpu_seconds, training_cpu_seconds
 from .studies import trial_seconds
 from .train import TrainingDiverged, check_size
 
@@ -100,6 +100,7 @@ __all__ = [
     "run_search",
     "run_worker",
     "size_cost",
+    "size_slope",
 ]
 
 
@@ -299,8 +300,10 @@ def point_seconds(config: SearchConfig, study, model: str, points: Sequence[Poin
     """Each point's projected wall time in seconds: the study's finished points' stored times
     (complete and pruned, :func:`_trial_seconds`) scaled to the point's parameters (counted on
     the meta device, :func:`point_params`) by :func:`size_cost`: a point of 750 units costs
-    more than one of 250. None where none of the study's points has finished yet. The times
-    are those of the machines that ran the points."""
+    more than one of 250; where they are all of one size, at the slope of the epochs' CPU time
+    that the study's runs here show over their sizes (:func:`size_slope`), else in proportion.
+    None where none of the study's points has finished yet. The times are those of the
+    machines that ran the points."""
 
     data = study.user_attrs["data"]
     sizes, seconds = [], []
@@ -309,9 +312,30 @@ def point_seconds(config: SearchConfig, study, model: str, points: Sequence[Poin
         if point is not None and "duplicate_of" not in t.user_attrs:
             seconds.append(trial_seconds(t))
             sizes.append(point_params(config.base, data, model, point))
-    cost = size_cost(sizes, seconds)
+    epochs = [(point_params(config.base, data, model, p), mean_epoch_cpu_seconds(run))
+              for p in grid_points(model, config.grid)
+              if (run := point_run_dir(config, study, p)).is_dir()]
+    cost = size_cost(sizes, seconds, size_slope([epochs]))
     return {p: None if cost is None else cost(point_params(config.base, data, model, p))
             for p in points}
+
+
+def size_slope(groups: Iterable[Sequence[tuple[int, float | None]]]) -> float | None:
+    """The slope of log seconds on log parameters over ``groups`` of (parameters, seconds)
+    pairs, each group's pairs against their own means (least squares pooled over the groups:
+    a group of longer sequences costs more at every size, which is no slope), the pairs
+    without seconds left out. For :func:`size_cost`'s points of one size: the slope that
+    epochs' CPU times (``linmem.runs.mean_epoch_cpu_seconds``) show over several sizes. None
+    where no group has two sizes."""
+    sxy = sxx = 0.0
+    for group in groups:
+        pairs = [(math.log(n), math.log(t)) for n, t in group if t and n > 0]
+        if len(pairs) < 2:
+            continue
+        mx, my = (sum(v) / len(pairs) for v in zip(*pairs, strict=True))
+        sxy += sum((x - mx) * (y - my) for x, y in pairs)
+        sxx += sum((x - mx) ** 2 for x, _ in pairs)
+    return sxy / sxx if sxx > 1e-12 else None
 
 
 def size_cost(sizes: Sequence[int], seconds: Sequence[float], slope: float | None = None
