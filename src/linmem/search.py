@@ -348,16 +348,12 @@ def size_cost(sizes: Sequence[int], seconds: Sequence[float], slope: float | Non
     or LSTM's time grows about as its parameters, an LMN's far less (its small matrices'
     products do not dominate a step), and early stopping moves both; the fit follows each
     study. None with no finished point that took any time."""
-    pairs = [(math.log(n), t) for n, t in zip(sizes, seconds, strict=True) if n > 0 and t > 0]
+    pairs = [(n, t) for n, t in zip(sizes, seconds, strict=True) if n > 0 and t > 0]
     if not pairs:
         return None
-    xs, ys = [x for x, _ in pairs], [math.log(t) for _, t in pairs]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mx) ** 2 for x in xs)
-    fitted = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / spread
-              if spread > 1e-12 else 1.0 if slope is None else slope)
-    a = min(max(fitted, 0.0), 2.0)
-    c = sum(t for _, t in pairs) / sum(math.exp(a * x) for x, _ in pairs)
+    fitted = size_slope([pairs])  # None: all of one size
+    a = min(max(fitted if fitted is not None else 1.0 if slope is None else slope, 0.0), 2.0)
+    c = sum(t for _, t in pairs) / sum(n ** a for n, _ in pairs)
     return lambda n: c * n ** a
 
 
