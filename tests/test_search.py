@@ -641,6 +641,16 @@ def test_a_point_that_diverged_in_its_first_epoch_is_no_cost_sample(tmp_path, da
     assert rnn["left_cpu_s"] == pytest.approx(per_param * sum(rnn["todo_params"]))
 
 
+def _finished_elsewhere(study, point, seconds: float) -> None:
+    """``point`` of a tiny RNN grid complete in ``study`` as an imported trial (no run here)
+    that took ``seconds``."""
+    study.enqueue_trial(point.params)
+    trial = study.ask()
+    trial.suggest_categorical("hidden", [4, 8])
+    trial.set_user_attr("wall_time_s", seconds)
+    study.tell(trial, 30.0)
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
 def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_dir):
     """``stop_by``: a point's projected time is its study's finished points' stored time scaled
@@ -654,11 +664,7 @@ def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_
     points = grid_points("rnn", "tiny")
     assert point_seconds(config, study, "rnn", points) == dict.fromkeys(points)
     done = points[0]  # 4 units, finished elsewhere in 1e6 s (stored), as an imported trial
-    study.enqueue_trial(done.params)
-    trial = study.ask()
-    trial.suggest_categorical("hidden", [4, 8])
-    trial.set_user_attr("wall_time_s", 1e6)
-    study.tell(trial, 30.0)
+    _finished_elsewhere(study, done, 1e6)
     n = {p: check_size(replace(config.base, model="rnn", hidden=p.hidden)) for p in points}
     assert n[points[2]] > n[done]  # 8 units against 4
     projected = point_seconds(config, study, "rnn", points)
@@ -697,11 +703,7 @@ def test_stop_by_scales_one_finished_size_at_its_runs_epoch_slope(tmp_path, data
     study = open_study(config, "jsb", "rnn")
     points = grid_points("rnn", "tiny")  # 4 units at two decays, then 8
     done, big = points[0], points[2]
-    study.enqueue_trial(done.params)
-    trial = study.ask()
-    trial.suggest_categorical("hidden", [4, 8])
-    trial.set_user_attr("wall_time_s", 1e6)
-    study.tell(trial, 30.0)
+    _finished_elsewhere(study, done, 1e6)
     n = {p: check_size(replace(config.base, model="rnn", hidden=p.hidden)) for p in points}
     assert point_seconds(config, study, "rnn", [big])[big] == pytest.approx(1e6 * n[big] / n[done])
     ratio = n[big] / n[done]
