@@ -413,6 +413,13 @@ def project_points(records: list[dict],
     def mean(values: Sequence[float]) -> float | None:
         return sum(values) / len(values) if values else None
 
+    slopes: dict[tuple[str, str], float | None] = {}  # (model, grid): epoch_slope's, once each
+
+    def slope(model: str, grid: str) -> float | None:
+        if (model, grid) not in slopes:
+            slopes[(model, grid)] = epoch_slope(records, model, grid)
+        return slopes[(model, grid)]
+
     finished = {(r["dataset"], r["grid"], r["model"]): mean(r["finished_cpu_s"]) for r in records
                 if r["finished_cpu_s"]}
 
@@ -437,7 +444,7 @@ def project_points(records: list[dict],
             ratio = probes.get((r["dataset"], q["dataset"], _family(r["model"])))
             if q["model"] == r["model"] and ratio is not None and q.get("finished_params"):
                 fit = size_cost(q["finished_params"], q["finished_cpu_s"],
-                                epoch_slope(records, q["model"], q["grid"]))
+                                slope(q["model"], q["grid"]))
                 if fit is not None:
                     fits.append((fit, ratio))
         running = r.get("running_params") or []
@@ -465,7 +472,7 @@ def project_points(records: list[dict],
         r["mean_point_cpu_s"] = per
         todo, running = [per] * r["todo"], [per] * len(r["running_cpu_s"])
         sizes = [r.get(k) for k in ("finished_params", "running_params", "todo_params")]
-        cost = (size_cost(sizes[0], r["finished_cpu_s"], epoch_slope(records, r["model"], grid))
+        cost = (size_cost(sizes[0], r["finished_cpu_s"], slope(r["model"], grid))
                 if r["left_from"] == "study" and None not in sizes
                 and list(map(len, sizes)) == [len(r["finished_cpu_s"]), len(r["running_cpu_s"]),
                                               r["todo"]] else None)

@@ -171,10 +171,15 @@ def scoring_cpu_seconds(run_dir: str | os.PathLike) -> float:
         else 0.0
 
 
+def _epochs_seconds(rows: list[dict]) -> float:
+    """The CPU seconds of ``log.jsonl`` rows, each one's wall time where it did not record it."""
+    return sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in rows)
+
+
 def epochs_cpu_seconds(run_dir: str | os.PathLike) -> float:
     """The CPU seconds of a run's logged epochs (``log.jsonl``: training and validation; the
     wall time where they did not record it)."""
-    return sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in log_rows(Path(run_dir)))
+    return _epochs_seconds(log_rows(Path(run_dir)))
 
 
 def mean_epoch_cpu_seconds(run_dir: str | os.PathLike) -> float | None:
@@ -182,8 +187,7 @@ def mean_epoch_cpu_seconds(run_dir: str | os.PathLike) -> float | None:
     number): what an epoch of its size costs on its data set, however long early stopping let
     it run. None for a run that has logged no epoch."""
     rows = log_rows(Path(run_dir))
-    return sum(_seconds(r, "epoch_cpu_s", "epoch_time_s") for r in rows) / len(rows) if rows \
-        else None
+    return _epochs_seconds(rows) / len(rows) if rows else None
 
 
 def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
@@ -199,7 +203,7 @@ def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
     last = rows[-1]["epoch"]
     best = max((r["epoch"] for r in rows if r.get("best")), default=0)
     due = max(0, min(config["patience"] - (last - best), config["epochs"] - last))
-    return due * mean_epoch_cpu_seconds(run_dir)
+    return due * _epochs_seconds(rows) / len(rows)  # the rows read above, not the file again
 
 
 def training_cpu_seconds(run_dir: str | os.PathLike) -> float:
