@@ -44,25 +44,29 @@ docs: $(VENV)/.docs
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache docs/_build
 
+# the protocol of the runs committed before the paper protocol became linmem train's default
+# (issue 43): the targets that remake them name it (linmem search's default is already linmem)
+OURS = --protocol linmem
+
 # The foundation's committed results (results/foundation): LMN-B and LSTM on JSB Chorales with the
 # default settings, and the LSTM with transposition. Each run's metrics.json carries its command.
 results-foundation: install
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 100 --memory 100 --out runs/foundation/jsb-lmn-b-h100-m100 --resume --quiet
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 200 --out runs/foundation/jsb-lstm-h200 --resume --quiet
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 200 --transpose 6 --out runs/foundation/jsb-lstm-h200-transpose6 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 100 --memory 100 --out runs/foundation/jsb-lmn-b-h100-m100 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lstm --hidden 200 --out runs/foundation/jsb-lstm-h200 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lstm --hidden 200 --transpose 6 --out runs/foundation/jsb-lstm-h200-transpose6 --resume --quiet
 	# the sizes and weight decay (1e-5, the default) that the paper grid selected on validation
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 250 --memory 250 --out runs/foundation/jsb-lmn-b-h250-m250 --resume --quiet
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lstm --hidden 750 --out runs/foundation/jsb-lstm-h750 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 250 --memory 250 --out runs/foundation/jsb-lmn-b-h250-m250 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lstm --hidden 750 --out runs/foundation/jsb-lstm-h750 --resume --quiet
 	# larger, and with transposition: accuracy at threshold 0.5 against validation NLL
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 500 --memory 500 --out runs/foundation/jsb-lmn-b-h500-m500 --resume --quiet
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 250 --memory 250 --transpose 6 --out runs/foundation/jsb-lmn-b-h250-m250-transpose6 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 500 --memory 500 --out runs/foundation/jsb-lmn-b-h500-m500 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 250 --memory 250 --transpose 6 --out runs/foundation/jsb-lmn-b-h250-m250-transpose6 --resume --quiet
 	$(VENV)/bin/linmem publish runs/foundation/*/ --to results/foundation
 	$(VENV)/bin/linmem summarize results/foundation > results/foundation/table.md
 
 # pret-LMN-B against a randomly initialised LMN-B, same sizes and training settings
 # (the defaults: early stopping, patience 50; the ULM is trained with the same settings),
 # three seeds (two processes, one thread each), then the Figure 5 analysis on seed 0's ULM.
-PRET = --data jsb --hidden 50 --memory 100 --resume --quiet
+PRET = $(OURS) --data jsb --hidden 50 --memory 100 --resume --quiet
 pretraining-compare-pret: install
 	for s in 0 1 2; do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem pretrain $(PRET) --seed $$s --out runs/pret-compare/pret-lmn-b-s$$s; done
 pretraining-compare-random: install
@@ -122,10 +126,10 @@ results-search: install
 
 # the RNN-RBM on JSB Chorales (RNN 100, RBM 150 hidden, CD-15), randomly initialised and
 # with both pretraining steps; the one with the better validation accuracy is the one to report.
-RBM = --data jsb --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200
+RBM = $(OURS) --data jsb --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200
 # results/chunking: batch size and truncated BPTT chosen on validation for
 # LMN-B (250,250) on the two long data sets; one thread per run; resumable.
-CHUNKING = --model lmn-b --hidden 250 --memory 250 --weight-decay 1e-5 --epochs 200 --patience 50 --seed 0 --resume --quiet
+CHUNKING = $(OURS) --model lmn-b --hidden 250 --memory 250 --weight-decay 1e-5 --epochs 200 --patience 50 --seed 0 --resume --quiet
 results-chunking: install
 	for d in muse piano; do \
 	  OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data $$d $(CHUNKING) --batch-size 4 --out runs/chunking/$$d-lmn-b-h250-m250-wd1e-05-b4; \
@@ -153,7 +157,7 @@ T2_STOP_BY ?=
 T2_RUN = OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem
 T2_MODELS = lmn-b lstm lmn-a gru rnn pret-lmn-b pret-rnn
 T2_SEARCH = $(T2_RUN) search $(foreach m,$(T2_MODELS),--model $(m)) --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
-RBM_ALL = --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
+RBM_ALL = $(OURS) --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
 STUDIES = results/search-studies.jsonl
 JSB_RERUN = results/search-studies-jsb-rerun.jsonl
 T2_JSB_MODELS = rnn lstm gru lmn-a lmn-b pret-lmn-b pret-rnn
@@ -267,13 +271,13 @@ results-progress-paper: install
 
 # results/nade: the NADE models on JSB Chorales, grid 'nade' selected on validation
 # NLL, then the regularisation of LMN-B-NADE's selected point; resumable.
-NADE2 = --data jsb --model lmn-b-nade --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --nade-samples 50 --resume --quiet
+NADE2 = $(OURS) --data jsb --model lmn-b-nade --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --nade-samples 50 --resume --quiet
 results-nade: install
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search --data jsb --model lmn-b-nade --model lstm-nade --model rnn-nade --grid nade --select nll --patience 20 --nade-samples 50 --pruner none --jobs 2 --out runs/search-nade --quiet
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --dropout 0.3 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-d0.3
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-t6
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --dropout 0.3 --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-d0.3-t6
-	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data jsb --model lmn-b --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --resume --quiet --out runs/nade-stage2/jsb-lmn-b-h150-m300-wd1e-05
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --resume --quiet --out runs/nade-stage2/jsb-lmn-b-h150-m300-wd1e-05
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search-nade/search.db --grid nade --out results/nade
 	$(VENV)/bin/linmem publish runs/nade-stage2/*/ --to results/nade/stage2
 	$(VENV)/bin/linmem summarize results/nade/selected results/nade/stage2 > results/nade/table.md
@@ -291,7 +295,7 @@ results-rnn-rbm: install
 SAMPLE_SETS ?= jsb nottingham musedata piano
 results-samples: install
 	for d in $(SAMPLE_SETS); do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train \
-	  --data $$d --model lmn-b --hidden 100 --memory 100 --epochs 150 --patience 20 \
+	  $(OURS) --data $$d --model lmn-b --hidden 100 --memory 100 --epochs 150 --patience 20 \
 	  --out runs/samples/$$d-lmn-b-h100-m100 --resume --quiet; \
 	  $(VENV)/bin/linmem publish runs/samples/$$d-lmn-b-h100-m100 --to results/samples --checkpoint; \
 	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem generate results/samples/$$d-lmn-b-h100-m100 \

@@ -233,8 +233,8 @@ def test_first_updates_say_where_the_validation_overflows(tmp_path, jsb):
     long = {"train": jsb["train"][:24], "valid": [np.concatenate(jsb["valid"][:30])],
             "test": jsb["test"][:2]}  # one validation sequence of 1792 steps
     run = tmp_path / "lmna"
-    train(TrainConfig(data="jsb", model="lmn-a", hidden=4, memory=4, batch_size=64, epochs=1),
-          run, progress=False, data=long)
+    train(TrainConfig(protocol="linmem", data="jsb", model="lmn-a", hidden=4, memory=4,
+                      batch_size=64, epochs=1), run, progress=False, data=long)  # as that run
     calm, steep = (first_updates(run, updates=1, lrs=[lr], start="random", data=long)
                    for lr in (0.3, 1.0))
     assert calm["replays"][0]["radii"][0] < 1 and calm["replays"][0]["valid_acc"] is not None

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from linmem.cli import main
+from linmem.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL
 from linmem.data import load_polyphonic
 from linmem.metrics import frame_accuracy
 from linmem.train import load_run_model
@@ -57,8 +58,13 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
               "--memory", "6", "--batch-size", "32", "--out", str(out), "--quiet"]
     code, stdout, _ = run_cli("train", *common, "--epochs", "2", capsys=capsys)
     assert code == 0
-    assert "lmn-a on jsb: valid acc" in stdout and "metrics.json" in stdout
     metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["protocol"] == DEFAULT_PROTOCOL  # no --protocol: train's default
+    # both accuracies of both splits, as metrics.json holds them
+    assert (f"lmn-a on jsb ({DEFAULT_PROTOCOL} protocol): valid acc {metrics['valid_acc']:.2f}% "
+            f"(per-frame {metrics['valid_acc_frame']:.2f}%)  test acc {metrics['test_acc']:.2f}% "
+            f"(per-frame {metrics['test_acc_frame']:.2f}%)") in stdout
+    assert "metrics.json" in stdout
     assert metrics["epochs"] == 2 and metrics["model"] == "lmn-a"
     assert metrics["data_sha256"] == (
         "ac0e608527cc411c7e21ef7d38be47f0de7fb6b13b3ae168b8eccf1c2a9b18d4")
@@ -140,6 +146,22 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     code, stdout, _ = run_cli("summarize", str(tmp_path), capsys=capsys)
     assert code == 0 and stdout.startswith("| run | data |")
     assert f"{metrics['test_acc']:.2f}" in stdout
+
+
+def test_train_defaults_to_its_protocol_and_the_study_commands_to_linmems():
+    """``linmem train`` and ``pretrain`` take TrainConfig's default protocol; ``search``,
+    ``report``, ``progress`` and ``analyze-pretraining`` keep linmem's, the protocol of the
+    studies and runs their recorded commands in results/ made without --protocol."""
+    from linmem.cli import cli
+
+    def default(command: str) -> str:
+        (param,) = [p for p in cli.commands[command].params if p.name == "protocol"]
+        return param.default
+
+    assert default("train") == DEFAULT_PROTOCOL != LEGACY_PROTOCOL
+    for command in ("search", "report", "progress", "analyze-pretraining"):
+        assert default(command) == LEGACY_PROTOCOL == "linmem", command
+
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from linmem import LinearAutoencoder, UnrolledNet
+from linmem.config import PROTOCOL_FIELDS, PROTOCOLS
 from linmem.models import build_model
 from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, transfer
 from linmem.recipes import ulm_key
@@ -280,6 +281,12 @@ def test_ulm_key_names_the_unrolled_network_not_the_memory():
     later = make_dataclass("Later", [("new_setting", int, 3)], bases=(TrainConfig,))
     assert ulm_key(later(**asdict(base))) == key
     assert ulm_key(later(**asdict(base), new_setting=4)) != key
+    # nor does a change of TrainConfig's default protocol (linmem's until 2026-11-28): the names
+    # the cache entries on disk were given under each protocol
+    for protocol, name in (("linmem", "jsb-h6-selu-s0-b00b8df557de"),
+                           ("paper", "jsb-h6-selu-s0-c72fe2b09a6f")):
+        assert ulm_key(replace(base, protocol=protocol, **{
+            f: getattr(PROTOCOLS[protocol], f) for f in PROTOCOL_FIELDS})) == name
 
 
 def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir):

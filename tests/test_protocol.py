@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from linmem.config import PROTOCOL_FIELDS, PROTOCOLS
+from linmem.config import DEFAULT_PROTOCOL, PROTOCOL_FIELDS, PROTOCOLS
 from linmem.data import collate
 from linmem.models import build_model
 from linmem.train import TrainConfig, build_run_model, make_optimizer, train, train_step
 
 
 def test_a_protocol_sets_its_fields_and_an_explicit_value_overrides_it():
-    ours, paper = TrainConfig(), TrainConfig(protocol="paper")
-    assert ours.protocol == "linmem"
+    ours, paper = TrainConfig(protocol="linmem"), TrainConfig(protocol="paper")
+    assert TrainConfig().protocol == DEFAULT_PROTOCOL
     assert (ours.batch_size, ours.loss_reduction, ours.clip, ours.init_bias, ours.patience,
             ours.select) == (4, "frame", 5.0, True, 50, "acc")
     assert (paper.batch_size, paper.loss_reduction, paper.clip, paper.init_bias,
@@ -37,10 +37,14 @@ def test_a_config_saved_before_protocols_loads_as_linmem_and_round_trips():
     saved = asdict(TrainConfig(protocol="paper", batch_size=2))
     assert TrainConfig.from_dict(json.loads(json.dumps(saved))) == TrainConfig(
         protocol="paper", batch_size=2)
-    old = {k: v for k, v in asdict(TrainConfig()).items()
+    # linmem train's default is the paper protocol now: a config that names none is still
+    # linmem's, all of its fields (a field added since at linmem's value)
+    old = {k: v for k, v in asdict(TrainConfig(protocol="linmem")).items()
            if k not in ("protocol", "loss_reduction")}
     loaded = TrainConfig.from_dict(old)
-    assert loaded.identity() == TrainConfig().identity()  # --resume of an old run: unchanged
+    assert DEFAULT_PROTOCOL != "linmem" and loaded.protocol == "linmem"
+    assert loaded.identity() == TrainConfig(protocol="linmem").identity()  # --resume: unchanged
+    assert TrainConfig.from_dict({"model": "lstm"}).batch_size == PROTOCOLS["linmem"].batch_size
 
 
 def _one_update(reduction: str, lr: float, weight_decay: float, clip: float | None, batch):
@@ -81,7 +85,8 @@ def test_the_paper_protocol_keeps_the_default_readout_and_selects_per_frame(tmp_
     torch.manual_seed(2)
     reference = build_model("lmn-b", 8, 6)  # nn.Linear's own initialisation
     torch.testing.assert_close(built.readout.bias, reference.readout.bias, rtol=0, atol=0)
-    ours = build_run_model(TrainConfig(model="lmn-b", hidden=8, memory=6, seed=2),
+    ours = build_run_model(TrainConfig(protocol="linmem", model="lmn-b", hidden=8, memory=6,
+                                       seed=2),
                            small["train"])
     rate = np.concatenate(small["train"]).mean(0).clip(1e-3, 1 - 1e-3)
     torch.testing.assert_close(ours.readout.bias,

@@ -120,3 +120,17 @@ def test_the_report_writes_the_choice(tmp_path):
         build_report("sqlite:///" + str(tmp_path / "none.db"), None, tmp_path, out,
                      summaries=[summary], seed_runs=[tmp_path / "paper"], protocol=None,
                      compare_seed_runs=[tmp_path / "linmem"])
+
+
+def test_train_defaults_to_the_protocol_the_committed_seeds_chose():
+    """``linmem train``'s default is the rule's decision on the committed seeds
+    (results/paper-protocol/protocol-choice.json, which the report rewrites as seeds land): the
+    day the seeds decide otherwise, this fails until the default follows."""
+    from pathlib import Path
+
+    from linmem.config import DEFAULT_PROTOCOL, TrainConfig
+
+    path = Path(__file__).parent.parent / "results" / "paper-protocol" / "protocol-choice.json"
+    committed = json.loads(path.read_text())
+    assert committed["decision"] in ("paper", "linmem")
+    assert TrainConfig().protocol == DEFAULT_PROTOCOL == committed["decision"]

@@ -17,6 +17,7 @@ import pytest
 from optuna.trial import TrialState
 
 from linmem._io import machine
+from linmem.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL
 from linmem.grids import (
     GRIDS,
     MAX_RETRY,
@@ -57,8 +58,10 @@ def test_bad_search_settings():
 
 
 def _config(tmp_path, data_dir, storage=None, **kw) -> SearchConfig:
+    # the protocol of linmem search's studies by default (linmem train's is the paper's)
     base = TrainConfig(epochs=kw.pop("epochs", 2), patience=kw.pop("patience", 50),
-                       cd_k=kw.pop("base_cd_k", 15), data_dir=str(data_dir))
+                       cd_k=kw.pop("base_cd_k", 15), data_dir=str(data_dir),
+                       protocol=kw.pop("protocol", LEGACY_PROTOCOL))
     return SearchConfig(data=["jsb"], models=kw.pop("models", ["lmn-b"]), grid="tiny",
                         out_dir=str(tmp_path / "runs"), storage=storage, base=base, subset=6,
                         heartbeat_interval=1, grace_period=3, poll_s=0.2, progress=False, **kw)
@@ -157,6 +160,12 @@ def test_other_settings_are_refused(tmp_path, data_dir):
     open_study(config, "jsb", "lmn-b")
     with pytest.raises(ValueError, match="other settings"):
         open_study(_config(tmp_path, data_dir, base_cd_k=3), "jsb", "lmn-b")
+    # one made before protocols had names (linmem's), though linmem train's default is another
+    for key in ("protocol", "loss_reduction", "init_bias", "select"):
+        del train[key]
+    study.set_user_attr("train", train)
+    assert DEFAULT_PROTOCOL != "linmem"
+    assert open_study(config, "jsb", "lmn-b").study_name == "jsb-lmn-b-tiny"
 
 
 def test_a_departure_from_the_protocol_is_a_study_of_its_own_named_by_it(tmp_path, data_dir):

@@ -14,8 +14,10 @@ from linmem.train import TrainConfig, TrainingDiverged, evaluate, load_run_model
 
 
 def config(**kw):
-    base = dict(model="lmn-b", hidden=12, memory=10, batch_size=6, epochs=4, patience=10,
-                seed=3)
+    # linmem's protocol: the loss summed over the keys, as the hand computations below (the
+    # paper protocol's mean loss: tests/test_protocol.py)
+    base = dict(protocol="linmem", model="lmn-b", hidden=12, memory=10, batch_size=6, epochs=4,
+                patience=10, seed=3)
     return TrainConfig(**{**base, **kw})
 
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import Field, fields
+from dataclasses import MISSING, Field, fields
 from datetime import datetime
 from typing import Any
 
 import click
 
 from .config import (
+    DEFAULT_PROTOCOL,
     FROM_PROTOCOL,
+    LEGACY_PROTOCOL,
     MODEL_OPTION_FIELDS,
     PROTOCOL_FIELDS,
     PROTOCOLS,
@@ -22,6 +24,7 @@ from .config import (
 from .models import ModelOptions, model_names
 
 __all__ = [  # shared by linmem.cli and linmem.cli_experiments
+    "SEARCH_DEFAULTS",
     "SEARCH_FIELDS",
     "TRAIN_FIELDS",
     "_DEFAULT",
@@ -188,14 +191,16 @@ _READERS: dict[str, dict[str, Any]] = {
 }
 
 
-def _config_option(f: Field) -> Callable:
+def _config_option(f: Field, default: Any = MISSING, note: str = "") -> Callable:
     """The ``--option`` of :class:`TrainConfig` field ``f``, made from its declaration
     (:func:`linmem._check.option`): a protocol's field defaults to None (unset: the protocol's
-    value, said in its help); checking the value is :class:`TrainConfig`'s (one place)."""
+    value, said in its help); checking the value is :class:`TrainConfig`'s (one place). A
+    command whose default differs from the field's gives ``default``, and ``note`` says why."""
     meta, flag = f.metadata, "--" + f.name.replace("_", "-")
     unset = f.name in PROTOCOL_FIELDS
-    default = None if unset else f.default
-    kw: dict[str, Any] = {"default": default, "help": meta["help"],
+    if default is MISSING:
+        default = None if unset else f.default
+    kw: dict[str, Any] = {"default": default, "help": meta["help"] + note,
                           "show_default": default is not None and meta["kind"] is not bool}
     if unset:
         kw["help"] = (meta["help"].rstrip(".") + " [default: the protocol's, "
@@ -212,14 +217,16 @@ def _config_option(f: Field) -> Callable:
     return click.option(flag, f.name, **kw)
 
 
-def config_options(*names: str) -> Callable:
+def config_options(*names: str, defaults: dict[str, tuple[Any, str]] | None = None) -> Callable:
     """Adds the options of :class:`TrainConfig`'s fields ``names`` to a command, in that order in
-    ``--help``."""
+    ``--help``; ``defaults``: ``{name: (default, why)}`` where the command's default is not the
+    field's."""
     declared = {f.name: f for f in fields(TrainConfig)}
+    defaults = defaults or {}
 
     def add(command):
         for name in reversed(names):
-            command = _config_option(declared[name])(command)
+            command = _config_option(declared[name], *defaults.get(name, ()))(command)
         return command
     return add
 
@@ -256,8 +263,14 @@ _storage_option = click.option(
     "--storage", default=None,
     help="Optuna storage URL of the search [default: sqlite:///runs/search/search.db].")
 _protocol_option = click.option(
-    "--protocol", type=click.Choice(list(PROTOCOLS)), default="linmem", show_default=True,
+    "--protocol", type=click.Choice(list(PROTOCOLS)), default=LEGACY_PROTOCOL, show_default=True,
     help="The studies trained under this protocol (linmem search --protocol).")
+
+# linmem search's --protocol: the studies' protocol, not linmem train's default (the commands
+# results/ records for its studies name none)
+SEARCH_DEFAULTS = {"protocol": (LEGACY_PROTOCOL, f" linmem search's default is {LEGACY_PROTOCOL}"
+                                f" (the studies of results/table2.md), linmem train's "
+                                f"{DEFAULT_PROTOCOL}.")}
 _runs_root_option = click.option(
     "--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
     help="Folder the trials' run directories are relative to (where search ran).")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write, command_line, git_commit, made_by, read_json, write_json
-from .config import PROTOCOLS
+from .config import LEGACY_PROTOCOL, PROTOCOLS
 from .report import ablation_markdown, ablation_record_markdown, pruner_markdown, seed_groups
 from .runs import METRICS, collect_metrics, log_rows
 
@@ -44,7 +44,7 @@ __all__ = [
 def _point(r: dict) -> tuple:
     """A configuration's identity but for the protocol's fields and the seed."""
     return (r["dataset"], r["model"], r.get("nonlinearity"), r.get("hidden"), r.get("memory"),
-            r.get("weight_decay"), r.get("protocol", "linmem"))
+            r.get("weight_decay"), r.get("protocol", LEGACY_PROTOCOL))
 
 
 def _overrides(runs: Sequence[dict], what: str) -> dict[str, Any]:

@@ -109,10 +109,18 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
     except (DataError, ValueError, FileExistsError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     click.echo(
-        f"{config.model} on {config.data}: valid acc {metrics['valid_acc']:.2f}%  "
-        f"test acc {metrics['test_acc']:.2f}%  test nll {metrics['test_nll']:.3f}  "
+        f"{config.model} on {config.data} ({config.protocol} protocol): valid acc "
+        f"{_both(metrics, 'valid')}  test acc {_both(metrics, 'test')}  "
+        f"test nll {metrics['test_nll']:.3f}  "
         f"({metrics['n_params']} params, {metrics['epochs']} epochs, best {metrics['best_epoch']},"
         f" {metrics['wall_time_s']:.0f}s) -> {Path(out) / METRICS}")
+
+
+def _both(metrics: dict, split: str) -> str:
+    """A split's frame accuracy, global (Bay et al.) and per-frame mean (the paper's)."""
+    frame = metrics.get(f"{split}_acc_frame")
+    return f"{metrics[f'{split}_acc']:.2f}%" + ("" if frame is None else
+                                                  f" (per-frame {frame:.2f}%)")
 
 
 @cli.command("pretrain", context_settings={"ignore_unknown_options": True,

@@ -14,6 +14,7 @@ import click
 
 from ._cli_common import (
     _DEFAULT,
+    SEARCH_DEFAULTS,
     SEARCH_FIELDS,
     UsageFailure,
     _clips,
@@ -50,6 +51,8 @@ from .analyses import (
     previous_frame_report,
 )
 from .config import (
+    LEGACY_PROTOCOL,
+    PROTOCOLS,
     TrainConfig,
 )
 from .data import (
@@ -82,20 +85,23 @@ __all__ = ["COMMANDS"]
 @click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
               callback=_positive)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=LEGACY_PROTOCOL,
+              show_default=True, help="The training protocol of the ULM trained here (that of "
+                                      "results/pretraining).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--out", type=click.Path(file_okay=False), default="results/pretraining",
               show_default=True)
 @click.option("--quiet", is_flag=True)
 def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first_memory: int,
                             ulm_run: str | None, epochs: int, patience: int, seed: int,
-                            data_dir: str | None, out: str, quiet: bool) -> None:
+                            protocol: str, data_dir: str | None, out: str, quiet: bool) -> None:
     """The paper's pretraining analysis (Figure 5): OUT/analysis.json and OUT/figure5.png."""
     _needs_matplotlib("analyze-pretraining (figure5.png)")
     try:
         result = analyze_pretraining(
             data=data, hidden=hidden, k=k, memories=[int(v) for v in memories.split(",")],
             first_memory=first_memory, ulm_run=ulm_run, epochs=epochs, patience=patience,
-            seed=seed, data_dir=data_dir, progress=not quiet)
+            seed=seed, data_dir=data_dir, progress=not quiet, protocol=protocol)
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     write_json(Path(out) / "analysis.json", result)
@@ -212,7 +218,7 @@ _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow
                    "per parameter) and exit when none is left that fits; a point already "
                    "running goes on. For a machine or batch job with a time limit.")
 @_max_retry_option
-@config_options(*SEARCH_FIELDS)
+@config_options(*SEARCH_FIELDS, defaults=SEARCH_DEFAULTS)
 @click.option("--quiet", is_flag=True)
 def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
                storage: str | None, out: str, jobs: int, pruner: str | None, prune_warmup: int,

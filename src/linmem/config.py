@@ -36,8 +36,10 @@ from .runs import CONFIG
 __all__ = [
     "BUDGET_FIELDS",
     "CPU_KERNELS",
+    "DEFAULT_PROTOCOL",
     "DIVERGENCE",
     "FROM_PROTOCOL",
+    "LEGACY_PROTOCOL",
     "LOSS_REDUCTIONS",
     "MODEL_OPTION_FIELDS",
     "OPTIMIZERS",
@@ -115,6 +117,17 @@ PROTOCOLS: dict[str, Protocol] = {
 }
 
 
+# linmem train's default: the protocol that wins the rule of linmem.protocol_choice on the seeds'
+# validation scores (issue 43, item 5; results/paper-protocol/protocol-choice.md; a test holds
+# the two together)
+DEFAULT_PROTOCOL = "paper"
+
+# the protocol of a saved config or study that names none (made before protocols had names), and
+# the default of the commands over search studies (linmem search, report, progress, ablation):
+# the studies of results/table2.md and the commands results/ records name no protocol
+LEGACY_PROTOCOL = "linmem"
+
+
 # the TrainConfig fields a protocol sets (its pruner is the search's)
 PROTOCOL_FIELDS = ("batch_size", "loss_reduction", "clip", "init_bias", "patience", "select")
 
@@ -146,7 +159,7 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
     ``dataclasses.replace(config, protocol=...)`` keeps the other fields as they are: build a new
     config to change the protocol."""
 
-    protocol: str = option("linmem", "The training protocol: the defaults of --batch-size, "
+    protocol: str = option(DEFAULT_PROTOCOL, "The training protocol: the defaults of --batch-size, "
                            "--loss-reduction, --clip, --init-bias, --patience and --select (" +
                            "; ".join(f"{p.name}: {p.about}" for p in PROTOCOLS.values()) + ").",
                            choices=tuple(PROTOCOLS))
@@ -223,8 +236,10 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """The config of a dict of fields (``config.json``, a study's settings); one that names
+        no protocol was saved before protocols had names: :data:`LEGACY_PROTOCOL`'s."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**{"protocol": LEGACY_PROTOCOL, **{k: v for k, v in d.items() if k in known}})
 
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, **changes: Any) -> TrainConfig:

@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 
 from ._io import command_line, machine, made_by, read_json
-from .config import PROTOCOLS, TrainConfig
+from .config import LEGACY_PROTOCOL, PROTOCOLS, TrainConfig
 from .data import DATASETS, resolve_name
 from .grids import (
     FINISHED,
@@ -175,7 +175,8 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
 
 
 def progress_records(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
-                     max_retry: int = MAX_RETRY, protocol: str | None = "linmem") -> list[dict]:
+                     max_retry: int = MAX_RETRY,
+                     protocol: str | None = LEGACY_PROTOCOL) -> list[dict]:
     """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
     points by state and the CPU seconds its points' runs logged (:func:`linmem.runs.
     run_cpu_seconds`: one thread per run), and the seconds its points left would take
@@ -248,7 +249,7 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
 
 def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
                  done: int = 0, runs_root: str | os.PathLike = ".",
-                 protocol: str = "linmem") -> dict:
+                 protocol: str = LEGACY_PROTOCOL) -> dict:
     """The progress record of the seeds still to run (``seeds - done``, ``linmem reseed``) of a
     study's selected configuration, each projected at the selected run's CPU seconds and, when
     that run read its unrolled network from the cache, the network's own (a seed trains its
@@ -311,7 +312,7 @@ def planned_run_record(data: str, run: str | os.PathLike) -> dict:
             "left_cpu_s": per}
 
 
-def planned_record(data: str, model: str, grid: str, protocol: str = "linmem") -> dict:
+def planned_record(data: str, model: str, grid: str, protocol: str = LEGACY_PROTOCOL) -> dict:
     """The progress record (:func:`progress_records`) of a study not created yet: every point of
     ``grid`` to do. Its cost is then projected like any other's (:func:`project_points`), so that
     the projection covers the searches still to start, not only those under way."""
@@ -542,7 +543,7 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
             raise ValueError(f"--plan {plan}: expected DATA:MODEL:GRID (or DATA:MODEL with a "
                              "--grid other than 'all')")
         try:
-            record = planned_record(*parts, protocol=protocol or "linmem")
+            record = planned_record(*parts, protocol=protocol or LEGACY_PROTOCOL)
         except ValueError as err:
             raise ValueError(f"--plan {plan}: {err}") from None
         if not any((r["dataset"], r["model"], r["grid"]) ==
@@ -563,7 +564,7 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
             seeds = int(parts[3]) if len(parts) == 4 else 3
             done = sum(_finished_seed(Path(p), f"{data}-{model}") for p, _ in singles)
             record = seeds_record(storage, data, model, plan_grid, seeds, done, runs_root,
-                                  protocol or "linmem")
+                                  protocol or LEGACY_PROTOCOL)
             _project_unselected_seeds(record, studies)
             studies.append(record)
         except (ValueError, KeyError) as err:

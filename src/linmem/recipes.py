@@ -35,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ._io import atomic_write, command_line, git_commit, machine, provenance, read_json, write_json
-from .config import PLACE_FIELDS, TrainConfig
+from .config import LEGACY_PROTOCOL, PLACE_FIELDS, TrainConfig
 from .data import data_checksum, load_polyphonic
 from .la import LinearAutoencoder
 from .models import REGISTRY, build_model, default_nonlinearity, get_spec
@@ -117,9 +117,10 @@ def ulm_key(config: TrainConfig) -> str:
     not depend on the memory size. It hashes the fields of :func:`ulm_config` that differ from
     their defaults, but where it runs (:data:`linmem.train.PLACE_FIELDS`), so that a setting
     added to :class:`~linmem.config.TrainConfig` later leaves existing entries' names as they
-    were."""
+    were; the defaults are those under :data:`~linmem.config.LEGACY_PROTOCOL`, as when the names
+    were first made (linmem train's default protocol changed since)."""
     ulm = _ulm_named(config)
-    defaults = asdict(type(ulm)())
+    defaults = asdict(type(ulm)(protocol=LEGACY_PROTOCOL))
     fields = {k: v for k, v in asdict(ulm).items() if k not in PLACE_FIELDS and v != defaults[k]}
     return _ulm_name(ulm, fields)
 
@@ -464,16 +465,18 @@ def analyze_pretraining(data: str = "jsb", hidden: int = 50, k: int = 10,
                         first_memory: int = 1000, ulm_run: str | Path | None = None,
                         epochs: int = 1000, patience: int = 50, seed: int = 0,
                         data_dir: str | None = None, progress: bool = True,
-                        command: str | None = None) -> dict[str, Any]:
+                        command: str | None = None,
+                        protocol: str = LEGACY_PROTOCOL) -> dict[str, Any]:
     """Figure 5's analysis (:func:`analyze`) of the ULM in ``ulm_run``, trained there first if
-    it is ``None`` (``runs/DATA-ulm-hHIDDEN-kK-sSEED``, resumable), with its provenance."""
+    it is ``None`` (``runs/DATA-ulm-hHIDDEN-kK-sSEED``, resumable, under ``protocol``: linmem's
+    by default, that of results/pretraining), with its provenance."""
     started = time.perf_counter()
     commit = git_commit()
     sizes = sorted({int(v) for v in memories})
     if not sizes or sizes[0] < 1:
         raise ValueError("memory sizes must be positive")
     config = TrainConfig(data=data, model="ulm", hidden=hidden, k=k, epochs=epochs,
-                         patience=patience, seed=seed, data_dir=data_dir)
+                         patience=patience, seed=seed, data_dir=data_dir, protocol=protocol)
     dataset = load_polyphonic(config.data, root=data_dir, progress=progress)
     if ulm_run is None:
         ulm_run = f"runs/{config.data}-ulm-h{hidden}-k{k}-s{seed}"

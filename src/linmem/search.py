@@ -66,7 +66,7 @@ from optuna.trial import TrialState
 from ._check import check_device, check_int
 from ._io import command_line
 from ._threads import usable_cpus
-from .config import PLACE_FIELDS, PROTOCOLS, TrainConfig
+from .config import LEGACY_PROTOCOL, PLACE_FIELDS, PROTOCOLS, TrainConfig
 from .data import load_polyphonic, resolve_name
 from .grids import (
     GRIDS,
@@ -113,7 +113,9 @@ class SearchConfig:
     grid: str = "paper"
     out_dir: str = "runs/search"
     storage: str | None = None  # None: default_storage(out_dir)
-    base: TrainConfig | None = None  # training settings other than the grid's (None: defaults)
+    # training settings other than the grid's (None: the defaults under LEGACY_PROTOCOL, the
+    # protocol of linmem search's studies)
+    base: TrainConfig | None = None
     pruner: str | None = None  # "median" or "none"; None: the base's protocol's
     prune_warmup: int = 50  # epochs before a trial may be pruned
     prune_startup: int = 5  # trials per study that finish before pruning starts
@@ -128,7 +130,7 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         check_grid(self.grid)
-        self.base = self.base or TrainConfig()
+        self.base = self.base or TrainConfig(protocol=LEGACY_PROTOCOL)
         if self.pruner is None:
             self.pruner = PROTOCOLS[self.base.protocol].pruner
         if self.pruner not in ("median", "none"):
@@ -187,9 +189,9 @@ def open_study(config: SearchConfig, data: str, model: str, storage=None):
 def _settings_diff(stored: dict[str, Any], attrs: dict[str, Any]) -> list[str]:
     """The keys of a study's user attributes ``attrs`` (:func:`_study_attrs`) in which the
     ``stored`` ones differ; a setting added to TrainConfig since the study was made counts at
-    its default."""
+    its default (a study made before protocols had names: :data:`LEGACY_PROTOCOL`'s)."""
     stored = dict(stored)
-    defaults = asdict(TrainConfig())
+    defaults = asdict(TrainConfig(protocol=LEGACY_PROTOCOL))
     stored["train"] = {**{k: v for k, v in defaults.items() if k in attrs["train"]},
                        **stored.get("train", {})}
     return [k for k, v in attrs.items() if stored.get(k) != v]

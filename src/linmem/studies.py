@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ._io import atomic_write, machine, read_json
-from .config import TrainConfig
+from .config import LEGACY_PROTOCOL, TrainConfig
 from .grids import (
     FINISHED,
     grid_points,
@@ -102,7 +102,7 @@ def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any
 def study_protocol(attrs: dict[str, Any]) -> str:
     """The training protocol of a study from its user attributes (a study made before protocols
     were named trained under linmem's)."""
-    return attrs.get("train", {}).get("protocol", "linmem")
+    return attrs.get("train", {}).get("protocol", LEGACY_PROTOCOL)
 
 
 def grid_studies(storage: str, grid: str | None, protocol: str | None = None
@@ -241,7 +241,8 @@ def _reductions(attrs: dict[str, Any]) -> list[str]:
     """How a study's search was cut down from a full one (its ``--subset`` of the sequences, an
     epoch bound or a patience below the defaults): its figures are not comparable with the
     paper's."""
-    train, default = attrs.get("train", {}), TrainConfig()
+    train = attrs.get("train", {})
+    default = TrainConfig(protocol=study_protocol(attrs))
     out = []
     if attrs.get("subset") is not None:
         out.append(f"the first {attrs['subset']} sequences of each split")
