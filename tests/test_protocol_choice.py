@@ -81,6 +81,16 @@ def test_the_rule_decides_once_the_four_sets_are_in():
                                 [28, 35, 72, 26])
     assert linmem_better["decision"] == "linmem"
     assert "wins a majority of the 4 pairs on both metrics" in linmem_better["reason"]
+    # the table says whether linmem train's default follows the decision
+    from linmem.config import DEFAULT_PROTOCOL
+
+    other = next(p for p in ("paper", "linmem") if p != DEFAULT_PROTOCOL)
+    follows, behind = (protocol_choice_markdown(c) for c in (
+        {"pairs": [], "wins": {}, "decision": DEFAULT_PROTOCOL, "reason": "r"},
+        {"pairs": [], "wins": {}, "decision": other, "reason": "r"}))
+    assert f"`linmem train`'s default (`linmem.config.DEFAULT_PROTOCOL`): {DEFAULT_PROTOCOL}." \
+        in follows
+    assert f"): {DEFAULT_PROTOCOL}, not yet the decision's {other}." in behind
 
 
 def test_the_report_writes_the_choice(tmp_path):

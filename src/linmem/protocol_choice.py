@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._io import made_by
+from .config import DEFAULT_PROTOCOL
 from .data import DATASETS
 from .models import activation_of, display_name
 
@@ -114,5 +115,8 @@ def protocol_choice_markdown(choice: dict, command: str | None = None) -> str:
               "the pairs cover the four data sets, the protocol that is higher in a majority "
               "of them on both metrics becomes `linmem train`'s default; otherwise linmem's "
               "(3.5 times cheaper). Test scores are not read.", "",
-              f"**Decision:** {choice['decision'] or 'none yet'} ({choice['reason']})."]
+              f"**Decision:** {choice['decision'] or 'none yet'} ({choice['reason']}).", "",
+              f"`linmem train`'s default (`linmem.config.DEFAULT_PROTOCOL`): {DEFAULT_PROTOCOL}"
+              + ("" if choice["decision"] in (None, DEFAULT_PROTOCOL) else
+                 f", not yet the decision's {choice['decision']}") + "."]
     return "\n".join(lines + made_by(command)) + "\n"
