@@ -252,6 +252,12 @@ def test_divergence_in_the_first_epoch_fails_the_run(tmp_path, small, monkeypatc
         train(config(), tmp_path / "run", progress=False, data=small)
     with pytest.raises(TrainingDiverged, match=r"Lower --lr or set --clip\.$"):
         train(config(clip=None), tmp_path / "run2", progress=False, data=small)
+    # one sequence per update (the paper protocol's): Adam's steps on one gradient are what
+    # made LMNs diverge on the long sets (results/paper-protocol)
+    with pytest.raises(TrainingDiverged, match=r"Lower --lr, or average more sequences per "
+                                               r"update \(--batch-size 4, as --protocol "
+                                               r"linmem\)\.$"):
+        train(config(batch_size=1), tmp_path / "run3", progress=False, data=small)
     assert not (tmp_path / "run" / "last.pt").exists()
     # the failure is recorded where the scores would be: why, with the run's provenance
     record = json.loads((tmp_path / "run" / "diverged.json").read_text())

@@ -518,6 +518,9 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
                         "no epoch had finished: nothing is kept (the initial weights, "
                         "pretrained ones included, may diverge on long sequences already)")
                 hint = "Lower --lr" + (" or set --clip" if config.clip is None else "")
+                if config.batch_size == 1:  # Adam on one sequence's gradient (issue 43)
+                    hint += (", or average more sequences per update (--batch-size 4, as "
+                             "--protocol linmem)")
                 # the failure is a result too (a seed that diverged counts as run)
                 _write_diverged(run_dir, config, state, why, commit, spent(), device)
                 raise TrainingDiverged(f"{why}; {kept}. {hint}.") from None
