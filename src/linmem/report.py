@@ -22,6 +22,7 @@ from ._io import (
     read_json,
     write_json,
 )
+from .config import LEGACY_PROTOCOL
 from .data import DATASETS
 from .metrics import THRESHOLD_GRID
 from .models import activation_of, display_name
@@ -64,8 +65,10 @@ __all__ = [
 RUN_COLUMNS = (
     ("dataset", "data", "{}"),
     ("model", "model", "{}"),
+    ("protocol", "protocol", "{}"),
     ("hidden", "hidden", "{}"),
     ("memory", "memory", "{}"),
+    ("weight_decay", "weight decay", "{:g}"),
     ("valid_acc", "valid acc %", "{:.2f}"),
     ("test_acc", "test acc %", "{:.2f}"),
     ("test_nll", "test NLL", "{:.3f}"),
@@ -84,6 +87,11 @@ RUN_COLUMNS = (
 )
 
 
+# what a run's record without the field held: a run from before protocols had names trained
+# under linmem's
+RUN_DEFAULTS = {"protocol": LEGACY_PROTOCOL}
+
+
 def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:
     """A markdown table of ``records``, then one line per record with its command and commit."""
     lines = ["| run | " + " | ".join(title for _, title, _ in columns) + " |",
@@ -92,6 +100,7 @@ def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:
         cells = [Path(r["run"]).name]
         for key, _, fmt in columns:
             value = r.get(key)
+            value = RUN_DEFAULTS.get(key) if value is None else value
             cells.append("" if value is None else fmt.format(value))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
