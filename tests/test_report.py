@@ -26,7 +26,7 @@ def test_table_from_run_directories(tmp_path):
                                                                      "chunk": 100}))
     metrics_a = tmp_path / "runs" / "a" / "metrics.json"
     metrics_a.write_text(json.dumps({**json.loads(metrics_a.read_text()), "protocol": "paper",
-                                     "weight_decay": 1e-5}))
+                                     "weight_decay": 1e-5, "valid_acc_frame": 33.5}))
     records = collect_metrics([tmp_path / "runs"])
     assert [r["run"].rsplit("/", 1)[1] for r in records] == ["a", "b"]
     assert (records[0]["valid_nll_best"], records[0]["valid_acc_at_best_nll"],
@@ -35,11 +35,11 @@ def test_table_from_run_directories(tmp_path):
     table = markdown_table(records)
     lines = table.splitlines()
     # the checkpoint is epoch 2's (the last flagged best): 1.5 minutes of training to it
-    assert lines[2] == ("| a | jsb | lmn-b | paper | 100 | 100 | 1e-05 | 31.25 | 30.25 | 8.123 |  "
-                        "|  |  | 8.500 | 22.50 | 10 | 4 | 100 | 3 |  | 1.5 | 13 |")
+    assert lines[2] == ("| a | jsb | lmn-b | paper | 100 | 100 | 1e-05 | 31.25 | 33.50 | 30.25 | "
+                        "8.123 |  |  |  | 8.500 | 22.50 | 10 | 4 | 100 | 3 |  | 1.5 | 13 |")
     # a run from before protocols had names: linmem's; no decay recorded: blank
-    assert "| b | jsb | lmn-b | linmem | 100 | 100 |  | 25.50 |" in lines[3] and lines[3].endswith(
-        "| 10 |  |  | 3 |  |  | 13 |")
+    assert "| b | jsb | lmn-b | linmem | 100 | 100 |  | 25.50 |  |" in lines[3]
+    assert lines[3].endswith("| 10 |  |  | 3 |  |  | 13 |")
     assert "`linmem train --out a` (commit abc, seed 0, data sha256 ff)" in table
     with pytest.raises(FileNotFoundError):
         collect_metrics([tmp_path / "empty"])

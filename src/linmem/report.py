@@ -70,6 +70,7 @@ RUN_COLUMNS = (
     ("memory", "memory", "{}"),
     ("weight_decay", "weight decay", "{:g}"),
     ("valid_acc", "valid acc %", "{:.2f}"),
+    ("valid_acc_frame", "valid acc % (per-frame mean)", "{:.2f}"),
     ("test_acc", "test acc %", "{:.2f}"),
     ("test_nll", "test NLL", "{:.3f}"),
     ("test_acc_frame", "test acc % (per-frame mean)", "{:.2f}"),
