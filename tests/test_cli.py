@@ -163,7 +163,6 @@ def test_train_defaults_to_its_protocol_and_the_study_commands_to_linmems():
         assert default(command) == LEGACY_PROTOCOL == "linmem", command
 
 
-
 @pytest.mark.slow
 def test_console_script_runs(data_dir):
     result = subprocess.run([sys.executable, "-m", "linmem", "--help"], capture_output=True,
