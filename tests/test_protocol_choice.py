@@ -47,9 +47,26 @@ def test_pairs_are_compared_on_validation_and_undecided_before_the_four_sets():
                               "global": {"paper": 1, "linmem": 1}}
     assert choice["decision"] is None and "1 of 4 data sets" in choice["reason"]
     assert "none yet on MuseData, Nottingham, Piano-midi.de" in choice["reason"]
+    # the groups that are no pair yet, with each protocol's finished and diverged seeds
+    assert choice["unpaired"] == [
+        {"dataset": "jsb", "model": "rnn", "paper": {"finished": 2, "diverged": 0},
+         "linmem": {"finished": 3, "diverged": 0}},
+        {"dataset": "piano", "model": "lmn-b", "paper": {"finished": 0, "diverged": 0},
+         "linmem": {"finished": 3, "diverged": 0}}]
     text = protocol_choice_markdown(choice, "linmem report ...")
     assert "| JSB Chorales | LMN-B | 34.00 ± 1.00 | 31.50 ± 0.50 | +2.50 (apart) |" in text
     assert "99" not in text and "**Decision:** none yet" in text
+    assert ("Not compared (fewer than 3 finished seeds under a protocol): JSB Chorales RNN "
+            "(paper: 2 finished, linmem: 3 finished); Piano-midi.de LMN-B (paper: none, "
+            "linmem: 3 finished).") in text
+    # a seed that diverged counts as run, not as finished
+    diverged = [{**g, "seeds": g["seeds"][:1], "diverged_seeds": g["seeds"][1:]}
+                for g in paper]
+    (lstm_unpaired,) = [u for u in protocol_choice(diverged, linmem)["unpaired"]
+                        if u["model"] == "lstm"]
+    assert lstm_unpaired["paper"] == {"finished": 1, "diverged": 2}
+    assert "JSB Chorales LSTM (paper: 1 finished and 2 diverged, linmem: 3 finished)" in \
+        protocol_choice_markdown(protocol_choice(diverged, linmem))
 
 
 def _everywhere(paper_frame, paper_global, linmem_frame, linmem_global):

@@ -44,14 +44,20 @@ def _by_pair(groups: Sequence[dict]) -> dict[tuple[str, str], dict]:
 
 def protocol_choice(paper: Sequence[dict], linmem: Sequence[dict]) -> dict:
     """Apply the module's rule to the seed groups of each protocol: ``{"pairs", "wins",
-    "datasets", "decision", "reason"}``, ``decision`` ``"paper"``, ``"linmem"`` or None (not
-    decided yet: the pairs do not cover every data set)."""
+    "datasets", "decision", "reason", "unpaired"}``, ``decision`` ``"paper"``, ``"linmem"`` or
+    None (not decided yet: the pairs do not cover every data set); ``unpaired``: the (data set,
+    model) with seeds under one protocol at least but fewer than :data:`MIN_SEEDS` finished
+    under one, each protocol's finished and diverged seeds (not compared)."""
     a, b = _by_pair(paper), _by_pair(linmem)
-    pairs = []
+    pairs, unpaired = [], []
     order = {d: i for i, d in enumerate(DATASETS)}
-    for key in sorted(set(a) & set(b), key=lambda k: (order.get(k[0], len(order)), k)):
-        groups = {"paper": a[key], "linmem": b[key]}
-        if min(len(g["seeds"]) for g in groups.values()) < MIN_SEEDS:
+    for key in sorted(set(a) | set(b), key=lambda k: (order.get(k[0], len(order)), k)):
+        groups = {"paper": a.get(key), "linmem": b.get(key)}
+        if any(g is None or len(g["seeds"]) < MIN_SEEDS for g in groups.values()):
+            unpaired.append({"dataset": key[0], "model": key[1], **{
+                p: {"finished": len(g["seeds"]) if g else 0,
+                    "diverged": len(g["diverged_seeds"]) if g else 0}
+                for p, g in groups.items()}})
             continue
         pair = {"dataset": key[0], "model": key[1]}
         for metric, name in METRICS:
@@ -84,7 +90,7 @@ def protocol_choice(paper: Sequence[dict], linmem: Sequence[dict]) -> dict:
                 f"{name}: {majority[name] or 'a tie'}" for name in majority)
                 + "): linmem's, the cheaper protocol")
     return {"pairs": pairs, "wins": wins, "datasets": datasets, "decision": decision,
-            "reason": reason}
+            "reason": reason, "unpaired": unpaired}
 
 
 def _spread(v: dict) -> str:
@@ -106,11 +112,22 @@ def protocol_choice_markdown(choice: dict, command: str | None = None) -> str:
         title = DATASETS[pair['dataset']].title if pair['dataset'] in DATASETS else pair['dataset']
         lines.append(f"| {title} | "
                      f"{display_name(pair['model'])} | " + " | ".join(cells) + " |")
+    def seeds(v: dict) -> str:
+        return (f"{v['finished']} finished" + (f" and {v['diverged']} diverged" if v["diverged"]
+                                               else "")) if v["finished"] or v["diverged"] \
+            else "none"
+
+    waiting = "; ".join(
+        f"{DATASETS[u['dataset']].title if u['dataset'] in DATASETS else u['dataset']} "
+        f"{display_name(u['model'])} (paper: {seeds(u['paper'])}, linmem: {seeds(u['linmem'])})"
+        for u in choice.get("unpaired", ()))
     tally = "; ".join(f"{name}: the paper protocol higher in {w['paper']}, linmem's in "
                       f"{w['linmem']}" for name, w in choice["wins"].items())
     lines += ["", f"Validation frame accuracy in %, mean ± sd over the seeds (at least "
               f"{MIN_SEEDS} under each protocol) of each protocol's selected configuration; "
               "(apart): the seeds' ranges do not overlap. Pairs: " + (tally or "none yet") + ".",
+              *(["", f"Not compared (fewer than {MIN_SEEDS} finished seeds under a protocol): "
+                 f"{waiting}."] if waiting else []),
               "", "The rule (`linmem.protocol_choice`, fixed before the long sets' seeds): once "
               "the pairs cover the four data sets, the protocol that is higher in a majority "
               "of them on both metrics becomes `linmem train`'s default; otherwise linmem's "
