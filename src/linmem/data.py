@@ -56,6 +56,7 @@ __all__ = [
     "content_digest",
     "data_checksum",
     "data_root",
+    "dataset_title",
     "default_root",
     "is_data_file",
     "iterate_batches",
@@ -179,6 +180,13 @@ def is_data_file(name: str | os.PathLike) -> bool:
     """Whether ``name`` names a data set file of your own (a ``.pickle`` in the original
     format, as ``linmem data import-midi`` writes) rather than one of the four data sets."""
     return str(name).endswith(".pickle")
+
+
+def dataset_title(name: str) -> str:
+    """A data set's title in tables and figures ("JSB Chorales"); a name of no known set (a
+    data set file of your own) as it is."""
+    info = DATASETS.get(name)
+    return info.title if info is not None else name
 
 
 def resolve_name(name: str) -> str:

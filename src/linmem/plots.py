@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ._io import atomic_write
-from .data import DATASETS
+from .data import dataset_title
 from .models import display_name
 from .runs import LOG, log_rows
 
@@ -183,7 +183,7 @@ def plot_figure4(data: dict, path: str | os.PathLike) -> None:
                     mfc="none", color=line.get_color(),
                     label=f"{display_name(model)}: every trial pruned (best before)")
     ax.set(xlabel="hidden units (LMN: functional + memory)", ylabel="validation frame accuracy %",
-           title=f"{_title(data['dataset'])}: accuracy vs size")
+           title=f"{dataset_title(data['dataset'])}: accuracy vs size")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     fig.tight_layout()
@@ -192,6 +192,3 @@ def plot_figure4(data: dict, path: str | os.PathLike) -> None:
     plt.close(fig)
 
 
-def _title(dataset: str) -> str:
-    info = DATASETS.get(dataset)
-    return info.title if info is not None else dataset

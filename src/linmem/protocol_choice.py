@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from ._io import made_by
 from .config import DEFAULT_PROTOCOL
-from .data import DATASETS
+from .data import DATASETS, dataset_title
 from .models import activation_of, display_name
 
 __all__ = ["METRICS", "MIN_SEEDS", "protocol_choice", "protocol_choice_markdown", "ranges_apart"]
@@ -109,16 +109,16 @@ def protocol_choice_markdown(choice: dict, command: str | None = None) -> str:
             cells += [_spread(v["paper"]), _spread(v["linmem"]),
                       f"{v['paper_minus_linmem']:+.2f}" + (" (apart)" if v["ranges_apart"]
                                                            else "")]
-        title = DATASETS[pair['dataset']].title if pair['dataset'] in DATASETS else pair['dataset']
-        lines.append(f"| {title} | "
+        lines.append(f"| {dataset_title(pair['dataset'])} | "
                      f"{display_name(pair['model'])} | " + " | ".join(cells) + " |")
     def seeds(v: dict) -> str:
-        return (f"{v['finished']} finished" + (f" and {v['diverged']} diverged" if v["diverged"]
-                                               else "")) if v["finished"] or v["diverged"] \
-            else "none"
+        if not (v["finished"] or v["diverged"]):
+            return "none"
+        return f"{v['finished']} finished" + (f" and {v['diverged']} diverged"
+                                              if v["diverged"] else "")
 
     waiting = "; ".join(
-        f"{DATASETS[u['dataset']].title if u['dataset'] in DATASETS else u['dataset']} "
+        f"{dataset_title(u['dataset'])} "
         f"{display_name(u['model'])} (paper: {seeds(u['paper'])}, linmem: {seeds(u['linmem'])})"
         for u in choice.get("unpaired", ()))
     tally = "; ".join(f"{name}: the paper protocol higher in {w['paper']}, linmem's in "
