@@ -301,3 +301,4 @@ results-samples: install
 	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem generate results/samples/$$d-lmn-b-h100-m100 \
 	    --prime test:0 --prime-steps 32 --steps 64 --seed 0 --without-prime \
 	    --out results/samples/$$d.mid --png results/samples/$$d.png; done
+	$(VENV)/bin/linmem summarize results/samples > results/samples/table.md

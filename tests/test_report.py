@@ -675,3 +675,26 @@ def test_table2_carries_both_protocols(tmp_path):
         build_report("sqlite:///" + str(tmp_path / "none.db"), None, tmp_path,
                      tmp_path / "out2", summaries=[ours / "summary.json"], protocol=None,
                      ablation=paper / "ablation.json")
+
+
+def test_the_committed_summarize_tables_are_what_their_makefile_commands_print(capsys,
+                                                                                monkeypatch):
+    """Each ``results/*/table.md`` that the Makefile makes with ``linmem summarize`` is that
+    command's output on the committed runs, so a run published later or a column added to
+    the table cannot leave the file stale."""
+    import glob
+    import re
+    import shlex
+    from pathlib import Path
+
+    from linmem.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    makefile = (root / "Makefile").read_text().replace("\\\n", " ")
+    made = re.findall(r"\$\(VENV\)/bin/linmem summarize (.+?) > (results/\S+/table\.md)", makefile)
+    assert len(made) >= 7
+    monkeypatch.chdir(root)
+    for args, table in made:
+        words = [w for a in shlex.split(args) for w in (sorted(glob.glob(a)) or [a])]
+        main(["summarize", *words])
+        assert capsys.readouterr().out == (root / table).read_text(), table
