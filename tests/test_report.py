@@ -1,6 +1,10 @@
 """Reports are built from metrics.json files only."""
 
+import glob
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -682,11 +686,6 @@ def test_the_committed_summarize_tables_are_what_their_makefile_commands_print(c
     """Each ``results/*/table.md`` that the Makefile makes with ``linmem summarize`` is that
     command's output on the committed runs, so a run published later or a column added to
     the table cannot leave the file stale."""
-    import glob
-    import re
-    import shlex
-    from pathlib import Path
-
     from linmem.cli import main
 
     root = Path(__file__).resolve().parents[1]
