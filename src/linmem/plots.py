@@ -190,5 +190,3 @@ def plot_figure4(data: dict, path: str | os.PathLike) -> None:
     with atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
-
-

@@ -98,6 +98,15 @@ def _spread(v: dict) -> str:
     return f"{v['mean']:.2f}{sd}"
 
 
+def _seed_count(v: dict) -> str:
+    """An unpaired group's seeds under one protocol: "none", "3 finished", "1 finished and 2
+    diverged"."""
+    if not (v["finished"] or v["diverged"]):
+        return "none"
+    return f"{v['finished']} finished" + (f" and {v['diverged']} diverged" if v["diverged"]
+                                          else "")
+
+
 def protocol_choice_markdown(choice: dict, command: str | None = None) -> str:
     """:func:`protocol_choice`'s result as a table, the tally and the decision."""
     lines = ["| data set | model | per-frame: paper | linmem | paper - linmem | global: paper "
@@ -111,15 +120,9 @@ def protocol_choice_markdown(choice: dict, command: str | None = None) -> str:
                                                            else "")]
         lines.append(f"| {dataset_title(pair['dataset'])} | "
                      f"{display_name(pair['model'])} | " + " | ".join(cells) + " |")
-    def seeds(v: dict) -> str:
-        if not (v["finished"] or v["diverged"]):
-            return "none"
-        return f"{v['finished']} finished" + (f" and {v['diverged']} diverged"
-                                              if v["diverged"] else "")
-
     waiting = "; ".join(
-        f"{dataset_title(u['dataset'])} "
-        f"{display_name(u['model'])} (paper: {seeds(u['paper'])}, linmem: {seeds(u['linmem'])})"
+        f"{dataset_title(u['dataset'])} {display_name(u['model'])} (paper: "
+        f"{_seed_count(u['paper'])}, linmem: {_seed_count(u['linmem'])})"
         for u in choice.get("unpaired", ()))
     tally = "; ".join(f"{name}: the paper protocol higher in {w['paper']}, linmem's in "
                       f"{w['linmem']}" for name, w in choice["wins"].items())
