@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -696,6 +697,31 @@ def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
+def test_stop_by_starts_a_study_with_nothing_finished_at_its_smallest_point(tmp_path, data_dir):
+    """With a deadline and nothing finished to project from, the next point is one of the
+    fewest parameters (4 units, at either decay), never an 8-unit one; without a deadline, or
+    once a point has finished, any point can be drawn."""
+    from linmem.search import next_point
+
+    config = _config(tmp_path, data_dir, models=["rnn"])
+    deadline = replace(config, stop_by=time.time() + 1e9)
+    study = open_study(config, "jsb", "rnn")
+    points = grid_points("rnn", "tiny")  # 4 units at two decays, then 8
+    small = {p for p in points if p.hidden == 4}
+    assert len(small) == 2
+
+    def drawn(cfg, todo):
+        rng = np.random.default_rng(0)
+        return {next_point(cfg, study, "rnn", todo, rng) for _ in range(40)}
+
+    assert drawn(deadline, points) == small
+    assert drawn(deadline, points[2:]) == set(points[2:])  # only 8-unit points left
+    assert drawn(config, points) == set(points)
+    _finished_elsewhere(study, points[0], 10.0)  # a projection now exists: every point drawn
+    assert drawn(deadline, points[1:]) == set(points[1:])
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # ask()/tell() outside optimize()
 def test_stop_by_scales_one_finished_size_at_its_runs_epoch_slope(tmp_path, data_dir):
     """With the finished points all of one size, ``stop_by``'s projection of another size
     takes the slope of log epoch CPU time on log parameters that the study's runs here show
@@ -1164,7 +1190,6 @@ def test_projection_scales_a_studys_points_left_by_their_parameters():
     parameters, fitted to the finished points (a: the slope of numpy's fit of log seconds on
     log parameters, within [0, 2], 1 for one size): a study whose small points finished first
     is not projected at their mean."""
-    import numpy as np
     import torch
 
     from linmem.progress import project_points

@@ -215,8 +215,9 @@ _max_retry_option = click.option(  # None: linmem.search.MAX_RETRY (optuna: slow
 @click.option("--stop-by", "stop_by", default=None, callback=_stop_by, metavar="WHEN",
               help="A time (2026-11-25T07:10, local) or a duration from now (2h30m): start no "
                    "point projected to end after it (from the study's finished points' times "
-                   "per parameter) and exit when none is left that fits; a point already "
-                   "running goes on. For a machine or batch job with a time limit.")
+                   "per parameter; a study with none starts at its smallest point) and exit "
+                   "when none is left that fits; a point already running goes on. For a "
+                   "machine or batch job with a time limit.")
 @_max_retry_option
 @config_options(*SEARCH_FIELDS, defaults=SEARCH_DEFAULTS)
 @click.option("--quiet", is_flag=True)

@@ -32,9 +32,11 @@ How workers share a study without losing or repeating work:
 - With a deadline (``stop_by``, ``linmem search --stop-by``) a worker starts no point projected
   to end after it (:func:`point_seconds`, less what the point's run directory has logged already
   where a killed run resumes, but not less than the epochs its early stopping still holds it to
-  where no pruner may end it sooner), and none at all once it has passed (a study with nothing
-  finished has nothing to project from), and leaves when none that fits is left: on a machine
-  with a time limit, no point is cut off half-way.
+  where no pruner may end it sooner), and none at all once it has passed, and leaves when none
+  that fits is left: on a machine with a time limit, no point is cut off half-way. A study with
+  nothing finished has nothing to project from: it starts with its smallest point
+  (:func:`next_point`), whose time then projects the others' (a random one could be its
+  dearest, which would run on past the deadline).
 
 Selection is on validation accuracy only (:func:`linmem.studies.select`); the test scores of
 the other trials are stored with them but never used to choose. The grids, their points and the
@@ -94,6 +96,7 @@ __all__ = [
     "SearchConfig",
     "check_search",
     "count_points",
+    "next_point",
     "open_study",
     "point_params",
     "point_seconds",
@@ -391,6 +394,20 @@ def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> s
     return late
 
 
+def next_point(config: SearchConfig, study, model: str, todo: Sequence[Point],
+               rng: np.random.Generator) -> Point:
+    """The point of ``todo`` to start next: a random one (workers that share a study spread
+    over its points), but with a deadline (``config.stop_by``) and none of the study's points
+    projected (nothing finished, :func:`point_seconds`) a random one of the fewest parameters
+    (:func:`point_params`), so that the first to finish is the cheapest and projects the rest."""
+    if config.stop_by is not None and all(
+            s is None for s in point_seconds(config, study, model, todo).values()):
+        data = study.user_attrs["data"]
+        params = {p: point_params(config.base, data, model, p) for p in todo}
+        todo = [p for p in todo if params[p] == min(params.values())]
+    return todo[int(rng.integers(len(todo)))]
+
+
 def point_run_dir(config: SearchConfig, study, point: Point) -> Path:
     """The run directory of a grid point: ``OUT/STUDY/POINT``."""
     return Path(config.out_dir) / study.study_name / point.name
@@ -447,7 +464,7 @@ def _run_worker(config: SearchConfig, command: str | None,
                 busy = busy or any(s == "running" for s in states.values())
                 continue
             if not waiting:
-                point = todo[int(rng.integers(len(todo)))]
+                point = next_point(config, study, model, todo, rng)
                 study.enqueue_trial(point.params)
             if data not in datasets:
                 datasets[data] = _load_data(config, data)
