@@ -60,6 +60,30 @@ def test_scoring_reference_is_the_former_scoring():
 
 
 @pytest.mark.slow
+def test_batch1_two_cores_split_is_the_whole_products():
+    """benchmarks/batch1_two_cores.py times two halves of W_hh's products: together they are
+    the whole forward product (every gate row once) and the whole backward one."""
+    bench = _load("batch1_two_cores")
+    hidden = 7
+    w = torch.randn(4 * hidden, hidden, generator=torch.Generator().manual_seed(0))
+    h, da = torch.randn(hidden), torch.randn(4 * hidden)
+    fwd, bwd = torch.empty(4 * hidden), torch.empty(hidden)
+    parts = bench.split(w)
+    for units, rows, w_fwd, w_bwd in parts:
+        fwd[rows] = w_fwd @ h
+        bwd[units] = w_bwd @ da
+    assert sorted(torch.cat([r for _, r, _, _ in parts]).tolist()) == list(range(4 * hidden))
+    torch.testing.assert_close(fwd, w @ h)
+    torch.testing.assert_close(bwd, w.t() @ da)
+
+
+def test_batch1_two_cores_script_runs():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "batch1_two_cores.py"), "--hidden",
+                          "16", "--steps", "8", "--calls", "20", "--repeats", "1"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("CPU: ") and "one / two = " in out
+
+
 def test_throughput_script_runs(tmp_path):
     """The whole script at a tiny size: every model trains and infers, the ratios it prints are
     the ratios of the rates it records."""

@@ -1,0 +1,135 @@
+"""What a second core could gain for one training run at batch 1 (the paper protocol), measured
+side by side: the bound on splitting the LSTM's recurrence by hidden units across two threads.
+
+At batch 1 the recurrence's loop (``linmem.rnns.LSTM``, the compiled kernel) does two products
+per step with ``W_hh`` (``4H x H``): ``h_{t-1} W_hh^T`` forward and ``da_t W_hh`` backward. At
+750 units ``W_hh`` is 9 MB, beyond the L2 cache, so each step streams it twice; the kernel splits
+a batch's rows over threads and at batch 1 uses one. A kernel that split the hidden units
+instead would have each of two threads stream half of ``W_hh`` per product, with a barrier per
+step. This script times, in one run, with one torch thread per Python thread:
+
+- ``step``: a training step of ``linmem.rnns.LSTM(88, H)`` (forward and backward over one
+  sequence of ``--steps`` frames at batch 1, the kernel's path), per frame;
+- ``one``: the two products of a step on one thread, the whole ``W_hh`` (``torch.mv``);
+- ``two``: the same two products split in halves (by hidden units) on two Python threads at once
+  (torch releases the GIL): no barrier, no gate arithmetic, so the most such a split could gain.
+
+``one / two`` is that bound; ``one / step`` the products' share of a step. Run it with nothing
+else busy (the search workers paused): two busy processes on two cores measure each other.
+
+    python benchmarks/batch1_two_cores.py --json results/speed/batch1_two_cores.json \\
+        > results/speed/batch1_two_cores.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import torch
+
+from linmem._io import command_line, git_commit, machine, provenance, write_json
+from linmem.rnns import LSTM
+
+
+def per_call(fn, calls: int) -> float:
+    """Microseconds per call of ``fn`` over ``calls`` calls, after a warm-up."""
+    for _ in range(max(calls // 10, 1)):
+        fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def training_step_us(hidden: int, steps: int) -> float:
+    """A forward and backward through ``steps`` frames at batch 1, microseconds per frame."""
+    torch.manual_seed(0)
+    lstm = LSTM(88, hidden)
+    x = (torch.rand(steps, 1, 88) < 0.05).float()
+
+    def step() -> None:
+        out, _ = lstm(x)
+        out.sum().backward()
+
+    return per_call(step, 3) / steps
+
+
+def products_us(w: torch.Tensor, w_t: torch.Tensor, calls: int) -> float:
+    """``w h`` and ``w_t g`` (the forward's and the backward's products), microseconds per pair."""
+    h, g = torch.randn(w.shape[1]), torch.randn(w_t.shape[1])
+    return per_call(lambda: (torch.mv(w, h), torch.mv(w_t, g)), calls)
+
+
+def split(w: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                        torch.Tensor]]:
+    """``W_hh`` (``4H x H``, gates ``i, f, g, o``) split by hidden units in two halves, each
+    ``(units, gate_rows, forward, backward)``: ``forward @ h`` is ``(W_hh h)[gate_rows]`` (its
+    units' four gates) and ``backward @ da`` is ``(W_hh^T da)[units]``."""
+    hidden = w.shape[1]
+    halves = [torch.arange(0, hidden // 2), torch.arange(hidden // 2, hidden)]
+    out = []
+    for units in halves:
+        rows = torch.cat([units + k * hidden for k in range(4)])
+        out.append((units, rows, w[rows].contiguous(), w[:, units].t().contiguous()))
+    return out
+
+
+def split_us(w: torch.Tensor, calls: int) -> float:
+    """The two products of ``w`` split by hidden units (:func:`split`) on two threads at once;
+    microseconds per pair, the slower thread's."""
+    parts = [(fwd, bwd) for _, _, fwd, bwd in split(w)]
+    out: list[float] = [0.0, 0.0]
+    barrier = threading.Barrier(2)
+
+    def work(i: int) -> None:
+        barrier.wait()
+        out[i] = products_us(*parts[i], calls)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return max(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=750)
+    parser.add_argument("--steps", type=int, default=500,
+                        help="frames of the training step's sequence")
+    parser.add_argument("--calls", type=int, default=2000, help="product pairs per measurement")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    torch.set_num_threads(1)
+    print(f"CPU: {machine()['cpu']}; batch 1; LSTM {args.hidden} units; one torch thread per "
+          "Python thread", flush=True)
+    torch.manual_seed(0)
+    w = torch.randn(4 * args.hidden, args.hidden)
+    rows = {"step": [], "one": [], "two": []}
+    for _ in range(args.repeats):  # interleaved, so that drift hits all three alike
+        rows["step"].append(training_step_us(args.hidden, args.steps))
+        rows["one"].append(products_us(w, w.t().contiguous(), args.calls))
+        rows["two"].append(split_us(w, args.calls))
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    for k, v in rows.items():
+        print(f"{k:5s} median {med[k]:7.1f} us  ({', '.join(f'{x:.1f}' for x in v)})")
+    print(f"one / two = {med['one'] / med['two']:.2f}: the most two threads could gain on the "
+          f"products; one / step = {med['one'] / med['step']:.2f}: their share of a step")
+    if args.json:
+        write_json(args.json, {
+            **provenance(command_line(), git_commit(), 0, None, time.perf_counter() - started),
+            "hidden": args.hidden, "steps": args.steps, "calls": args.calls, "rows": rows,
+            "median_us": med, "one_over_two": med["one"] / med["two"],
+            "units": "microseconds: per frame (step), per pair of products (one, two)"})
+        print(json.dumps({"written": args.json}))
+
+
+if __name__ == "__main__":
+    main()
