@@ -58,23 +58,24 @@ def training_step_us(hidden: int, steps: int) -> float:
     return per_call(step, 3) / steps
 
 
-def products_us(w: torch.Tensor, w_t: torch.Tensor, calls: int) -> float:
-    """``w h`` and ``w_t g`` (the forward's and the backward's products), microseconds per pair."""
-    h, g = torch.randn(w.shape[1]), torch.randn(w_t.shape[1])
-    return per_call(lambda: (torch.mv(w, h), torch.mv(w_t, g)), calls)
+def products_us(w_fwd: torch.Tensor, w_bwd: torch.Tensor, calls: int) -> float:
+    """``w_fwd h`` and ``w_bwd^T g`` (the forward's and the backward's products, both matrices
+    row-major with the gates' rows, as ``W_hh`` lies), microseconds per pair."""
+    h, g = torch.randn(w_fwd.shape[1]), torch.randn(w_bwd.shape[0])
+    return per_call(lambda: (torch.mv(w_fwd, h), torch.mv(w_bwd.t(), g)), calls)
 
 
 def split(w: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                         torch.Tensor]]:
     """``W_hh`` (``4H x H``, gates ``i, f, g, o``) split by hidden units in two halves, each
     ``(units, gate_rows, forward, backward)``: ``forward @ h`` is ``(W_hh h)[gate_rows]`` (its
-    units' four gates) and ``backward @ da`` is ``(W_hh^T da)[units]``."""
+    units' four gates) and ``backward.t() @ da`` is ``(W_hh^T da)[units]``."""
     hidden = w.shape[1]
     halves = [torch.arange(0, hidden // 2), torch.arange(hidden // 2, hidden)]
     out = []
     for units in halves:
         rows = torch.cat([units + k * hidden for k in range(4)])
-        out.append((units, rows, w[rows].contiguous(), w[:, units].t().contiguous()))
+        out.append((units, rows, w[rows].contiguous(), w[:, units].contiguous()))
     return out
 
 
@@ -115,7 +116,7 @@ def main() -> None:
     rows = {"step": [], "one": [], "two": []}
     for _ in range(args.repeats):  # interleaved, so that drift hits all three alike
         rows["step"].append(training_step_us(args.hidden, args.steps))
-        rows["one"].append(products_us(w, w.t().contiguous(), args.calls))
+        rows["one"].append(products_us(w, w, args.calls))
         rows["two"].append(split_us(w, args.calls))
     med = {k: statistics.median(v) for k, v in rows.items()}
     for k, v in rows.items():

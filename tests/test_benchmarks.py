@@ -71,7 +71,7 @@ def test_batch1_two_cores_split_is_the_whole_products():
     parts = bench.split(w)
     for units, rows, w_fwd, w_bwd in parts:
         fwd[rows] = w_fwd @ h
-        bwd[units] = w_bwd @ da
+        bwd[units] = w_bwd.t() @ da
     assert sorted(torch.cat([r for _, r, _, _ in parts]).tolist()) == list(range(4 * hidden))
     torch.testing.assert_close(fwd, w @ h)
     torch.testing.assert_close(bwd, w.t() @ da)
