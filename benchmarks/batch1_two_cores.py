@@ -6,13 +6,13 @@ per step with ``W_hh`` (``4H x H``): ``h_{t-1} W_hh^T`` forward and ``da_t W_hh`
 750 units ``W_hh`` is 9 MB, beyond the L2 cache, so each step streams it twice; the kernel splits
 a batch's rows over threads and at batch 1 uses one. A kernel that split the hidden units
 instead would have each of two threads stream half of ``W_hh`` per product, with a barrier per
-step. This script times, in one run, with one torch thread per Python thread:
+step. This script times, in one run, with one torch thread in each process:
 
 - ``step``: a training step of ``linmem.rnns.LSTM(88, H)`` (forward and backward over one
   sequence of ``--steps`` frames at batch 1, the kernel's path), per frame;
 - ``one``: the two products of a step on one thread, the whole ``W_hh`` (``torch.mv``);
-- ``two``: the same two products split in halves (by hidden units) on two Python threads at once
-  (torch releases the GIL): no barrier, no gate arithmetic, so the most such a split could gain.
+- ``two``: the same two products split in halves (by hidden units) in two processes at once:
+  no barrier, no gate arithmetic, so the most such a split could gain.
 
 ``one / two`` is that bound; ``one / step`` the products' share of a step. Run it with nothing
 else busy (the search workers paused): two busy processes on two cores measure each other.
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import statistics
-import threading
 import time
 
 import torch
@@ -79,23 +79,26 @@ def split(w: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return out
 
 
+def _time_part(part: tuple[torch.Tensor, torch.Tensor], calls: int, barrier, results) -> None:
+    torch.set_num_threads(1)
+    barrier.wait()
+    results.put(products_us(*part, calls))
+
+
 def split_us(w: torch.Tensor, calls: int) -> float:
-    """The two products of ``w`` split by hidden units (:func:`split`) on two threads at once;
-    microseconds per pair, the slower thread's."""
-    parts = [(fwd, bwd) for _, _, fwd, bwd in split(w)]
-    out: list[float] = [0.0, 0.0]
-    barrier = threading.Barrier(2)
-
-    def work(i: int) -> None:
-        barrier.wait()
-        out[i] = products_us(*parts[i], calls)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return max(out)
+    """The two products of ``w`` split by hidden units (:func:`split`) in two processes at once
+    (threads would wait on each other for Python's lock between products); microseconds per
+    pair, the slower process's."""
+    ctx = mp.get_context("fork")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_time_part, args=((fwd, bwd), calls, barrier, results))
+             for _, _, fwd, bwd in split(w)]
+    for proc in procs:
+        proc.start()
+    times = [results.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    return max(times)
 
 
 def main() -> None:
@@ -110,7 +113,7 @@ def main() -> None:
     started = time.perf_counter()
     torch.set_num_threads(1)
     print(f"CPU: {machine()['cpu']}; batch 1; LSTM {args.hidden} units; one torch thread per "
-          "Python thread", flush=True)
+          "process", flush=True)
     torch.manual_seed(0)
     w = torch.randn(4 * args.hidden, args.hidden)
     rows = {"step": [], "one": [], "two": []}
