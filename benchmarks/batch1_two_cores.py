@@ -14,7 +14,8 @@ step. This script times, in one run, with one torch thread in each process:
 - ``two``: the same two products split in halves (by hidden units) in two processes at once:
   no barrier, no gate arithmetic, so the most such a split could gain.
 
-``one / two`` is that bound; ``one / step`` the products' share of a step. Run it with nothing
+``one / two`` is that bound; ``one / step`` sets torch's products against the kernel's whole
+step (near 1 or above: the step is its products, as a memory-bound loop's is). Run it with nothing
 else busy (the search workers paused): two busy processes on two cores measure each other.
 
     python benchmarks/batch1_two_cores.py --json results/speed/batch1_two_cores.json \\
@@ -125,7 +126,8 @@ def main() -> None:
     for k, v in rows.items():
         print(f"{k:5s} median {med[k]:7.1f} us  ({', '.join(f'{x:.1f}' for x in v)})")
     print(f"one / two = {med['one'] / med['two']:.2f}: the most two threads could gain on the "
-          f"products; one / step = {med['one'] / med['step']:.2f}: their share of a step")
+          f"products; one / step = {med['one'] / med['step']:.2f}: the products against the "
+          "kernel's whole step")
     if args.json:
         write_json(args.json, {
             **provenance(command_line(), git_commit(), 0, None, time.perf_counter() - started),
