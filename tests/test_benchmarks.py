@@ -59,7 +59,6 @@ def test_scoring_reference_is_the_former_scoring():
     assert old.compute() == new.compute()
 
 
-@pytest.mark.slow
 def test_batch1_two_cores_split_is_the_whole_products():
     """benchmarks/batch1_two_cores.py times two halves of W_hh's products: together they are
     the whole forward product (every gate row once) and the whole backward one."""
@@ -84,6 +83,7 @@ def test_batch1_two_cores_script_runs():
     assert out.startswith("CPU: ") and "one / two = " in out
 
 
+@pytest.mark.slow
 def test_throughput_script_runs(tmp_path):
     """The whole script at a tiny size: every model trains and infers, the ratios it prints are
     the ratios of the rates it records."""
