@@ -8,8 +8,9 @@ a batch's rows over threads and at batch 1 uses one. A kernel that split the hid
 instead would have each of two threads stream half of ``W_hh`` per product, with a barrier per
 step. This script times, in one run, with one torch thread in each process:
 
-- ``step``: a training step of ``linmem.rnns.LSTM(88, H)`` (forward and backward over one
-  sequence of ``--steps`` frames at batch 1, the kernel's path), per frame;
+- ``step``: a training step of the model ``lstm`` as the searches train it (readout, loss,
+  Adam; the kernel's path), timed by ``benchmarks/baselines.py``'s ``train_fps`` on one random
+  sequence of ``--steps`` frames at batch 1, per frame;
 - ``one``: the two products of a step on one thread, the whole ``W_hh`` (``torch.mv``);
 - ``two``: the same two products split in halves (by hidden units) in two processes at once:
   no barrier, no gate arithmetic, so the most such a split could gain.
@@ -28,12 +29,17 @@ import argparse
 import json
 import multiprocessing as mp
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from linmem._io import command_line, git_commit, machine, provenance, write_json
-from linmem.rnns import LSTM
+from linmem.models import build_model
+
+sys.path.insert(0, str(Path(__file__).parent))
+from baselines import random_batch, train_fps  # the baselines' training step, timed alike
 
 
 def per_call(fn, calls: int) -> float:
@@ -46,17 +52,10 @@ def per_call(fn, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def training_step_us(hidden: int, steps: int) -> float:
-    """A forward and backward through ``steps`` frames at batch 1, microseconds per frame."""
+def training_step_us(hidden: int, steps: int, min_time: float) -> float:
+    """A training step of ``lstm`` on one sequence of ``steps`` frames, microseconds per frame."""
     torch.manual_seed(0)
-    lstm = LSTM(88, hidden)
-    x = (torch.rand(steps, 1, 88) < 0.05).float()
-
-    def step() -> None:
-        out, _ = lstm(x)
-        out.sum().backward()
-
-    return per_call(step, 3) / steps
+    return 1e6 / train_fps(build_model("lstm", hidden), random_batch(1, steps), min_time)
 
 
 def products_us(w_fwd: torch.Tensor, w_bwd: torch.Tensor, calls: int) -> float:
@@ -108,6 +107,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500,
                         help="frames of the training step's sequence")
     parser.add_argument("--calls", type=int, default=2000, help="product pairs per measurement")
+    parser.add_argument("--min-time", type=float, default=1.0,
+                        help="seconds of training steps per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
@@ -119,7 +120,7 @@ def main() -> None:
     w = torch.randn(4 * args.hidden, args.hidden)
     rows = {"step": [], "one": [], "two": []}
     for _ in range(args.repeats):  # interleaved, so that drift hits all three alike
-        rows["step"].append(training_step_us(args.hidden, args.steps))
+        rows["step"].append(training_step_us(args.hidden, args.steps, args.min_time))
         rows["one"].append(products_us(w, w, args.calls))
         rows["two"].append(split_us(w, args.calls))
     med = {k: statistics.median(v) for k, v in rows.items()}

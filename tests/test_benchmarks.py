@@ -78,7 +78,8 @@ def test_batch1_two_cores_split_is_the_whole_products():
 
 def test_batch1_two_cores_script_runs():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "batch1_two_cores.py"), "--hidden",
-                          "16", "--steps", "8", "--calls", "20", "--repeats", "1"],
+                          "16", "--steps", "8", "--calls", "20", "--min-time", "0.05",
+                          "--repeats", "1"],
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith("CPU: ") and "one / two = " in out
 
