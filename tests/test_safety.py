@@ -436,6 +436,39 @@ def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path):
     other.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "t")
 
 
+def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost():
+    """Row 9: a Ctrl-C whose handler runs inside a finalizer (a ``__del__``, or SQLAlchemy's
+    weakref callback that a dropped ORM state runs, as CI once caught it) raises its
+    ``KeyboardInterrupt`` there, where Python prints "Exception ignored" and drops it, so that
+    the search went on for good. It is delivered again once the finalizer has returned."""
+    import gc
+    import time
+
+    from linmem.grids import interrupts_between_storage_calls
+
+    ran = []
+
+    class Finalized:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)
+            for _ in range(100):  # a backward jump: Python runs the handler here, in __del__
+                ran.append(True)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    gc.disable()  # the object is dropped where the test drops it
+    try:
+        with interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt):
+            Finalized()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert len(ran) < 100  # the handler did run inside the finalizer
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        gc.enable()
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_the_kernel_path_is_recorded_and_can_be_pinned(tmp_path, data_dir, capsys):
     """Row 14: metrics.json names the recurrences' CPU path; --cpu-kernel best pins it without
     a timing race, so the same seed gives the same numbers; loop is the PyTorch loop."""

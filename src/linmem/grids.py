@@ -6,12 +6,14 @@ workers that share a study (:func:`point_states`: the rules are :mod:`linmem.sea
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import functools
 import inspect
 import logging
 import os
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -289,8 +291,9 @@ del _name, _method
 def interrupts_between_storage_calls() -> Iterator[None]:
     """Within the block, a Ctrl-C (SIGINT) that comes during a call of a storage from
     :func:`make_storage` raises its ``KeyboardInterrupt`` once the call has returned, and at
-    once anywhere else (a second Ctrl-C during the call: at once too). Python's own handler
-    only, in the main thread; a handler set by the program is left alone."""
+    once anywhere else (a second Ctrl-C during the call: at once too), or, when it lands in a
+    finalizer that would drop it, once the finalizer has returned. Python's own handler only,
+    in the main thread; a handler set by the program is left alone."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
@@ -302,10 +305,23 @@ def interrupts_between_storage_calls() -> Iterator[None]:
         else:
             signal.default_int_handler(signum, frame)
 
+    def on_unraisable(unraisable: Any) -> None:
+        # The handler ran inside a finalizer (a __del__, a weakref callback: SQLAlchemy runs one
+        # when an ORM state is dropped), whose exceptions Python prints and drops: the Ctrl-C
+        # would be lost and the search go on. Deliver it again from another thread, so that
+        # the handler runs once the finalizer (and this hook) have returned.
+        if issubclass(unraisable.exc_type, KeyboardInterrupt):
+            threading.Timer(0.05, _thread.interrupt_main, (signal.SIGINT,)).start()
+        else:
+            previous_hook(unraisable)
+
+    previous_hook = sys.unraisablehook
     signal.signal(signal.SIGINT, on_sigint)
+    sys.unraisablehook = on_unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _deferral.pending = False
 
