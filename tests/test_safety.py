@@ -441,7 +441,6 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost():
     weakref callback that a dropped ORM state runs, as CI once caught it) raises its
     ``KeyboardInterrupt`` there, where Python prints "Exception ignored" and drops it, so that
     the search went on for good. It is delivered again once the finalizer has returned."""
-    import gc
     import time
 
     from linmem.grids import interrupts_between_storage_calls
@@ -450,22 +449,22 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost():
 
     class Finalized:
         def __del__(self):
+            # Python runs the handler before raise_signal returns, here in __del__; the loop's
+            # backward jumps would run it too if it had not
             signal.raise_signal(signal.SIGINT)
-            for _ in range(100):  # a backward jump: Python runs the handler here, in __del__
+            for _ in range(100):
                 ran.append(True)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    gc.disable()  # the object is dropped where the test drops it
     try:
         with interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt):
-            Finalized()
+            Finalized()  # no reference kept: finalized at once
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 time.sleep(0.01)
         assert len(ran) < 100  # the handler did run inside the finalizer
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     finally:
-        gc.enable()
         signal.signal(signal.SIGINT, previous)
 
 
