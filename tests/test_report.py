@@ -566,7 +566,7 @@ def test_seed_table_says_whether_the_papers_figure_is_reached():
             "30.35-30.54: not reached).") in text
     assert "- JSB Chorales, pret-LMN-B: the paper's 34.49 against 32.37-34.37: not reached" in text
     assert ("- Piano-midi.de, LMN-B: the paper's 28.00; 2 seed(s) finished of 2 run; no verdict "
-            "under 3 run.") in text
+            "until 3 have run.") in text
     # three run, fewer than two finished: no range, but a seed that diverged reaches nothing
     one = seed_groups([run("pret-lmn-b", 1, 31.28, dataset="musedata"),
                        *({**run("pret-lmn-b", s, 0.0, dataset="musedata"), "diverged": "NaN"}
