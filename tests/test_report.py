@@ -565,8 +565,12 @@ def test_seed_table_says_whether_the_papers_figure_is_reached():
     assert ("- JSB Chorales, LSTM: the paper's 32.64 against 34.35-34.54: exceeded (global "
             "30.35-30.54: not reached).") in text
     assert "- JSB Chorales, pret-LMN-B: the paper's 34.49 against 32.37-34.37: not reached" in text
-    assert ("- Piano-midi.de, LMN-B: the paper's 28.00; 2 seed(s) finished of 2 run; no verdict "
+    assert ("- Piano-midi.de, LMN-B: the paper's 28.00; 2 seed(s) run, 2 finished; no verdict "
             "until 3 have run.") in text
+    two = seed_groups([run("lstm", 1, 33.0, dataset="musedata"),
+                       {**run("lstm", 2, 0.0, dataset="musedata"), "diverged": "NaN"}])
+    assert ("- MuseData, LSTM: the paper's 34.40; 2 seed(s) run, 1 finished; no verdict until 3 "
+            "have run.") in seeds_markdown(two)
     # three run, fewer than two finished: no range, but a seed that diverged reaches nothing
     one = seed_groups([run("pret-lmn-b", 1, 31.28, dataset="musedata"),
                        *({**run("pret-lmn-b", s, 0.0, dataset="musedata"), "diverged": "NaN"}

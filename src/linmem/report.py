@@ -371,7 +371,7 @@ def _reached_line(group: dict) -> str | None:
     head = f"- {TABLE2_TITLES[group['dataset']]}, {_label(group)}: the paper's {figure:.2f}"
     ran, finished = _seeds_run(group), len(group["seeds"])
     if ran < MIN_CLAIM_SEEDS:
-        return (f"{head}; {finished} seed(s) finished of {ran} run; no verdict until "
+        return (f"{head}; {ran} seed(s) run, {finished} finished; no verdict until "
                 f"{MIN_CLAIM_SEEDS} have run.")
     if finished and "test_acc_frame" not in group:
         return f"{head}; no per-frame score in its seeds' records: no verdict."
