@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -434,6 +435,58 @@ def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path):
                                        engine_kwargs={"connect_args": {"timeout": 1}})
     assert [s.study_name for s in other.get_all_studies()] == ["s"]
     other.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "t")
+
+
+@pytest.mark.parametrize("call", ["ask", "get_trials", "fail_stale_trials"])
+def test_a_ctrl_c_during_a_study_call_lets_it_end(tmp_path, call):
+    """Row 9: the same for the calls a search makes through its studies, whose storage (Optuna's
+    ``_CachedStorage``) calls private methods of the ``RDBStorage`` itself: ``_create_new_trial``
+    (in ``ask``, here cut at its write), ``_get_trials``, ``_get_stale_trial_ids`` (here cut at
+    their first read). A Ctrl-C that cut one of those made CI's Ctrl-C test above wait out the
+    busy timeout. Every statement begun runs to its end, the storage call too, and then the
+    Ctrl-C is raised (before the next storage call of ``ask`` or ``fail_stale_trials``)."""
+    import optuna
+    import sqlalchemy
+
+    from linmem.grids import default_storage, interrupts_between_storage_calls, make_storage
+
+    storage = make_storage(default_storage(tmp_path), heartbeat_interval=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.enqueue_trial({"x": 1})
+    with pytest.warns(UserWarning, match="Heartbeat"):
+        study.ask()  # a running trial, stale after a second without heartbeat
+    time.sleep(2.1)
+    log: list[str] = []
+
+    def ctrl_c_once(conn, cursor, statement, *_):
+        if "sent" not in log and (call != "ask" or statement.startswith("INSERT")):
+            log.append("sent")
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler before returning here
+        log.append("begun")
+
+    sqlalchemy.event.listen(storage.engine, "before_cursor_execute", ctrl_c_once)
+    sqlalchemy.event.listen(storage.engine, "after_cursor_execute", lambda *_: log.append("ran"))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with (interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt),
+              warnings.catch_warnings()):
+            warnings.simplefilter("ignore")  # heartbeats: experimental, meant for optimize
+            if call == "ask":
+                study.ask()
+            elif call == "get_trials":
+                study.get_trials(deepcopy=False)
+            else:
+                optuna.storages.fail_stale_trials(study)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    sent = log.index("sent")
+    assert log[sent + 1:sent + 3] == ["begun", "ran"], log
+    assert log.count("begun") == log.count("ran"), log
+    other = optuna.storages.RDBStorage(default_storage(tmp_path),
+                                       engine_kwargs={"connect_args": {"timeout": 1}})
+    other.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "t")  # no lock is left
+    trials = other.get_all_trials(other.get_study_id_from_name("s"))
+    assert len(trials) == (2 if call == "ask" else 1)  # the ask's new trial was made
 
 
 def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost():

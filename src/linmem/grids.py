@@ -278,11 +278,15 @@ def _deferring(method):
 
 
 class _Storage(optuna.storages.RDBStorage):
-    """``RDBStorage`` whose calls a Ctrl-C lets end (:func:`_storage_call`)."""
+    """``RDBStorage`` whose calls a Ctrl-C lets end (:func:`_storage_call`): the public ones
+    and the private ones, which Optuna's ``_CachedStorage`` (the storage a study holds) calls
+    itself: ``_get_trials`` for every ``study.get_trials``, ``_create_new_trial`` for every
+    ``ask``, ``_get_stale_trial_ids`` (CI caught a Ctrl-C cutting one of them: the trial's
+    "failed" write then waited out the busy timeout)."""
 
 
 for _name, _method in vars(optuna.storages.RDBStorage).items():
-    if not _name.startswith("_") and inspect.isfunction(_method):
+    if not _name.startswith("__") and inspect.isfunction(_method):
         setattr(_Storage, _name, _deferring(_method))
 del _name, _method
 
