@@ -403,7 +403,27 @@ def test_a_ctrl_c_in_a_storage_query_logs_nothing(tmp_path, caplog):
         assert [r.getMessage() for r in caplog.records] == ["Error closing cursor"]
 
 
-def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path):
+@pytest.fixture
+def sigint_as_in_a_terminal():
+    """Python's own SIGINT handler for the test, as in a terminal (a process started in the
+    background has SIGINT ignored), and the one before it put back afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _second_storage(folder: Path):
+    """Another ``RDBStorage`` on the search storage in ``folder`` that waits at most 1 s for
+    SQLite's lock: a write through it fails when a cut call left the lock held."""
+    import optuna
+
+    from linmem.grids import default_storage
+
+    return optuna.storages.RDBStorage(default_storage(folder),
+                                      engine_kwargs={"connect_args": {"timeout": 1}})
+
+
+def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path, sigint_as_in_a_terminal):
     """Row 9: a Ctrl-C that comes while a search writes to its storage is raised once the write
     has committed: cut, the write's transaction kept SQLite's lock, and the trial's "failed"
     write waited out the busy timeout (120 s) and failed with a traceback (seen in the test
@@ -422,23 +442,17 @@ def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler before returning here
 
     sqlalchemy.event.listen(storage.engine, "before_cursor_execute", ctrl_c_once)
-    # Python's own handler, as in a terminal (started in the background, SIGINT is ignored)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt):
-            storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "s")
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt):
+        storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "s")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     assert sent
-    other = optuna.storages.RDBStorage(default_storage(tmp_path),
-                                       engine_kwargs={"connect_args": {"timeout": 1}})
+    other = _second_storage(tmp_path)
     assert [s.study_name for s in other.get_all_studies()] == ["s"]
     other.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "t")
 
 
 @pytest.mark.parametrize("call", ["ask", "get_trials", "fail_stale_trials"])
-def test_a_ctrl_c_during_a_study_call_lets_it_end(tmp_path, call):
+def test_a_ctrl_c_during_a_study_call_lets_it_end(tmp_path, call, sigint_as_in_a_terminal):
     """Row 9: the same for the calls a search makes through its studies, whose storage (Optuna's
     ``_CachedStorage``) calls private methods of the ``RDBStorage`` itself: ``_create_new_trial``
     (in ``ask``, here cut at its write), ``_get_trials``, ``_get_stale_trial_ids`` (here cut at
@@ -466,30 +480,25 @@ def test_a_ctrl_c_during_a_study_call_lets_it_end(tmp_path, call):
 
     sqlalchemy.event.listen(storage.engine, "before_cursor_execute", ctrl_c_once)
     sqlalchemy.event.listen(storage.engine, "after_cursor_execute", lambda *_: log.append("ran"))
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with (interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt),
-              warnings.catch_warnings()):
-            warnings.simplefilter("ignore")  # heartbeats: experimental, meant for optimize
-            if call == "ask":
-                study.ask()
-            elif call == "get_trials":
-                study.get_trials(deepcopy=False)
-            else:
-                optuna.storages.fail_stale_trials(study)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with (interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt),
+          warnings.catch_warnings()):
+        warnings.simplefilter("ignore")  # heartbeats: experimental, meant for optimize
+        if call == "ask":
+            study.ask()
+        elif call == "get_trials":
+            study.get_trials(deepcopy=False)
+        else:
+            optuna.storages.fail_stale_trials(study)
     sent = log.index("sent")
     assert log[sent + 1:sent + 3] == ["begun", "ran"], log
     assert log.count("begun") == log.count("ran"), log
-    other = optuna.storages.RDBStorage(default_storage(tmp_path),
-                                       engine_kwargs={"connect_args": {"timeout": 1}})
+    other = _second_storage(tmp_path)
     other.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "t")  # no lock is left
     trials = other.get_all_trials(other.get_study_id_from_name("s"))
     assert len(trials) == (2 if call == "ask" else 1)  # the ask's new trial was made
 
 
-def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost():
+def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost(sigint_as_in_a_terminal):
     """Row 9: a Ctrl-C whose handler runs inside a finalizer (a ``__del__``, or SQLAlchemy's
     weakref callback that a dropped ORM state runs, as CI once caught it) raises its
     ``KeyboardInterrupt`` there, where Python prints "Exception ignored" and drops it, so that
@@ -508,17 +517,13 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost():
             for _ in range(100):
                 ran.append(True)
 
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt):
-            Finalized()  # no reference kept: finalized at once
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
-        assert len(ran) < 100  # the handler did run inside the finalizer
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with interrupts_between_storage_calls(), pytest.raises(KeyboardInterrupt):
+        Finalized()  # no reference kept: finalized at once
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert len(ran) < 100  # the handler did run inside the finalizer
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
 def test_the_kernel_path_is_recorded_and_can_be_pinned(tmp_path, data_dir, capsys):
