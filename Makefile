@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -262,6 +262,19 @@ results-ablation-paper: install
 	$(VENV)/bin/linmem ablation --base results/paper-protocol/seeds --runs results/paper-protocol/ablation \
 	  --storage sqlite:///runs/search-paper/search.db --runs-root . \
 	  $(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--study jsb-$(m)-paper@paper) --out results/paper-protocol
+# issue 76's pilot under the paper protocol: the memory's bound (none, 0.99) times the readout's
+# start (nn.Linear's default, the key-rate bias), seeds 1-3 of each cell, the seeds outermost so
+# that every cell has its first seed before any has its second; NAME:SOURCE, SOURCE the selected
+# run whose configuration it reseeds (Piano-midi.de's LMN-A, whose every grid point diverged,
+# takes its LMN-B's (250, 250)); resumable: run it again
+BOUND_PILOT ?= piano-lmn-a:piano-lmn-b jsb-lmn-b:jsb-lmn-b jsb-lmn-a:jsb-lmn-a piano-lmn-b:piano-lmn-b
+BOUND_PILOT_R ?= 0.99
+results-bound-pilot: install
+	for s in 1 2 3; do for cell in $(BOUND_PILOT); do name=$${cell%%:*}; \
+	  for r in null $(BOUND_PILOT_R); do for bias in false true; do \
+	    $(T2_RUN) reseed $(P_SEL)/$${cell##*:} --seeds $$s --data-dir $(DATA) --quiet \
+	      --set model=$${name#*-} --set memory_bound=$$r --set init_bias=$$bias \
+	      --out runs/bound-pilot/$$name-bound-$$r-bias-$$bias; done; done; done; done
 P_LONG = $(foreach d,piano nottingham musedata,$(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--plan $(d):$(m):paper-long))
 results-progress-paper: install
 	$(VENV)/bin/linmem progress --protocol paper --storage sqlite:///runs/search-paper/search.db --runs-root . \

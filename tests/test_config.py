@@ -35,6 +35,7 @@ BAD = {
     "dropout": (1.0, r"dropout must be in \[0, 1\), got 1.0"),
     "nonlinearity": ("sigmoid", "nonlinearity must be one of"),
     "seed": (-1, "seed must be an integer >= 0, got -1"),
+    "memory_bound": (0.0, "memory_bound must be > 0 or None, got 0.0"),
     "k": (0, "k must be a positive integer"),
     "la_window": (-1, "la_window must be an integer >= 0 or None"),
     "pretrain_epochs": (0, "pretrain_epochs must be a positive integer or None"),
@@ -91,7 +92,8 @@ def test_every_field_is_declared_once_with_help_and_is_checked():
 
 def test_the_models_option_classes_partition_the_model_fields():
     sizes = [f.name for f in fields(ModelOptions)]
-    assert sizes == ["hidden", "memory", "num_layers", "dropout", "nonlinearity", "seed"]
+    assert sizes == ["hidden", "memory", "num_layers", "dropout", "nonlinearity", "seed",
+                     "memory_bound"]
     assert option_names("lmn-b") == option_names("lstm") == ()
     assert option_names("ulm") == option_names("pret-rnn") == ("k", "la_window")
     assert option_names("pret-lmn-a") == ("k", "la_window", "pretrain_epochs",

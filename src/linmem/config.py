@@ -220,7 +220,8 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
         self.data = resolve_name(self.data)
         device_form(self.device)
         # the model with its activation, depth and dropout: fail now, not after hours of pretraining
-        check_options(self.model, self.nonlinearity, self.num_layers, self.dropout)
+        check_options(self.model, self.nonlinearity, self.num_layers, self.dropout,
+                      self.memory_bound)
         spec = get_spec(self.model)
         if not spec.has_memory:
             self.memory = None

@@ -39,7 +39,7 @@ from ._check import check_fields, check_int, option
 from .data import N_KEYS, Batch, iterate_batches
 from .metrics import expected_accuracy_from_sums, masked_nll, sample_ratio_sums
 from .nade import NADE
-from .nn import LMN, NONLINEARITIES, UnrolledNet
+from .nn import LMN, NONLINEARITIES, UnrolledNet, memory_radii_of
 from .rnnrbm import PREDICTIONS, RNNRBM, sequence_keys
 from .rnns import GRU, LSTM, RNN
 
@@ -91,9 +91,10 @@ class NextStepPredictor(nn.Module):
 
     def __init__(self, name: str, input_size: int = N_KEYS, hidden: int = 100,
                  memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
-                 nonlinearity: str | None = None, k: int = 10):
+                 nonlinearity: str | None = None, k: int = 10,
+                 memory_bound: float | None = None):
         super().__init__()
-        nonlinearity = check_options(name, nonlinearity, num_layers)
+        nonlinearity = check_options(name, nonlinearity, num_layers, memory_bound=memory_bound)
         arch = architecture(name)
         for label, value in (("hidden", hidden), ("num_layers", num_layers),
                              ("input_size", input_size)):
@@ -106,7 +107,8 @@ class NextStepPredictor(nn.Module):
             output = "hidden" if arch == "lmn-a" else "memory"
             self.core = LMN(input_size, hidden, memory, num_layers, output=output,
                             batch_first=True, nonlinearity=nonlinearity,
-                            dropout=dropout if num_layers > 1 else 0.0)
+                            dropout=dropout if num_layers > 1 else 0.0,
+                            memory_bound=memory_bound)
             out_size = hidden if arch == "lmn-a" else memory
         elif arch == "ulm":
             memory, self.k = None, k
@@ -120,7 +122,7 @@ class NextStepPredictor(nn.Module):
             out_size = hidden
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        self.memory, self.dropout = memory, dropout
+        self.memory, self.dropout, self.memory_bound = memory, dropout, memory_bound
         self.drop = nn.Dropout(dropout)
         self.readout = nn.Linear(out_size, input_size)
 
@@ -177,6 +179,30 @@ class NextStepPredictor(nn.Module):
         return metrics
 
     @torch.no_grad()
+    def divergence_note(self, inputs: Tensor, mask: Tensor) -> str:
+        """What NaN or inf outputs on ``inputs`` ``(B, T, K)`` (valid steps ``mask``) say of an
+        LMN's linear memory, as a clause for the error: with the spectral radius of ``W^mm``
+        above 1, the first step whose outputs are not finite, that sequence's length, the
+        radius and the remedy, ``--memory-bound``; "" for another core or a radius up to 1."""
+        if not isinstance(self.core, LMN):
+            return ""
+        weights = [w for layer in self.core.all_weights for w in layer]
+        if not all(bool(torch.isfinite(w).all()) for w in weights):
+            return "; the LMN's weights are NaN or inf"
+        radius = max(memory_radii_of(self.core.state_dict(), self.memory_bound))
+        if radius <= 1:
+            return ""
+        bad = ~torch.isfinite(self(inputs)).all(-1) & mask.bool()
+        where = ""
+        if bool(bad.any()):
+            row = int(bad.any(1).nonzero()[0])
+            step = int(bad[row].nonzero()[0]) + 1
+            where = f" at step {step} of a {int(mask[row].sum())}-step sequence"
+        return (f"; the LMN's linear memory overflowed{where}: the spectral radius of W^mm is "
+                f"{radius:.3f} (above 1 the memory grows geometrically along a sequence). "
+                f"--memory-bound 0.99 holds ||W^mm||_2 <= 0.99, and the memory finite")
+
+    @torch.no_grad()
     def init_output_bias(self, key_rates: Tensor, eps: float = 1e-3) -> None:
         """Set the readout bias to the log-odds of each key's rate (from the training split), so
         that training starts from the per-key base rates instead of p = 0.5 everywhere."""
@@ -186,7 +212,8 @@ class NextStepPredictor(nn.Module):
     def config(self) -> dict:
         return {"model": self.name, "hidden": self.hidden, "memory": self.memory,
                 "num_layers": self.num_layers, "input_size": self.input_size,
-                "dropout": self.dropout, "nonlinearity": self.nonlinearity, "k": self.k}
+                "dropout": self.dropout, "nonlinearity": self.nonlinearity, "k": self.k,
+                "memory_bound": self.memory_bound}
 
 
 def _detach(state: Any) -> Any:
@@ -212,8 +239,9 @@ class NADEPredictor(NextStepPredictor):
     def __init__(self, name: str, input_size: int = N_KEYS, hidden: int = 100,
                  memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
                  nonlinearity: str | None = None, k: int = 10, nade_hidden: int = 150,
-                 nade_samples: int = 100, seed: int = 0):
-        super().__init__(name, input_size, hidden, memory, num_layers, dropout, nonlinearity, k)
+                 nade_samples: int = 100, seed: int = 0, memory_bound: float | None = None):
+        super().__init__(name, input_size, hidden, memory, num_layers, dropout, nonlinearity, k,
+                         memory_bound)
         self.readout = NADE(input_size, nade_hidden, self.readout.in_features, nade_samples,
                             seed)
         self.nade_hidden, self.nade_samples, self.seed = nade_hidden, nade_samples, seed
@@ -335,6 +363,12 @@ class ModelOptions:
         kind=str, choices=NONLINEARITIES)
     seed: int = option(0, "Seed of the initial weights, the batches' order and the sampling.",
                        minimum=0)
+    # linmem.bound: None is the paper's unconstrained W^mm, which Adam at batch 1 takes past
+    # spectral radius 1 and long sequences then overflow
+    memory_bound: float | None = option(
+        None, "LMN: hold the spectral norm of W^mm to at most R by a reparametrization (below "
+              "1 the memory cannot overflow) [default: none, the paper's unconstrained memory].",
+        kind=float, above=0.0, none_ok=True)
 
 
 @dataclass
@@ -466,14 +500,15 @@ def model_names() -> tuple[str, ...]:
 def _predictor(name: str) -> Callable[[int, Any], nn.Module]:
     def build(input_size: int, o: ModelOptions) -> nn.Module:
         return NextStepPredictor(name, input_size, o.hidden, o.memory, o.num_layers, o.dropout,
-                                 o.nonlinearity, getattr(o, "k", 10))
+                                 o.nonlinearity, getattr(o, "k", 10), o.memory_bound)
     return build
 
 
 def _nade_predictor(name: str) -> Callable[[int, Any], nn.Module]:
     def build(input_size: int, o: NADEOptions) -> nn.Module:
         return NADEPredictor(name, input_size, o.hidden, o.memory, o.num_layers, o.dropout,
-                             o.nonlinearity, 10, o.nade_hidden, o.nade_samples, o.seed)
+                             o.nonlinearity, 10, o.nade_hidden, o.nade_samples, o.seed,
+                             o.memory_bound)
     return build
 
 
@@ -530,10 +565,12 @@ def default_nonlinearity(name: str) -> str:
 
 
 def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 1,
-                  dropout: float = 0.0) -> str:
-    """Validate a model name with its activation, depth and dropout, without building anything;
-    returns the activation (``nonlinearity`` or the model's default)."""
+                  dropout: float = 0.0, memory_bound: float | None = None) -> str:
+    """Validate a model name with its activation, depth, dropout and memory bound, without
+    building anything; returns the activation (``nonlinearity`` or the model's default)."""
     spec = get_spec(name)
+    if memory_bound is not None and not spec.has_memory:
+        raise ValueError(f"{name} has no linear memory: memory_bound applies to the LMNs")
     nonlinearity = nonlinearity or spec.default_nonlinearity
     allowed = spec.nonlinearities
     if nonlinearity not in allowed:
@@ -565,7 +602,7 @@ def model_options(name: str, **values: Any) -> ModelOptions:
         raise ValueError(f"{name} has no option {', '.join(sorted(unknown))}")
     options = spec.options(**values)
     options.nonlinearity = check_options(name, options.nonlinearity, options.num_layers,
-                                         options.dropout)
+                                         options.dropout, options.memory_bound)
     if not spec.has_memory:
         options.memory = None
     elif options.memory is None:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from linmem._check import check_int
+from linmem.bound import bounded_memory, check_memory_bound
 from linmem.ops import (
     SELU_SCALE,
     _batch_major,
@@ -215,6 +216,10 @@ class LMNCell(nn.Module):
         bias: if ``False``, no ``b^h`` and ``b^m``. Default: ``True``.
         nonlinearity: the activation of eq. (6), ``"tanh"`` (the paper's), ``"relu"`` or
             ``"selu"``. Default: ``"tanh"``.
+        memory_bound: ``r``: eq. (7) runs with ``W^mm = weight_mm * min(1, r / ||weight_mm||_2)``,
+            so ``||W^mm||_2 <= r`` whatever the parameter's value (:mod:`linmem.bound`; below 1
+            a tanh layer's memory cannot grow without bound). ``None``: the paper's
+            unconstrained memory. Default: ``None``.
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
@@ -244,7 +249,8 @@ class LMNCell(nn.Module):
     __prepare_scriptable__ = _no_torchscript
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, bias: bool = True,
-                 nonlinearity: str = "tanh", device=None, dtype=None):
+                 nonlinearity: str = "tanh", memory_bound: float | None = None, device=None,
+                 dtype=None):
         super().__init__()
         for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
                             ("memory_size", memory_size)):
@@ -253,6 +259,7 @@ class LMNCell(nn.Module):
         self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
         self.nonlinearity = nonlinearity
         _check_nonlinearity(nonlinearity)
+        self.memory_bound = check_memory_bound(memory_bound)
         self.weight_xh = nn.Parameter(torch.empty(hidden_size, input_size, **factory))
         self.weight_mh = nn.Parameter(torch.empty(hidden_size, memory_size, **factory))
         self.weight_hm = nn.Parameter(torch.empty(memory_size, hidden_size, **factory))
@@ -291,12 +298,19 @@ class LMNCell(nn.Module):
         _check_dtype(m, self.weight_xh, "the memory state")
         x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
         _, _, h, m_new = lmn_recurrence(x_proj[None], m, self.weight_mh, self.weight_hm,
-                                        self.weight_mm, self.bias_m, self.nonlinearity)  # 1 step
+                                        self.memory_weight(), self.bias_m,
+                                        self.nonlinearity)  # 1 step
         return (h, m_new) if batched else (h.squeeze(0), m_new.squeeze(0))
 
+    def memory_weight(self) -> Tensor:
+        """``W^mm`` as eq. (7) uses it: ``weight_mm`` itself, or rescaled into the ball of
+        ``memory_bound``."""
+        return bounded_memory(self.weight_mm, self.memory_bound)
+
     def extra_repr(self) -> str:
-        return (f"{self.input_size}, hidden_size={self.hidden_size}, "
-                f"memory_size={self.memory_size}, nonlinearity={self.nonlinearity!r}")
+        s = (f"{self.input_size}, hidden_size={self.hidden_size}, "
+             f"memory_size={self.memory_size}, nonlinearity={self.nonlinearity!r}")
+        return s + (f", memory_bound={self.memory_bound}" if self.memory_bound is not None else "")
 
 
 class LMN(nn.Module):
@@ -321,6 +335,10 @@ class LMN(nn.Module):
             sequence reversed within its own length) with weights of its own, and outputs both
             directions' states concatenated at each step, as ``torch.nn.RNN`` does. Default:
             ``False``.
+        memory_bound: ``r``: every layer's eq. (7) runs with ``W^mm`` rescaled into the ball
+            ``||W^mm||_2 <= r`` (:class:`LMNCell`, :mod:`linmem.bound`; the parameters stay
+            as they are, :meth:`memory_weight` gives the matrix used). ``None``: the paper's
+            unconstrained memory. Default: ``None``.
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
@@ -352,7 +370,7 @@ class LMN(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, num_layers: int = 1,
                  output: str = "memory", bias: bool = True, batch_first: bool = False,
                  nonlinearity: str = "tanh", dropout: float = 0.0, bidirectional: bool = False,
-                 device=None, dtype=None):
+                 memory_bound: float | None = None, device=None, dtype=None):
         super().__init__()
         if output not in ("memory", "hidden"):
             raise ValueError(f"output must be 'memory' (LMN-B) or 'hidden' (LMN-A), got {output!r}")
@@ -363,6 +381,7 @@ class LMN(nn.Module):
         self.num_layers, self.output, self.bias = num_layers, output, bias
         self.batch_first, self.nonlinearity, self.dropout = batch_first, nonlinearity, dropout
         self.bidirectional = bool(bidirectional)
+        self.memory_bound = check_memory_bound(memory_bound)
         for k in range(num_layers):
             for reverse in self._directions():
                 cell = LMNCell(self._layer_input_size(k), hidden_size, memory_size, bias,
@@ -404,6 +423,11 @@ class LMN(nn.Module):
             raise ValueError("the LMN is not bidirectional: it has no reverse direction")
         suffix = "_reverse" if reverse else ""
         return {name: getattr(self, f"{name}_l{k}{suffix}", None) for name in _PARAM_NAMES}
+
+    def memory_weight(self, k: int = 0, reverse: bool = False) -> Tensor:
+        """Layer ``k``'s ``W^mm`` as eq. (7) uses it: ``weight_mm_l{k}`` itself, or rescaled
+        into the ball of ``memory_bound``."""
+        return bounded_memory(self.layer_weights(k, reverse)["weight_mm"], self.memory_bound)
 
     @_in_parameter_precision
     def forward(self, input: Tensor | PackedSequence, state: State = None):
@@ -454,8 +478,9 @@ class LMN(nn.Module):
                 seq = _reverse_steps(layer_in, lengths) if reverse else layer_in
                 x_proj = _time_major_linear(seq, w["weight_xh"], w["bias_h"])
                 hs, ms, h_last, m_last = lmn_recurrence(
-                    x_proj, m0[len(h_n)], w["weight_mh"], w["weight_hm"], w["weight_mm"],
-                    w["bias_m"], self.nonlinearity, lengths)
+                    x_proj, m0[len(h_n)], w["weight_mh"], w["weight_hm"],
+                    bounded_memory(w["weight_mm"], self.memory_bound), w["bias_m"],
+                    self.nonlinearity, lengths)
                 h_n.append(h_last)
                 m_n.append(m_last)
                 out = ms if self.output == "memory" else hs
@@ -484,6 +509,8 @@ class LMN(nn.Module):
             s += f", dropout={self.dropout}"
         if self.bidirectional:
             s += ", bidirectional=True"
+        if self.memory_bound is not None:
+            s += f", memory_bound={self.memory_bound}"
         return s
 
 
@@ -510,32 +537,40 @@ def _reverse_steps(seq: Tensor, lengths: Tensor | None) -> Tensor:
 activation_slope = activation_grad  # sigma'(a) from h = sigma(a) (linmem.ops)
 
 
-def _lmn_layers(state: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+def _lmn_layers(state: dict[str, Tensor], memory_bound: float | None = None
+                ) -> list[dict[str, Tensor]]:
     """The LMN layers' recurrent weights in a ``state_dict`` (keys ending ``weight_mm_lN``,
     ``weight_hm_lN``, ``weight_mh_lN``, any prefix; a reverse direction's ``..._lN_reverse``
-    after its layer's forward one), in layer order, as float64 on the CPU."""
+    after its layer's forward one), in layer order, as float64 on the CPU; ``weight_mm`` as eq.
+    (7) uses it under ``memory_bound`` (the layer's, :mod:`linmem.bound`)."""
     weights = {k.rsplit(".", 1)[-1]: v for k, v in state.items()}
     layers = sorted((int(m[1]), m[2] or "") for k in weights
                     if (m := re.fullmatch(r"weight_mm_l(\d+)(_reverse)?", k)))
-    return [{n: weights[f"{n}_l{layer}{suffix}"].detach().double().cpu()
-             for n in ("weight_mm", "weight_hm", "weight_mh")}
-            for layer, suffix in layers]
+    out = [{n: weights[f"{n}_l{layer}{suffix}"].detach().double().cpu()
+            for n in ("weight_mm", "weight_hm", "weight_mh")}
+           for layer, suffix in layers]
+    for w in out:
+        w["weight_mm"] = bounded_memory(w["weight_mm"], memory_bound)
+    return out
 
 
 def _spectral_radius(matrix: Tensor) -> float:
     return float(torch.linalg.eigvals(matrix).abs().max())
 
 
-def memory_radii_of(state: dict[str, Tensor]) -> list[float]:
+def memory_radii_of(state: dict[str, Tensor], memory_bound: float | None = None) -> list[float]:
     """Per LMN layer (and direction) of a ``state_dict``, the spectral radius ``max |eig(W^mm)|``
-    of its memory-to-memory matrix (eq. 7); [] for a model without a linear memory. Above 1, the
-    memory's state grows geometrically along a sequence."""
-    return [_spectral_radius(w["weight_mm"]) for w in _lmn_layers(state)]
+    of its memory-to-memory matrix (eq. 7; under the layer's ``memory_bound``, the matrix it
+    runs with); [] for a model without a linear memory. Above 1, the memory's state grows
+    geometrically along a sequence."""
+    return [_spectral_radius(w["weight_mm"]) for w in _lmn_layers(state, memory_bound)]
 
 
-def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float]:
+def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str,
+                      memory_bound: float | None = None) -> list[float]:
     """Per LMN layer (and direction) of a ``state_dict`` (keys ending ``weight_mm_lN``,
-    ``weight_hm_lN``, ``weight_mh_lN``, any prefix), the spectral radius of the memory's
+    ``weight_hm_lN``, ``weight_mh_lN``, any prefix; ``W^mm`` under ``memory_bound``), the
+    spectral radius of the memory's
     linearised recurrence with every functional unit on its unbounded side:
     ``rho(W^mm + s W^hm W^mh)`` (eqs. 6-7: ``m_t`` depends on ``m_{t-1}`` directly and through
     ``h_t``), ``s`` the activation's slope there (relu 1, selu its scale 1.0507; tanh, bounded,
@@ -548,7 +583,7 @@ def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str) -> list[float
     _check_nonlinearity(nonlinearity)
     slope = SELU_SCALE if nonlinearity == "selu" else 1.0
     return [_spectral_radius(w["weight_mm"] + slope * w["weight_hm"] @ w["weight_mh"])
-            for w in _lmn_layers(state)]
+            for w in _lmn_layers(state, memory_bound)]
 
 
 def _unrolled_states(x_proj: Tensor, past: Tensor, weight_hh: Tensor,

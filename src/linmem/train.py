@@ -235,11 +235,19 @@ def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size
             if out is not None and not torch.isfinite(out).all():
                 raise NonFiniteOutputs(
                     f"the model's outputs are NaN or inf on a batch of sequences of up to "
-                    f"{batch.mask.shape[1]} steps (its weights or its state diverged)")
+                    f"{batch.mask.shape[1]} steps (its weights or its state diverged)"
+                    + _divergence_note(model, batch))
         scores.update(logits, batch.targets, batch.mask, nll_logits=exact)
     result = scores.compute()
     return result if accuracy or not joint else {"nll": result["nll"],
                                                  "frames": result["frames"]}
+
+
+def _divergence_note(model: torch.nn.Module, batch: Batch) -> str:
+    """The model's own account of NaN or inf outputs on ``batch`` (an LMN's: where its memory
+    overflowed, and the remedy), as a clause for the error; "" where it has none."""
+    note = getattr(model, "divergence_note", None)
+    return note(batch.inputs, batch.mask) if note is not None else ""
 
 
 class _LossNotFinite(ArithmeticError):
@@ -257,7 +265,8 @@ def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, bar: 
         batch = training_batch(train_seqs, idx, shifts, config).to(device)
         for loss, part in batch_updates(model, optimizer, batch, config):
             if loss is None:
-                raise _LossNotFinite(f"the training loss became NaN or inf in epoch {epoch}")
+                raise _LossNotFinite(f"the training loss became NaN or inf in epoch {epoch}"
+                                     + _divergence_note(model, part))
             n = float(part.mask.sum())
             loss_sum += loss * n
             frames += n
@@ -621,7 +630,8 @@ def _write_diverged(run_dir: Path, config: TrainConfig, state: dict[str, Any], w
 def _run_fields(config: TrainConfig) -> dict[str, Any]:
     """What a run's result files say of the configuration first."""
     return {"dataset": config.data, "model": config.model, "hidden": config.hidden,
-            "memory": config.memory, "num_layers": config.num_layers,
+            "memory": config.memory, "memory_bound": config.memory_bound,
+            "num_layers": config.num_layers,
             "weight_decay": config.weight_decay, "protocol": config.protocol,
             "protocol_overrides": config.protocol_overrides()}
 

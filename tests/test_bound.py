@@ -1,0 +1,260 @@
+"""The bounded memory (linmem.bound, ``LMN(memory_bound=r)``): the bound holds for every
+parameter value (Adam at a large learning rate, any state dict), the memory stays within its
+closed-form bound over 20,000 steps, gradients match finite differences, and the bounded layer
+compiles, exports (torch.export, ONNX) and trains from the command line."""
+
+import json
+
+import pytest
+import torch
+from torch.export import Dim, export
+
+from linmem import LMN, LMNCell
+from linmem.bound import bounded_memory, check_memory_bound, memory_norm_bound, schatten_norm
+from linmem.models import build_model
+from linmem.nn import memory_radii_of
+
+
+def spectral_norm(w):
+    return float(torch.linalg.matrix_norm(w.detach().double(), 2))
+
+
+def test_the_matrix_is_the_parameter_inside_the_ball_and_rescaled_outside():
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(7, 7, generator=g, dtype=torch.float64)
+    norm = spectral_norm(v)
+    assert torch.equal(bounded_memory(v, 2 * norm), v)  # inside: exactly the parameter
+    assert bounded_memory(v, None) is v
+    w = bounded_memory(v, 0.5)
+    torch.testing.assert_close(w, v * 0.5 / norm, rtol=1e-12, atol=0)
+    assert spectral_norm(w) == pytest.approx(0.5, rel=1e-12)
+    for bad in (0, -1.0, float("inf"), float("nan"), True, "0.9"):
+        with pytest.raises(ValueError, match="memory_bound must be a positive number"):
+            check_memory_bound(bad)
+        with pytest.raises(ValueError, match="memory_bound must be a positive number"):
+            LMN(3, 4, 5, memory_bound=bad)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 5), (50, 50), (250, 250), (6, 4), (4, 6)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_schatten_norm_is_an_upper_bound_within_its_factor(shape, dtype):
+    """ONNX's norm: never below ||W||_2 (to rounding), above it by at most n^(1/2p)."""
+    g = torch.Generator().manual_seed(sum(shape))
+    for scale in (1e-3, 1.0, 1e3):
+        v = (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+        exact = torch.linalg.matrix_norm(v.double(), 2)
+        got = schatten_norm(v).double()
+        rounding = 4 * max(shape) * torch.finfo(dtype).eps  # the products' rounding
+        assert got >= exact * (1 - rounding)
+        assert got <= exact * min(shape) ** (1 / 2 ** 21) * (1 + rounding)
+    # a spectrum with a flat top: the factor is reached, never passed
+    flat = torch.eye(6, dtype=torch.float64) * 0.7
+    assert float(schatten_norm(flat)) == pytest.approx(0.7 * 6 ** (1 / 2 ** 21), rel=1e-12)
+    assert float(schatten_norm(torch.zeros(3, 3))) < 1e-30  # no division by zero
+
+
+def test_bound_holds_after_thousands_of_adam_steps_at_a_large_learning_rate():
+    """An objective that rewards a large memory (the last state's norm): the raw parameter grows
+    without bound, the matrix eq. (7) runs with never passes r."""
+    torch.manual_seed(0)
+    lmn = LMN(4, 6, 8, memory_bound=0.95, output="hidden")
+    opt = torch.optim.Adam(lmn.parameters(), lr=0.5)
+    x = torch.rand(12, 2, 4)
+    worst = 0.0
+    for _ in range(2000):
+        _, (_, m_n) = lmn(x)
+        loss = -m_n.pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        worst = max(worst, spectral_norm(lmn.memory_weight()))
+    assert spectral_norm(lmn.weight_mm_l0) > 10  # the parameter went far outside the ball
+    assert worst <= 0.95 * (1 + 1e-5)
+
+
+def test_bound_holds_after_loading_any_state_dict():
+    torch.manual_seed(1)
+    lmn = LMN(3, 5, 7, num_layers=2, bidirectional=True, memory_bound=0.9)
+    state = {k: torch.randn_like(v) * 100 for k, v in lmn.state_dict().items()}
+    lmn.load_state_dict(state)
+    for k in range(2):
+        for reverse in (False, True):
+            assert spectral_norm(lmn.memory_weight(k, reverse)) <= 0.9 * (1 + 1e-5)
+            raw = lmn.layer_weights(k, reverse)["weight_mm"]
+            assert spectral_norm(raw) > 100  # the loaded values themselves are kept
+    # the diagnostics see the matrix the layer runs with
+    assert max(memory_radii_of(lmn.state_dict(), 0.9)) <= 0.9 * (1 + 1e-6)
+    assert max(memory_radii_of(lmn.state_dict())) > 10
+
+
+@pytest.mark.parametrize("output", ["memory", "hidden"])
+def test_a_20000_step_sequence_stays_within_the_closed_form_bound(output):
+    """Raw parameters scaled up 50x (an unbounded memory overflows float32 within a few hundred
+    steps): the bounded memory stays finite and within (||W^hm||_2 sqrt(H) + ||b^m||)/(1 - r)."""
+    torch.manual_seed(2)
+    bounded = LMN(88, 20, 30, output=output, memory_bound=0.99)
+    free = LMN(88, 20, 30, output=output)
+    with torch.no_grad():
+        for p in bounded.parameters():
+            p.mul_(50)
+        free.load_state_dict(bounded.state_dict())
+    x = torch.rand(20000, 1, 88)
+    with torch.no_grad():
+        out, (_, m_n) = bounded(x)
+        free_out, _ = free(x)
+        # the memory sequence itself: LMN-A outputs h, so read m through an LMN-B of the same
+        # weights
+        reader = LMN(88, 20, 30, output="memory", memory_bound=0.99)
+        reader.load_state_dict(bounded.state_dict())
+        ms, _ = reader(x)
+    assert not torch.isfinite(free_out).all()  # the unbounded memory overflows
+    assert torch.isfinite(out).all()
+    limit = memory_norm_bound(bounded.weight_hm_l0, bounded.bias_m_l0, 0.99)
+    norms = ms.norm(dim=-1)
+    assert float(norms.max()) <= limit * (1 + 1e-5)
+    assert float(norms.max()) > 0.01 * limit  # not trivially small: the bound is exercised
+    torch.testing.assert_close(ms[-1], m_n[0])
+
+
+@pytest.mark.parametrize("bound", [0.5, 10.0])  # active (rescaled) and inactive (identity)
+def test_gradients_match_finite_differences(bound):
+    torch.manual_seed(3)
+    v = torch.randn(6, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: bounded_memory(v, bound), (v,))
+    assert torch.autograd.gradgradcheck(lambda v: bounded_memory(v, bound), (v,))
+    lmn = LMN(3, 4, 6, memory_bound=bound).double()
+    x = torch.rand(9, 2, 3, dtype=torch.float64, requires_grad=True)
+    params = tuple(lmn.parameters())
+
+    def f(x, *ps):
+        with torch.nn.utils.stateless._reparametrize_module(
+                lmn, dict(zip([n for n, _ in lmn.named_parameters()], ps, strict=True))):
+            return lmn(x)[0]
+
+    assert torch.autograd.gradcheck(f, (x, *params))
+
+
+def test_a_bounded_layer_equals_an_unbounded_one_with_the_rescaled_matrix():
+    """The bound changes the matrix and nothing else: every output, state and gradient of the
+    bounded layer equals the plain layer's with W^mm set to the rescaled matrix."""
+    torch.manual_seed(4)
+    bounded = LMN(5, 6, 7, memory_bound=0.3, batch_first=True).double()
+    plain = LMN(5, 6, 7, batch_first=True).double()
+    with torch.no_grad():
+        plain.load_state_dict(bounded.state_dict())
+        plain.weight_mm_l0.copy_(bounded.memory_weight())
+    x = torch.rand(3, 11, 5, dtype=torch.float64)
+    (a, (ha, ma)), (b, (hb, mb)) = bounded(x), plain(x)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ha, hb)
+    torch.testing.assert_close(ma, mb)
+    # the gradient reaches the raw parameter through the rescaling (chain rule by hand)
+    a.sum().backward()
+    b.sum().backward()
+    v = bounded.weight_mm_l0.detach().requires_grad_()
+    (bounded_memory(v, 0.3) * plain.weight_mm_l0.grad).sum().backward()
+    torch.testing.assert_close(bounded.weight_mm_l0.grad, v.grad)
+    cell = LMNCell(5, 6, 7, memory_bound=0.3).double()
+    cell.load_state_dict({k.removesuffix("_l0"): p for k, p in bounded.state_dict().items()})
+    _, m1 = cell(x[:, 0])
+    torch.testing.assert_close(m1, bounded(x[:, :1])[0][:, 0])
+    assert "memory_bound=0.3" in repr(bounded) and "memory_bound=0.3" in repr(cell)
+
+
+def test_compile_and_export_with_the_bound(tmp_path):
+    """torch.compile(fullgraph=True, dynamic=True) with one graph, torch.export (saved and
+    loaded) and ONNX (onnxruntime) give eager's outputs with an active bound."""
+    import onnxruntime
+
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    model = build_model("lmn-b", 6, 5, memory_bound=0.4)
+    with torch.no_grad():
+        model.core.weight_mm_l0.mul_(5)  # well outside the ball
+    assert spectral_norm(model.core.memory_weight()) == pytest.approx(0.4, rel=1e-5)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    for batch, steps in [(3, 9), (5, 13), (2, 4)]:
+        x = torch.rand(batch, steps, 88)
+        got, expected = compiled(x), model(x)
+        torch.testing.assert_close(got, expected)
+        g1 = torch.autograd.grad(got.sum(), model.core.weight_mm_l0)[0]
+        g2 = torch.autograd.grad(expected.sum(), model.core.weight_mm_l0)[0]
+        torch.testing.assert_close(g1, g2)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+    x = torch.rand(3, 9, 88)
+    shapes = ({0: Dim("batch", min=2), 1: Dim("time", min=2)},)
+    program = export(model, (x,), dynamic_shapes=shapes)
+    torch.export.save(program, tmp_path / "lmn.pt2")
+    other = torch.rand(4, 17, 88)
+    with torch.no_grad():
+        expected = model(other)
+    torch.testing.assert_close(torch.export.load(tmp_path / "lmn.pt2").module()(other), expected)
+
+    onnx_program = torch.onnx.export(model.eval(), (x,), dynamo=True, dynamic_shapes=shapes)
+    onnx_program.save(tmp_path / "lmn.onnx")
+    session = onnxruntime.InferenceSession(tmp_path / "lmn.onnx")
+    got = session.run(None, {session.get_inputs()[0].name: other.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_models_take_the_bound_and_the_others_refuse_it():
+    for name in ("lmn-a", "lmn-b", "pret-lmn-b", "lmn-b-nade"):
+        model = build_model(name, 6, 5, memory_bound=0.9)
+        assert model.core.memory_bound == 0.9 and model.config()["memory_bound"] == 0.9
+    for name in ("lstm", "rnn", "ulm"):
+        with pytest.raises(ValueError, match=f"{name} has no linear memory"):
+            build_model(name, 6, 5, memory_bound=0.9)
+
+
+def test_an_overflowing_memory_is_named_with_its_radius_step_and_remedy():
+    """The unbounded memory's divergence says where it overflowed and what bounds it."""
+    from linmem.data import collate
+
+    torch.manual_seed(6)
+    model = build_model("lmn-a", 8, 8)
+    with torch.no_grad():
+        model.core.weight_mm_l0.copy_(torch.eye(8) * 1.5)
+    batch = collate([torch.ones(40, 88).numpy(), torch.ones(3000, 88).numpy()])
+    note = model.divergence_note(batch.inputs, batch.mask)
+    assert "the LMN's linear memory overflowed at step " in note
+    assert "of a 2999-step sequence" in note  # the long one's 2999 predicted steps, not 39
+    assert "spectral radius of W^mm is 1.500" in note and "--memory-bound 0.99" in note
+    model.core.memory_bound = model.memory_bound = 0.99
+    assert model.divergence_note(batch.inputs, batch.mask) == ""  # a bounded memory: no note
+    model.core.memory_bound = model.memory_bound = None
+    with torch.no_grad():
+        model.core.weight_mm_l0.copy_(torch.eye(8) * 0.9)
+    assert model.divergence_note(batch.inputs, batch.mask) == ""  # radius below 1: not the memory
+    with torch.no_grad():
+        model.core.weight_hm_l0[0, 0] = float("nan")
+    assert model.divergence_note(batch.inputs, batch.mask) == "; the LMN's weights are NaN or inf"
+    assert build_model("lstm", 8).divergence_note(batch.inputs, batch.mask) == ""
+
+
+def test_train_command_records_the_bound(tmp_path, data_dir, capsys, monkeypatch):
+    """--memory-bound end to end: config.json, metrics.json and its command record it, the
+    trained checkpoint's memory is within it, and a model without a memory refuses it in one
+    line."""
+    import sys
+
+    from tests.test_cli import run_cli
+
+    out = tmp_path / "run"
+    args = ["train", "--data", "jsb", "--model", "lmn-b", "--hidden", "8", "--memory", "6",
+            "--memory-bound", "0.5", "--epochs", "1", "--batch-size", "8", "--data-dir",
+            str(data_dir), "--out", str(out), "--quiet"]
+    monkeypatch.setattr(sys, "argv", ["linmem", *args])
+    code, _, err = run_cli(*args, capsys=capsys)
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["memory_bound"] == 0.5
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["memory_bound"] == 0.5 and "--memory-bound 0.5" in metrics["command"]
+    state = torch.load(out / "best.pt", weights_only=True)["model"]
+    assert max(memory_radii_of(state, 0.5)) <= 0.5 * (1 + 1e-5)
+    code, _, err = run_cli("train", "--model", "lstm", "--memory-bound", "0.9",
+                           "--data-dir", str(data_dir), "--out", str(tmp_path / "x"),
+                           capsys=capsys)
+    assert code == 2 and "lstm has no linear memory" in err and len(err.strip().splitlines()) == 1
