@@ -273,3 +273,18 @@ def test_paper_long_cost_projects_the_jsb_points_by_the_probes(tmp_path):
         sum(lmn.values()) if m.endswith(("lmn-a", "lmn-b")) else sum(lstm.values()))
         for m, h in hours.items()) - (4.0 - 0.75 * 3.0) * sum(lstm.values())
     assert f"grids: {grids:.0f} CPU h" in out
+
+
+def test_memory_bound_benchmark_runs_and_its_power_iteration_is_a_lower_bound():
+    """The candidates it times compute norms of the right kind: the power iteration's estimate
+    is below ||W||_2 and converges to it; one small size of the cost part runs."""
+    bench = _load("memory_bound")
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(20, 20, generator=g, dtype=torch.float64)
+    exact = float(torch.linalg.matrix_norm(w, 2))
+    u = torch.nn.functional.normalize(torch.randn(20, generator=g, dtype=torch.float64), dim=0)
+    estimates = [float(bench.power_iteration_norm(w, u)) for _ in range(500)]
+    assert max(estimates) <= exact * (1 + 1e-12)
+    assert estimates[-1] == pytest.approx(exact, rel=1e-6)
+    rows = bench.cost([6], steps=4, repeats=1)
+    assert rows[0]["memory"] == 6 and "exact (linmem)" in rows[0]

@@ -13,7 +13,7 @@ import torch
 from linmem import LinearAutoencoder, UnrolledNet
 from linmem.config import PROTOCOL_FIELDS, PROTOCOLS
 from linmem.models import build_model
-from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, transfer
+from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, project_memory, transfer
 from linmem.recipes import ulm_key
 from linmem.runs import run_cpu_seconds
 from linmem.train import TrainConfig, load_run_model
@@ -115,9 +115,10 @@ def ulm_and_states(k=2, h=3, keys=6, seed=0):
     return ulm, seqs, hidden_states(ulm, seqs)
 
 
-def transferred_gap(ulm, seqs, states, memory, k, n_components=None):
+def transferred_gap(ulm, seqs, states, memory, k, n_components=None, memory_bound=None):
     la = LinearAutoencoder(n_components or memory, window=k + 1).fit(states)
-    lmn = build_model("pret-lmn-b", ulm.hidden, memory, input_size=ulm.input_size)
+    lmn = build_model("pret-lmn-b", ulm.hidden, memory, input_size=ulm.input_size,
+                      memory_bound=memory_bound)
     torch.manual_seed(1)
     transfer(ulm, la, lmn)
     gap = 0.0
@@ -158,6 +159,62 @@ def test_transfer_is_exact_at_full_rank_and_degrades_below():
     gaps = [transferred_gap(ulm, seqs, states, p, k)[0] for p in range(1, rank)]
     assert min(gaps) > 1e-4  # below the rank the memory is lossy, and it shows
     assert gaps[0] > gaps[-1]  # and the gap shrinks as the memory grows
+
+
+@pytest.mark.usefixtures("float64")
+def test_transfer_into_a_bounded_memory_is_exact_within_the_bound():
+    """||B||_2 <= 1 (U orthonormal, the shift a partial isometry): under a bound of 1 the
+    transfer is exact, the layer running with B itself; below ||B||_2 the memory starts from the
+    nearest matrix of the ball, and the gap that costs shows."""
+    k, h = 2, 3
+    ulm, seqs, states = ulm_and_states(k, h)
+    rank = (k + 1) * h
+    la = LinearAutoencoder(rank, window=k + 1).fit(states)
+    norm = float(np.linalg.norm(la.B_, 2))
+    assert 0.5 < norm <= 1 + 1e-12
+    gap, _ = transferred_gap(ulm, seqs, states, rank, k, memory_bound=1.0)
+    assert gap < 1e-5, gap
+    lmn = build_model("pret-lmn-b", h, rank, input_size=ulm.input_size, memory_bound=1.0)
+    assert transfer(ulm, la, lmn) == {"memory_norm": pytest.approx(norm), "memory_bound": 1.0,
+                                      "memory_change": 0.0}
+    np.testing.assert_array_equal(lmn.core.memory_weight().detach().numpy(), la.B_)
+    tight = 0.5 * norm
+    gap, _ = transferred_gap(ulm, seqs, states, rank, k, memory_bound=tight)
+    assert gap > 1e-3
+    lmn = build_model("pret-lmn-b", h, rank, input_size=ulm.input_size, memory_bound=tight)
+    facts = transfer(ulm, la, lmn)
+    assert facts["memory_change"] > 0.01
+    w = lmn.core.memory_weight().detach().numpy()
+    np.testing.assert_allclose(w, lmn.core.weight_mm_l0.detach().numpy(), rtol=0, atol=1e-12)
+    assert np.linalg.norm(w, 2) == pytest.approx(tight, rel=1e-10)
+
+
+def test_projected_memory_is_the_nearest_matrix_of_the_ball():
+    """Clipping the singular values: within the ball, and no other matrix of the ball tried is
+    closer (the rescaled one, random ones), in the Frobenius norm."""
+    rng = np.random.default_rng(0)
+    b = rng.normal(size=(6, 6))
+    norm = np.linalg.norm(b, 2)
+    same, facts = project_memory(b, 2 * norm)
+    assert same is b and facts["memory_change"] == 0.0
+    projected, facts = project_memory(b, 0.5 * norm)
+    assert np.linalg.norm(projected, 2) == pytest.approx(0.5 * norm, rel=1e-12)
+    best = np.linalg.norm(projected - b)
+    assert facts["memory_change"] == pytest.approx(best / np.linalg.norm(b))
+    for _ in range(200):
+        other = rng.normal(size=(6, 6))
+        other *= 0.5 * norm / np.linalg.norm(other, 2) * rng.random()
+        assert np.linalg.norm(other - b) >= best
+    assert np.linalg.norm(0.5 * b - b) > best  # rescaling is not the nearest
+    assert project_memory(b, None)[0] is b
+
+
+def test_the_closed_form_memory_of_jsb_has_norm_at_most_one(jsb):
+    """The autoencoder of JSB Chorales' training split (window 11, as the transfer fits):
+    ||B||_2 <= 1 to rounding, so a bound of 1 transfers it exactly."""
+    la = LinearAutoencoder(100, window=11, center=False, random_state=0).fit(jsb["train"])
+    norm = float(np.linalg.norm(la.B_, 2))
+    assert 0.99 < norm <= 1 + 1e-9
 
 
 @pytest.mark.usefixtures("float64")
@@ -437,7 +494,8 @@ def test_pretraining_warns_of_a_memory_loop_gain_above_one(tmp_path, data_dir, m
     initialisations had 1.67 and 1.75) is said before fine-tuning starts; tanh is not."""
     import linmem.recipes
 
-    monkeypatch.setattr(linmem.recipes, "memory_loop_gains", lambda state, act: [0.9, 1.7])
+    monkeypatch.setattr(linmem.recipes, "memory_loop_gains",
+                        lambda state, act, bound=None: [0.9, 1.7])
     common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "6", "--memory", "5",
               "--k", "3", "--batch-size", "64", "--epochs", "1", "--quiet"]
     with pytest.warns(UserWarning, match=r"loop has gain 1\.700 > 1 with selu"):

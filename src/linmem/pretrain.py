@@ -48,7 +48,8 @@ from .data import EVAL_MAX_RATIO, bucket_batches, collate
 from .la import LinearAutoencoder
 from .models import NextStepPredictor, architecture
 
-__all__ = ["fit_memory", "hidden_states", "lag_decoder", "pretrain_rnn", "transfer"]
+__all__ = ["fit_memory", "hidden_states", "lag_decoder", "pretrain_rnn", "project_memory",
+           "transfer"]
 
 
 def lag_decoder(la: LinearAutoencoder, n_blocks: int) -> np.ndarray:
@@ -95,9 +96,28 @@ def _pad_units(weight_in: np.ndarray, n_units: int, *axes: int) -> np.ndarray:
     return np.pad(weight_in, pad)
 
 
-def transfer(ulm: NextStepPredictor, la: LinearAutoencoder, lmn: NextStepPredictor) -> None:
+def project_memory(weight_mm: np.ndarray, bound: float | None) -> tuple[np.ndarray, dict]:
+    """The memory matrix a layer with ``memory_bound`` (:mod:`linmem.bound`) starts from:
+    ``weight_mm`` itself where ``||weight_mm||_2 <= bound`` (the layer then runs with it
+    exactly), else the nearest matrix of the ball in the spectral and Frobenius norms, its
+    singular values above ``bound`` set to ``bound``. Returns it with the facts: the norm, and the
+    relative change ``||W - B||_F / ||B||_F`` (0: exact)."""
+    norm = float(np.linalg.norm(weight_mm, 2)) if weight_mm.size else 0.0
+    facts = {"memory_norm": norm, "memory_bound": bound, "memory_change": 0.0}
+    if bound is None or norm <= bound:
+        return weight_mm, facts
+    u, s, vt = np.linalg.svd(weight_mm)
+    projected = (u * np.minimum(s, bound)) @ vt
+    facts["memory_change"] = float(np.linalg.norm(projected - weight_mm)
+                                   / np.linalg.norm(weight_mm))
+    return projected, facts
+
+
+def transfer(ulm: NextStepPredictor, la: LinearAutoencoder, lmn: NextStepPredictor) -> dict:
     """Step 3, eqs. (12)-(15): initialise ``lmn`` (``lmn-b`` or ``lmn-a`` architecture, the
-    ULM's functional size) in place from the ULM and the autoencoder of its states."""
+    ULM's functional size) in place from the ULM and the autoencoder of its states. Under a
+    memory bound ``W^mm = B`` where ``||B||_2`` is within it, else the nearest matrix that is
+    (:func:`project_memory`, whose facts it returns; ``||B||_2 <= 1`` in exact arithmetic)."""
     core, ulm_core = lmn.core, ulm.core
     k, h = ulm_core.k, ulm_core.hidden_size
     if core.hidden_size != h or core.num_layers != 1:
@@ -107,6 +127,7 @@ def transfer(ulm: NextStepPredictor, la: LinearAutoencoder, lmn: NextStepPredict
     p, m = la.n_components_, core.memory_size
     if p > m:
         raise ValueError(f"the autoencoder has {p} components, the LMN only {m} memory units")
+    weight_mm, facts = project_memory(_pad_units(la.B_, m, 0, 1), core.memory_bound)
     u = lag_decoder(la, k + 1)  # ((k + 1) h, p)
     w_hh = ulm_core.weight_hh.detach().double().cpu().numpy()
     w_o = ulm.readout.weight.detach().double().cpu().numpy()  # (K, (k + 1) h)
@@ -115,7 +136,7 @@ def transfer(ulm: NextStepPredictor, la: LinearAutoencoder, lmn: NextStepPredict
         core.bias_h_l0.copy_(ulm_core.bias_h)
         core.bias_m_l0.zero_()
         core.weight_hm_l0.copy_(torch.from_numpy(_pad_units(la.A_, m, 0)))
-        core.weight_mm_l0.copy_(torch.from_numpy(_pad_units(la.B_, m, 0, 1)))
+        core.weight_mm_l0.copy_(torch.from_numpy(weight_mm))
         # extra units (columns p..m) keep their random outgoing weights
         core.weight_mh_l0[:, :p] = torch.from_numpy(w_hh @ u[: k * h])
         if architecture(lmn.name) == "lmn-b":
@@ -123,6 +144,7 @@ def transfer(ulm: NextStepPredictor, la: LinearAutoencoder, lmn: NextStepPredict
         else:  # LMN-A reads h_t: only the lag-0 block transfers
             lmn.readout.weight.copy_(torch.from_numpy(w_o[:, :h]))
         lmn.readout.bias.copy_(ulm.readout.bias)
+    return facts
 
 
 def pretrain_rnn(model: NextStepPredictor, sequences: Sequence[np.ndarray],

@@ -215,8 +215,8 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
     else:
         la = fit_memory(hidden_states(ulm, data["train"]), config.memory, window, config.seed)
         la.save(memory_path)
-    transfer(ulm, la, model)
-    gains = memory_loop_gains(model.state_dict(), model.nonlinearity)
+    memory_facts = transfer(ulm, la, model)
+    gains = memory_loop_gains(model.state_dict(), model.nonlinearity, model.memory_bound)
     if model.nonlinearity != "tanh" and max(gains) > 1:
         warnings.warn(f"the pretrained LMN's memory loop has gain {max(gains):.3f} > 1 with "
                       f"{model.nonlinearity}, an unbounded activation: its state may grow along a "
@@ -226,7 +226,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
     return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
             "la_window": window, "la_components": int(la.n_components_),
             "la_solver": la.solver_, "ulm_nonlinearity": ulm.nonlinearity,
-            "lmn_nonlinearity": model.nonlinearity, "lmn_loop_gain": gains,
+            "lmn_nonlinearity": model.nonlinearity, "lmn_loop_gain": gains, **memory_facts,
             "ulm_valid_acc": ulm_metrics["valid_acc"],
             "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
             "ulm_wall_time_s": ulm_metrics["wall_time_s"], "ulm_run": str(ulm_dir),

@@ -1,0 +1,141 @@
+"""The bounded memory (linmem.bound): what each way of holding ||W^mm||_2 <= r costs, and what
+the bound does to the pretraining's closed-form memory.
+
+``--part cost``: per forward and backward of a batch-1 training step of LMN-B(M, M), side by
+side in one run: the step with no bound, then the time each parametrization adds (the one
+linmem uses: the exact norm, ``torch.linalg.matrix_norm(V, 2)``; the Schatten 2^q-norm by q
+squarings, an upper bound; one warm-started power iteration, as
+``torch.nn.utils.parametrizations.spectral_norm``, which holds the bound only approximately).
+Run it with nothing else busy, one thread.
+
+``--part norms``: ||B||_2 of the linear autoencoder of each data set's training split (window
+11, no centering, as the transfer fits it on the ULM's states; here on the piano rolls), and
+the relative change ``||W - B||_F / ||B||_F`` of the nearest matrix of the ball for each r
+(:func:`linmem.pretrain.project_memory`): 0 where ``||B||_2 <= r``, the transfer exact.
+
+    OMP_NUM_THREADS=1 python benchmarks/memory_bound.py --part cost|norms|all [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from linmem._io import command_line, git_commit, provenance, write_json
+
+DEFAULT_DATA = Path(os.environ.get(
+    "LINMEM_DATA", Path(__file__).resolve().parents[2] / "shared" / "data" / "polyphonic"))
+
+
+def power_iteration_norm(weight: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One step of torch's spectral_norm: ``u`` (persistent, updated in place) and the estimate
+    ``u^T W v`` (a lower bound of ||W||_2)."""
+    with torch.no_grad():
+        v = torch.nn.functional.normalize(weight.T @ u, dim=0)
+        u.copy_(torch.nn.functional.normalize(weight @ v, dim=0))
+    return u @ weight @ v
+
+
+def _time(fn, repeats: int) -> float:
+    fn()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - started) / repeats
+
+
+def cost(sizes: list[int], steps: int, repeats: int) -> list[dict]:
+    from linmem.bound import schatten_norm
+    from linmem.models import build_model
+
+    rows = []
+    for m in sizes:
+        torch.manual_seed(0)
+        model = build_model("lmn-b", m, m)
+        x = (torch.rand(1, steps, 88) < 0.05).float()
+        v = model.core.weight_mm_l0
+        u = torch.nn.functional.normalize(torch.randn(m), dim=0)
+
+        def step(norm=None):
+            model.zero_grad()
+            if norm is None:
+                out = model(x)
+            else:  # the bound's matrix, through the same forward
+                scale = (0.99 / norm(v)).clamp(max=1.0)
+                with torch.nn.utils.stateless._reparametrize_module(
+                        model, {"core.weight_mm_l0": v * scale}):
+                    out = model(x)
+            out.sum().backward()
+
+        base = _time(step, repeats)
+        row = {"memory": m, "steps": steps, "step_s": base}
+        for name, norm in (("exact (linmem)", lambda w: torch.linalg.matrix_norm(w, 2)),
+                           ("schatten q=20 (onnx)", schatten_norm),
+                           ("schatten q=6", lambda w: schatten_norm(w, 6)),
+                           ("power iteration x1", lambda w: power_iteration_norm(w, u))):
+            row[name] = _time(lambda n=norm: step(n), repeats) - base
+        rows.append(row)
+        print(f"LMN-B({m}, {m}) batch 1, {steps} steps: step {1e3 * base:.2f} ms; added: "
+              + ", ".join(f"{k} {1e3 * row[k]:+.2f} ms ({100 * row[k] / base:+.0f} %)"
+                          for k in row if k not in ("memory", "steps", "step_s")), flush=True)
+    return rows
+
+
+def norms(data_dir: Path, components: list[int], bounds: list[float]) -> list[dict]:
+    from linmem.data import load_polyphonic
+    from linmem.la import LinearAutoencoder
+    from linmem.pretrain import project_memory
+
+    rows = []
+    for name in ("jsb", "nottingham", "musedata", "piano"):
+        train = load_polyphonic(name, root=data_dir, progress=False)["train"]
+        seqs = [np.asarray(s, np.float64) for s in train]
+        for p in components:
+            la = LinearAutoencoder(p, window=11, center=False, random_state=0).fit(seqs)
+            row = {"data": name, "components": int(la.n_components_),
+                   "norm": float(np.linalg.norm(la.B_, 2))}
+            for r in bounds:
+                row[f"change_r{r}"] = project_memory(la.B_, r)[1]["memory_change"]
+            rows.append(row)
+            print(f"{name:10s} p={row['components']:3d}  ||B||_2 = {row['norm']:.9f}  "
+                  + "  ".join(f"r={r}: change {row[f'change_r{r}']:.4f}" for r in bounds),
+                  flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--part", choices=("cost", "norms", "all"), default="all")
+    p.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 250, 500])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--components", type=int, nargs="+", default=[50, 250])
+    p.add_argument("--bounds", type=float, nargs="+", default=[0.9, 0.99, 1.0])
+    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    started = time.perf_counter()
+    out = {}
+    if args.part in ("cost", "all"):
+        out["cost"] = cost(args.sizes, args.steps, args.repeats)
+    if args.part in ("norms", "all"):
+        out["norms"] = norms(args.data_dir, args.components, args.bounds)
+    if args.json:
+        from linmem.data import data_checksum
+
+        sums = ({n: data_checksum(n, args.data_dir) for n in ("jsb", "nottingham", "musedata",
+                                                              "piano")}
+                if "norms" in out else None)
+        write_json(args.json, {**out, **provenance(command_line(), git_commit(), 0, sums,
+                                                    time.perf_counter() - started)})
+    print(json.dumps({"wall_time_s": round(time.perf_counter() - started, 1)}))
+
+
+if __name__ == "__main__":
+    main()
