@@ -19,6 +19,7 @@ the relative change ``||W - B||_F / ||B||_F`` of the nearest matrix of the ball 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -50,6 +51,21 @@ def _time(fn, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats
 
 
+def _step(model, x: torch.Tensor, norm=None) -> None:
+    """One forward and backward of ``model`` on ``x``, ``W^mm`` rescaled by ``norm`` (a
+    function of the raw matrix) as the bound does, or as it is (``None``)."""
+    model.zero_grad()
+    if norm is None:
+        out = model(x)
+    else:
+        v = model.core.weight_mm_l0
+        scale = (0.99 / norm(v)).clamp(max=1.0)
+        with torch.nn.utils.stateless._reparametrize_module(model,
+                                                            {"core.weight_mm_l0": v * scale}):
+            out = model(x)
+    out.sum().backward()
+
+
 def cost(sizes: list[int], steps: int, repeats: int) -> list[dict]:
     from linmem.bound import schatten_norm
     from linmem.models import build_model
@@ -59,27 +75,14 @@ def cost(sizes: list[int], steps: int, repeats: int) -> list[dict]:
         torch.manual_seed(0)
         model = build_model("lmn-b", m, m)
         x = (torch.rand(1, steps, 88) < 0.05).float()
-        v = model.core.weight_mm_l0
         u = torch.nn.functional.normalize(torch.randn(m), dim=0)
-
-        def step(norm=None):
-            model.zero_grad()
-            if norm is None:
-                out = model(x)
-            else:  # the bound's matrix, through the same forward
-                scale = (0.99 / norm(v)).clamp(max=1.0)
-                with torch.nn.utils.stateless._reparametrize_module(
-                        model, {"core.weight_mm_l0": v * scale}):
-                    out = model(x)
-            out.sum().backward()
-
-        base = _time(step, repeats)
+        base = _time(functools.partial(_step, model, x), repeats)
         row = {"memory": m, "steps": steps, "step_s": base}
         for name, norm in (("exact (linmem)", lambda w: torch.linalg.matrix_norm(w, 2)),
                            ("schatten q=20 (onnx)", schatten_norm),
                            ("schatten q=6", lambda w: schatten_norm(w, 6)),
-                           ("power iteration x1", lambda w: power_iteration_norm(w, u))):
-            row[name] = _time(lambda n=norm: step(n), repeats) - base
+                           ("power iteration x1", functools.partial(power_iteration_norm, u=u))):
+            row[name] = _time(functools.partial(_step, model, x, norm), repeats) - base
         rows.append(row)
         print(f"LMN-B({m}, {m}) batch 1, {steps} steps: step {1e3 * base:.2f} ms; added: "
               + ", ".join(f"{k} {1e3 * row[k]:+.2f} ms ({100 * row[k] / base:+.0f} %)"
