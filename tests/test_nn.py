@@ -844,3 +844,22 @@ def test_every_model_trains_under_autocast():
         if not sampled:
             assert loss.item() == pytest.approx(reference.item(), rel=1e-3), name
             assert {n for n, p in model.named_parameters() if p.grad is not None} == reached
+
+
+def test_dropout_on_one_layer_warns_as_torch_does():
+    """torch.nn.RNN warns that dropout between layers does nothing on one layer; so does LMN."""
+    with pytest.warns(UserWarning, match="dropout=0.5 with num_layers=1 drops nothing"):
+        LMN(3, 4, 5, dropout=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LMN(3, 4, 5, num_layers=2, dropout=0.5)
+        LMN(3, 4, 5)
+
+
+@pytest.mark.parametrize(("output", "state"), [("memory", 1), ("hidden", 0)])
+def test_the_last_output_is_the_state_its_wiring_reads(output, state):
+    """LMN-B's last output is m_n[-1], LMN-A's h_n[-1] (the docstring's and the guide's note)."""
+    torch.manual_seed(0)
+    lmn = LMN(6, 4, 3, num_layers=2, output=output, batch_first=True)
+    out, states = lmn(torch.rand(2, 7, 6))
+    torch.testing.assert_close(out[:, -1], states[state][-1], rtol=0, atol=0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -358,6 +359,14 @@ class LMN(nn.Module):
           step (the reverse direction's: after its first).
         - **m_n**: ``(D * num_layers, B, M)``, every layer's memory, likewise.
 
+        Unlike ``torch.nn.RNN``'s, the state is two tensors, and which one the output reads
+        depends on ``output``: for LMN-B (the default) the last step's output is
+        ``m_n[-1]``, for LMN-A ``h_n[-1]`` (one layer, one direction)::
+
+            out, (h_n, m_n) = LMN(88, 100, 50, batch_first=True)(x)  # LMN-B
+            last = m_n[-1]                # == out[:, -1], the memory: (B, 50)
+            functional = h_n[-1]          # the functional state h_T: (B, 100), not the output
+
     Attributes:
         weight_xh_l{k}, weight_mh_l{k}, weight_hm_l{k}, weight_mm_l{k}, bias_h_l{k},
             bias_m_l{k}: layer ``k``'s parameters, shaped and initialised as in
@@ -377,6 +386,10 @@ class LMN(nn.Module):
         check_int("num_layers", num_layers)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if dropout and num_layers == 1:  # torch.nn.RNN's warning: nothing would be dropped
+            warnings.warn("dropout acts between stacked layers, after every layer but the last: "
+                          f"dropout={dropout} with num_layers=1 drops nothing (to drop the "
+                          "layer's output, apply nn.Dropout to it)", stacklevel=2)
         self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
         self.num_layers, self.output, self.bias = num_layers, output, bias
         self.batch_first, self.nonlinearity, self.dropout = batch_first, nonlinearity, dropout
