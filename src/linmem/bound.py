@@ -3,7 +3,7 @@
 Nothing in the paper bounds ``W^mm``; trained by Adam at batch 1 its spectral radius passes 1
 within tens of updates, and over a sequence of thousands of steps the memory then grows
 geometrically until it overflows float32. With ``memory_bound=r`` the layer keeps its raw
-parameter ``V`` (``weight_mm_l{k}``, any value the optimiser reaches) and runs eq. (7) with
+parameter ``V`` (``weight_mm_l{k}``, any value the optimiser reaches) and runs eq. (7) with::
 
     W^mm = V * min(1, r / ||V||_2)                                              (7, bounded)
 
