@@ -222,9 +222,9 @@ def test_an_overflowing_memory_is_named_with_its_radius_step_and_remedy():
     assert "the LMN's linear memory overflowed at step " in note
     assert "of a 2999-step sequence" in note  # the long one's 2999 predicted steps, not 39
     assert "spectral radius of W^mm is 1.500" in note and "--memory-bound 0.99" in note
-    model.core.memory_bound = model.memory_bound = 0.99
+    model.core.memory_bound = 0.99
     assert model.divergence_note(batch.inputs, batch.mask) == ""  # a bounded memory: no note
-    model.core.memory_bound = model.memory_bound = None
+    model.core.memory_bound = None
     with torch.no_grad():
         model.core.weight_mm_l0.copy_(torch.eye(8) * 0.9)
     assert model.divergence_note(batch.inputs, batch.mask) == ""  # radius below 1: not the memory

@@ -122,7 +122,7 @@ class NextStepPredictor(nn.Module):
             out_size = hidden
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        self.memory, self.dropout, self.memory_bound = memory, dropout, memory_bound
+        self.memory, self.dropout = memory, dropout
         self.drop = nn.Dropout(dropout)
         self.readout = nn.Linear(out_size, input_size)
 
@@ -177,6 +177,11 @@ class NextStepPredictor(nn.Module):
     def finalize_metrics(self, metrics: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         """The run's final metrics, with what only this model can add (nothing)."""
         return metrics
+
+    @property
+    def memory_bound(self) -> float | None:
+        """The LMN core's bound on ``||W^mm||_2`` (:mod:`linmem.bound`); None for another core."""
+        return getattr(self.core, "memory_bound", None)
 
     @torch.no_grad()
     def divergence_note(self, inputs: Tensor, mask: Tensor) -> str:

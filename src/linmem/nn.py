@@ -492,8 +492,7 @@ class LMN(nn.Module):
                 x_proj = _time_major_linear(seq, w["weight_xh"], w["bias_h"])
                 hs, ms, h_last, m_last = lmn_recurrence(
                     x_proj, m0[len(h_n)], w["weight_mh"], w["weight_hm"],
-                    bounded_memory(w["weight_mm"], self.memory_bound), w["bias_m"],
-                    self.nonlinearity, lengths)
+                    self.memory_weight(k, reverse), w["bias_m"], self.nonlinearity, lengths)
                 h_n.append(h_last)
                 m_n.append(m_last)
                 out = ms if self.output == "memory" else hs
