@@ -21,7 +21,11 @@ bound uses the rate measured for the recurrent product's own shape ``(B, m) @ (m
 which small batches cannot push to the large-product rate. Both bounds are rates of torch's BLAS
 (MKL on the project's machine), not of the hardware: the kernel's own products can run faster,
 so the rate of the kernel's recurrence alone (no input or readout products) is printed beside
-them.
+them. At batch 1 a step reads each recurrent weight once and uses it for one multiply-add, so
+the third bound is the cache's: the rate at which one core streams the step's weights
+(``W^mh``, ``W^mm``, ``W^hm``: 750 KB at (250, 250)) through the kernel's vector loads,
+measured in the same run; a forward step cannot take less than their size over that rate, a
+training step (forward and backward loops) twice that.
 
 ``--epochs`` then times whole training epochs on real data sets with the trainer's batching
 (length buckets, padding) and prints the padding fraction. ``--profile`` prints where a training
@@ -142,6 +146,32 @@ def gemm_rate(rows: int, inner: int, cols: int, min_time: float = 0.5) -> float:
     return best
 
 
+def step_weight_bytes(f: int, m: int) -> int:
+    """Bytes of float32 weights one step of the recurrence reads, forward (``W^mh``, ``W^mm``,
+    ``W^hm``) and again backward (their transposes' products): at batch 1 each once per step."""
+    return 4 * (m * f + m * m + f * m)
+
+
+def stream_rate(n_bytes: int, variant: str, min_time: float) -> float:
+    """Bytes per second at which one core streams ``n_bytes`` (a step's weights, so from the cache
+    level they fit in) through ``variant``'s vector loads (the kernel's ``stream_read``), best of
+    three timings."""
+    kernel = load_cpu_kernel()
+    data = torch.full((n_bytes // 4,), 1e-3)
+    kernel.stream_read(data, 10, variant)
+    best, repeats = 0.0, 64
+    for _ in range(3):
+        while True:
+            t0 = time.perf_counter()
+            kernel.stream_read(data, repeats, variant)
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_time / 3:
+                break
+            repeats *= 2
+        best = max(best, data.numel() * 4 * repeats / elapsed)
+    return best
+
+
 def random_batch(batch: int, steps: int, seed: int = 0) -> Batch:
     rng = np.random.default_rng(seed)
     rolls = [(rng.random((steps + 1, N_KEYS)) < 0.05).astype(np.float32) for _ in range(batch)]
@@ -213,6 +243,14 @@ def bench_sizes(args) -> list[dict]:
                 rate = recurrence_rate(f, m, batch_size, args.steps, on, args.min_time)
                 row[f"recurrence_{label}_gflops"] = rate / 1e9
             row.update(median_rates(runs))
+            if batch_size == 1 and args.stream_variant is not None:
+                # at batch 1 a step streams its weights once (forward; training twice): the
+                # loop cannot run faster than the cache delivers them
+                n_bytes = step_weight_bytes(f, m)
+                rate = stream_rate(n_bytes, args.stream_variant, args.min_time)
+                row["stream_gbytes_per_s"], row["stream_variant"] = rate / 1e9, args.stream_variant
+                row["infer_stream_bound_fps"] = rate / n_bytes
+                row["train_stream_bound_fps"] = rate / (2 * n_bytes)
             row["train_bound_fps"] = args.gemm_rate / (3 * flops)
             row["infer_bound_fps"] = args.gemm_rate / flops
             row["train_small_bound_fps"] = small / (3 * flops)
@@ -224,6 +262,11 @@ def bench_sizes(args) -> list[dict]:
                 row[f"{mode}_vs_torch_loop"] = fps / row[f"torch-loop_{mode}_fps"]
                 row[f"{mode}_of_bound"] = fps / row[f"{mode}_bound_fps"]
                 row[f"{mode}_of_small_bound"] = fps / row[f"{mode}_small_bound_fps"]
+                if f"{mode}_stream_bound_fps" in row:
+                    row[f"{mode}_of_stream_bound"] = fps / row[f"{mode}_stream_bound_fps"]
+                    for v in args.variants:
+                        row[f"{mode}_{v}_of_stream_bound"] = (row[f"lmn-{v}_{mode}_fps"]
+                                                             / row[f"{mode}_stream_bound_fps"])
                 for v in args.variants:
                     variant_fps = row[f"lmn-{v}_{mode}_fps"]
                     row[f"{mode}_{v}_vs_lstm"] = variant_fps / row[f"lstm_{mode}_fps"]
@@ -239,7 +282,15 @@ def print_row(r: dict) -> None:
           f"{r['small_gemm_gflops']:.0f} GFLOP/s (torch.mm); recurrence alone "
           f"{r['recurrence_kernel_gflops']:.0f} GFLOP/s (kernel), "
           f"{r['recurrence_torch_loop_gflops']:.0f} GFLOP/s (torch loop)")
+    if "stream_gbytes_per_s" in r:
+        print(f"  streaming the step's {step_weight_bytes(r['functional'], r['memory']) / 1024:.0f}"
+              f" KB of weights ({r['stream_variant']} loads): {r['stream_gbytes_per_s']:.1f} GB/s,"
+              f" {1e6 / r['infer_stream_bound_fps']:.2f} us a forward step; bound "
+              f"{r['infer_stream_bound_fps'] / k:.0f}k frames/s inference, "
+              f"{r['train_stream_bound_fps'] / k:.0f}k training (the loops alone)")
     for mode, label in (("train", "train"), ("infer", "infer")):
+        stream = (f"  of streaming bound {100 * r[f'{mode}_of_stream_bound']:.0f}%"
+                  if f"{mode}_of_stream_bound" in r else "")
         print(f"  {label}: lmn {r[f'lmn_{mode}_fps'] / k:7.1f}k  torch loop "
               f"{r[f'torch-loop_{mode}_fps'] / k:6.1f}k  naive loop "
               f"{r[f'naive-loop_{mode}_fps'] / k:6.1f}k  rnn {r[f'rnn_{mode}_fps'] / k:6.1f}k  "
@@ -248,12 +299,15 @@ def print_row(r: dict) -> None:
               f"{r[f'{mode}_vs_torch_loop']:.2f}x  lmn/naive "
               f"{r[f'{mode}_vs_naive']:.2f}x  of GEMM bound {100 * r[f'{mode}_of_bound']:.0f}% "
               f"({r[f'{mode}_bound_fps'] / k:.0f}k)  of small-GEMM bound "
-              f"{100 * r[f'{mode}_of_small_bound']:.0f}% ({r[f'{mode}_small_bound_fps'] / k:.0f}k)",
-              flush=True)
+              f"{100 * r[f'{mode}_of_small_bound']:.0f}% ({r[f'{mode}_small_bound_fps'] / k:.0f}k)"
+              f"{stream}", flush=True)
         for v in r["variants"]:
+            of = r.get(f"{mode}_{v}_of_stream_bound")
             print(f"    {label} variant {v}: {r[f'lmn-{v}_{mode}_fps'] / k:7.1f}k frames/s | "
                   f"/lstm {r[f'{mode}_{v}_vs_lstm']:.2f}x  /torch-loop "
-                  f"{r[f'{mode}_{v}_vs_torch_loop']:.2f}x", flush=True)
+                  f"{r[f'{mode}_{v}_vs_torch_loop']:.2f}x"
+                  + (f"  of streaming bound {100 * of:.0f}%" if of is not None else ""),
+                  flush=True)
 
 
 def epoch_batches(data: dict, name: str, batch_size: int, data_dir: str | None
@@ -346,6 +400,10 @@ def main() -> None:
     # every other variant this CPU runs, each its own column (LINMEM_CPU_KERNEL=v: only v)
     forced = os.environ.get(KERNEL_ENV, "") not in ("", "auto")
     args.variants = [] if forced else [v for v in kernel_variants() if v != args.path]
+    # the streaming bound through the best loads this CPU runs (the default path's when it is
+    # a variant): none without the compiled kernel
+    args.stream_variant = (args.path if args.path in kernel_variants() else
+                           (kernel_variants() or [None])[0]) if kernel else None
     cpu = machine()["cpu"]
     isa = {k: os.environ[k] for k in ISA_VARIABLES if k in os.environ}
     print(f"CPU: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads; compiled "

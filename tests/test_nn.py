@@ -863,3 +863,40 @@ def test_the_last_output_is_the_state_its_wiring_reads(output, state):
     lmn = LMN(6, 4, 3, num_layers=2, output=output, batch_first=True)
     out, states = lmn(torch.rand(2, 7, 6))
     torch.testing.assert_close(out[:, -1], states[state][-1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("size", [50, 100, 250, 500, 77])
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu", "selu"])
+def test_batch_one_is_each_row_of_a_batch_bit_for_bit(variant, size, nonlinearity):
+    """At batch 1 the products take their one-row path (several panels at once): every state
+    and gradient of a sequence run alone equals, bit for bit, its row in a batch (the tiles'
+    path), at the sizes of a layer and one off every variant's lanes, T = 1, 2, 129, with an
+    initial state; and equals the PyTorch loop to float64 rounding."""
+    for steps in (1, 2, 129):
+        ops = kernel_case(steps, 3, size, size, torch.float64, size + steps)
+        with use_cpu_kernel(variant), num_threads(1):
+            hs, ms, _, _ = lmn_recurrence(*ops, nonlinearity)
+            together = torch.autograd.grad((hs.tanh().sum() + ms.tanh().sum()), ops)
+            for row in range(3):
+                alone = [ops[0][:, row:row + 1].detach().requires_grad_(),
+                         ops[1][row:row + 1].detach().requires_grad_(), *ops[2:]]
+                hs1, ms1, _, _ = lmn_recurrence(*alone, nonlinearity)
+                assert torch.equal(hs1[:, 0], hs[:, row]) and torch.equal(ms1[:, 0], ms[:, row])
+                grads = torch.autograd.grad(hs1.tanh().sum() + ms1.tanh().sum(), alone[:2])
+                assert torch.equal(grads[0][:, 0], together[0][:, row])
+                assert torch.equal(grads[1][0], together[1][row])
+        assert_kernel_equals_loop(kernel_case(steps, 1, size, size, torch.float64, 7),
+                                  nonlinearity, variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_stream_read_reads_every_value(variant):
+    """The benchmark's streaming bound reads what it is given, every repeat (its sum)."""
+    from linmem._ext import load_cpu_kernel
+
+    kernel = load_cpu_kernel()
+    data = torch.ones(8 * 16 * 100, dtype=torch.float32)  # whole blocks of 8 vectors, any variant
+    assert kernel.stream_read(data, 3, variant) == 3 * data.numel()
+    data[::7] = 2.0
+    assert kernel.stream_read(data, 1, variant) == float(data.sum())

@@ -537,6 +537,15 @@ void ulm_backward(at::Tensor buf, at::Tensor w_time, int64_t nonlinearity, at::T
   });
 }
 
+// The sum of `data` (contiguous float32) read `repeats` times by `variant`'s loads
+// (Variant::stream_read_f): the caller times it for the cache's streaming rate.
+double stream_read(at::Tensor data, int64_t repeats, const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  TORCH_CHECK(data.is_contiguous() && data.scalar_type() == at::kFloat && data.device().is_cpu(),
+              "stream_read needs a contiguous float32 CPU tensor");
+  return v.stream_read_f(data.data_ptr<float>(), data.numel(), repeats);
+}
+
 }  // namespace
 }  // namespace linmem
 
@@ -560,6 +569,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ulm_forward", &linmem::ulm_forward, "unrolled network's recurrence, forward (eq. 10)",
         py::call_guard<py::gil_scoped_release>());
   m.def("ulm_backward", &linmem::ulm_backward, "unrolled network's recurrence, backward",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("stream_read", &linmem::stream_read,
+        "a float32 tensor read `repeats` times by a variant's loads (a cache's streaming rate)",
         py::call_guard<py::gil_scoped_release>());
   m.def("variants", &linmem::variants,
         "the kernel variants compiled here that this CPU can run, best first");

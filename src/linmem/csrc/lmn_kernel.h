@@ -102,6 +102,30 @@ void remainder_vectors(int64_t rest, const T* a, int64_t lda, int64_t rows, int6
   }
 }
 
+// One row of C (batch 1: a vector times the packed matrix) over G whole panels at once. Each
+// weight is read once and used once, so the product is bound by streaming the weights from
+// cache; a one-row tile holds LMN_VECS accumulators, each a chain of K dependent multiply-adds,
+// and waits on their latency. G panels make G x LMN_VECS independent chains (G = 4: avx512 16
+// accumulators of 32 registers, avx2 and SSE2 8 of 16), each column still summed over k in
+// order, so every value is the one-row tile's, bit for bit.
+template <typename T, int G = 4>
+void one_row_panels(const T* a, int64_t k_size, const T* b, T* c, bool accumulate) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = Vec<T>::lanes, P = LMN_VECS * L;
+  V acc[G][LMN_VECS];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < LMN_VECS; ++j)
+      acc[g][j] = accumulate ? load<T>(c + g * P + j * L) : V{};
+  for (int64_t k = 0; k < k_size; ++k) {
+    const T ak = a[k];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < LMN_VECS; ++j)
+        acc[g][j] += ak * load<T>(b + g * P * k_size + k * P + j * L);
+  }
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < LMN_VECS; ++j) store<T>(c + g * P + j * L, acc[g][j]);
+}
+
 // C (rows x n_pad) (+)= A (rows x K, row stride lda) B (K x n_pad, packed in panels: the
 // columns [n, n + P) of every row, P = LMN_VECS vectors (fewer in the last panel), lie together
 // at b + n K, so that a tile reads its K x P panel in one contiguous stream; csrc/lmn_cpu.cpp's
@@ -110,7 +134,11 @@ template <typename T>
 void gemm(const T* a, int64_t lda, int64_t rows, int64_t k_size, const T* b, int64_t n_pad,
           T* c, int64_t ldc, bool accumulate) {
   constexpr int64_t L = Vec<T>::lanes, P = LMN_VECS * L;
+  constexpr int G = 4;
   int64_t n = 0;
+  if (rows == 1)
+    for (; n + G * P <= n_pad; n += G * P)
+      one_row_panels<T, G>(a, k_size, b + n * k_size, c + n, accumulate);
   for (; n + P <= n_pad; n += P)
     row_tiles<T, LMN_VECS>(a, lda, rows, k_size, b + n * k_size, P, c + n, ldc, accumulate);
   remainder_vectors<T>((n_pad - n) / L, a, lda, rows, k_size, b + n * k_size, n_pad - n, c + n,
@@ -463,6 +491,25 @@ void ulm_backward_rows(const UlmBackwardArgs<T>& p, int64_t b0, int64_t b1, T* s
   }
 }
 
+// A batch-1 step reads every packed weight once, so its time is bounded below by streaming
+// them from the cache they sit in: `n` values read `repeats` times into 8 independent vector
+// sums (no chain of dependent additions slows the reads), as the products load them.
+template <typename T>
+T stream_read(const T* data, int64_t n, int64_t repeats) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = Vec<T>::lanes;
+  V sums[8];
+  for (int j = 0; j < 8; ++j) sums[j] = V{};
+  for (int64_t rep = 0; rep < repeats; ++rep)
+    for (int64_t i = 0; i + 8 * L <= n; i += 8 * L)
+      for (int j = 0; j < 8; ++j) sums[j] += load<T>(data + i + j * L);
+  V total = sums[0];
+  for (int j = 1; j < 8; ++j) total += sums[j];
+  T out = T(0);
+  for (int64_t l = 0; l < L; ++l) out += total[l];
+  return out;
+}
+
 }  // namespace
 }  // namespace LMN_VARIANT
 
@@ -479,6 +526,7 @@ extern const Variant LMN_CONCAT(LMN_VARIANT, _variant) = {
     LMN_VARIANT::rnn_backward_rows<float>, LMN_VARIANT::rnn_backward_rows<double>,
     LMN_VARIANT::ulm_forward_rows<float>, LMN_VARIANT::ulm_forward_rows<double>,
     LMN_VARIANT::ulm_backward_rows<float>, LMN_VARIANT::ulm_backward_rows<double>,
+    LMN_VARIANT::stream_read<float>,
 };
 
 }  // namespace linmem

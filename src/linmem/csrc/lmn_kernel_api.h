@@ -187,6 +187,9 @@ struct Variant {
   void (*ulm_backward_f)(const UlmBackwardArgs<float>&, int64_t b0, int64_t b1, float* scratch);
   void (*ulm_backward_d)(const UlmBackwardArgs<double>&, int64_t b0, int64_t b1,
                          double* scratch);
+  // the bound of a batch-1 step (benchmarks/throughput.py): `n` floats read `repeats` times
+  // with this variant's vectors; returns their sum, so that nothing can skip the reads
+  float (*stream_read_f)(const float* data, int64_t n, int64_t repeats);
 };
 
 extern const Variant avx512_variant;  // x86-64 only
