@@ -1,11 +1,13 @@
-"""The same LMN-B training step timed under two source trees of linmem (two commits checked out,
-e.g. ``git worktree add``), in interleaved processes: for a change whose "before" is no longer
-in the code, such as the compiled kernel's layout of its packed weights.
+"""The same LMN-B training step and inference timed under two source trees of linmem (two
+commits checked out, e.g. ``git worktree add``), in interleaved processes: for a change whose
+"before" is no longer in the code, such as the compiled kernel's layout of its packed weights.
 
 Each round runs one process per tree, in turn (``PYTHONPATH=TREE/src``; each builds or reuses
-its own kernel); a process times forward, masked NLL and backward of LMN-B at each size, batch
-``--batch`` (4), sequences of 256 steps, for ``--min-time`` seconds after a warm-up, and prints
-frames per second. The median over rounds is reported, with each tree's commit.
+its own kernel); a process times forward, masked NLL and backward of LMN-B at each size, then
+the forward alone under ``torch.inference_mode``, batch ``--batch`` (4), sequences of 256 steps,
+for ``--min-time`` seconds each after a warm-up, and prints frames per second (set
+``LINMEM_CPU_KERNEL`` to compare one kernel variant: otherwise each tree takes the path its own
+first use measured). The median over rounds is reported, with each tree's commit.
 
     OMP_NUM_THREADS=1 python benchmarks/ab_trees.py --trees ../tree-old . \\
         --json results/speed/ab_trees.json
@@ -41,7 +43,15 @@ for hidden, memory in sizes:
         model.zero_grad()
         model.training_loss(batch).backward()
         n += 1
-    rates[f"{hidden}x{memory}"] = n_seqs * 256 * n / (time.perf_counter() - t0)
+    train = n_seqs * 256 * n / (time.perf_counter() - t0)
+    with torch.inference_mode():
+        model(batch.inputs)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < min_time or n < 2:
+            model(batch.inputs)
+            n += 1
+    rates[f"{hidden}x{memory}"] = {"train": train,
+                                   "infer": n_seqs * 256 * n / (time.perf_counter() - t0)}
 print(json.dumps(rates))
 """
 
@@ -65,7 +75,7 @@ def main() -> None:
     started = time.perf_counter()
     trees = [Path(t).resolve() for t in args.trees]
     sizes = [[int(v) for v in s.split("x")] for s in args.sizes]
-    runs: dict[str, dict[str, list[float]]] = {str(t): {s: [] for s in args.sizes} for t in trees}
+    runs: dict[str, dict[str, list[dict]]] = {str(t): {s: [] for s in args.sizes} for t in trees}
     for _ in range(args.rounds):
         for tree in trees:
             # a kernel build per tree: the extension's cache is keyed by its sources' paths too,
@@ -80,11 +90,11 @@ def main() -> None:
                 runs[str(tree)][size].append(rate)
     rows = []
     for size in args.sizes:
-        a, b = (statistics.median(runs[str(t)][size]) for t in trees)
-        rows.append({"size": size, "a_fps": a, "b_fps": b, "b_over_a": b / a})
-        print(f"LMN-B {size}, batch {args.batch}, training step: A {a / 1e3:.1f}k  "
-              f"B {b / 1e3:.1f}k "
-              f"frames/s  B/A {b / a:.2f}x", flush=True)
+        for mode, what in (("train", "training step"), ("infer", "inference")):
+            a, b = (statistics.median(r[mode] for r in runs[str(t)][size]) for t in trees)
+            rows.append({"size": size, "mode": mode, "a_fps": a, "b_fps": b, "b_over_a": b / a})
+            print(f"LMN-B {size}, batch {args.batch}, {what}: A {a / 1e3:.1f}k  B {b / 1e3:.1f}k "
+                  f"frames/s  B/A {b / a:.2f}x", flush=True)
     print(f"A = {trees[0]} ({commit_of(trees[0])[:7]}), B = {trees[1]} "
           f"({commit_of(trees[1])[:7]}); {machine()}")
     if args.json:
@@ -93,7 +103,9 @@ def main() -> None:
             "trees": {"a": {"path": str(trees[0]), "commit": commit_of(trees[0])},
                       "b": {"path": str(trees[1]), "commit": commit_of(trees[1])}},
             "rounds": args.rounds, "batch": args.batch, "runs": runs, "rows": rows,
-            "units": "frames per second of forward + masked NLL + backward"})
+            "kernel_path": os.environ.get("LINMEM_CPU_KERNEL", "auto"),
+            "units": "frames per second: train, forward + masked NLL + backward; infer, the "
+                     "forward under torch.inference_mode"})
 
 
 if __name__ == "__main__":

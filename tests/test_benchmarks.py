@@ -128,8 +128,9 @@ def test_ab_trees_script_runs(tmp_path):
                     "--sizes", "6x5", "--rounds", "2", "--min-time", "0.05", "--json", str(out)],
                    check=True, capture_output=True)
     result = json.loads(out.read_text())
-    (row,) = result["rows"]
-    assert row["a_fps"] > 0 and row["b_over_a"] == pytest.approx(row["b_fps"] / row["a_fps"])
+    assert [row["mode"] for row in result["rows"]] == ["train", "infer"]
+    for row in result["rows"]:
+        assert row["a_fps"] > 0 and row["b_over_a"] == pytest.approx(row["b_fps"] / row["a_fps"])
     assert len(result["runs"][tree]["6x5"]) == 4  # both trees are this one: 2 rounds each
     assert result["trees"]["a"]["commit"] == result["trees"]["b"]["commit"]
 
