@@ -75,7 +75,7 @@ def test_each_variant_against_its_base(tmp_path):
     assert f"{(31 + 31.5 + 30) / 3 - 33.5:+.2f} (ranges apart)" in b4
     assert f"{(28 + 28.5 + 27) / 3 - 30.0:+.2f} (ranges apart)" in b4
     (sm,) = [line for line in lines if "loss_reduction mean → frame" in line]
-    assert "clip 10.0 → 880.0" in sm and "1, 2 (3 diverged)" in sm
+    assert "clip 10.0 → 880.0" in sm and "1, 2 (seed 3 diverged)" in sm
     assert f"{(33.2 + 34.4) / 2 - 33.5:+.2f} |" in sm  # ranges overlap: no mark
     (nc,) = [line for line in lines if "clip 10.0 → None" in line]
     # one seed, outside the base's range: no range to part, it says so

@@ -311,19 +311,20 @@ def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
 
 def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
     """A seed whose training diverged (``diverged.json``, no scores) is read with the seeds,
-    named in the table and in the claim, and left out of the means; the claim needs three seeds
-    run and two finished per model."""
+    named in the table and in the claim, left out of the means, and counted below every score
+    in the claim's ranges: a model with a failed seed is never beyond the spread above another,
+    and can be below it; the claim needs three seeds run per model."""
     from linmem.report import seed_groups, table2_markdown
     from linmem.runs import collect_metrics
 
-    def run(model, seed, acc=None):
+    def run(model, seed, acc=None, why="NaN in epoch 1"):
         folder = tmp_path / f"{model}-s{seed}"
         (folder / "ulm").mkdir(parents=True, exist_ok=True)  # a step inside: not a run
         (folder / "ulm" / "metrics.json").write_text(json.dumps({"model": "ulm"}))
         record = {"dataset": "nottingham", "model": model, "hidden": 250, "memory": 250,
                   "weight_decay": 1e-5, "seed": seed}
         if acc is None:
-            name, record = "diverged.json", {**record, "diverged": "NaN in epoch 1"}
+            name, record = "diverged.json", {**record, "diverged": why}
         else:
             name, record = "metrics.json", {**record, "test_acc": acc, "test_acc_frame": acc,
                                             "test_nll": 3.0, "valid_acc": acc}
@@ -343,23 +344,49 @@ def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
     assert len(records) == 6 and all(r["model"] != "ulm" for r in records)
     groups = seed_groups(records)
     assert groups[1]["seeds"] == [2, 3] and groups[1]["diverged_seeds"] == [1]
+    assert groups[1]["failed_on"] == {"1": "training"}
     assert groups[1]["test_acc"]["n"] == 2 and groups[1]["test_acc"]["mean"] == 73.2
     table = table2_markdown([], seeds=groups)
-    assert "| Nottingham | pret-LMN-B | 250, 250 | 1e-05 | 2, 3 (1 diverged) | 73.20 ± " in table
-    assert ("- Nottingham: pret-LMN-B against LMN-B: +1.60 points global, the ranges do not "
-            "overlap (beyond the spread between seeds); +1.60 points per-frame mean, the ranges "
-            "do not overlap (beyond the spread between seeds) (pret-LMN-B's seed 1 diverged (no "
-            "score): the means and ranges are over the seeds that finished).") in table
+    assert "| Nottingham | pret-LMN-B | 250, 250 | 1e-05 | 2, 3 (seed 1 diverged) | 73.20 ± " \
+        in table
+    # both finished seeds are above LMN-B's range, the failed one is below it: within the spread
+    assert ("- Nottingham: pret-LMN-B against LMN-B: +1.60 points global, the ranges overlap "
+            "(within the spread between seeds); +1.60 points per-frame mean, the ranges overlap "
+            "(within the spread between seeds) (pret-LMN-B's seed 1 diverged: no score, counted "
+            "below every score in the ranges; the means are over the seeds that finished).") \
+        in table
     (tmp_path / "pret-lmn-b-s3" / "metrics.json").unlink()
-    run("pret-lmn-b", 3)  # two of three diverged: no verdict
+    # two of three failed, one of them when its selected checkpoint was scored on test (the
+    # message of the records written before diverged.json said where)
+    run("pret-lmn-b", 3, why="the checkpoint chosen on validation (epoch 2): the model's outputs "
+                             "are NaN or inf on a batch of sequences of up to 510 steps")
     table = table2_markdown([], seeds=seed_groups(collect_metrics([tmp_path], diverged=True)))
-    assert ("- Nottingham: pret-LMN-B against LMN-B: fewer than 2 seeds of one finished; no "
-            "verdict (pret-LMN-B's seeds 1, 3 diverged (no score)") in table
+    assert "| 2 (seed 1 diverged; seed 3 failed on test) |" in table
+    assert ("- Nottingham: pret-LMN-B against LMN-B: global: pret-LMN-B only seed 2 finished "
+            "(73.00), the ranges overlap (within the spread between seeds); per-frame mean: "
+            "pret-LMN-B only seed 2 finished (73.00), the ranges overlap (within the spread "
+            "between seeds) (pret-LMN-B's seed 1 diverged; seed 3 failed on test: no score") \
+        in table
+    # a model whose failed seeds and finished ones are all below the other's range: beyond the
+    # spread, against it
+    for seed, acc in ((1, 75.0), (2, 75.2), (3, 75.1)):
+        run("lstm", seed, acc)
+    (tmp_path / "lmn-b-s3" / "metrics.json").unlink()
+    run("lmn-b", 3, why="its pretraining: the checkpoint chosen on validation (epoch 8): NaN")
+    table = table2_markdown([], seeds=seed_groups(collect_metrics([tmp_path], diverged=True)))
+    assert ("- Nottingham: LMN-B against LSTM: -3.50 points global, the ranges do not overlap "
+            "(beyond the spread between seeds); -3.50 points per-frame mean, the ranges do not "
+            "overlap (beyond the spread between seeds) (LMN-B's seed 3 failed on test in its "
+            "pretraining: no score") in table
+    (tmp_path / "lmn-b-s3" / "diverged.json").unlink()
+    run("lmn-b", 3, 71.6)
     (tmp_path / "pret-lmn-b-s2" / "metrics.json").unlink()
-    run("pret-lmn-b", 2)  # none finished: a row with no scores, no claim
+    run("pret-lmn-b", 2)  # none finished: a row with no scores, and below LMN-B in the claim
     table = table2_markdown([], seeds=seed_groups(collect_metrics([tmp_path], diverged=True)))
-    assert "| Nottingham | pret-LMN-B | 250, 250 | 1e-05 | (1, 2, 3 diverged) | – | – | – |" \
-        in table and "pret-LMN-B against" not in table
+    assert ("| Nottingham | pret-LMN-B | 250, 250 | 1e-05 | (seeds 1, 2 diverged; seed 3 failed "
+            "on test) | – | – | – |") in table
+    assert ("- Nottingham: pret-LMN-B against LMN-B: global: pret-LMN-B no seed finished, the "
+            "ranges do not overlap (beyond the spread between seeds)") in table
 
 
 def test_seed_groups_keep_activations_apart(tmp_path, capsys):
@@ -576,14 +603,23 @@ def test_seed_table_says_whether_the_papers_figure_is_reached():
                        *({**run("pret-lmn-b", s, 0.0, dataset="musedata"), "diverged": "NaN"}
                          for s in (2, 3))])
     assert one[0]["diverged_seeds"] == [2, 3]
-    assert ("- MuseData, pret-LMN-B: the paper's 35.66; 2 of 3 seeds diverged (no score), the one "
-            "finished 31.28 (global 27.28): not reached by any seed.") in seeds_markdown(one)
+    assert ("- MuseData, pret-LMN-B: the paper's 35.66; 2 of 3 seeds failed (seeds 2, 3 diverged; "
+            "no score), the one finished 31.28 (global 27.28): not reached by any seed.") \
+        in seeds_markdown(one)
     one[0]["test_acc_frame"]["max"] = 36.0
     assert "finished 36.00 (global 27.28): reached by that seed alone." in seeds_markdown(one)
     none = seed_groups([{**run("lmn-b", s, 0.0, dataset="musedata"), "diverged": "NaN"}
                         for s in (1, 2, 3)])
-    assert ("- MuseData, LMN-B: the paper's 35.56; 3 of 3 seeds diverged (no score): not "
-            "reached.") in seeds_markdown(none)
+    assert ("- MuseData, LMN-B: the paper's 35.56; 3 of 3 seeds failed (seeds 1, 2, 3 diverged; "
+            "no score): not reached.") in seeds_markdown(none)
+    # a failed seed among finished ones: the range reaches down below every score, so a figure
+    # under the finished seeds is reached, never exceeded
+    mixed = seed_groups([run("lstm", 1, 34.35), run("lstm", 2, 34.54),
+                         {**run("lstm", 3, 0.0), "diverged": "the checkpoint chosen on "
+                          "validation (epoch 5) on the test split: NaN", "failed_on": "test"}])
+    assert ("- JSB Chorales, LSTM: the paper's 32.64 against 34.35-34.54: reached (global "
+            "30.35-30.54: not reached); seed 3 failed on test, counted below every score.") \
+        in seeds_markdown(mixed)
     global_only = seed_groups([{k: v for k, v in run("rnn", s, 30.0).items()
                                 if k != "test_acc_frame"} for s in (1, 2, 3)])
     assert ("- JSB Chorales, RNN: the paper's 31.00; no per-frame score in its seeds' records: "

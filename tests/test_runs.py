@@ -73,3 +73,17 @@ def test_publish_command_names_seeds_and_leaves_out_unfinished_runs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["jsb-lmn-b-s1",
                                                                          "jsb-lmn-b-s2"]
     assert "s3: not ended, left out" in done.stderr
+
+
+def test_where_a_failed_run_failed():
+    """diverged.json says where a run failed; records written before the field name it in their
+    message: a selected checkpoint scored on the test split, its pretraining's, or training."""
+    from linmem.runs import FAILURES, failed_on
+
+    assert failed_on({"diverged": "x", "failed_on": "valid"}) == "valid" and "valid" in FAILURES
+    assert failed_on({"diverged": "the training loss became NaN or inf in epoch 3"}) == "training"
+    assert failed_on({"diverged": "the checkpoint chosen on validation (epoch 2): NaN"}) == "test"
+    assert failed_on({"diverged": "its pretraining: the checkpoint chosen on validation (epoch "
+                                  "8): NaN"}) == "pretraining test"
+    assert failed_on({"diverged": "its pretraining: the training loss became NaN"}) == \
+        "pretraining training"

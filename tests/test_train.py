@@ -276,13 +276,15 @@ def test_a_pretraining_that_diverged_is_the_runs_result(tmp_path, small):
     say) records it in its own ``diverged.json``, as a divergence of its own training: a seed
     of it counts as run (``linmem reseed``, the seeds' table), not as never started."""
     def diverging(model):
-        raise TrainingDiverged("the checkpoint chosen on validation (epoch 8): outputs NaN")
+        raise TrainingDiverged("the checkpoint chosen on validation (epoch 8): outputs NaN",
+                               "test")
 
     with pytest.raises(TrainingDiverged, match=r"^its pretraining: the checkpoint chosen"):
         train(config(), tmp_path / "run", progress=False, data=small, initialize=diverging)
     record = json.loads((tmp_path / "run" / "diverged.json").read_text())
     assert record["diverged"] == ("its pretraining: the checkpoint chosen on validation "
                                   "(epoch 8): outputs NaN")
+    assert record["failed_on"] == "pretraining test"  # where: its pretraining's test split
     assert record["epochs"] == 0 and record["seed"] == config().seed and record["commit"]
     assert record["cpu_time_s"] >= 0 and not (tmp_path / "run" / "metrics.json").exists()
     from linmem.runs import collect_metrics  # read with the seeds, as a seed that diverged
@@ -486,4 +488,8 @@ def test_a_chosen_checkpoint_that_diverges_on_test_fails_the_run(tmp_path, small
         train(config(epochs=2), tmp_path / "run", progress=False, data=small)
     record = json.loads((tmp_path / "run" / "diverged.json").read_text())
     assert "chosen on validation" in record["diverged"] and record["epochs"] == 2
+    assert "on the test split" in record["diverged"] and record["failed_on"] == "test"
     assert not (tmp_path / "run" / "metrics.json").exists()
+    from linmem.runs import failed_on
+
+    assert failed_on(record) == "test"

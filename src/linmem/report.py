@@ -28,7 +28,7 @@ from .metrics import THRESHOLD_GRID
 from .models import activation_of, display_name
 from .plots import plot_figure4
 from .protocol_choice import protocol_choice, protocol_choice_markdown, ranges_apart
-from .runs import CONFIG, EXPECTED, LOG, METRICS, PRETRAINING, collect_metrics
+from .runs import CONFIG, EXPECTED, LOG, METRICS, PRETRAINING, collect_metrics, failed_on
 
 __all__ = [
     "FIGURE4_MODELS",
@@ -268,8 +268,9 @@ def _label(group: dict) -> str:
 def seed_groups(runs: Sequence[dict]) -> list[dict]:
     """Runs (``metrics.json`` records of :func:`collect_metrics`) that differ only in their seed,
     grouped by (data set, model, activation, sizes, weight decay): per group the seeds that
-    finished (``seeds``) and those that diverged (``diverged_seeds``: records with a
-    ``diverged`` field and no scores), and the mean, standard deviation (``ddof = 1``), minimum
+    finished (``seeds``) and those that failed (``diverged_seeds``: records with a
+    ``diverged`` field and no scores, ``failed_on`` where each failed,
+    :func:`linmem.runs.failed_on`), and the mean, standard deviation (``ddof = 1``), minimum
     and maximum of each of :data:`SEED_METRICS` over the finished ones."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
@@ -286,6 +287,8 @@ def seed_groups(runs: Sequence[dict]) -> list[dict]:
                  "memory": memory, "weight_decay": wd,
                  "seeds": sorted(r.get("seed") for r in rs),
                  "diverged_seeds": sorted(r.get("seed") for r in every if "diverged" in r),
+                 "failed_on": {str(r.get("seed")): failed_on(r) for r in every
+                               if "diverged" in r},
                  "runs": sorted(r["run"] for r in every)}
         for key in SEED_METRICS:
             values = np.array([r[key] for r in rs if r.get(key) is not None], dtype=float)
@@ -316,6 +319,40 @@ def spread_text(group: dict, key: str) -> str:
     return f"{v['mean']:.2f}{sd} ({v['min']:.2f}-{v['max']:.2f})"
 
 
+# what a failed seed's row says, by where it failed (linmem.runs.FAILURES)
+_FAILED_WORDS = {"training": "diverged", "valid": "failed on validation",
+                 "test": "failed on test"}
+
+
+def failures_text(group: dict) -> str:
+    """A seed group's failed seeds by where they failed: "seed 1 diverged; seeds 2, 3 failed on
+    test" (a pretrained seed's "failed on test in its pretraining"); "" for none."""
+    by: dict[str, list[str]] = {}
+    for seed in group.get("diverged_seeds", []):
+        stage = group.get("failed_on", {}).get(str(seed), "training")
+        pre, _, own = stage.rpartition(" ")
+        words = _FAILED_WORDS.get(own, own)
+        by.setdefault(f"{words} in its pretraining" if pre else words, []).append(str(seed))
+    return "; ".join(f"seed{'s' * (len(seeds) > 1)} {', '.join(seeds)} {words}"
+                     for words, seeds in by.items())
+
+
+def _finished_text(group: dict, key: str) -> str:
+    """A seed group with fewer than two scores of ``key``: "only seed 3 finished (31.28)"."""
+    if not group["seeds"] or key not in group:
+        return "no seed finished"
+    return f"only seed {group['seeds'][0]} finished ({group[key]['max']:.2f})"
+
+
+def _with_failures(group: dict, key: str) -> tuple[float, float]:
+    """The range of ``key`` the claims compare, a failed seed counted below every score: from
+    minus infinity when the group has one, to the best finished seed's (minus infinity when
+    none finished)."""
+    v = group.get(key)
+    low = -np.inf if group.get("diverged_seeds") or v is None else v["min"]
+    return low, (v["max"] if v is not None else -np.inf)
+
+
 def _seeds_run(group: dict) -> int:
     """A seed group's seeds run: those that finished and those that diverged."""
     return len(group["seeds"]) + len(group.get("diverged_seeds", []))
@@ -327,18 +364,20 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
              "mean) | test NLL |", "|---|---|---|---|---|---:|---:|---:|"]
     for g in groups:
         size = f"{g['hidden']}" + (f", {g['memory']}" if g.get("memory") else "")
-        seeds = " ".join(filter(None, [", ".join(map(str, g["seeds"])), (
-            f"({', '.join(map(str, g['diverged_seeds']))} diverged)"
-            if g.get("diverged_seeds") else "")]))
+        failures = failures_text(g)
+        seeds = " ".join(filter(None, [", ".join(map(str, g["seeds"])),
+                                       f"({failures})" if failures else ""]))
         lines.append(f"| {TABLE2_TITLES.get(g['dataset'], g['dataset'])} | "
                      f"{_label(g)} | {size} | {g['weight_decay']:g} | "
                      f"{seeds} | {spread(g, 'test_acc')} | "
                      f"{spread(g, 'test_acc_frame')} | {spread(g, 'test_nll')} |")
     lines += ["", "Mean ± standard deviation (minimum-maximum) over the seeds of the selected "
-              "configuration (a seed whose training diverged, with no score, is named and left "
-              "out of them). The paper's two claims per data set (test accuracy, global and "
-              "per-frame mean): the difference of the means, and whether the seeds' ranges "
-              "overlap:", ""]
+              "configuration that have a score; a failed seed (its training diverged, or the "
+              "checkpoint chosen on validation gave NaN or inf outputs on the test split) has "
+              "none: it is named, and the claims and the comparisons with the published figures "
+              "count it below every score. The paper's two claims per data set (test accuracy, "
+              "global and per-frame mean): the difference of the means of the seeds that "
+              "finished, and whether the seeds' ranges overlap:", ""]
     # against the model run as the paper's Table 2 has it (its default activation); the
     # challenger in each of its activations
     by = {(g["dataset"], g["model"]): g for g in groups if _otheractivation_of(g) is None}
@@ -346,7 +385,8 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
         for model, other in (("pret-lmn-b", "lmn-b"), ("lmn-b", "lstm")):
             a = by.get((dataset, other))
             for b in [g for g in groups if (g["dataset"], g["model"]) == (dataset, model)]:
-                if a is not None and "test_acc" in a and "test_acc" in b:
+                # a side whose every seed failed is a claim too: against it
+                if a is not None and ("test_acc" in a or "test_acc" in b):
                     lines.append(_claim_line(TABLE2_TITLES[dataset], b, a))
     reached = [line for g in groups if (line := _reached_line(g)) is not None]
     if reached:
@@ -375,8 +415,8 @@ def _reached_line(group: dict) -> str | None:
                 f"{MIN_CLAIM_SEEDS} have run.")
     if finished and "test_acc_frame" not in group:
         return f"{head}; no per-frame score in its seeds' records: no verdict."
-    if finished < 2:  # no range; a seed that diverged reaches nothing
-        failed = f"{ran - finished} of {ran} seeds diverged (no score)"
+    if finished < 2:  # no range; a failed seed reaches nothing
+        failed = f"{ran - finished} of {ran} seeds failed ({failures_text(group)}; no score)"
         if not finished:
             return f"{head}; {failed}: not reached."
         v, g = group["test_acc_frame"]["max"], group.get("test_acc", {}).get("max")
@@ -386,12 +426,15 @@ def _reached_line(group: dict) -> str | None:
 
     def verdict(key: str) -> str:
         v = group[key]
-        where = ("reached" if v["min"] <= figure <= v["max"] else
-                 "exceeded" if v["min"] > figure else "not reached")
+        low, high = _with_failures(group, key)
+        where = ("reached" if low <= figure <= high else
+                 "exceeded" if low > figure else "not reached")
         return f"{v['min']:.2f}-{v['max']:.2f}: {where}"
 
+    failures = failures_text(group)
+    also = f"; {failures}, counted below every score" if failures else ""
     glob = f" (global {verdict('test_acc')})" if "test_acc" in group else ""
-    return f"{head} against {verdict('test_acc_frame')}{glob}."
+    return f"{head} against {verdict('test_acc_frame')}{glob}{also}."
 
 
 def _claim_line(title: str, b: dict, a: dict) -> str:
@@ -401,20 +444,21 @@ def _claim_line(title: str, b: dict, a: dict) -> str:
     if min(ran.values()) < MIN_CLAIM_SEEDS:
         return (f"{head}{ran[id(b)]} seed(s) of {_label(b)} and {ran[id(a)]} of "
                 f"{_label(a)} so far; no verdict under {MIN_CLAIM_SEEDS} each.")
-    failed = [f"{_label(g)}'s seed{'s' * (len(g['diverged_seeds']) > 1)} "
-              f"{', '.join(map(str, g['diverged_seeds']))} diverged (no score)"
-              for g in (b, a) if g.get("diverged_seeds")]
-    note = (f" ({'; '.join(failed)}: the means and ranges are over the seeds that finished)"
-            if failed else "")
-    if min(len(a["seeds"]), len(b["seeds"])) < 2:
-        return f"{head}fewer than 2 seeds of one finished; no verdict{note}."
+    failed = [f"{_label(g)}'s {failures_text(g)}" for g in (b, a) if g.get("diverged_seeds")]
+    note = (f" ({'; '.join(failed)}: no score, counted below every score in the ranges; the "
+            "means are over the seeds that finished)" if failed else "")
+    if not (a["seeds"] or b["seeds"]):
+        return f"{head}no seed of either finished; no verdict{note}."
     parts = []
     for key, metric in (("test_acc", "global"), ("test_acc_frame", "per-frame mean")):
-        if key not in a or key not in b:
+        if not any(key in g for g in (a, b)) or any(g["seeds"] and key not in g for g in (a, b)):
             continue
-        x, y = a[key], b[key]
-        apart = ranges_apart(x, y)
-        parts.append(f"{y['mean'] - x['mean']:+.2f} points {metric}, the ranges "
+        (a_low, a_high), (b_low, b_high) = _with_failures(a, key), _with_failures(b, key)
+        apart = b_high < a_low or a_high < b_low
+        few = [g for g in (b, a) if len(g["seeds"]) < 2]
+        diff = (f"{b[key]['mean'] - a[key]['mean']:+.2f} points {metric}" if not few else
+                f"{metric}: " + ", ".join(f"{_label(g)} {_finished_text(g, key)}" for g in few))
+        parts.append(f"{diff}, the ranges "
                      + ("do not overlap (beyond the spread between seeds)" if apart
                         else "overlap (within the spread between seeds)"))
     return head + "; ".join(parts) + note + "."
@@ -668,7 +712,7 @@ def _ablation_delta(a: dict, key: str) -> str:
 def _ablation_seeds(g: dict) -> str:
     text = ", ".join(map(str, g["seeds"]))
     if g.get("diverged_seeds"):
-        text += f" ({', '.join(map(str, g['diverged_seeds']))} diverged)"
+        text += f" ({failures_text(g)})"
     return text
 
 

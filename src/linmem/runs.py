@@ -40,6 +40,7 @@ __all__ = [
     "DIVERGED",
     "ENDINGS",
     "EXPECTED",
+    "FAILURES",
     "INIT",
     "LAST",
     "LAST_PREV",
@@ -60,6 +61,7 @@ __all__ = [
     "epochs_cpu_seconds",
     "epochs_due_cpu_seconds",
     "expected_fields",
+    "failed_on",
     "load_checkpoint",
     "log_fields",
     "log_rows",
@@ -90,6 +92,10 @@ ULM = "ulm"
 MEMORY = "memory.npz"
 LOCK = ".lock"
 ENDINGS = (METRICS, DIVERGED)  # a run has ended when it wrote one of these
+# where a run that ended without scores (diverged.json) failed: in its training (a NaN or inf
+# loss or validation output), or when the checkpoint chosen on validation was scored on a
+# split; a pretrained run's pretraining failed in the same ways ("pretraining test")
+FAILURES = ("training", "valid", "test")
 RUN_FILES = (CONFIG, LOG, LAST, LAST_PREV, BEST, METRICS, DIVERGED, PRETRAINING, EXPECTED, INIT,
              LOCK)
 
@@ -98,6 +104,19 @@ def end_record(run_dir: str | os.PathLike) -> Path | None:
     """The file that says a run ended (``metrics.json``, else ``diverged.json``), or None for a
     run in flight, killed, or never started."""
     return next((Path(run_dir) / n for n in ENDINGS if (Path(run_dir) / n).is_file()), None)
+
+
+def failed_on(record: dict[str, Any]) -> str:
+    """Where the run of a ``diverged.json`` record failed: one of :data:`FAILURES`, prefixed
+    "pretraining " where its pretraining did. Records written before they said so name it in
+    their message: "the checkpoint chosen on validation" was scored again on validation (the
+    same batches, finite when it was chosen) and then on the test split, which is where it
+    failed."""
+    if "failed_on" in record:
+        return record["failed_on"]
+    why = record.get("diverged", "")
+    stage = "test" if "the checkpoint chosen on validation" in why else "training"
+    return f"pretraining {stage}" if why.startswith("its pretraining:") else stage
 
 
 def ended(run_dir: str | os.PathLike) -> bool:

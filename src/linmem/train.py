@@ -113,7 +113,12 @@ class SilentDataWarning(UserWarning):
 
 class TrainingDiverged(RuntimeError):
     """The training loss, or the model's outputs on the validation sequences, became NaN or
-    infinite."""
+    infinite; or the checkpoint chosen on validation gives such outputs on the test split.
+    ``failed_on`` says which (:data:`linmem.runs.FAILURES`)."""
+
+    def __init__(self, message: str, failed_on: str = "training"):
+        super().__init__(message)
+        self.failed_on = failed_on
 
 
 class NonFiniteOutputs(ValueError):
@@ -483,9 +488,10 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
             initialize(model)
         except TrainingDiverged as err:  # a network that the pretraining trains diverged
             why = f"its pretraining: {err}"
+            failed_on = f"pretraining {err.failed_on}"
             # a result as the run's own divergence is (a seed that diverged counts as run)
-            _write_diverged(run_dir, config, state, why, commit, spent(), device)
-            raise TrainingDiverged(why) from None
+            _write_diverged(run_dir, config, state, why, commit, spent(), device, failed_on)
+            raise TrainingDiverged(why, failed_on) from None
     model = model.to(device)
     optimizer = make_optimizer(model.parameters(), config)
     if ckpt is not None:
@@ -578,13 +584,16 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
             on_epoch_end(epoch, row)
 
     best, _ = load_run_model(run_dir, "best", device)
-    try:
-        valid = evaluate(best, data["valid"], config.eval_batch_size, device)
-        test = evaluate(best, data["test"], config.eval_batch_size, device)
-    except NonFiniteOutputs as err:  # finite on validation when chosen, not on a test sequence
-        why = f"the checkpoint chosen on validation (epoch {state['best_epoch']}): {err}"
-        _write_diverged(run_dir, config, state, why, commit, spent(), device)
-        raise TrainingDiverged(f"{why}; it cannot be scored") from None
+    scores = {}
+    for split in ("valid", "test"):
+        try:
+            scores[split] = evaluate(best, data[split], config.eval_batch_size, device)
+        except NonFiniteOutputs as err:  # finite on validation when chosen: a failed seed
+            why = (f"the checkpoint chosen on validation (epoch {state['best_epoch']}) on the "
+                   f"{split} split: {err}")
+            _write_diverged(run_dir, config, state, why, commit, spent(), device, split)
+            raise TrainingDiverged(f"{why}; it cannot be scored", split) from None
+    valid, test = scores["valid"], scores["test"]
     metrics = {
         **_run_fields(config),
         "valid_acc": 100 * valid["acc"], "valid_nll": valid["nll"],
@@ -617,11 +626,13 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
 
 
 def _write_diverged(run_dir: Path, config: TrainConfig, state: dict[str, Any], why: str,
-                    commit: str | None, spent: tuple[float, float], device: torch.device) -> None:
+                    commit: str | None, spent: tuple[float, float], device: torch.device,
+                    failed_on: str = "training") -> None:
     """``diverged.json``: a run that failed by divergence is a result too (a seed that diverged
-    counts as run), with its provenance."""
+    counts as run), with its provenance and where it failed (:data:`linmem.runs.FAILURES`)."""
     write_json(run_dir / DIVERGED, {
-        **_run_fields(config), "diverged": why, "epochs": state["epoch"],
+        **_run_fields(config), "diverged": why, "failed_on": failed_on,
+        "epochs": state["epoch"],
         **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
                      spent[0], device),
         "cpu_time_s": spent[1], "pretraining": _pretraining_record(run_dir)})
