@@ -275,6 +275,8 @@ results-bound-pilot: install
 	    $(T2_RUN) reseed $(P_SEL)/$${cell##*:} --seeds $$s --data-dir $(DATA) --quiet \
 	      --set model=$${name#*-} --set memory_bound=$$r --set init_bias=$$bias \
 	      --out runs/bound-pilot/$$name-bound-$$r-bias-$$bias; done; done; done; done
+	$(VENV)/bin/linmem publish runs/bound-pilot/*/s*/ --to results/bounded-memory/pilot --name seed
+	$(VENV)/bin/linmem summarize --seeds results/bounded-memory/pilot > results/bounded-memory/pilot/table.md
 P_LONG = $(foreach d,piano nottingham musedata,$(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--plan $(d):$(m):paper-long))
 results-progress-paper: install
 	$(VENV)/bin/linmem progress --protocol paper --storage sqlite:///runs/search-paper/search.db --runs-root . \

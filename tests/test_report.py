@@ -737,3 +737,25 @@ def test_the_committed_summarize_tables_are_what_their_makefile_commands_print(c
         words = [w for a in shlex.split(args) for w in (sorted(glob.glob(a)) or [a])]
         main(["summarize", *words])
         assert capsys.readouterr().out == (root / table).read_text(), table
+
+
+def test_seed_groups_keep_bounds_and_protocol_departures_apart():
+    """Seeds of one configuration trained with and without a memory bound, and with and
+    without a protocol field changed (the bounded-memory pilot's 2 x 2): four groups, each
+    labelled by what sets it apart."""
+    from linmem.report import seed_groups, seeds_markdown
+
+    def run(seed, bound, overrides, acc):
+        return {"dataset": "piano", "model": "lmn-a", "hidden": 250, "memory": 250,
+                "weight_decay": 0.0, "seed": seed, "memory_bound": bound,
+                "protocol_overrides": overrides, "test_acc": acc, "test_acc_frame": acc,
+                "test_nll": 8.0, "valid_acc": acc, "run": f"{bound}-{overrides}-{seed}"}
+
+    records = [run(s, b, o, 20.0 + s) for s in (1, 2) for b in (None, 0.99)
+               for o in ({}, {"init_bias": True})]
+    groups = seed_groups(records)
+    assert len(groups) == 4 and all(g["seeds"] == [1, 2] for g in groups)
+    table = seeds_markdown(groups)
+    for label in ("| LMN-A |", "| LMN-A (init_bias true) |", "| LMN-A (bound 0.99) |",
+                  "| LMN-A (bound 0.99, init_bias true) |"):
+        assert label in table, label

@@ -44,7 +44,7 @@ __all__ = [
 def _point(r: dict) -> tuple:
     """A configuration's identity but for the protocol's fields and the seed."""
     return (r["dataset"], r["model"], r.get("nonlinearity"), r.get("hidden"), r.get("memory"),
-            r.get("weight_decay"), r.get("protocol", LEGACY_PROTOCOL))
+            r.get("weight_decay"), r.get("protocol", LEGACY_PROTOCOL), r.get("memory_bound"))
 
 
 def _overrides(runs: Sequence[dict], what: str) -> dict[str, Any]:
@@ -64,10 +64,14 @@ def ablation_groups(base_runs: Sequence[dict], variant_runs: Sequence[dict]) -> 
     base's value in ``base_values``), its :func:`linmem.report.seed_groups` record
     (``variant``) and its base's (``base``). Ordered by data set, model, then factor.
     ``ValueError`` for a variant with no base among ``base_runs``, or one that changes nothing."""
+    by_point: dict[tuple, list[dict]] = {}
+    for r in base_runs:
+        by_point.setdefault(_point(r), []).append(r)
     bases: dict[tuple, dict] = {}
-    for group in seed_groups(base_runs):
-        runs = [r for r in base_runs if r["run"] in group["runs"]]
-        bases[_point(runs[0])] = {"group": group, "overrides": _overrides(runs, "base")}
+    for point, runs in by_point.items():
+        overrides = _overrides(runs, "base")  # one configuration: its seeds alike
+        (group,) = seed_groups(runs)
+        bases[point] = {"group": group, "overrides": overrides}
     by_factor: dict[tuple, list[dict]] = {}
     for r in variant_runs:
         key = (*_point(r), json.dumps(r.get("protocol_overrides") or {}, sort_keys=True))

@@ -260,14 +260,20 @@ def _otheractivation_of(group: dict) -> str | None:
 
 
 def _label(group: dict) -> str:
-    """The model's display name, with its activation when not the model's default."""
-    act = _otheractivation_of(group)
-    return display_name(group["model"]) + (f" ({act})" if act else "")
+    """The model's display name, with its activation when not the model's default, its memory
+    bound and the protocol fields its seeds depart from (``init_bias true``), where any."""
+    parts = [_otheractivation_of(group)]
+    if group.get("memory_bound") is not None:
+        parts.append(f"bound {group['memory_bound']:g}")
+    parts += [f"{k} {json.dumps(v)}" for k, v in group.get("overrides", ())]
+    extra = ", ".join(p for p in parts if p)
+    return display_name(group["model"]) + (f" ({extra})" if extra else "")
 
 
 def seed_groups(runs: Sequence[dict]) -> list[dict]:
     """Runs (``metrics.json`` records of :func:`collect_metrics`) that differ only in their seed,
-    grouped by (data set, model, activation, sizes, weight decay): per group the seeds that
+    grouped by (data set, model, activation, sizes, weight decay, memory bound, the protocol
+    fields they depart from): per group the seeds that
     finished (``seeds``) and those that failed (``diverged_seeds``: records with a
     ``diverged`` field and no scores, ``failed_on`` where each failed,
     :func:`linmem.runs.failed_on`), and the mean, standard deviation (``ddof = 1``), minimum
@@ -275,16 +281,19 @@ def seed_groups(runs: Sequence[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         key = (r["dataset"], r["model"], activation_of(r), r.get("hidden"), r.get("memory"),
-               r.get("weight_decay"))
+               r.get("weight_decay"), r.get("memory_bound"),
+               tuple(sorted((r.get("protocol_overrides") or {}).items())))
         groups.setdefault(key, []).append(r)
     out = []
-    for (dataset, model, act, hidden, memory, wd), every in groups.items():
+    for (dataset, model, act, hidden, memory, wd, bound, overrides), every in groups.items():
         seeds = [r.get("seed") for r in every]
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"{model} on {dataset}: seed {seeds} given twice")
         rs = [r for r in every if "diverged" not in r]
         group = {"dataset": dataset, "model": model, "nonlinearity": act, "hidden": hidden,
                  "memory": memory, "weight_decay": wd,
+                 **({"memory_bound": bound} if bound is not None else {}),
+                 **({"overrides": list(overrides)} if overrides else {}),
                  "seeds": sorted(r.get("seed") for r in rs),
                  "diverged_seeds": sorted(r.get("seed") for r in every if "diverged" in r),
                  "failed_on": {str(r.get("seed")): failed_on(r) for r in every
