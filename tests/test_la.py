@@ -6,6 +6,7 @@ import scipy.linalg
 import torch
 
 import linmem.la as la_module
+from linmem.data import load_polyphonic
 from linmem.la import LinearAutoencoder, NotFittedError, build_xi, xi_rows, xi_squared_norm
 
 
@@ -203,9 +204,12 @@ def test_float32_torch_input_and_batched_encode():
     la64 = LinearAutoencoder(10, solver="dense").fit(seqs)
     np.testing.assert_allclose(la.singular_values_, la64.singular_values_, rtol=1e-4)
     fast = LinearAutoencoder(10, solver="randomized", tol=1e-8, random_state=0).fit(
-        [s.astype(np.float32) for s in seqs])  # float32 in: float32 throughout
-    assert fast.A_.dtype == np.float32 and fast.iteration_dtype_ == "float32"
+        [s.astype(np.float32) for s in seqs])  # float32 in and out, solved in float64
+    assert fast.A_.dtype == np.float32 and fast.iteration_dtype_ == "float64"
     np.testing.assert_allclose(fast.singular_values_, la64.singular_values_, rtol=1e-4)
+    loose = LinearAutoencoder(10, solver="randomized", tol=1e-2, random_state=0).fit(
+        [s.astype(np.float32) for s in seqs])  # a loose tolerance iterates in float32
+    assert loose.A_.dtype == np.float32 and loose.iteration_dtype_ == "float32"
     padded = np.zeros((3, 9, 4))
     for i, s in enumerate(seqs):
         padded[i, : len(s)] = s
@@ -416,3 +420,19 @@ def test_the_readme_fit_is_deterministic(jsb):
     b = LinearAutoencoder(n_components=100).fit(jsb["train"])
     assert a.solver_ == "randomized"
     assert np.array_equal(a.A_, b.A_) and np.array_equal(a.B_, b.B_)
+
+
+def test_a_long_sequence_keeps_its_components_in_every_precision(data_dir):
+    """Piano-midi.de's longest training sequence (3,857 frames, uint8 as the data set gives it)
+    at full length, 50 components: uint8, float32 and float64 keep all 50, with the same
+    singular values to float32 precision (the rank's cutoff once scaled with float32's eps and
+    Xi's width, 3,857 x 88 columns, and kept 1)."""
+    x = max(load_polyphonic("piano", root=data_dir)["train"], key=len)
+    assert x.shape == (3857, 88) and x.dtype == np.uint8
+    fits = {dt: LinearAutoencoder(50, tol=1e-2).fit([x.astype(dt)])
+            for dt in (np.uint8, np.float32, np.float64)}
+    reference = fits[np.float64].singular_values_
+    for dt, la in fits.items():
+        assert la.n_components_ == 50 and la.solver_ == "randomized", dt
+        np.testing.assert_allclose(la.singular_values_, reference, rtol=1e-5)
+    assert fits[np.uint8].A_.dtype == np.float32  # the attributes in the input's precision

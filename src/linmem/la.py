@@ -398,7 +398,8 @@ class LinearAutoencoder:
             (squared singular values) changes by less than ``tol`` relative to itself, or
             ``max_iter`` iterations; ``n_iter_`` says how many it took. With ``tol >= 1e-4``
             it iterates in float32 (``iteration_dtype_``), about twice as fast in half the
-            memory, and takes the final Rayleigh-Ritz step in the input's precision, so that a
+            memory, and takes the final Rayleigh-Ritz step in float64 (every fit solves in
+            float64, the attributes in the input's precision after), so that a
             float64 fit at full rank stays exact. ``tol = 1e-2`` put the optimal rank-p error
             within 1e-3 (relative) of the dense SVD's on JSB Chorales
             (``benchmarks/la_solvers.py``). Default: ``1e-8``.
@@ -455,7 +456,12 @@ class LinearAutoencoder:
         check_int("window", self.window, none_ok=True)
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
-        seqs, dtype = _as_sequences(sequences)
+        seqs, out_dtype = _as_sequences(sequences)
+        # solved in float64 whatever the input's precision, the attributes then in the input's:
+        # the numerical rank's cutoff scales with eps and with the width of Xi (window x a),
+        # and at full length in float32 it dropped components of a third of s_1 that float64
+        # keeps (a uint8 piano roll is exact in either)
+        seqs, dtype = [s.astype(np.float64, copy=False) for s in seqs], np.dtype(np.float64)
         a = seqs[0].shape[1]
         self.n_features_in_ = a
         self.mean_ = (np.concatenate(seqs).mean(0) if self.center else np.zeros(a, dtype))
@@ -504,6 +510,10 @@ class LinearAutoencoder:
             0.0, 1.0 - float((self.singular_values_.astype(np.float64) ** 2).sum())
             / self.xi_norm2_) if self.xi_norm2_ > 0 else 0.0
         self.C_ = np.concatenate([self.A_.T, self.B_.T], 0)  # (a + p, p): [x_t; y_{t-1}] = C y_t
+        for name in ("A_", "B_", "C_", "components_", "singular_values_", "all_singular_values_",
+                     "mean_"):
+            if hasattr(self, name):
+                setattr(self, name, getattr(self, name).astype(out_dtype, copy=False))
         return self
 
     def truncated(self, n_components: int) -> LinearAutoencoder:
