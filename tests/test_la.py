@@ -204,8 +204,8 @@ def test_float32_torch_input_and_batched_encode():
     la64 = LinearAutoencoder(10, solver="dense").fit(seqs)
     np.testing.assert_allclose(la.singular_values_, la64.singular_values_, rtol=1e-4)
     fast = LinearAutoencoder(10, solver="randomized", tol=1e-8, random_state=0).fit(
-        [s.astype(np.float32) for s in seqs])  # float32 in and out, solved in float64
-    assert fast.A_.dtype == np.float32 and fast.iteration_dtype_ == "float64"
+        [s.astype(np.float32) for s in seqs])  # float32 in and out, iterated in float32
+    assert fast.A_.dtype == np.float32 and fast.iteration_dtype_ == "float32"
     np.testing.assert_allclose(fast.singular_values_, la64.singular_values_, rtol=1e-4)
     loose = LinearAutoencoder(10, solver="randomized", tol=1e-2, random_state=0).fit(
         [s.astype(np.float32) for s in seqs])  # a loose tolerance iterates in float32
@@ -413,6 +413,7 @@ def test_two_default_fits_are_the_same():
     assert not np.array_equal(c.A_, d.A_)  # a fresh start each: not bit for bit
 
 
+@pytest.mark.slow
 def test_the_readme_fit_is_deterministic(jsb):
     """The README's ten lines: LinearAutoencoder(n_components=100) on JSB Chorales' training
     split ("auto" takes the randomized solver there), twice: the same matrices."""
@@ -422,6 +423,7 @@ def test_the_readme_fit_is_deterministic(jsb):
     assert np.array_equal(a.A_, b.A_) and np.array_equal(a.B_, b.B_)
 
 
+@pytest.mark.slow
 def test_a_long_sequence_keeps_its_components_in_every_precision(data_dir):
     """Piano-midi.de's longest training sequence (3,857 frames, uint8 as the data set gives it)
     at full length, 50 components: uint8, float32 and float64 keep all 50, with the same

@@ -325,19 +325,21 @@ def _subspace(op: _ImplicitXi, r: int, p: int, rng, max_iter: int, tol: float):
         iterations += 1
 
 
-def _svd_randomized(seqs, window, p, rng, n_oversamples, max_iter, tol):
+def _svd_randomized(seqs, window, p, rng, n_oversamples, max_iter, tol, iterate=None):
     """Top-``p`` singular values ``s`` of ``Xi`` and right singular vectors ``U``
     ``(window a, kept)`` (only the numerically nonzero ones are kept) by subspace iteration
     (:func:`_subspace`), and ``{"n_iter", "iteration_dtype"}``: how it ran.
 
-    With ``tol >= 1e-4`` the iteration runs in float32 whatever the input's precision (twice the
+    ``iterate``: the precision of the iterations below that tolerance (the caller's input's;
+    default ``seqs``'). With ``tol >= 1e-4`` the iteration runs in float32 whatever the input's
+    precision (twice the
     speed, half the memory; float32 resolves the Ritz values to about 1e-6, far below ``tol``),
     and the final Rayleigh-Ritz step on the subspace found runs in the input's precision. Its
     ``U = Xi^T Q E S^-1`` lies in the row space of ``Xi`` and is orthonormal to the input's
     precision (the metric ``Q^T Q`` absorbs the float32 rounding of ``Q``), so a fit at full rank
     stays exact in float64."""
     dtype = seqs[0].dtype
-    work = np.dtype(np.float32) if tol >= _FLOAT32_TOL else dtype
+    work = np.dtype(np.float32) if tol >= _FLOAT32_TOL else np.dtype(iterate or dtype)
     op = _ImplicitXi([s.astype(work, copy=False) for s in seqs], window)
     r = min(p + n_oversamples, op.n_rows, op.n_cols)
     q, evals, evecs, iterations = _subspace(op, r, p, rng, max_iter, tol)
@@ -396,8 +398,9 @@ class LinearAutoencoder:
         max_iter: the randomized solver's iteration bound. Default: 30.
         tol: the randomized solver iterates until each of the top ``n_components`` Ritz values
             (squared singular values) changes by less than ``tol`` relative to itself, or
-            ``max_iter`` iterations; ``n_iter_`` says how many it took. With ``tol >= 1e-4``
-            it iterates in float32 (``iteration_dtype_``), about twice as fast in half the
+            ``max_iter`` iterations; ``n_iter_`` says how many it took. With ``tol >= 1e-4``,
+            or a float32 input, it iterates in float32 (``iteration_dtype_``), about twice as
+            fast in half the
             memory, and takes the final Rayleigh-Ritz step in float64 (every fit solves in
             float64, the attributes in the input's precision after), so that a
             float64 fit at full rank stays exact. ``tol = 1e-2`` put the optimal rank-p error
@@ -493,7 +496,8 @@ class LinearAutoencoder:
         else:
             rng = np.random.default_rng(self.random_state)
             over = self.n_oversamples if self.n_oversamples is not None else max(10, p // 2)
-            s, u, info = _svd_randomized(seqs, window, p, rng, over, self.max_iter, self.tol)
+            s, u, info = _svd_randomized(seqs, window, p, rng, over, self.max_iter, self.tol,
+                                         iterate=out_dtype)  # float32 input: float32 iterations
             self.n_iter_, self.iteration_dtype_ = info["n_iter"], info["iteration_dtype"]
             if len(s) < p:
                 warnings.warn(f"n_components={p} exceeds the numerical rank of Xi "
