@@ -332,9 +332,9 @@ def _svd_randomized(seqs, window, p, rng, n_oversamples, max_iter, tol, iterate=
 
     ``iterate``: the precision of the iterations below that tolerance (the caller's input's;
     default ``seqs``'). With ``tol >= 1e-4`` the iteration runs in float32 whatever the input's
-    precision (twice the
-    speed, half the memory; float32 resolves the Ritz values to about 1e-6, far below ``tol``),
-    and the final Rayleigh-Ritz step on the subspace found runs in the input's precision. Its
+    precision (twice the speed, half the memory; float32 resolves the Ritz values to about 1e-6,
+    far below ``tol``), and the final Rayleigh-Ritz step on the subspace found runs in the
+    precision of ``seqs``. Its
     ``U = Xi^T Q E S^-1`` lies in the row space of ``Xi`` and is orthonormal to the input's
     precision (the metric ``Q^T Q`` absorbs the float32 rounding of ``Q``), so a fit at full rank
     stays exact in float64."""
@@ -400,10 +400,9 @@ class LinearAutoencoder:
             (squared singular values) changes by less than ``tol`` relative to itself, or
             ``max_iter`` iterations; ``n_iter_`` says how many it took. With ``tol >= 1e-4``,
             or a float32 input, it iterates in float32 (``iteration_dtype_``), about twice as
-            fast in half the
-            memory, and takes the final Rayleigh-Ritz step in float64 (every fit solves in
-            float64, the attributes in the input's precision after), so that a
-            float64 fit at full rank stays exact. ``tol = 1e-2`` put the optimal rank-p error
+            fast in half the memory, and takes the final Rayleigh-Ritz step in float64 (the
+            attributes are then in the input's precision), so that a float64 fit at full rank
+            stays exact. ``tol = 1e-2`` put the optimal rank-p error
             within 1e-3 (relative) of the dense SVD's on JSB Chorales
             (``benchmarks/la_solvers.py``). Default: ``1e-8``.
 
@@ -460,10 +459,11 @@ class LinearAutoencoder:
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
         seqs, out_dtype = _as_sequences(sequences)
-        # solved in float64 whatever the input's precision, the attributes then in the input's:
-        # the numerical rank's cutoff scales with eps and with the width of Xi (window x a),
-        # and at full length in float32 it dropped components of a third of s_1 that float64
-        # keeps (a uint8 piano roll is exact in either)
+        # the decomposition's last step (and so the numerical rank's cutoff) in float64 whatever
+        # the input's precision, the attributes then in the input's: the cutoff scales with eps
+        # and with the width of Xi (window x a), and at full length in float32 it dropped
+        # components of a third of s_1 that float64 keeps (a uint8 piano roll is exact in
+        # either); the randomized solver still iterates in the input's precision
         seqs, dtype = [s.astype(np.float64, copy=False) for s in seqs], np.dtype(np.float64)
         a = seqs[0].shape[1]
         self.n_features_in_ = a
