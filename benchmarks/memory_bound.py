@@ -2,8 +2,9 @@
 the bound does to the pretraining's closed-form memory.
 
 ``--part cost``: per forward and backward of a batch-1 training step of LMN-B(M, M), side by
-side in one run: the step with no bound, then the time each parametrization adds (the one
-linmem uses: the exact norm, ``torch.linalg.matrix_norm(V, 2)``; the Schatten 2^q-norm by q
+side in one run: the step with no bound, then the time each parametrization adds (the layer's
+own ``LMN(memory_bound=0.99)``, end to end; then the norm alone, rescaling the unbounded
+layer's matrix: the one linmem uses: the exact norm, ``torch.linalg.matrix_norm(V, 2)``; the Schatten 2^q-norm by q
 squarings, an upper bound; one warm-started power iteration, as
 ``torch.nn.utils.parametrizations.spectral_norm``, which holds the bound only approximately).
 Run it with nothing else busy, one thread.
@@ -76,8 +77,12 @@ def cost(sizes: list[int], steps: int, repeats: int) -> list[dict]:
         model = build_model("lmn-b", m, m)
         x = (torch.rand(1, steps, 88) < 0.05).float()
         u = torch.nn.functional.normalize(torch.randn(m), dim=0)
+        torch.manual_seed(0)
+        bounded = build_model("lmn-b", m, m, memory_bound=0.99)
         base = _time(functools.partial(_step, model, x), repeats)
-        row = {"memory": m, "steps": steps, "step_s": base}
+        row = {"memory": m, "steps": steps, "step_s": base,
+               "layer memory_bound=0.99": _time(functools.partial(_step, bounded, x), repeats)
+               - base}
         for name, norm in (("exact (linmem)", lambda w: torch.linalg.matrix_norm(w, 2)),
                            ("schatten q=20 (onnx)", schatten_norm),
                            ("schatten q=6", lambda w: schatten_norm(w, 6)),
