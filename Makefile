@@ -266,12 +266,18 @@ results-ablation-paper: install
 # start (nn.Linear's default, the key-rate bias), seeds 1-3 of each cell, the seeds outermost so
 # that every cell has its first seed before any has its second; NAME:SOURCE, SOURCE the selected
 # run whose configuration it reseeds (Piano-midi.de's LMN-A, whose every grid point diverged,
-# takes its LMN-B's (250, 250)); resumable: run it again
+# takes its LMN-B's (250, 250)); resumable: run it again (a seed published in
+# results/bounded-memory/pilot is a result and is not run again, as on a fresh machine)
 BOUND_PILOT ?= piano-lmn-a:piano-lmn-b jsb-lmn-b:jsb-lmn-b jsb-lmn-a:jsb-lmn-a piano-lmn-b:piano-lmn-b
 BOUND_PILOT_R ?= 0.99
+BOUND_SEEDS ?= 1 2 3
+# the bound's sweep, on validation: make results-bound-pilot BOUND_PILOT_R="0.9 1.0" BOUND_SEEDS=1
 results-bound-pilot: install
-	for s in 1 2 3; do for cell in $(BOUND_PILOT); do name=$${cell%%:*}; \
+	for s in $(BOUND_SEEDS); do for cell in $(BOUND_PILOT); do name=$${cell%%:*}; \
 	  for r in null $(BOUND_PILOT_R); do for bias in false true; do \
+	    pub=results/bounded-memory/pilot/$$name-bound-$$r-bias-$$bias-s$$s; \
+	    if [ -f $$pub/metrics.json ] || [ -f $$pub/diverged.json ]; then \
+	      echo "$$pub: published, not run again"; continue; fi; \
 	    $(T2_RUN) reseed $(P_SEL)/$${cell##*:} --seeds $$s --data-dir $(DATA) --quiet \
 	      --set model=$${name#*-} --set memory_bound=$$r --set init_bias=$$bias \
 	      --out runs/bound-pilot/$$name-bound-$$r-bias-$$bias; done; done; done; done
