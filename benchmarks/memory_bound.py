@@ -4,7 +4,9 @@ the bound does to the pretraining's closed-form memory.
 ``--part cost``: per forward and backward of a batch-1 training step of LMN-B(M, M), side by
 side in one run: the step with no bound, then the time each parametrization adds (the layer's
 own ``LMN(memory_bound=0.99)``, end to end; then the norm alone, rescaling the unbounded
-layer's matrix: the one linmem uses: the exact norm, ``torch.linalg.matrix_norm(V, 2)``; the Schatten 2^q-norm by q
+layer's matrix: the one linmem uses, exact, the largest eigenpair of ``V^T V``
+(:func:`linmem.bound.spectral_norm`); the exact norm by a full SVD,
+``torch.linalg.matrix_norm(V, 2)``; the Schatten 2^q-norm by q
 squarings, an upper bound; one warm-started power iteration, as
 ``torch.nn.utils.parametrizations.spectral_norm``, which holds the bound only approximately).
 Run it with nothing else busy, one thread.
@@ -67,12 +69,12 @@ def _step(model, x: torch.Tensor, norm=None) -> None:
     out.sum().backward()
 
 
-def cost(sizes: list[int], steps: int, repeats: int) -> list[dict]:
-    from linmem.bound import schatten_norm
+def cost(sizes: list[int], lengths: list[int], repeats: int) -> list[dict]:
+    from linmem.bound import schatten_norm, spectral_norm
     from linmem.models import build_model
 
     rows = []
-    for m in sizes:
+    for m, steps in ((m, steps) for m in sizes for steps in lengths):
         torch.manual_seed(0)
         model = build_model("lmn-b", m, m)
         x = (torch.rand(1, steps, 88) < 0.05).float()
@@ -83,7 +85,8 @@ def cost(sizes: list[int], steps: int, repeats: int) -> list[dict]:
         row = {"memory": m, "steps": steps, "step_s": base,
                "layer memory_bound=0.99": _time(functools.partial(_step, bounded, x), repeats)
                - base}
-        for name, norm in (("exact (linmem)", lambda w: torch.linalg.matrix_norm(w, 2)),
+        for name, norm in (("exact, one eigenpair (linmem)", spectral_norm),
+                           ("exact, SVD (matrix_norm)", lambda w: torch.linalg.matrix_norm(w, 2)),
                            ("schatten q=20 (onnx)", schatten_norm),
                            ("schatten q=6", lambda w: schatten_norm(w, 6)),
                            ("power iteration x1", functools.partial(power_iteration_norm, u=u))):
@@ -121,7 +124,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--part", choices=("cost", "norms", "all"), default="all")
     p.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 250, 500])
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, nargs="+", default=[60, 200],
+                   help="sequence lengths (JSB Chorales' sequences are about 60 steps long)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--components", type=int, nargs="+", default=[50, 250])
     p.add_argument("--bounds", type=float, nargs="+", default=[0.9, 0.99, 1.0])

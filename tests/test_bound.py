@@ -4,35 +4,86 @@ closed-form bound over 20,000 steps, gradients match finite differences, and the
 compiles, exports (torch.export, ONNX) and trains from the command line."""
 
 import json
+import math
 
 import pytest
 import torch
 from torch.export import Dim, export
 
 from linmem import LMN, LMNCell
-from linmem.bound import bounded_memory, check_memory_bound, memory_norm_bound, schatten_norm
+from linmem.bound import (
+    bounded_memory,
+    check_memory_bound,
+    memory_norm_bound,
+    schatten_norm,
+    spectral_norm,
+)
 from linmem.models import build_model
 from linmem.nn import memory_radii_of
 
 
-def spectral_norm(w):
+def exact_norm(w):
     return float(torch.linalg.matrix_norm(w.detach().double(), 2))
 
 
 def test_the_matrix_is_the_parameter_inside_the_ball_and_rescaled_outside():
     g = torch.Generator().manual_seed(0)
     v = torch.randn(7, 7, generator=g, dtype=torch.float64)
-    norm = spectral_norm(v)
+    norm = exact_norm(v)
     assert torch.equal(bounded_memory(v, 2 * norm), v)  # inside: exactly the parameter
     assert bounded_memory(v, None) is v
     w = bounded_memory(v, 0.5)
     torch.testing.assert_close(w, v * 0.5 / norm, rtol=1e-12, atol=0)
-    assert spectral_norm(w) == pytest.approx(0.5, rel=1e-12)
+    assert exact_norm(w) == pytest.approx(0.5, rel=1e-12)
     for bad in (0, -1.0, float("inf"), float("nan"), True, "0.9"):
         with pytest.raises(ValueError, match="memory_bound must be a positive number"):
             check_memory_bound(bad)
         with pytest.raises(ValueError, match="memory_bound must be a positive number"):
             LMN(3, 4, 5, memory_bound=bad)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 5), (50, 50), (250, 250), (6, 4), (4, 6)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_norm_is_the_largest_singular_value_and_its_gradient_the_top_pair(shape, dtype):
+    """linmem::spectral_norm (one eigenpair of the Gram matrix) against a float64 SVD, at
+    scales whose Gram matrix would overflow or underflow; its gradient is u_1 v_1^T, the
+    gradient torch.linalg.matrix_norm gives."""
+    g = torch.Generator().manual_seed(7 + sum(shape))
+    for scale in (1e-30, 1e-3, 1.0, 1e3, 1e30):
+        v = (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+        exact = torch.linalg.matrix_norm(v.double(), 2)
+        got = spectral_norm(v)
+        assert got.dtype == dtype and got.shape == ()
+        assert float(got) == pytest.approx(float(exact), rel=8 * torch.finfo(dtype).eps)
+    v = torch.randn(*shape, generator=g, dtype=dtype, requires_grad=True)
+    (grad,) = torch.autograd.grad(spectral_norm(v), v)
+    (reference,) = torch.autograd.grad(torch.linalg.matrix_norm(v, 2), v)
+    torch.testing.assert_close(grad, reference, rtol=0, atol=100 * torch.finfo(dtype).eps)
+
+
+def test_the_norm_of_degenerate_matrices():
+    assert float(spectral_norm(torch.zeros(4, 3))) == 0.0
+    zero = torch.zeros(3, 3, requires_grad=True)
+    (grad,) = torch.autograd.grad(spectral_norm(zero), zero)
+    assert torch.equal(grad, torch.zeros(3, 3))  # a subgradient at 0
+    for bad in (math.nan, math.inf):
+        v = torch.eye(3)
+        v[1, 2] = bad
+        assert math.isnan(float(spectral_norm(v)))  # a diverged matrix stays visible
+        assert torch.isnan(bounded_memory(v, 0.9)).all()
+    half = (torch.randn(8, 8) * 2).to(torch.bfloat16)
+    assert float(spectral_norm(half)) == pytest.approx(
+        float(torch.linalg.matrix_norm(half.double(), 2)), rel=torch.finfo(torch.bfloat16).eps)
+    with pytest.raises(ValueError, match="takes a matrix"):
+        spectral_norm(torch.ones(2, 2, 2))
+
+
+def test_the_norm_operator_is_registered_whole():
+    """torch.library.opcheck: schema, fake tensor, autograd registration."""
+    g = torch.Generator().manual_seed(11)
+    for shape in [(5, 5), (6, 3), (2, 7)]:
+        v = torch.randn(*shape, generator=g, requires_grad=True)
+        torch.library.opcheck(torch.ops.linmem.spectral_norm, (v,))
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (5, 5), (50, 50), (250, 250), (6, 4), (4, 6)])
@@ -67,8 +118,8 @@ def test_bound_holds_after_thousands_of_adam_steps_at_a_large_learning_rate():
         opt.zero_grad()
         loss.backward()
         opt.step()
-        worst = max(worst, spectral_norm(lmn.memory_weight()))
-    assert spectral_norm(lmn.weight_mm_l0) > 10  # the parameter went far outside the ball
+        worst = max(worst, exact_norm(lmn.memory_weight()))
+    assert exact_norm(lmn.weight_mm_l0) > 10  # the parameter went far outside the ball
     assert worst <= 0.95 * (1 + 1e-5)
 
 
@@ -79,9 +130,9 @@ def test_bound_holds_after_loading_any_state_dict():
     lmn.load_state_dict(state)
     for k in range(2):
         for reverse in (False, True):
-            assert spectral_norm(lmn.memory_weight(k, reverse)) <= 0.9 * (1 + 1e-5)
+            assert exact_norm(lmn.memory_weight(k, reverse)) <= 0.9 * (1 + 1e-5)
             raw = lmn.layer_weights(k, reverse)["weight_mm"]
-            assert spectral_norm(raw) > 100  # the loaded values themselves are kept
+            assert exact_norm(raw) > 100  # the loaded values themselves are kept
     # the diagnostics see the matrix the layer runs with
     assert max(memory_radii_of(lmn.state_dict(), 0.9)) <= 0.9 * (1 + 1e-6)
     assert max(memory_radii_of(lmn.state_dict())) > 10
@@ -171,7 +222,7 @@ def test_compile_and_export_with_the_bound(tmp_path):
     model = build_model("lmn-b", 6, 5, memory_bound=0.4)
     with torch.no_grad():
         model.core.weight_mm_l0.mul_(5)  # well outside the ball
-    assert spectral_norm(model.core.memory_weight()) == pytest.approx(0.4, rel=1e-5)
+    assert exact_norm(model.core.memory_weight()) == pytest.approx(0.4, rel=1e-5)
     counters = torch._dynamo.utils.counters
     counters.clear()
     compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")

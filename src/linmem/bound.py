@@ -14,9 +14,14 @@ rescaled matrix. With ``r < 1`` and a bounded activation (``|h| <= 1``, tanh) th
 contractive: ``||m_t|| <= (||W^hm||_2 sqrt(H) + ||b^m||) / (1 - r)`` for every input and every
 ``t`` (:func:`memory_norm_bound`).
 
-``||V||_2`` is computed once per forward (not per step), exactly, by
-``torch.linalg.matrix_norm(V, 2)`` (an SVD; measured against the alternatives in
-``benchmarks/memory_bound.py``). ONNX has no SVD: under ``torch.onnx.export`` the norm is the
+``||V||_2`` is computed once per forward (not per step), exactly, by the operator
+``linmem::spectral_norm`` (:func:`spectral_norm`): the largest eigenpair alone of the Gram
+matrix ``V^T V`` (LAPACK's ``syevr`` for one eigenvalue on the CPU, ``eigh`` elsewhere), its
+gradient ``u_1 v_1^T`` from the singular vectors that the forward found. At ``M = 250`` it adds
+a third of what ``torch.linalg.matrix_norm(V, 2)`` (a full SVD, forward and backward) adds to a
+batch-1 training step, as accurately (``benchmarks/memory_bound.py --part cost``,
+``results/bounded-memory/cost.json``). ONNX has no
+SVD: under ``torch.onnx.export`` the norm is the
 Schatten ``2p``-norm ``tr((V^T V)^p)^(1/2p)`` by repeated squaring (:func:`schatten_norm`), never
 below ``||V||_2`` and above it by at most ``M^(1/2p)`` (``p = 2^20``: ``1 + 3e-6`` at ``M =
 1000``), so the exported bound holds too and the outputs equal eager's to float32 rounding.
@@ -26,10 +31,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import scipy.linalg
 import torch
 from torch import Tensor
 
-__all__ = ["bounded_memory", "check_memory_bound", "memory_norm_bound", "schatten_norm"]
+__all__ = ["bounded_memory", "check_memory_bound", "memory_norm_bound", "schatten_norm",
+           "spectral_norm"]
 
 _SQUARINGS = 20  # p = 2^20 in the ONNX path's Schatten norm
 
@@ -60,14 +68,81 @@ def schatten_norm(weight: Tensor, squarings: int = _SQUARINGS) -> Tensor:
     return torch.exp(log_norm / 2)
 
 
+@torch.library.custom_op("linmem::spectral_norm", mutates_args=())
+def _spectral_norm(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(sigma_1, u_1, v_1)`` of a matrix: its largest singular value and a unit pair of
+    singular vectors (``weight @ v_1 = sigma_1 u_1``), from the largest eigenpair of the Gram
+    matrix of its smaller side; NaN throughout for a matrix with a non-finite entry."""
+    rows, cols = weight.shape
+    tall = rows >= cols
+    w = weight.detach()
+    if w.dtype not in (torch.float32, torch.float64):
+        w = w.float()
+    n = min(rows, cols)
+    if n == 0 or not bool(torch.isfinite(w).all()):
+        fill = 0.0 if n == 0 else math.nan
+        return (weight.new_full((), fill), weight.new_full((rows,), fill),
+                weight.new_full((cols,), fill))
+    scale = w.abs().max()  # the Gram matrix of the rescaled matrix neither overflows nor underflows
+    if scale == 0:
+        return weight.new_zeros(()), weight.new_zeros(rows), weight.new_zeros(cols)
+    w = w / scale
+    gram = w.T @ w if tall else w @ w.T
+    if gram.device.type == "cpu":  # one eigenpair (syevr), not the whole spectrum
+        lam, vec = scipy.linalg.eigh(gram.numpy(), subset_by_index=[n - 1, n - 1],
+                                     driver="evr", check_finite=False)
+        lam, vec = float(lam[0]), torch.from_numpy(np.ascontiguousarray(vec[:, 0]))
+    else:
+        values, vectors = torch.linalg.eigh(gram)
+        lam, vec = float(values[-1]), vectors[:, -1]
+    sigma = math.sqrt(max(lam, 0.0))
+    other = (w @ vec if tall else w.T @ vec) / sigma
+    u, v = (other, vec) if tall else (vec, other)
+    return (weight.new_full((), sigma * float(scale)), u.to(weight.dtype), v.to(weight.dtype))
+
+
+@_spectral_norm.register_fake
+def _spectral_norm_fake(weight):
+    rows, cols = weight.shape
+    return weight.new_empty(()), weight.new_empty(rows), weight.new_empty(cols)
+
+
+def _spectral_norm_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output[1], output[2])
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _spectral_norm_backward(ctx, grad_sigma, grad_u, grad_v):
+    """``d sigma_1 / dW = u_1 v_1^T``; under ``create_graph`` (``torch.is_grad_enabled()`` in
+    a backward) the same gradient through a differentiable SVD, so that second derivatives
+    are exact too."""
+    weight, u, v = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        left, _, right = torch.linalg.svd(weight, full_matrices=False)
+        return grad_sigma * (left[:, :1] @ right[:1])
+    return grad_sigma * torch.outer(u, v)
+
+
+_spectral_norm.register_autograd(_spectral_norm_backward, setup_context=_spectral_norm_setup)
+
+
+def spectral_norm(weight: Tensor) -> Tensor:
+    """``||W||_2`` of a matrix, exactly (to its dtype's rounding), differentiable; under
+    ``torch.onnx.export`` the upper bound :func:`schatten_norm` (ONNX has no eigensolver)."""
+    if weight.dim() != 2:
+        raise ValueError(f"spectral_norm takes a matrix, got a tensor of shape "
+                         f"{tuple(weight.shape)}")
+    if torch.onnx.is_in_onnx_export():
+        return schatten_norm(weight)
+    return torch.ops.linmem.spectral_norm(weight)[0]
+
+
 def bounded_memory(weight: Tensor, bound: float | None) -> Tensor:
     """The memory matrix eq. (7) runs with: ``weight`` itself without a bound, else ``weight``
     rescaled into the ball ``||W||_2 <= bound`` (unchanged inside it)."""
     if bound is None:
         return weight
-    norm = (schatten_norm(weight) if torch.onnx.is_in_onnx_export()
-            else torch.linalg.matrix_norm(weight, 2))
-    return weight * (bound / norm).clamp(max=1.0)
+    return weight * (bound / spectral_norm(weight)).clamp(max=1.0)
 
 
 def memory_norm_bound(weight_hm: Tensor, bias_m: Tensor | None, bound: float,
