@@ -309,3 +309,37 @@ def test_train_command_records_the_bound(tmp_path, data_dir, capsys, monkeypatch
                            "--data-dir", str(data_dir), "--out", str(tmp_path / "x"),
                            capsys=capsys)
     assert code == 2 and "lstm has no linear memory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys):
+    """linmem search --memory-bound (and --init-bias, the pilot's other factor): a study named
+    by both beside the unbounded one in a storage, every point of it trained bounded, a model
+    without a memory refused before any study is made."""
+    import optuna
+
+    from linmem.studies import search_records
+    from tests.test_cli import run_cli
+
+    out = tmp_path / "s"
+    common = ["search", "--grid", "tiny", "--model", "lmn-b", "--subset", "6", "--epochs", "2",
+              "--protocol", "paper", "--data-dir", str(data_dir), "--out", str(out), "--quiet"]
+    for extra in ([], ["--memory-bound", "0.9", "--init-bias"]):
+        code, _, err = run_cli(*common, *extra, capsys=capsys)
+        assert code == 0, err
+    storage = f"sqlite:///{out / 'search.db'}"
+    assert sorted(optuna.get_all_study_names(storage)) == [
+        "jsb-lmn-b-tiny@paper", "jsb-lmn-b-tiny@paper+init_bias=True+memory_bound=0.9"]
+    records = {r["study"]: r for r in search_records(storage, "tiny", protocol="paper")}
+    bounded = records["jsb-lmn-b-tiny@paper+init_bias=True+memory_bound=0.9"]
+    assert len(bounded["trials_run"]) == 4
+    for t in bounded["trials_run"]:
+        config = json.loads((out / bounded["study"] / t["point"] / "config.json").read_text())
+        assert config["memory_bound"] == 0.9 and config["init_bias"] is True
+    for t in records["jsb-lmn-b-tiny@paper"]["trials_run"]:
+        config = json.loads((out / "jsb-lmn-b-tiny@paper" / t["point"] / "config.json").read_text())
+        assert config["memory_bound"] is None and config["init_bias"] is False
+    code, _, err = run_cli("search", "--grid", "tiny", "--model", "lstm", "--memory-bound", "0.9",
+                           "--data-dir", str(data_dir), "--out", str(tmp_path / "x"), "--quiet",
+                           capsys=capsys)
+    assert code == 2 and "lstm has no linear memory" in err
+    assert not (tmp_path / "x" / "search.db").exists()

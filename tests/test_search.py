@@ -180,6 +180,11 @@ def test_a_departure_from_the_protocol_is_a_study_of_its_own_named_by_it(tmp_pat
     assert clipped.user_attrs["train"]["clip"] == 0.0568
     assert plain.user_attrs["train"]["clip"] == 5.0  # untouched beside it
     assert sorted(optuna.get_all_study_names(storage)) == [plain.study_name, clipped.study_name]
+    bounded = open_study(replace(config, base=replace(config.base, memory_bound=0.99)), "jsb",
+                         "lmn-b")
+    assert bounded.study_name == "jsb-lmn-b-tiny+clip=0.0568+memory_bound=0.99+patience=7"
+    assert bounded.user_attrs["train"]["memory_bound"] == 0.99
+    optuna.delete_study(study_name=bounded.study_name, storage=storage)
     # a study of that departure made before names carried it keeps its old name
     attrs = clipped.user_attrs
     optuna.delete_study(study_name=plain.study_name, storage=storage)

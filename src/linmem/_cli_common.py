@@ -243,9 +243,9 @@ def _train_fields() -> tuple[str, ...]:
 TRAIN_FIELDS = _train_fields()  # linmem train: all of them
 
 # linmem search: the fields its points share (its grid sets the sizes and the weight decay)
-SEARCH_FIELDS = ("lr", "epochs", "protocol", "patience", "batch_size", "loss_reduction", "select",
-                 "chunk", "clip", "on_divergence", "memory_bound", "k", "nade_hidden",
-                 "nade_samples", "seed", "cpu_kernel", "device", "data_dir")
+SEARCH_FIELDS = ("lr", "epochs", "protocol", "patience", "batch_size", "loss_reduction",
+                 "init_bias", "select", "chunk", "clip", "on_divergence", "memory_bound", "k",
+                 "nade_hidden", "nade_samples", "seed", "cpu_kernel", "device", "data_dir")
 
 
 def config_error(err: ValueError) -> UsageFailure:

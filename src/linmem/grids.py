@@ -139,9 +139,10 @@ def study_name(data: str, model: str, grid: str, protocol: str = "linmem",
                overrides: dict[str, Any] | None = None) -> str:
     """``DATA-MODEL-GRID``, ``@PROTOCOL`` after it for a protocol other than linmem's (the
     studies of both protocols share a storage), and ``+FIELD=VALUE`` for each field in which
-    the study departs from its protocol (``TrainConfig.protocol_overrides``), so that a study
-    with a departure never takes the name of one without it:
-    ``piano-lmn-b-paper-long@paper+clip=0.0568``."""
+    the study departs from its protocol (``TrainConfig.protocol_overrides``) or bounds the
+    memory (``memory_bound``), so that a study with a departure never takes the name of one
+    without it: ``piano-lmn-b-paper-long@paper+clip=0.0568``,
+    ``jsb-lmn-a-paper@paper+memory_bound=0.99``."""
     name = f"{data}-{model}-{grid}" + ("" if protocol == "linmem" else f"@{protocol}")
     for field, value in sorted((overrides or {}).items()):
         name += f"+{field}={value:g}" if isinstance(value, float) else f"+{field}={value}"

@@ -168,6 +168,8 @@ def open_study(config: SearchConfig, data: str, model: str, storage=None):
               if config.pruner == "median" else optuna.pruners.NopPruner())
     attrs = _study_attrs(config, data, model)
     overrides = config.base.protocol_overrides()
+    if config.base.memory_bound is not None:  # a bounded memory: a study of its own too
+        overrides["memory_bound"] = config.base.memory_bound
     name = study_name(data, model, config.grid, config.base.protocol, overrides)
     if overrides:  # a study made before names carried the departures keeps its name
         legacy = study_name(data, model, config.grid, config.base.protocol)
