@@ -201,6 +201,79 @@ def test_the_kernel_is_built_by_the_same_ninja_whatever_is_on_path(monkeypatch, 
     assert shutil.which("ninja") == str(Path(ninja.BIN_DIR) / "ninja")
 
 
+_KERNEL_FORWARD = ("import torch; from linmem import LMN, _ext; assert _ext.load_cpu_kernel() "
+                   "is not None; print(float(LMN(3, 4, 5)(torch.rand(6, 2, 3))[0].sum().detach()))")
+
+
+def _kernel_run(extensions: Path, timeout: float) -> subprocess.CompletedProcess:
+    """A fresh process's first LMN forward on the compiled kernel, its builds under
+    ``extensions`` (TORCH_EXTENSIONS_DIR)."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "LINMEM_CPU_KERNEL": "1",
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", _KERNEL_FORWARD], env=env, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on(tmp_path):
+    """torch's build lock survives a SIGKILL and made every later run wait forever, silently
+    (issue 78): a build folder holding such a lock (the built kernel copied beside it, so that
+    nothing needs compiling) loads at once, and says what it removed."""
+    assert _ext.load_cpu_kernel() is not None  # this process's build, copied
+    name = _ext._build_name()
+    folder = tmp_path / "ext" / name
+    shutil.copytree(_ext._build_directory(name), folder)
+    (folder / "lock").write_text("")  # as a process killed during the build leaves it
+    done = _kernel_run(tmp_path / "ext", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "was left by a build that was killed; removed" in done.stderr
+    assert not (folder / "lock").exists()
+    again = _kernel_run(tmp_path / "ext", timeout=60)  # and nothing is said when nothing is left
+    assert again.returncode == 0 and "removed" not in again.stderr, again.stderr
+    if _ext.fcntl is None:
+        return
+    import threading
+    import time
+
+    # a build under way elsewhere (its flock held here): waited for, and said so once
+    with open(folder / "linmem-build.lock", "a") as handle:
+        _ext.fcntl.flock(handle, _ext.fcntl.LOCK_EX)
+        release = threading.Timer(10.0, _ext.fcntl.flock, (handle, _ext.fcntl.LOCK_UN))
+        release.start()
+        started = time.monotonic()
+        waited = _kernel_run(tmp_path / "ext", timeout=60)
+        release.join()
+    assert waited.returncode == 0, waited.stderr
+    assert time.monotonic() - started >= 10
+    assert waited.stderr.count("waiting for another process that is building") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_ext.fcntl is None, reason="the flock lock is POSIX's; Windows has torch's")
+def test_a_run_after_a_kill_during_the_first_build_finishes(tmp_path):
+    """kill -9 of a first run during its kernel build (its own extension folder, so nothing
+    else's build is touched), then a second run: it builds and finishes within the minute."""
+    import signal
+    import time
+
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "LINMEM_CPU_KERNEL": "1",
+           "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-c", _KERNEL_FORWARD], env=env,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    lock = tmp_path / "ext" / _ext._build_name() / "lock"
+    deadline = time.monotonic() + 60
+    while not lock.exists() and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    assert lock.exists(), "the first run never started its build"
+    os.killpg(first.pid, signal.SIGKILL)  # the run and its compilers
+    first.wait()
+    assert lock.exists()  # what torch leaves
+    started = time.monotonic()
+    done = _kernel_run(tmp_path / "ext", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 60 * 2  # 2 busy cores build in 20-60 s
+    assert "was left by a build that was killed; removed" in done.stderr
+
+
 def test_layer_input_errors():
     lmn = LMN(4, 5, 6)
     x = torch.rand(7, 0, 4, requires_grad=True)  # an empty batch, as torch.nn.RNN allows

@@ -3,10 +3,11 @@ built on first use, and the choice of the path the CPU runs (measured on the LMN
 
 The build is PyTorch's JIT C++ extension (a C++ compiler and the ``ninja`` of the ``ninja``
 wheel; about 15 s once per machine and installed copy, cached under ``TORCH_EXTENSIONS_DIR``
-or ``~/.cache/torch_extensions``). One build holds the kernel's loops compiled for every instruction
-set of the architecture (on x86-64: AVX-512, AVX2 + FMA and the SSE2 baseline; elsewhere the
-baseline), each with a register tile that fits that instruction set; the CPU says at run time
-which it can execute (:func:`kernel_variants`).
+or ``~/.cache/torch_extensions``; a build killed half-way is started again by the next use,
+never waited on: :func:`_build_lock`). One build holds the kernel's loops compiled for every
+instruction set of the architecture (on x86-64: AVX-512, AVX2 + FMA and the SSE2 baseline;
+elsewhere the baseline), each with a register tile that fits that instruction set; the CPU says
+at run time which it can execute (:func:`kernel_variants`).
 
 Which path runs (:func:`cpu_path`): the first use on a machine measures the recurrence's
 forward and backward through every variant the CPU runs and through the PyTorch loop, on a small
@@ -19,14 +20,16 @@ warning says why and the PyTorch loop is used.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import platform
 import sys
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -34,6 +37,11 @@ import torch
 from torch.utils import cpp_extension
 
 from linmem._io import cpu_description, machine, write_json
+
+try:
+    import fcntl
+except ImportError:  # Windows: torch's own lock alone
+    fcntl = None
 
 __all__ = ["KERNEL_ENV", "cpu_path", "kernel_variants", "load_cpu_kernel"]
 
@@ -82,6 +90,40 @@ def _build_directory(name: str) -> Path | None:
         return None
 
 
+@contextlib.contextmanager
+def _build_lock(directory: Path | None) -> Iterator[None]:
+    """Held around torch's build: an ``flock`` on ``linmem-build.lock``, which the system drops
+    when its holder dies. torch's own lock (the file ``lock``) survives a SIGKILL, and every
+    later load would wait on it forever, silently; under this lock that file can only be left by
+    a build that was killed, so it is removed. A process that finds another building says so
+    once and waits for it."""
+    if directory is None or fcntl is None:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "linmem-build.lock", "a") as handle:
+        started, told = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told and time.monotonic() - started > 2:
+                    print(f"linmem: waiting for another process that is building the LMN's CPU "
+                          f"kernel in {directory}", file=sys.stderr, flush=True)
+                    told = True
+                time.sleep(0.1)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                print(f"linmem: {stale} was left by a build that was killed; removed",
+                      file=sys.stderr, flush=True)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @functools.cache
 def load_cpu_kernel() -> ModuleType | None:
     """The compiled module (``forward``, ``backward``, ``variants``), or ``None`` when
@@ -95,9 +137,10 @@ def load_cpu_kernel() -> ModuleType | None:
         if directory is None or not any(directory.glob(f"{name}*.so")):
             print("linmem: building the LMN's CPU kernel (once per machine and installed copy, "
                   "about 15 s)", file=sys.stderr, flush=True)
-        return cpp_extension.load(
-            name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
-            extra_ldflags=["-fopenmp"], verbose=False)
+        with _build_lock(directory):
+            return cpp_extension.load(
+                name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # no compiler, no ninja: fall back, say why
         warnings.warn(f"linmem: the compiled LMN kernel could not be built, the slower PyTorch "
                       f"loop is used ({type(err).__name__}: {str(err).strip()[-300:]})",
