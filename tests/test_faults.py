@@ -1,6 +1,7 @@
 """Newcomer and fault paths (issue 19): every bad input is one clear line with exit code 2, no
 run is lost or overwritten, and a failed start leaves nothing behind."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -272,6 +273,75 @@ def test_a_run_after_a_kill_during_the_first_build_finishes(tmp_path):
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 60 * 2  # 2 busy cores build in 20-60 s
     assert "was left by a build that was killed; removed" in done.stderr
+
+
+@contextlib.contextmanager
+def _small_disk(path: Path, size: str):
+    """A tmpfs of ``size`` mounted at ``path`` (None where this machine may not mount one)."""
+    path.mkdir()
+    mounted = shutil.which("mount") is not None and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True).returncode == 0
+    try:
+        yield path if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(path)], check=True)
+
+
+def _linmem(*args, limit_file_size: int | None = None) -> subprocess.CompletedProcess:
+    """``linmem ARGS`` in a process of its own (one thread), files it writes capped at
+    ``limit_file_size`` bytes (RLIMIT_FSIZE: a write past it fails with EFBIG) if given."""
+    def cap():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
+
+    return subprocess.run([sys.executable, "-m", "linmem", *map(str, args)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300, preexec_fn=cap if limit_file_size else None)
+
+
+def test_a_disk_that_fills_during_training_is_one_line_and_loses_no_epoch(tmp_path, data_dir):
+    """Epoch 1 written, then the disk fills (a small tmpfs, filled; where the machine may not
+    mount one, a cap on the size of the files written): the resumed run ends in one line, exit
+    1, its last good checkpoint kept, and --resume finishes a copy of it on another disk."""
+    train = ["train", "--data", "jsb", "--model", "lmn-b", "--hidden", "8", "--memory", "6",
+             "--batch-size", "8", "--data-dir", data_dir, "--quiet"]
+    with _small_disk(tmp_path / "disk", "4m") as disk:
+        run = (disk or tmp_path) / "run"
+        first = _linmem(*train, "--epochs", "1", "--out", run)
+        assert first.returncode == 0, first.stderr
+        if disk is not None:
+            with open(disk / "filler", "wb", buffering=0) as f:  # every page the tmpfs has left
+                for chunk in (1 << 16, 1 << 12):
+                    with contextlib.suppress(OSError):
+                        while True:
+                            f.write(b"\0" * chunk)
+                # pages for the lock and config.json (rewritten by the resume), none for a
+                # checkpoint
+                assert (run / "last.pt").stat().st_size > 6 * 4096
+                f.truncate(f.seek(0, os.SEEK_END) // 4096 * 4096 - 3 * 4096)
+        failed = _linmem(*train, "--epochs", "3", "--resume", "--out", run,
+                         limit_file_size=None if disk is not None else 1024)
+        lines = [line for line in failed.stderr.splitlines() if line.strip()]
+        assert failed.returncode == 1 and len(lines) == 1, failed.stderr
+        assert "Traceback" not in failed.stderr
+        why = "No space left on device" if disk is not None else "File too large"
+        assert lines[0].startswith("linmem: error: ") and why in lines[0], lines[0]
+        assert str(run) in lines[0]  # the file it could not write, named
+        if disk is not None:
+            assert "--resume continues a run" in lines[0]
+        if disk is not None:  # epoch 2 trained, its checkpoint was what did not fit
+            assert "last.pt" in lines[0] or "best.pt" in lines[0] or "log.jsonl" in lines[0]
+        kept = torch.load(run / "last.pt", weights_only=False)
+        assert kept["state"]["epoch"] == 1  # the last good checkpoint, whole
+        assert not list(run.glob(".*.part"))  # no temporary file left on the full disk
+        elsewhere = tmp_path / "elsewhere"
+        shutil.copytree(run, elsewhere)
+    done = _linmem(*train, "--epochs", "3", "--resume", "--out", elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((elsewhere / "metrics.json").read_text())["epochs"] == 3
 
 
 def test_layer_input_errors():

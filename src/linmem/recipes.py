@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._io import atomic_write, command_line, git_commit, machine, provenance, read_json, write_json
+from ._io import command_line, git_commit, machine, provenance, read_json, write_json
 from .config import LEGACY_PROTOCOL, PLACE_FIELDS, TrainConfig
 from .data import data_checksum, load_polyphonic
 from .la import LinearAutoencoder
@@ -51,6 +51,7 @@ from .runs import (
     PRETRAINING,
     ULM,
     rerun_cpu_seconds,
+    save_checkpoint,
     training_cpu_seconds,
 )
 from .train import TrainingDiverged, evaluate, load_run_model, train, with_data_dir
@@ -291,8 +292,7 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
     info = RECIPES[recipe].apply(model, config, data, run_dir, progress)
     info["wall_time_s"], info["machine"] = time.perf_counter() - started, machine(config.device)
     info["cpu_time_s"] = time.process_time() - cpu_started
-    with atomic_write(init_path) as f:
-        torch.save(model.state_dict(), f)
+    save_checkpoint(model.state_dict(), init_path)
     write_json(info_path, info)
     return info
 

@@ -19,6 +19,7 @@ A run directory (``linmem train --out RUN``) holds::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -386,11 +387,16 @@ class RunDirClaim:
             if same:
                 break
             file.close()
-        file.seek(0)
-        file.truncate()
-        file.write(f"linmem process {os.getpid()} on {platform.node()} (since "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n")
-        file.flush()
+        try:
+            file.seek(0)
+            file.truncate()
+            file.write(f"linmem process {os.getpid()} on {platform.node()} (since "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+            file.flush()
+        except OSError as err:  # a full disk: the run could write nothing anyway
+            with contextlib.suppress(OSError):
+                file.close()
+            raise type(err)(err.errno, err.strerror, str(path)) from None
         self.file = file
 
     def release(self) -> None:
@@ -442,8 +448,16 @@ def _checkpoint_fault(path: str | Path, err: Exception) -> str:
 
 
 def save_checkpoint(obj: Any, path: Path) -> None:
+    """``torch.save(obj)`` to ``path``, atomically. A write the disk refuses (full, over quota)
+    is its ``OSError``, naming ``path``: torch's zip writer would hide it behind a
+    ``RuntimeError`` ("unexpected pos") of its own end-of-file record."""
     with atomic_write(path) as f:
-        torch.save(obj, f)
+        try:
+            torch.save(obj, f)
+        except RuntimeError as err:
+            if isinstance(err.__context__, OSError):
+                raise err.__context__ from None
+            raise
 
 
 def save_last(obj: Any, run_dir: Path) -> None:
