@@ -168,6 +168,14 @@ def test_unreachable_server_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(D.DATASETS, "piano", info)
     with pytest.raises(DataError, match=r"could not download Piano-midi\.de"):
         load_polyphonic("piano", root=tmp_path, progress=False)
+    # a relative root that names folders not there (the README's, run outside the checkout):
+    # every folder the attempt made is removed again, the ones that were there are kept
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(DataError, match="could not download"):
+        load_polyphonic("piano", root="kept/shared/data/polyphonic", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    assert not any((tmp_path / "kept").iterdir())
 
 
 def test_local_pickle_is_read(tmp_path, jsb, data_dir):

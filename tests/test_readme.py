@@ -29,11 +29,14 @@ def _python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
 
 
-def test_readme_example_runs_and_says_what_it_gives(data_dir):
+def test_readme_example_runs_and_says_what_it_gives(data_dir, tmp_path, monkeypatch):
+    """As written, from a folder outside the checkout (the data from LINMEM_DATA)."""
     (block,) = _python_blocks(README)
     assert len(block.strip().splitlines()) <= 10
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LINMEM_DATA", str(data_dir))
     ns: dict = {}
-    _run(block, ns, README, **{'"../shared/data/polyphonic"': repr(str(data_dir))})
+    _run(block, ns, README)
     assert ns["out"].shape == (8, 50, 100) and ns["out2"].shape == (8, 20, 100)
     # LMN-B's output is its memory state: the last one is the returned m_n
     torch.testing.assert_close(ns["out"][:, -1], ns["m_n"][-1])

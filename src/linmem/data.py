@@ -499,15 +499,19 @@ class PolyphonicMusic(torch.utils.data.Dataset):
 
 def _download_any(info: DatasetInfo, dest: Path, progress: bool) -> None:
     errors = []
-    created = not dest.parent.exists()
+    # the folders the download makes (a relative root such as ../shared/data/polyphonic, run
+    # from elsewhere, makes three), deepest first
+    created = [folder for folder in (dest.parent, *dest.parent.parents) if not folder.exists()]
     for url in info.urls:
         try:
             _download(url, dest, info, progress)
             return
         except (OSError, http.client.HTTPException, DataError) as err:
             errors.append(f"{url}: {err}")
-    if created and dest.parent.is_dir() and not any(dest.parent.iterdir()):
-        dest.parent.rmdir()  # a failed download leaves no folder behind
+    for folder in created:  # a failed download leaves no folder behind
+        if not folder.is_dir() or any(folder.iterdir()):
+            break
+        folder.rmdir()
     raise DataError(f"could not download {info.title} into {dest.parent} ({errors[0]}"
                     + (f"; and {len(errors) - 1} other address" if len(errors) > 1 else "")
                     + f"); put {info.mat_file} there, set LINMEM_DATA or pass --data-dir to "
