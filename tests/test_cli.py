@@ -89,7 +89,9 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     expected = written["valid"]
     assert 0 < expected["acc_expected"] < 100 and 0 < expected["acc_expected_se"] < 5
     assert expected["expected_samples"] == 20 and expected["expected_seed"] == 4
-    assert written["seed"] == 4 and written["data_sha256"] == metrics["data_sha256"]
+    assert written["sampling_seed"] == 4 and written["data_sha256"] == metrics["data_sha256"]
+    assert written["seed"] == scored["seed"] == metrics["seed"] is not None  # the run's own
+    assert "sampling_seed" not in scored
     assert written["command"] and written["wall_time_s"] > 0  # (in-process: pytest's argv)
     assert 0 < written["cpu_time_s"] <= written["wall_time_s"] * 4  # its CPU time (progress)
     assert written["commit"] == metrics["commit"]

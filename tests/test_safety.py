@@ -634,3 +634,106 @@ def test_a_read_only_folder_is_one_line_for_every_command(tmp_path, finished_run
     one_line(code, err, 1, "Read-only file system", "choose a folder you can write")
     assert (str(target) if command in ("generate", "import-midi") else str(run)) in err
     assert leftovers(tmp_path) == []
+
+
+def test_a_newcomers_small_faults_are_one_clear_line(tmp_path, finished_run, data_dir, capsys,
+                                                     monkeypatch):
+    """Issue 78 item 5: plot keeps a file of the user's own unless --force; --resume of a folder
+    with no run says it starts one; --prediction's errors name --prediction; --memory 0 does not
+    offer "None"; corrupt data gives the command line's advice, not the library's; a text file
+    as best.pt is called what it is; a bad LINMEM_CPU_KERNEL leaves no folder; evaluate's seed is
+    the run's own."""
+    pytest.importorskip("matplotlib")
+    import json
+    import shutil
+
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"my own picture")
+    code, _, err = run_cli("plot", finished_run, "--out", mine, capsys=capsys)
+    one_line(code, err, 2, str(mine), "already exists", "--force")
+    assert mine.read_bytes() == b"my own picture"
+    code, _, err = run_cli("plot", finished_run, "--out", mine, "--force", capsys=capsys)
+    assert code == 0 and mine.read_bytes().startswith(b"\x89PNG"), err
+    code, _, err = run_cli("plot", finished_run, capsys=capsys)  # its own curves: drawn again
+    code2, _, err2 = run_cli("plot", finished_run, capsys=capsys)
+    assert code == code2 == 0, err + err2
+
+    for bad, words in (("test:9999", ("--prediction", "has 77 sequences (0-76)")),
+                       ("garbage", ("--prediction", "expected DATA:SPLIT:INDEX"))):
+        code, _, err = run_cli("plot", finished_run, "--prediction", bad, "--out",
+                               tmp_path / "p.png", capsys=capsys)
+        one_line(code, err, 2, *words)
+        assert "--prime" not in err
+
+    new = tmp_path / "new"
+    code, _, err = run_cli("train", *TINY, "--epochs", "1", "--data-dir", data_dir, "--resume",
+                           "--out", new, capsys=capsys)
+    assert code == 0 and f"{new} holds no run to resume: starting it" in err, err
+
+    code, _, err = run_cli("train", *TINY, "--memory", "0", "--out", tmp_path / "m",
+                           capsys=capsys)
+    one_line(code, err, 2, "--memory must be a positive integer, got 0",
+             "leave it out for its default")
+    assert "None" not in err
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "JSB_Chorales.mat").write_bytes(b"not the data set")
+    code, _, err = run_cli("data", "jsb", "--data-dir", corrupt, capsys=capsys)
+    one_line(code, err, 2, "SHA-256 mismatch", "the next load downloads the data set again")
+    assert "download=True" not in err
+
+    fake = tmp_path / "fake"
+    shutil.copytree(finished_run, fake)
+    (fake / "best.pt").write_text("hello\n")
+    code, _, err = run_cli("evaluate", fake, capsys=capsys)
+    one_line(code, err, 2, "best.pt", "not a PyTorch checkpoint at all", "b'hello")
+    assert "could run code" not in err
+
+    monkeypatch.setenv("LINMEM_CPU_KERNEL", "bogus")  # read once per process: a new one
+    code, _, err = run_cli_process("train", *TINY, "--epochs", "1", "--data-dir", data_dir,
+                                   "--out", tmp_path / "bogus")
+    one_line(code, err, 2, "LINMEM_CPU_KERNEL='bogus'", "expected one of")
+    assert not (tmp_path / "bogus").exists()
+    monkeypatch.delenv("LINMEM_CPU_KERNEL")
+
+    trained_with = json.loads((finished_run / "config.json").read_text())["seed"]
+    code, out, err = run_cli("evaluate", finished_run, "--split", "valid", capsys=capsys)
+    assert code == 0 and json.loads(out)["seed"] == trained_with is not None, err
+
+
+def test_sigterm_stops_training_in_one_line_and_resume_goes_on(tmp_path, data_dir):
+    """Issue 78 item 5: a SIGTERM (kill, a batch system's stop) ends `linmem train` as a
+    Ctrl-C does: one line saying so and how to go on, exit 143, the last checkpoint whole."""
+    import json
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "linmem", "train", *TINY, "--epochs", "100000", "--patience",
+         "100000", "--data-dir", str(data_dir), "--out", str(run)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "last.pt").is_file():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"linmem: terminated (SIGTERM); continue with: linmem train --resume "
+                     f"--out {run}"]
+    epoch = torch.load(run / "last.pt", weights_only=True)["state"]["epoch"]
+    code, _, err = run_cli_process("train", "--resume", "--out", run, "--epochs", epoch + 1,
+                                   "--data-dir", data_dir, "--quiet")
+    assert code == 0, err
+    assert json.loads((run / "metrics.json").read_text())["epochs"] == epoch + 1
+
+
+def run_cli_process(*args):
+    done = subprocess.run([sys.executable, "-m", "linmem", *map(str, args)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    return done.returncode, done.stdout, done.stderr

@@ -362,6 +362,19 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
     main(["progress", "--storage", storage, "--grid", "tiny", "--out", str(out),
           "--plan-seeds", "jsb:lmn-b:tiny"])
     assert "(selected run's, trial's stored time)" in out.read_text()
+    # a study whose name departs from the plain one (a bounded memory, linmem.grids.study_name)
+    # is the plan's study all the same; two such are ambiguous, and said to be
+    bounded = "jsb-lmn-b-tiny+memory_bound=0.99"
+    optuna.copy_study(from_study_name="jsb-lmn-b-tiny", from_storage=storage,
+                      to_storage=storage, to_study_name=bounded)
+    optuna.delete_study(study_name="jsb-lmn-b-tiny", storage=storage)
+    found = seeds_record(storage, "jsb", "lmn-b", "tiny", seeds=3, done=1)
+    assert found["study"] == f"{bounded} seeds"
+    assert found["left_cpu_s"] == pytest.approx(elsewhere["left_cpu_s"])
+    optuna.copy_study(from_study_name=bounded, from_storage=storage, to_storage=storage,
+                      to_study_name="jsb-lmn-b-tiny+memory_bound=0.9")
+    with pytest.raises(ValueError, match="2 studies of jsb-lmn-b-tiny in the storage"):
+        seeds_record(storage, "jsb", "lmn-b", "tiny", seeds=3, done=1)
 
 
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):

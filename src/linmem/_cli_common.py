@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import MISSING, Field, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -28,6 +29,7 @@ __all__ = [  # shared by linmem.cli and linmem.cli_experiments
     "SEARCH_FIELDS",
     "TRAIN_FIELDS",
     "_DEFAULT",
+    "Terminated",
     "UsageFailure",
     "_ModelChoice",
     "_clip",
@@ -45,6 +47,7 @@ __all__ = [  # shared by linmem.cli and linmem.cli_experiments
     "_train_options",
     "config_error",
     "config_options",
+    "stopped",
 ]
 
 
@@ -255,6 +258,8 @@ def config_error(err: ValueError) -> UsageFailure:
     name = text.split(" ", 1)[0]
     if name in TRAIN_FIELDS:
         text = "--" + name.replace("_", "-") + text[len(name):]
+        if " or None, got " in text:  # None is the option left out, not a value to type
+            text = text.replace(" or None, got ", ", got ", 1) + " (leave it out for its default)"
     return UsageFailure(text)
 
 
@@ -274,3 +279,17 @@ SEARCH_DEFAULTS = {"protocol": (LEGACY_PROTOCOL, f" linmem search's default is {
 _runs_root_option = click.option(
     "--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
     help="Folder the trials' run directories are relative to (where search ran).")
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (``kill``, a batch system's stop, a machine's shutdown), raised where a Ctrl-C
+    would be so that a command stops as cleanly (the checkpoints are written atomically);
+    the exit status is then 143, the shell's for a SIGTERM."""
+
+
+def stopped(err: BaseException | None, then: str | None = None) -> NoReturn:
+    """One line for a command stopped by Ctrl-C or SIGTERM (``err``; ``then``: how to go on),
+    and the exit status of each (130, 143)."""
+    what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+    click.echo(f"\nlinmem: {what}" + (f"; {then}" if then else ""), err=True)
+    sys.exit(143 if isinstance(err, Terminated) else 130)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -16,6 +18,7 @@ from click.core import ParameterSource
 
 from ._cli_common import (
     TRAIN_FIELDS,
+    Terminated,
     UsageFailure,
     _needs_matplotlib,
     _positive,
@@ -23,8 +26,10 @@ from ._cli_common import (
     _train_options,
     config_error,
     config_options,
+    stopped,
 )
 from ._io import (
+    check_outputs,
     write_json,
 )
 from .cli_experiments import COMMANDS
@@ -102,10 +107,8 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
     except TrainingDiverged as err:
         click.echo(f"linmem: training diverged: {err}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo(f"\nlinmem: interrupted; continue with: linmem train --resume --out {out}",
-                   err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as err:
+        stopped(err, f"continue with: linmem train --resume --out {out}")
     except (DataError, ValueError, FileExistsError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     click.echo(
@@ -183,7 +186,8 @@ def evaluate_cmd(run_dir: str, split: str, which: str, data_dir: str | None, dev
                  expected: int | None, seed: int, thresholds: tuple[float, ...],
                  out: str | None) -> None:
     """Re-score the checkpoint of RUN_DIR; prints JSON (accuracies in percent) with the command,
-    commit, seed, data checksum, wall and CPU time."""
+    commit, the run's training seed, data checksum, wall and CPU time (--expected's own seed
+    as sampling_seed)."""
     try:
         result = score_run(run_dir, SPLITS if split == "all" else [split], which, data_dir,
                            device, expected, seed, thresholds)
@@ -319,20 +323,24 @@ def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
               help="SPLIT:INDEX (test:0): draw the truth and the model's key probabilities for "
                    "that sequence instead of the training curves.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="The PNG [default: RUN_DIR/curves.png, or RUN_DIR/prediction-SPLIT-INDEX.png].")
+              help="The PNG [default: RUN_DIR/curves.png, or RUN_DIR/prediction-SPLIT-INDEX.png, "
+                   "drawn again each time].")
+@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
-def plot_cmd(run_dir: str, prediction: str | None, out: str | None, data_dir: str | None
-             ) -> None:
+def plot_cmd(run_dir: str, prediction: str | None, out: str | None, force: bool,
+             data_dir: str | None) -> None:
     """Draw a run: its training curves, or its predictions for one sequence."""
     _needs_matplotlib("plot")
     try:
+        if out is not None:  # a file of the user's own is never overwritten silently
+            check_outputs({"--out": out}, force)
         if prediction is None:
             out = out or str(Path(run_dir) / "curves.png")
             plot_run(run_dir, out)
         else:
             out = out or str(Path(run_dir) / f"prediction-{prediction.replace(':', '-')}.png")
             predict_sequence(run_dir, prediction, out, data_dir)
-    except (DataError, ValueError, FileNotFoundError) as err:
+    except (DataError, ValueError, FileNotFoundError, FileExistsError) as err:
         raise UsageFailure(str(err)) from None
     click.echo(f"-> {out}")
 
@@ -345,15 +353,31 @@ def plot_cmd(run_dir: str, prediction: str | None, out: str | None, data_dir: st
 
 
 
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: runs the command group, turning every usage error into one line, exit 2."""
+    """Entry point: runs the command group, turning every usage error into one line, exit 2;
+    a SIGTERM stops a command as a Ctrl-C does, with its own line and exit status 143."""
+    handle = (threading.current_thread() is threading.main_thread()
+              and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    if handle:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _main(argv)
+    finally:
+        if handle:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         cli.main(args=argv, prog_name="linmem", standalone_mode=False)
     except click.exceptions.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except click.Abort:
-        click.echo("linmem: aborted", err=True)
-        sys.exit(130)
+    except click.Abort as err:  # click's for a Ctrl-C (or SIGTERM) no command caught
+        stopped(err.__context__)
     except click.ClickException as err:  # one line, whatever the message held
         message = " ".join(line.strip() for line in err.format_message().splitlines())
         click.echo(f"linmem: error: {message}", err=True)

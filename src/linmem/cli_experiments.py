@@ -31,6 +31,7 @@ from ._cli_common import (
     _train_options,
     config_error,
     config_options,
+    stopped,
 )
 from ._io import (
     atomic_write,
@@ -257,9 +258,8 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
         raise UsageFailure(str(err)) from None
     except RuntimeError as err:  # a worker that failed, a storage that cannot be opened
         raise click.ClickException(str(err)) from None
-    except KeyboardInterrupt:
-        click.echo("\nlinmem: interrupted; run the same command again to continue", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as err:
+        stopped(err, "run the same command again to continue")
     for name, c in counts.items():
         click.echo(f"{name}: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items())))
 

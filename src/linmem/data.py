@@ -395,7 +395,7 @@ def _download(url: str, dest: Path, info: DatasetInfo, progress: bool) -> None:
         raise
 
 
-_REFETCH = "delete it, and load with download=True to fetch the data set again"
+_REFETCH = "delete it: the next load downloads the data set again (or put a good copy there)"
 
 
 def load_polyphonic(

@@ -64,23 +64,26 @@ def generate(model: torch.nn.Module, prime: np.ndarray | torch.Tensor, n_steps: 
 
 
 def load_prime(spec: str, dataset: str, data_dir: str | None = None,
-               seconds: float | None = None) -> tuple[np.ndarray, str | None]:
+               seconds: float | None = None, option: str = "--prime"
+               ) -> tuple[np.ndarray, str | None]:
     """A prime roll from ``DATA:SPLIT:INDEX`` (``jsb:test:3``; ``DATA`` may be left out for the
     run's data set: ``test:3``) or a MIDI file; returns it with the data checksum (``None`` for a
-    file). ``seconds``: the MIDI file's seconds per frame (default: the run data set's)."""
+    file). ``seconds``: the MIDI file's seconds per frame (default: the run data set's);
+    ``option``: the command-line option its errors name."""
     if Path(spec).suffix.lower() in (".mid", ".midi"):
         return midi_to_roll(read_midi(spec), seconds or step_seconds(dataset)), None
     parts = spec.split(":")
     if len(parts) == 2:
         parts = [dataset, *parts]
     if len(parts) != 3 or parts[1] not in ("train", "valid", "test") or not parts[2].isdigit():
-        raise ValueError(f"--prime {spec!r}: expected DATA:SPLIT:INDEX (jsb:test:3) or a "
+        raise ValueError(f"{option} {spec!r}: expected DATA:SPLIT:INDEX (jsb:test:3) or a "
                          ".mid file")
     name = resolve_name(parts[0])
     data = load_polyphonic(name, root=data_dir, progress=False)
     seqs, index = data[parts[1]], int(parts[2])
     if index >= len(seqs):
-        raise ValueError(f"--prime {spec!r}: {name} {parts[1]} has {len(seqs)} sequences")
+        raise ValueError(f"{option} {spec!r}: {name} {parts[1]} has {len(seqs)} sequences "
+                         f"(0-{len(seqs) - 1})")
     return seqs[index], data_checksum(name, data_dir)
 
 
@@ -145,7 +148,7 @@ def predict_sequence(run_dir: str | os.PathLike, which: str, out: str | os.PathL
     probabilities for each next frame of that sequence of the run's data set, drawn under the
     truth (:func:`linmem.plots.plot_prediction`)."""
     model, config = load_run_model(run_dir)
-    roll, _ = load_prime(which, config.data, data_dir or config.data_dir)
+    roll, _ = load_prime(which, config.data, data_dir or config.data_dir, option="--prediction")
     if len(roll) < 2:
         raise ValueError(f"{which}: a sequence of one frame has nothing to predict")
     model.eval()

@@ -261,10 +261,9 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
     data = resolve_name(data)
     name = study_name(data, model, grid, protocol)
     todo = max(seeds - done, 0)
-    try:
-        chosen = select(optuna.load_study(study_name=name, storage=storage)) if todo else None
-    except KeyError:
-        raise ValueError(f"no study {name} in the storage") from None
+    if todo:
+        name = _the_study(storage, name, data, model, grid, protocol)
+    chosen = select(optuna.load_study(study_name=name, storage=storage)) if todo else None
     per, source = None, "selected run"
     if chosen is not None:
         run = Path(runs_root) / chosen[0].user_attrs["run_dir"]
@@ -280,6 +279,23 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
             "cpu_s": 0.0, "finished_cpu_s": [], "running_cpu_s": [], "todo": todo,
             "points_from_trials": 0, "mean_point_cpu_s": per, "left_from": source,
             "left_cpu_s": None if per is None and todo else todo * (per or 0.0)}
+
+
+def _the_study(storage: str, name: str, data: str, model: str, grid: str, protocol: str) -> str:
+    """The storage's study of (data, model, grid) under ``protocol``: the one named ``name``,
+    else the only one whose name departs from it (``+FIELD=VALUE``: a protocol field, a bounded
+    memory; :func:`linmem.grids.study_name`); ``ValueError`` for none or several."""
+    names = optuna.get_all_study_names(storage)
+    if name in names:
+        return name
+    departing = [n for n in names if n.startswith(name + "+")]
+    if len(departing) == 1:
+        return departing[0]
+    if not departing:
+        raise ValueError(f"no study {name} in the storage")
+    raise ValueError(f"{len(departing)} studies of {data}-{model}-{grid} in the storage "
+                     f"({', '.join(sorted(departing))}): give each seeds' plan a storage of its "
+                     "own")
 
 
 def planned_run_record(data: str, run: str | os.PathLike) -> dict:

@@ -28,7 +28,9 @@ def score_run(run_dir: str | os.PathLike, splits: Sequence[str] = SPLITS, which:
     accuracy at each of ``thresholds`` and, with the valid split, ``valid_threshold`` (the grid's
     first best there, as training chooses it) and each split's accuracy at it;
     ``acc_expected`` (± ``acc_expected_se``) over ``expected`` frames drawn per step with
-    ``seed``. With the command, commit, seed, data checksum, wall and CPU time of the scoring.
+    ``seed`` (``sampling_seed``). With the command, commit, data checksum, wall and CPU time
+    of the scoring, and as its ``seed`` the run's own training seed (the model scored: a run
+    trained with seed 0 says 0, not null).
 
     Raises ``FileNotFoundError`` for a run without that checkpoint, ``DataError`` for missing
     data, ``ValueError`` for an unknown split."""
@@ -57,8 +59,9 @@ def score_run(run_dir: str | os.PathLike, splits: Sequence[str] = SPLITS, which:
         result["valid_threshold"] = float(chosen)
         for name in splits:
             result[name]["acc_at_valid_threshold"] = result[name]["acc_at"][chosen]
-    result.update(provenance(command or command_line(), git_commit(),
-                             seed if expected else None, checksum,
+    if expected is not None:
+        result["sampling_seed"] = seed
+    result.update(provenance(command or command_line(), git_commit(), config.seed, checksum,
                              time.perf_counter() - started, device))
     result["cpu_time_s"] = time.process_time() - cpu_started
     return result

@@ -441,8 +441,13 @@ def _checkpoint_fault(path: str | Path, err: Exception) -> str:
     try:
         if os.path.getsize(path) == 0:
             return "the file is empty"
+        with open(path, "rb") as f:
+            head = f.read(16)
     except OSError:
-        pass
+        head = b"PK"
+    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip, or its older pickle
+        return (f"it is not a PyTorch checkpoint at all (one is a zip archive; this file begins "
+                f"with {head[:12]!r})")
     return ("the file is truncated or damaged, as a copy cut short or a disk that filled while "
             f"it was written leave it ({type(err).__name__})")
 

@@ -448,6 +448,9 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
         if progress:
             print(f"linmem: resuming {run_dir} after epoch {state['epoch']}", file=sys.stderr,
                   flush=True)
+    elif resume and not (run_dir / CONFIG).is_file():  # said even when quiet: never silent
+        print(f"linmem: {run_dir} holds no run to resume: starting it", file=sys.stderr,
+              flush=True)
     check_size(config)
 
     if data is None:
@@ -469,6 +472,8 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
     if config.chunk is not None and not hasattr(model, "chunk_loss"):
         raise ValueError(f"{config.model} cannot train on windows (--chunk): it has no "
                          "chunk_loss")
+    if device.type == "cpu":  # a bad LINMEM_CPU_KERNEL is refused here, before the folder is
+        _recurrence_path(device)
     # the run exists once its data and model do: a start that failed before leaves nothing
     run_dir.mkdir(parents=True, exist_ok=True)
     claim.acquire()
