@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -282,7 +282,44 @@ results-bound-pilot: install
 	      --set model=$${name#*-} --set memory_bound=$$r --set init_bias=$$bias \
 	      --out runs/bound-pilot/$$name-bound-$$r-bias-$$bias; done; done; done; done
 	$(VENV)/bin/linmem publish runs/bound-pilot/*/s*/ --to results/bounded-memory/pilot --name seed
-	$(VENV)/bin/linmem summarize --seeds results/bounded-memory/pilot > results/bounded-memory/pilot/table.md
+	$(VENV)/bin/linmem summarize --seeds --valid results/bounded-memory/pilot > results/bounded-memory/pilot/table.md
+# issue 76's campaign, under the paper protocol: LMN-A, LMN-B and pret-LMN-B with the bounded
+# memory (--memory-bound $(BOUND_R)), each with the readout start the pilot chose for it on
+# validation (BOUND_BIAS_<model> true: the key-rate bias), in a storage of its own: JSB's full
+# paper grid, the long sets' paper-long grid; then seeds 1-3 of each study's configuration
+# selected on the per-frame validation accuracy. The unbounded side is results/paper-protocol.
+# Resumable across machines: each search's finished trials are exported to $(B_STUDIES) and
+# imported first; a seed published in results/bounded-memory/seeds is not run again.
+BOUND_R ?= 0.99
+BOUND_BIAS_lmn-a ?= true
+BOUND_BIAS_lmn-b ?= false
+BOUND_BIAS_pret-lmn-b ?= false
+B_MODELS = lmn-b lmn-a pret-lmn-b
+B_STORAGE = sqlite:///runs/search-bound/search.db
+B_STUDIES = results/search-studies-bound.jsonl
+B_DIR = results/bounded-memory/campaign
+B_FLAGS = --protocol paper --memory-bound $(BOUND_R) $(if $(filter true,$(BOUND_BIAS_$(1))),--init-bias,--no-init-bias)
+B_SEARCH = $(T2_RUN) search --jobs $(T2_JOBS) --out runs/search-bound --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
+B_EXPORT = $(T2_RUN) search-export $(B_STUDIES) --storage $(B_STORAGE) --runs-root .
+results-bound-campaign: install
+	[ ! -f $(B_STUDIES) ] || $(T2_RUN) search-import $(B_STUDIES) --storage $(B_STORAGE)
+	$(foreach m,$(B_MODELS),$(B_SEARCH) --data jsb --model $(m) --grid paper $(call B_FLAGS,$(m)) && $(B_EXPORT) &&) true
+	$(foreach m,$(B_MODELS),$(B_SEARCH) --data piano --data nottingham --data musedata --model $(m) --grid paper-long $(call B_FLAGS,$(m)) && $(B_EXPORT) &&) true
+	$(VENV)/bin/linmem report --protocol paper --storage $(B_STORAGE) --grid all --runs-root . --out $(B_DIR)
+	for d in jsb piano nottingham musedata; do for m in $(B_MODELS); do \
+	  sel=$$( [ -d $(B_DIR)/selected/$$d-$$m-per-frame ] && echo $(B_DIR)/selected/$$d-$$m-per-frame || echo $(B_DIR)/selected/$$d-$$m ); \
+	  for s in 1 2 3; do pub=results/bounded-memory/seeds/$$d-$$m-s$$s; \
+	    if [ -f $$pub/metrics.json ] || [ -f $$pub/diverged.json ]; then continue; fi; \
+	    $(T2_RUN) reseed $$sel --seeds $$s --data-dir $(DATA) --quiet --out runs/bound-seeds/$$d-$$m \
+	      $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); done; done; done
+	$(VENV)/bin/linmem publish runs/bound-seeds/*/s*/ --to results/bounded-memory/seeds --name seed
+	$(VENV)/bin/linmem summarize --seeds --valid results/paper-protocol/seeds results/bounded-memory/seeds > results/bounded-memory/seeds/table.md
+B_PLANS = $(foreach m,$(B_MODELS),--plan jsb:$(m):paper --plan-seeds jsb:$(m):paper \
+	$(foreach d,piano nottingham musedata,--plan $(d):$(m):paper-long --plan-seeds $(d):$(m):paper-long))
+results-progress-bound: install
+	$(VENV)/bin/linmem progress --protocol paper --storage $(B_STORAGE) --runs-root . $(B_PLANS) \
+	  --probe results/paper-protocol/cost-probes $$(ls -d results/bounded-memory/seeds 2>/dev/null | sed 's/^/--run /') \
+	  --out results/bounded-memory/progress.md
 P_LONG = $(foreach d,piano nottingham musedata,$(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--plan $(d):$(m):paper-long))
 results-progress-paper: install
 	$(VENV)/bin/linmem progress --protocol paper --storage sqlite:///runs/search-paper/search.db --runs-root . \

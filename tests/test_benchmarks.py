@@ -287,5 +287,7 @@ def test_memory_bound_benchmark_runs_and_its_power_iteration_is_a_lower_bound():
     estimates = [float(bench.power_iteration_norm(w, u)) for _ in range(500)]
     assert max(estimates) <= exact * (1 + 1e-12)
     assert estimates[-1] == pytest.approx(exact, rel=1e-6)
-    rows = bench.cost([6], steps=4, repeats=1)
-    assert rows[0]["memory"] == 6 and "exact (linmem)" in rows[0]
+    rows = bench.cost([6], [4, 5], repeats=1)
+    assert [(r["memory"], r["steps"]) for r in rows] == [(6, 4), (6, 5)]
+    assert {"layer memory_bound=0.99", "exact, one eigenpair (linmem)",
+            "exact, SVD (matrix_norm)"} <= set(rows[0])

@@ -46,7 +46,7 @@ def test_missing_and_corrupt_files(tmp_path, data_dir):
     raw[5000] ^= 0xFF
     broken.write_bytes(bytes(raw))
     with pytest.raises(DataError, match=r"SHA-256 mismatch .*: a corrupt or other file; delete "
-                                         "it, and load with download=True"):
+                                         "it: the next load downloads the data set again"):
         load_polyphonic("jsb", root=tmp_path)
     broken.unlink()  # a cached pickle that is not the published one: the same advice
     (tmp_path / "JSB Chorales.pickle").write_bytes(b"not the data set")

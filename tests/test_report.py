@@ -731,12 +731,16 @@ def test_the_committed_summarize_tables_are_what_their_makefile_commands_print(c
     root = Path(__file__).resolve().parents[1]
     makefile = (root / "Makefile").read_text().replace("\\\n", " ")
     made = re.findall(r"\$\(VENV\)/bin/linmem summarize (.+?) > (results/\S+/table\.md)", makefile)
-    assert len(made) >= 7
     monkeypatch.chdir(root)
+    checked = 0
     for args, table in made:
+        if not (root / table).is_file():  # a target not run yet (a campaign under way)
+            continue
         words = [w for a in shlex.split(args) for w in (sorted(glob.glob(a)) or [a])]
         main(["summarize", *words])
         assert capsys.readouterr().out == (root / table).read_text(), table
+        checked += 1
+    assert checked >= 7
 
 
 def test_seed_groups_keep_bounds_and_protocol_departures_apart():
@@ -759,3 +763,12 @@ def test_seed_groups_keep_bounds_and_protocol_departures_apart():
     for label in ("| LMN-A |", "| LMN-A (init_bias true) |", "| LMN-A (bound 0.99) |",
                   "| LMN-A (bound 0.99, init_bias true) |"):
         assert label in table, label
+    # their validation side (linmem summarize --valid), what a choice between them is made on
+    from linmem.report import valid_seeds_markdown
+
+    for r in records:
+        r["valid_acc"], r["valid_acc_frame"] = 30.0 + 2 * r["seed"], 25.0 + r["seed"]
+    valid = valid_seeds_markdown(seed_groups(records))
+    assert ("| Piano-midi.de | LMN-A (bound 0.99) | 250, 250 | 0 | 1, 2 | "
+            "33.00 ± 1.41 (32.00-34.00) | 26.50 ± 0.71 (26.00-27.00) |") in valid
+    assert len(valid.strip().splitlines()) == 2 + 4

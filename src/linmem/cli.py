@@ -102,6 +102,8 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
         raise config_error(err) from None
     if config.data_dir is not None and not Path(config.data_dir).is_dir():
         raise UsageFailure(f"--data-dir {config.data_dir}: no such directory")
+    if resume and not (Path(out).is_dir() and any(Path(out).iterdir())):  # never silently
+        click.echo(f"linmem: {out} holds no run to resume: starting it", err=True)
     try:
         metrics = run_training(config, out, resume=resume, progress=not quiet)
     except TrainingDiverged as err:

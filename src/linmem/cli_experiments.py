@@ -63,7 +63,14 @@ from .data import (
 )
 from .plots import plot_pretraining
 from .recipes import SeedsDiverged, analyze_pretraining, reseed
-from .report import build_report, markdown_table, seed_groups, seeds_markdown, summary_file_records
+from .report import (
+    build_report,
+    markdown_table,
+    seed_groups,
+    seeds_markdown,
+    summary_file_records,
+    valid_seeds_markdown,
+)
 from .runs import collect_metrics, ended, publish
 from .train import TrainingDiverged
 
@@ -553,16 +560,21 @@ def patience_cmd(paths: tuple[str, ...], values: str, out: str | None) -> None:
 @click.option("--seeds", is_flag=True,
               help="Then the runs that differ only in their seed, grouped: mean ± sd, and the "
                    "paper's two claims where both sides are there (as table2.md's seeds).")
-def summarize_cmd(paths: tuple[str, ...], seeds: bool) -> None:
+@click.option("--valid", is_flag=True,
+              help="Then the same groups' validation accuracies (what a choice between them is "
+                   "made on).")
+def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool) -> None:
     """Markdown table of the runs (metrics.json files) under PATHS, with their commands."""
     try:
-        records = collect_metrics(paths, diverged=seeds)  # a seed that diverged counts as run
+        records = collect_metrics(paths, diverged=seeds or valid)  # a diverged seed counts
         scored = [r for r in records if "diverged" not in r]
         if not scored:
             raise FileNotFoundError("no metrics.json under " + ", ".join(map(str, paths)))
         click.echo(markdown_table(scored), nl=False)
         if seeds:
             click.echo("\n" + seeds_markdown(seed_groups(records)))
+        if valid:
+            click.echo("\n" + valid_seeds_markdown(seed_groups(records)))
     except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None
 

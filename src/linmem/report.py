@@ -319,6 +319,22 @@ def seeds_markdown(groups: Sequence[dict]) -> str:
     return "\n".join(_seeds_lines(groups)) + "\n"
 
 
+def valid_seeds_markdown(groups: Sequence[dict]) -> str:
+    """The validation side of :func:`seeds_markdown`'s groups (global and per-frame mean
+    accuracy, mean ± sd and range): the scores a choice between groups is made on."""
+    lines = ["| data | model | size | weight decay | seeds | valid acc % | valid acc % (per-frame "
+             "mean) |", "|---|---|---|---|---|---:|---:|"]
+    for g in groups:
+        size = f"{g['hidden']}" + (f", {g['memory']}" if g.get("memory") else "")
+        failures = failures_text(g)
+        seeds = " ".join(filter(None, [", ".join(map(str, g["seeds"])),
+                                       f"({failures})" if failures else ""]))
+        lines.append(f"| {TABLE2_TITLES.get(g['dataset'], g['dataset'])} | {_label(g)} | "
+                     f"{size} | {g['weight_decay']:g} | {seeds} | "
+                     f"{spread_text(g, 'valid_acc')} | {spread_text(g, 'valid_acc_frame')} |")
+    return "\n".join(lines) + "\n"
+
+
 def spread_text(group: dict, key: str) -> str:
     """A seed group's ``key`` (:func:`seed_groups`) as "mean ± sd (min-max)"; "–" without it."""
     v = group.get(key)

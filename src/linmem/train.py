@@ -448,9 +448,6 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
         if progress:
             print(f"linmem: resuming {run_dir} after epoch {state['epoch']}", file=sys.stderr,
                   flush=True)
-    elif resume and not (run_dir / CONFIG).is_file():  # said even when quiet: never silent
-        print(f"linmem: {run_dir} holds no run to resume: starting it", file=sys.stderr,
-              flush=True)
     check_size(config)
 
     if data is None:
