@@ -61,9 +61,20 @@ _FLOAT32_TOL = 1e-4  # randomized solver: from this tolerance up, iterate in flo
 _STAGE_B_MAX_BYTES = 1e9  # final Rayleigh-Ritz step: hold Xi^T Q whole up to this size
 
 
+def _refuse_sparse(x: Any) -> None:
+    """A ``TypeError`` for a SciPy sparse matrix or array (or a list of them): a piano roll is
+    small and dense, and the fit's products want dense rows."""
+    import scipy.sparse
+
+    items = x if isinstance(x, (list, tuple)) else [x]
+    if any(scipy.sparse.issparse(item) for item in items):
+        raise TypeError("sparse input is not supported: pass dense arrays (x.toarray())")
+
+
 def _as_sequences(sequences, dtype=None) -> tuple[list[np.ndarray], np.dtype]:
     """Validated float copies of the input: a list of ``(T_i, a)`` arrays or tensors, one
     ``(T, a)`` array, or a ``(B, T, a)`` array of equal-length sequences."""
+    _refuse_sparse(sequences)
     if hasattr(sequences, "detach"):  # a torch tensor
         sequences = sequences.detach().cpu().numpy()
     if isinstance(sequences, np.ndarray):
@@ -376,6 +387,16 @@ def _svd_randomized(seqs, window, p, rng, n_oversamples, max_iter, tol, iterate=
 # ----------------------------------------------------------------------------- the estimator
 
 
+# the checks of sklearn.utils.estimator_checks that LinearAutoencoder fails by design, with
+# why (scikit-learn >= 1.6 takes them as ``check_estimator(..., expected_failed_checks=...)``)
+SKLEARN_EXPECTED_FAILED_CHECKS = {
+    "check_methods_sample_order_invariance": "a 2-D array is one sequence, its rows time steps: "
+                                             "their order is the data (a state sums the past)",
+    "check_methods_subset_invariance": "a 2-D array is one sequence: a row's state depends on "
+                                       "the rows before it, so a subset's states differ",
+}
+
+
 class LinearAutoencoder:
     """Linear autoencoder for sequences, fitted in closed form (scikit-learn conventions).
 
@@ -419,7 +440,8 @@ class LinearAutoencoder:
         solver_: the solver used.
         mean_: ``(a,)``, the mean input (zeros without centering).
         rank_: the numerical rank of ``Xi`` (exact solvers only).
-        n_iter_: iterations run (randomized solver only).
+        n_iter_: iterations run (the randomized solver's; 1 for an exact solver's one
+            decomposition).
         iteration_dtype_: the precision the iterations ran in (randomized solver only).
         xi_norm2_: ``||Xi||^2``, for the relative errors.
         relative_svd_error_: the optimal rank-p error relative to ``||Xi||^2``.
@@ -493,6 +515,7 @@ class LinearAutoencoder:
             self.A_ = u[:a].T.copy()
             self.B_ = _shift_gram(u, a)
             self.components_ = u.T  # rows: right singular vectors, (p, window * a)
+            self.n_iter_ = 1  # one decomposition, as scikit-learn counts an exact solver's
         else:
             rng = np.random.default_rng(self.random_state)
             over = self.n_oversamples if self.n_oversamples is not None else max(10, p // 2)
@@ -559,6 +582,7 @@ class LinearAutoencoder:
         list of ``(T_i, p)``.
         """
         self._check_fitted()
+        _refuse_sparse(sequence)
         if isinstance(sequence, (list, tuple)) and sequence and all(
                 np.ndim(s) == 2 for s in sequence):  # (np.ndim: a tensor's too)
             if lengths is not None:
@@ -613,10 +637,17 @@ class LinearAutoencoder:
             y = self.B_.T @ y
         return out
 
-    def inverse_transform(self, states: np.ndarray) -> np.ndarray:
-        """``x_t = A^T y_t`` for every state, ``(T, p) -> (T, a)``."""
+    def inverse_transform(self, states) -> np.ndarray | list[np.ndarray]:
+        """``x_t = A^T y_t`` for every state: ``(T, p) -> (T, a)``, ``(N, T, p) -> (N, T, a)``,
+        or a list of ``(T_i, p)`` (what :meth:`transform` gives for a list) -> a list."""
         self._check_fitted()
-        return np.asarray(states) @ self.A_ + self.mean_
+        _refuse_sparse(states)
+        if isinstance(states, (list, tuple)):
+            return [self.inverse_transform(s) for s in states]
+        y = states.detach().cpu().numpy() if hasattr(states, "detach") else np.asarray(states)
+        if y.ndim not in (1, 2, 3) or y.shape[-1] != self.n_components_:
+            raise ValueError(f"expected states (..., {self.n_components_}), got shape {y.shape}")
+        return y @ self.A_ + self.mean_
 
     def reconstruction_error(self, sequences, n_steps: int | None = None) -> dict[str, float]:
         """Mean squared error per reconstructed input value, two ways (paper, Figure 5a):
@@ -730,5 +761,5 @@ class LinearAutoencoder:
                 f"center={self.center}, solver={self.solver!r})")
 
 
-__all__ = ["SOLVERS", "ConvergenceWarning", "LinearAutoencoder", "build_xi", "xi_rows",
-           "xi_squared_norm"]
+__all__ = ["SKLEARN_EXPECTED_FAILED_CHECKS", "SOLVERS", "ConvergenceWarning",
+           "LinearAutoencoder", "build_xi", "xi_rows", "xi_squared_norm"]
