@@ -107,9 +107,11 @@ PROTOCOLS: dict[str, Protocol] = {
                        patience=50, select="acc", pruner="median",
                        about="linmem's: batch 4 length-bucketed, NLL summed over keys, clip 5, "
                              "key-rate readout bias, global accuracy, median pruner"),
-    # the authors' code (AntonioCarta/cannon, 2018; issue 43): batch 1, BCE averaged over keys and
-    # frames (so the paper's weight decays mean what they meant), clip 10 on it, nn.Linear's
-    # readout init, early stopping on the per-frame mean accuracy, every grid point to its end
+    # the authors' code (AntonioCarta/cannon; issue 43): its 2018 LMN code's batch 1, BCE
+    # averaged over keys and frames (so the paper's weight decays mean what they meant),
+    # nn.Linear's readout init, early stopping on the per-frame mean accuracy, every grid point
+    # to its end; the clip of 10 on that loss first appears in its November 2019 trainer
+    # (cannon/torch_trainer.py), the 2018 code clips nothing (issue 78)
     "paper": Protocol("paper", batch_size=1, loss_reduction="mean", clip=10.0, init_bias=False,
                       patience=50, select="acc_frame", pruner="none",
                       about="the paper's code: batch 1, BCE averaged over keys and frames, clip "
