@@ -772,3 +772,37 @@ def test_seed_groups_keep_bounds_and_protocol_departures_apart():
     assert ("| Piano-midi.de | LMN-A (bound 0.99) | 250, 250 | 0 | 1, 2 | "
             "33.00 ± 1.41 (32.00-34.00) | 26.50 ± 0.71 (26.00-27.00) |") in valid
     assert len(valid.strip().splitlines()) == 2 + 4
+
+
+def test_the_claims_compare_seeds_under_the_same_bound():
+    """Bounded and unbounded seeds in one table (the campaign's one-factor comparison): the
+    bounded pret-LMN-B's claim is against the bounded LMN-B, the unbounded one's against the
+    unbounded, and each LMN-B's against the one LSTM (no memory, no bound)."""
+    from linmem.report import seed_groups, seeds_markdown
+
+    def run(model, seed, bound, acc):
+        return {"dataset": "jsb", "model": model, "hidden": 50,
+                "memory": None if model == "lstm" else 50, "weight_decay": 0.0, "seed": seed,
+                "memory_bound": bound, "protocol_overrides": {}, "test_acc": acc,
+                "test_acc_frame": acc, "test_nll": 8.0, "valid_acc": acc,
+                "run": f"{model}-{bound}-{seed}"}
+
+    records = [run("lstm", s, None, 30.0 + s) for s in (1, 2, 3)]
+    for bound, base in ((None, 20.0), (0.99, 40.0)):
+        records += [run("lmn-b", s, bound, base + s) for s in (1, 2, 3)]
+        records += [run("pret-lmn-b", s, bound, base + 1 + s) for s in (1, 2, 3)]
+    table = seeds_markdown(seed_groups(records))
+    claims = [line for line in table.splitlines() if line.startswith("- JSB Chorales: ")]
+    assert sorted(claims) == sorted([
+        "- JSB Chorales: pret-LMN-B against LMN-B: +1.00 points global, the ranges overlap "
+        "(within the spread between seeds); +1.00 points per-frame mean, the ranges overlap "
+        "(within the spread between seeds).",
+        "- JSB Chorales: pret-LMN-B (bound 0.99) against LMN-B (bound 0.99): +1.00 points "
+        "global, the ranges overlap (within the spread between seeds); +1.00 points per-frame "
+        "mean, the ranges overlap (within the spread between seeds).",
+        "- JSB Chorales: LMN-B against LSTM: -10.00 points global, the ranges do not overlap "
+        "(beyond the spread between seeds); -10.00 points per-frame mean, the ranges do not "
+        "overlap (beyond the spread between seeds).",
+        "- JSB Chorales: LMN-B (bound 0.99) against LSTM: +10.00 points global, the ranges do "
+        "not overlap (beyond the spread between seeds); +10.00 points per-frame mean, the "
+        "ranges do not overlap (beyond the spread between seeds)."])

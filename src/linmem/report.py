@@ -405,11 +405,14 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
               "finished, and whether the seeds' ranges overlap:", ""]
     # against the model run as the paper's Table 2 has it (its default activation); the
     # challenger in each of its activations
-    by = {(g["dataset"], g["model"]): g for g in groups if _otheractivation_of(g) is None}
+    # and under the same memory bound (a model without a memory has none) and protocol
+    # departures: a bounded pret-LMN-B against the bounded LMN-B, never the unbounded one
+    by = {(g["dataset"], g["model"], _setting(g)): g for g in groups
+          if _otheractivation_of(g) is None}
     for dataset in TABLE2_DATASETS:
         for model, other in (("pret-lmn-b", "lmn-b"), ("lmn-b", "lstm")):
-            a = by.get((dataset, other))
             for b in [g for g in groups if (g["dataset"], g["model"]) == (dataset, model)]:
+                a = by.get((dataset, other, _setting(b, bounded=other != "lstm")))
                 # a side whose every seed failed is a claim too: against it
                 if a is not None and ("test_acc" in a or "test_acc" in b):
                     lines.append(_claim_line(TABLE2_TITLES[dataset], b, a))
@@ -420,6 +423,13 @@ def _seeds_lines(groups: Sequence[dict]) -> list[str]:
                   "reached where the figure lies inside the range, exceeded where the range is "
                   "above it, not reached where below it:", "", *reached]
     return lines
+
+
+def _setting(group: dict, bounded: bool = True) -> tuple:
+    """What a seed group's claims hold fixed besides the data set: its memory bound (``None``
+    where ``bounded`` is false: the other side has no memory) and its protocol departures."""
+    return (group.get("memory_bound") if bounded else None,
+            tuple(tuple(o) for o in group.get("overrides", ())))
 
 
 def _reached_line(group: dict) -> str | None:
