@@ -341,7 +341,7 @@ def test_scikit_learn_check_estimator_passes_but_for_what_a_sequence_is():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # not a BaseEstimator; the array-API check skipped
-        results = check_estimator(LinearAutoencoder(2), on_fail=None,
+        results = check_estimator(LinearAutoencoder(), on_fail=None,
                                   expected_failed_checks=SKLEARN_EXPECTED_FAILED_CHECKS)
     status = {r["check_name"]: r["status"] for r in results}
     assert len(status) >= 35
@@ -375,6 +375,25 @@ def test_constructor_arguments_after_n_components_are_keywords():
     with pytest.raises(TypeError):
         LinearAutoencoder(5, 4)
     assert LinearAutoencoder(5, window=4).get_params()["window"] == 4
+
+
+def test_the_default_keeps_every_component_of_a_small_xi():
+    """LinearAutoencoder() as scikit-learn's PCA(): every component (the rank of Xi, no
+    warning), equal to asking for the rank; a Xi too large for an exact decomposition, or the
+    randomized solver, is one clear error asking for n_components."""
+    import warnings
+
+    seqs = smooth_sequences([12, 9], 3, seed=9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        la = LinearAutoencoder(window=4).fit(seqs)
+    assert la.n_components_ == la.rank_ == 12  # window 4 x 3 features, full column rank
+    np.testing.assert_array_equal(la.A_, LinearAutoencoder(la.rank_, window=4).fit(seqs).A_)
+    with pytest.raises(ValueError, match="randomized solver finds a few, pass n_components"):
+        LinearAutoencoder(window=4, solver="randomized").fit(seqs)
+    long = [np.random.default_rng(0).random((3000, 88)) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"keeps every component of Xi, 6000 x 264000 here"):
+        LinearAutoencoder().fit(long)
 
 
 def test_load_reads_the_first_file_format(tmp_path):

@@ -402,7 +402,8 @@ class LinearAutoencoder:
 
     Args:
         n_components: the state size ``p``; more than ``rank(Xi)`` keeps the rank, with a
-            warning.
+            warning. ``None`` keeps every component (the rank of ``Xi``, by an exact solver:
+            for a small ``Xi`` only, scikit-learn's ``PCA()`` default). Default: ``None``.
         window: the number of past inputs (blocks of ``Xi``) to encode; ``None`` for the full
             length of the longest training sequence. Default: ``None``.
         center: subtract the mean input ``mean_`` before encoding (and add it back on
@@ -450,8 +451,8 @@ class LinearAutoencoder:
     _PARAMS = ("n_components", "window", "center", "solver", "random_state", "n_oversamples",
                "max_iter", "tol")
 
-    def __init__(self, n_components: int, *, window: int | None = None, center: bool = False,
-                 solver: str = "auto", random_state: int | None = 0,
+    def __init__(self, n_components: int | None = None, *, window: int | None = None,
+                 center: bool = False, solver: str = "auto", random_state: int | None = 0,
                  n_oversamples: int | None = None, max_iter: int = 30, tol: float = 1e-8):
         self.n_components = n_components
         self.window = window
@@ -476,7 +477,7 @@ class LinearAutoencoder:
     def fit(self, sequences, y: None = None) -> LinearAutoencoder:
         """Fit on a list of ``(T_i, a)`` sequences (arrays or tensors); returns ``self``. ``y``
         is ignored (scikit-learn's signature for unsupervised estimators)."""
-        check_int("n_components", self.n_components)
+        check_int("n_components", self.n_components, none_ok=True)
         check_int("window", self.window, none_ok=True)
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
@@ -497,10 +498,17 @@ class LinearAutoencoder:
         self.window_ = window
         n_rows, n_cols = sum(len(s) for s in seqs), window * a
         solver = self._choose_solver(n_rows, n_cols)
+        if self.n_components is None:  # every component: an exact solver's, on a small Xi
+            if solver == "randomized":
+                raise ValueError(
+                    f"n_components=None keeps every component of Xi, {n_rows} x {n_cols} here: "
+                    "too large for an exact decomposition" if self.solver == "auto" else
+                    "n_components=None keeps every component: the randomized solver finds a "
+                    "few, pass n_components (or solver='dense')")
         if solver == "qr" and self.window is None:
             raise ValueError("solver='qr' needs a window; use 'randomized' for full length")
         self.solver_ = solver
-        p = int(self.n_components)
+        p = min(n_rows, n_cols) if self.n_components is None else int(self.n_components)
         if solver in ("dense", "qr"):
             fit = _svd_dense if solver == "dense" else _svd_qr
             s, u, shape = fit(seqs, window, min(p, n_rows, n_cols))
@@ -508,8 +516,9 @@ class LinearAutoencoder:
             self.rank_ = rank
             self.all_singular_values_ = s
             if p > rank:
-                warnings.warn(f"n_components={p} exceeds rank(Xi)={rank}; keeping {rank}",
-                              stacklevel=2)
+                if self.n_components is not None:  # None asked for all there are
+                    warnings.warn(f"n_components={p} exceeds rank(Xi)={rank}; keeping {rank}",
+                                  stacklevel=2)
                 p = rank
             u = u[:, :p]
             self.A_ = u[:a].T.copy()
