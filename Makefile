@@ -296,8 +296,12 @@ BOUND_BIAS_lmn-b ?= false
 BOUND_BIAS_pret-lmn-b ?= false
 B_MODELS = lmn-b lmn-a pret-lmn-b
 B_STORAGE = sqlite:///runs/search-bound/search.db
-B_STUDIES = results/search-studies-bound.jsonl
-B_DIR = results/bounded-memory/campaign
+# where its records go: run from a worktree at a fixed commit, B_RESULTS=/path/to/main/results
+# puts them in the checkout that commits them
+B_RESULTS ?= results
+B_STUDIES = $(B_RESULTS)/search-studies-bound.jsonl
+B_DIR = $(B_RESULTS)/bounded-memory/campaign
+B_SEEDS = $(B_RESULTS)/bounded-memory/seeds
 B_FLAGS = --protocol paper --memory-bound $(BOUND_R) $(if $(filter true,$(BOUND_BIAS_$(1))),--init-bias,--no-init-bias)
 B_SEARCH = $(T2_RUN) search --jobs $(T2_JOBS) --out runs/search-bound --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 B_EXPORT = $(T2_RUN) search-export $(B_STUDIES) --storage $(B_STORAGE) --runs-root .
@@ -308,11 +312,11 @@ results-bound-campaign: install
 	$(VENV)/bin/linmem report --protocol paper --storage $(B_STORAGE) --grid all --runs-root . --out $(B_DIR)
 	for d in jsb piano nottingham musedata; do for m in $(B_MODELS); do \
 	  sel=$$( [ -d $(B_DIR)/selected/$$d-$$m-per-frame ] && echo $(B_DIR)/selected/$$d-$$m-per-frame || echo $(B_DIR)/selected/$$d-$$m ); \
-	  for s in 1 2 3; do pub=results/bounded-memory/seeds/$$d-$$m-s$$s; \
+	  for s in 1 2 3; do pub=$(B_SEEDS)/$$d-$$m-s$$s; \
 	    if [ -f $$pub/metrics.json ] || [ -f $$pub/diverged.json ]; then continue; fi; \
 	    $(T2_RUN) reseed $$sel --seeds $$s --data-dir $(DATA) --quiet --out runs/bound-seeds/$$d-$$m \
 	      $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); done; done; done
-	$(VENV)/bin/linmem publish runs/bound-seeds/*/s*/ --to results/bounded-memory/seeds --name seed
+	$(VENV)/bin/linmem publish runs/bound-seeds/*/s*/ --to $(B_SEEDS) --name seed
 	$(VENV)/bin/linmem summarize --seeds --valid results/paper-protocol/seeds results/bounded-memory/seeds > results/bounded-memory/seeds/table.md
 B_PLANS = $(foreach m,$(B_MODELS),--plan jsb:$(m):paper --plan-seeds jsb:$(m):paper \
 	$(foreach d,piano nottingham musedata,--plan $(d):$(m):paper-long --plan-seeds $(d):$(m):paper-long))
