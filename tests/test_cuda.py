@@ -275,3 +275,29 @@ def test_autocast_on_cuda():
         assert torch.isfinite(loss), name
         if name != "rnn-rbm":  # contrastive divergence samples: no float32 twin to compare
             assert loss.item() == pytest.approx(model.training_loss(batch).item(), rel=1e-2)
+
+
+def test_the_bounded_memory_on_cuda_gives_the_cpu_numbers():
+    """linmem::spectral_norm's CUDA path (eigh of the Gram matrix) against the CPU's (syevr),
+    and a bounded layer's outputs and gradients, float64."""
+    from linmem.bound import spectral_norm
+
+    g = torch.Generator().manual_seed(12)
+    for shape in [(7, 7), (50, 50), (250, 250), (6, 9)]:
+        w = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+        wc = w.detach().to(CUDA).requires_grad_()
+        (grad,) = torch.autograd.grad(spectral_norm(w), w)
+        (grad_cuda,) = torch.autograd.grad(spectral_norm(wc), wc)
+        torch.testing.assert_close(spectral_norm(wc).cpu(), spectral_norm(w).detach())
+        torch.testing.assert_close(grad_cuda.cpu(), grad)
+    torch.manual_seed(13)
+    lmn = LMN(5, 6, 7, memory_bound=0.3).double()
+    with torch.no_grad():
+        lmn.weight_mm_l0.mul_(4)  # outside the ball
+    on_cuda = copy.deepcopy(lmn).to(CUDA)
+    x = torch.rand(9, 3, 5, dtype=torch.float64)
+    out, out_cuda = lmn(x)[0], on_cuda(x.to(CUDA))[0]
+    torch.testing.assert_close(out_cuda.cpu(), out)
+    out.sum().backward()
+    out_cuda.sum().backward()
+    torch.testing.assert_close(on_cuda.weight_mm_l0.grad.cpu(), lmn.weight_mm_l0.grad)
