@@ -61,6 +61,25 @@ def test_the_norm_is_the_largest_singular_value_and_its_gradient_the_top_pair(sh
     torch.testing.assert_close(grad, reference, rtol=0, atol=100 * torch.finfo(dtype).eps)
 
 
+def test_both_eigensolvers_find_the_same_top_pair():
+    """The CPU's one-pair LAPACK solver and the whole-spectrum eigh that other devices take
+    (here on CPU tensors, so that CI runs that path too): the same eigenvalue and, up to sign,
+    the same unit eigenvector."""
+    from linmem.bound import _top_eigenpair, _top_eigenpair_lapack
+
+    g = torch.Generator().manual_seed(21)
+    for n, dtype in [(1, torch.float64), (6, torch.float64), (120, torch.float64),
+                     (120, torch.float32)]:
+        w = torch.randn(n + 3, n, generator=g, dtype=dtype)
+        gram = w.T @ w
+        (lam_a, vec_a), (lam_b, vec_b) = _top_eigenpair_lapack(gram), _top_eigenpair(gram)
+        eps = torch.finfo(dtype).eps
+        assert lam_a == pytest.approx(lam_b, rel=50 * eps)
+        assert float(vec_a.norm()) == pytest.approx(1.0, rel=10 * eps)
+        assert float(abs(vec_a @ vec_b)) == pytest.approx(1.0, abs=1e3 * eps)
+        torch.testing.assert_close(gram @ vec_a, lam_a * vec_a, rtol=0, atol=100 * eps * lam_a)
+
+
 def test_the_norm_of_degenerate_matrices():
     assert float(spectral_norm(torch.zeros(4, 3))) == 0.0
     zero = torch.zeros(3, 3, requires_grad=True)

@@ -68,6 +68,21 @@ def schatten_norm(weight: Tensor, squarings: int = _SQUARINGS) -> Tensor:
     return torch.exp(log_norm / 2)
 
 
+def _top_eigenpair_lapack(gram: Tensor) -> tuple[float, Tensor]:
+    """The largest eigenvalue of a symmetric CPU matrix and a unit eigenvector: that pair alone
+    (LAPACK's ``syevr`` by index), not the whole spectrum."""
+    n = gram.shape[0]
+    lam, vec = scipy.linalg.eigh(gram.numpy(), subset_by_index=[n - 1, n - 1], driver="evr",
+                                 check_finite=False)
+    return float(lam[0]), torch.from_numpy(np.ascontiguousarray(vec[:, 0]))
+
+
+def _top_eigenpair(gram: Tensor) -> tuple[float, Tensor]:
+    """The same pair from the whole spectrum (``torch.linalg.eigh``), on any device."""
+    values, vectors = torch.linalg.eigh(gram)
+    return float(values[-1]), vectors[:, -1]
+
+
 @torch.library.custom_op("linmem::spectral_norm", mutates_args=())
 def _spectral_norm(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(sigma_1, u_1, v_1)`` of a matrix: its largest singular value and a unit pair of
@@ -88,13 +103,7 @@ def _spectral_norm(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return weight.new_zeros(()), weight.new_zeros(rows), weight.new_zeros(cols)
     w = w / scale
     gram = w.T @ w if tall else w @ w.T
-    if gram.device.type == "cpu":  # one eigenpair (syevr), not the whole spectrum
-        lam, vec = scipy.linalg.eigh(gram.numpy(), subset_by_index=[n - 1, n - 1],
-                                     driver="evr", check_finite=False)
-        lam, vec = float(lam[0]), torch.from_numpy(np.ascontiguousarray(vec[:, 0]))
-    else:
-        values, vectors = torch.linalg.eigh(gram)
-        lam, vec = float(values[-1]), vectors[:, -1]
+    lam, vec = (_top_eigenpair_lapack if gram.device.type == "cpu" else _top_eigenpair)(gram)
     sigma = math.sqrt(max(lam, 0.0))
     other = (w @ vec if tall else w.T @ vec) / sigma
     u, v = (other, vec) if tall else (vec, other)
