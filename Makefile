@@ -322,8 +322,8 @@ B_PLANS = $(foreach m,$(B_MODELS),--plan jsb:$(m):paper --plan-seeds jsb:$(m):pa
 	$(foreach d,piano nottingham musedata,--plan $(d):$(m):paper-long --plan-seeds $(d):$(m):paper-long))
 results-progress-bound: install
 	$(VENV)/bin/linmem progress --protocol paper --storage $(B_STORAGE) --runs-root . $(B_PLANS) \
-	  --probe results/paper-protocol/cost-probes $$(ls -d results/bounded-memory/seeds 2>/dev/null | sed 's/^/--run /') \
-	  --out results/bounded-memory/progress.md
+	  --probe results/paper-protocol/cost-probes $$(ls -d $(B_SEEDS) 2>/dev/null | sed 's/^/--run /') \
+	  --out $(B_RESULTS)/bounded-memory/progress.md
 P_LONG = $(foreach d,piano nottingham musedata,$(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--plan $(d):$(m):paper-long))
 results-progress-paper: install
 	$(VENV)/bin/linmem progress --protocol paper --storage sqlite:///runs/search-paper/search.db --runs-root . \
