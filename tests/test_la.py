@@ -249,7 +249,8 @@ def test_bad_input():
         LinearAutoencoder(2, solver="qr").fit(good)
     with pytest.raises(ValueError, match="n_components"):
         LinearAutoencoder(0).fit(good)
-    with pytest.raises(ValueError, match=r"n_components must be a positive integer or None, got 2\.0"):
+    with pytest.raises(ValueError,
+                       match=r"n_components must be a positive integer or None, got 2\.0"):
         LinearAutoencoder(2.0).fit(good)
     with pytest.raises(ValueError, match="solver"):
         LinearAutoencoder(2, solver="magic").fit(good)
