@@ -285,8 +285,9 @@ results-bound-pilot: install
 	$(VENV)/bin/linmem summarize --seeds --valid results/bounded-memory/pilot > results/bounded-memory/pilot/table.md
 # issue 76's campaign, under the paper protocol: LMN-A, LMN-B and pret-LMN-B with the bounded
 # memory (--memory-bound $(BOUND_R)), each with the readout start the pilot chose for it on
-# validation (BOUND_BIAS_<model> true: the key-rate bias), in a storage of its own: JSB's full
-# paper grid, the long sets' paper-long grid; then seeds 1-3 of each study's configuration
+# validation (BOUND_BIAS_<model> true: the key-rate bias), in a storage of its own: the long
+# sets' paper-long grid first (where the unbounded LMN-A diverged), then JSB's full paper grid;
+# then seeds 1-3 of each study's configuration
 # selected on the per-frame validation accuracy. The unbounded side is results/paper-protocol.
 # Resumable across machines: each search's finished trials are exported to $(B_STUDIES) and
 # imported first; a seed published in results/bounded-memory/seeds is not run again.
@@ -294,7 +295,7 @@ BOUND_R ?= 0.99
 BOUND_BIAS_lmn-a ?= true
 BOUND_BIAS_lmn-b ?= false
 BOUND_BIAS_pret-lmn-b ?= false
-B_MODELS = lmn-b lmn-a pret-lmn-b
+B_MODELS = lmn-a lmn-b pret-lmn-b
 B_STORAGE = sqlite:///runs/search-bound/search.db
 # where its records go: run from a worktree at a fixed commit, B_RESULTS=/path/to/main/results
 # puts them in the checkout that commits them
@@ -307,8 +308,8 @@ B_SEARCH = $(T2_RUN) search --jobs $(T2_JOBS) --out runs/search-bound --quiet $(
 B_EXPORT = $(T2_RUN) search-export $(B_STUDIES) --storage $(B_STORAGE) --runs-root .
 results-bound-campaign: install
 	[ ! -f $(B_STUDIES) ] || $(T2_RUN) search-import $(B_STUDIES) --storage $(B_STORAGE)
-	$(foreach m,$(B_MODELS),$(B_SEARCH) --data jsb --model $(m) --grid paper $(call B_FLAGS,$(m)) && $(B_EXPORT) &&) true
 	$(foreach m,$(B_MODELS),$(B_SEARCH) --data piano --data nottingham --data musedata --model $(m) --grid paper-long $(call B_FLAGS,$(m)) && $(B_EXPORT) &&) true
+	$(foreach m,$(B_MODELS),$(B_SEARCH) --data jsb --model $(m) --grid paper $(call B_FLAGS,$(m)) && $(B_EXPORT) &&) true
 	$(VENV)/bin/linmem report --protocol paper --storage $(B_STORAGE) --grid all --runs-root . --out $(B_DIR)
 	for d in jsb piano nottingham musedata; do for m in $(B_MODELS); do \
 	  sel=$$( [ -d $(B_DIR)/selected/$$d-$$m-per-frame ] && echo $(B_DIR)/selected/$$d-$$m-per-frame || echo $(B_DIR)/selected/$$d-$$m ); \
