@@ -352,6 +352,11 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
         with pytest.raises(SystemExit) as exit_:
             main(["progress", "--storage", storage, "--plan-seeds", bad])
         assert exit_.value.code == 2, bad
+    # the seeds of a search not started yet but planned: a row of their own, at its dearest
+    # point once that is projected (here nothing is: no GRU has finished a point)
+    main(["progress", "--storage", storage, "--grid", "tiny", "--out", str(out),
+          "--plan", "jsb:gru:tiny", "--plan-seeds", "jsb:gru:tiny"])
+    assert "| jsb-gru-tiny (planned) seeds | 0 / 3 |" in out.read_text()
     # the selected run on another machine (an imported study): its trial's stored CPU time
     run.rename(tmp_path / "moved")
     elsewhere = seeds_record(storage, "jsb", "lmn-b", "tiny", seeds=3, done=1)

@@ -579,8 +579,18 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
             data, model, plan_grid = resolve_name(parts[0]), parts[1], parts[2]
             seeds = int(parts[3]) if len(parts) == 4 else 3
             done = sum(_finished_seed(Path(p), f"{data}-{model}") for p, _ in singles)
-            record = seeds_record(storage, data, model, plan_grid, seeds, done, runs_root,
-                                  protocol or LEGACY_PROTOCOL)
+            planned = next((r for r in studies if r["study"].endswith(" (planned)") and
+                            (r["dataset"], r["model"], r["grid"]) == (data, model, plan_grid)),
+                           None)
+            if planned is not None:  # its search not started: the seeds at its dearest point
+                record = {**seeds_record(storage, data, model, plan_grid, seeds, seeds,
+                                         runs_root, protocol or LEGACY_PROTOCOL),
+                          "study": f"{planned['study']} seeds", "of_study": planned["study"],
+                          "states": {"done": min(done, seeds)}, "todo": max(seeds - done, 0),
+                          "left_cpu_s": None if done < seeds else 0.0}
+            else:
+                record = seeds_record(storage, data, model, plan_grid, seeds, done, runs_root,
+                                      protocol or LEGACY_PROTOCOL)
             _project_unselected_seeds(record, studies)
             studies.append(record)
         except (ValueError, KeyError) as err:
