@@ -303,11 +303,18 @@ B_RESULTS ?= results
 B_STUDIES = $(B_RESULTS)/search-studies-bound.jsonl
 B_DIR = $(B_RESULTS)/bounded-memory/campaign
 B_SEEDS = $(B_RESULTS)/bounded-memory/seeds
+# each ended trial's records (config, log, metrics), as runs/ lays them out: a later machine
+# restores them before the report, which selects from them and hands their configs to reseed
+B_TRIALS = $(B_RESULTS)/bounded-memory/trials
+B_PUBLISH = for st in runs/search-bound/*/; do n=$$(basename $$st); for r in $$st*/; do \
+	  [ -f $$r/config.json ] && { [ -f $$r/metrics.json ] || [ -f $$r/diverged.json ]; } || continue; \
+	  $(VENV)/bin/linmem publish $$r --to $(B_TRIALS)/runs/search-bound/$$n > /dev/null; done; done
 B_FLAGS = --protocol paper --memory-bound $(BOUND_R) $(if $(filter true,$(BOUND_BIAS_$(1))),--init-bias,--no-init-bias)
 B_SEARCH = $(T2_RUN) search --jobs $(T2_JOBS) --out runs/search-bound --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
-B_EXPORT = $(T2_RUN) search-export $(B_STUDIES) --storage $(B_STORAGE) --runs-root .
+B_EXPORT = $(T2_RUN) search-export $(B_STUDIES) --storage $(B_STORAGE) --runs-root . && $(B_PUBLISH)
 results-bound-campaign: install
 	[ ! -f $(B_STUDIES) ] || $(T2_RUN) search-import $(B_STUDIES) --storage $(B_STORAGE)
+	[ ! -d $(B_TRIALS)/runs ] || cp -rn $(B_TRIALS)/runs .
 	$(foreach m,$(B_MODELS),$(B_SEARCH) --data piano --data nottingham --data musedata --model $(m) --grid paper-long $(call B_FLAGS,$(m)) && $(B_EXPORT) &&) true
 	$(foreach m,$(B_MODELS),$(B_SEARCH) --data jsb --model $(m) --grid paper $(call B_FLAGS,$(m)) && $(B_EXPORT) &&) true
 	$(VENV)/bin/linmem report --protocol paper --storage $(B_STORAGE) --grid all --runs-root . --out $(B_DIR)
