@@ -324,15 +324,20 @@ def valid_seeds_markdown(groups: Sequence[dict]) -> str:
     accuracy, mean ± sd and range): the scores a choice between groups is made on."""
     lines = ["| data | model | size | weight decay | seeds | valid acc % | valid acc % (per-frame "
              "mean) |", "|---|---|---|---|---|---:|---:|"]
-    for g in groups:
-        size = f"{g['hidden']}" + (f", {g['memory']}" if g.get("memory") else "")
-        failures = failures_text(g)
-        seeds = " ".join(filter(None, [", ".join(map(str, g["seeds"])),
-                                       f"({failures})" if failures else ""]))
-        lines.append(f"| {TABLE2_TITLES.get(g['dataset'], g['dataset'])} | {_label(g)} | "
-                     f"{size} | {g['weight_decay']:g} | {seeds} | "
-                     f"{spread_text(g, 'valid_acc')} | {spread_text(g, 'valid_acc_frame')} |")
+    lines += [_group_row(g, ("valid_acc", "valid_acc_frame")) for g in groups]
     return "\n".join(lines) + "\n"
+
+
+def _group_row(group: dict, keys: Sequence[str]) -> str:
+    """A seed group's row: data set, label, size, decay, seeds (the failed named), then
+    ``spread_text`` of each of ``keys``."""
+    size = f"{group['hidden']}" + (f", {group['memory']}" if group.get("memory") else "")
+    failures = failures_text(group)
+    seeds = " ".join(filter(None, [", ".join(map(str, group["seeds"])),
+                                   f"({failures})" if failures else ""]))
+    cells = [TABLE2_TITLES.get(group["dataset"], group["dataset"]), _label(group), size,
+             f"{group['weight_decay']:g}", seeds, *(spread_text(group, k) for k in keys)]
+    return "| " + " | ".join(cells) + " |"
 
 
 def spread_text(group: dict, key: str) -> str:
@@ -384,18 +389,9 @@ def _seeds_run(group: dict) -> int:
 
 
 def _seeds_lines(groups: Sequence[dict]) -> list[str]:
-    spread = spread_text
     lines = ["| data | model | size | weight decay | seeds | test acc % | test acc % (per-frame "
              "mean) | test NLL |", "|---|---|---|---|---|---:|---:|---:|"]
-    for g in groups:
-        size = f"{g['hidden']}" + (f", {g['memory']}" if g.get("memory") else "")
-        failures = failures_text(g)
-        seeds = " ".join(filter(None, [", ".join(map(str, g["seeds"])),
-                                       f"({failures})" if failures else ""]))
-        lines.append(f"| {TABLE2_TITLES.get(g['dataset'], g['dataset'])} | "
-                     f"{_label(g)} | {size} | {g['weight_decay']:g} | "
-                     f"{seeds} | {spread(g, 'test_acc')} | "
-                     f"{spread(g, 'test_acc_frame')} | {spread(g, 'test_nll')} |")
+    lines += [_group_row(g, ("test_acc", "test_acc_frame", "test_nll")) for g in groups]
     lines += ["", "Mean ± standard deviation (minimum-maximum) over the seeds of the selected "
               "configuration that have a score; a failed seed (its training diverged, or the "
               "checkpoint chosen on validation gave NaN or inf outputs on the test split) has "
