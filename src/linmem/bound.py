@@ -20,11 +20,11 @@ matrix ``V^T V`` (LAPACK's ``syevr`` for one eigenvalue on the CPU, ``eigh`` els
 gradient ``u_1 v_1^T`` from the singular vectors that the forward found. At ``M = 250`` it adds
 a third of what ``torch.linalg.matrix_norm(V, 2)`` (a full SVD, forward and backward) adds to a
 batch-1 training step, as accurately (``benchmarks/memory_bound.py --part cost``,
-``results/bounded-memory/cost.json``). ONNX has no
-SVD: under ``torch.onnx.export`` the norm is the
-Schatten ``2p``-norm ``tr((V^T V)^p)^(1/2p)`` by repeated squaring (:func:`schatten_norm`), never
-below ``||V||_2`` and above it by at most ``M^(1/2p)`` (``p = 2^20``: ``1 + 3e-6`` at ``M =
-1000``), so the exported bound holds too and the outputs equal eager's to float32 rounding.
+``results/bounded-memory/cost.json``). ONNX has no eigensolver: under ``torch.onnx.export``
+the norm is the Schatten ``2p``-norm ``tr((V^T V)^p)^(1/2p)`` by repeated squaring
+(:func:`schatten_norm`), never below ``||V||_2`` and above it by at most ``M^(1/2p)``
+(``p = 2^20``: ``1 + 3e-6`` at ``M = 1000``), so the exported bound holds too and the outputs
+equal eager's to float32 rounding.
 """
 
 from __future__ import annotations
