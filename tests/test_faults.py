@@ -232,20 +232,24 @@ def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on(tmp_path):
     assert again.returncode == 0 and "removed" not in again.stderr, again.stderr
     if _ext.fcntl is None:
         return
-    import threading
     import time
 
-    # a build under way elsewhere (its flock held here): waited for, and said so once
-    with open(folder / "linmem-build.lock", "a") as handle:
+    # a build under way elsewhere (its flock held here): waited for, said so once, and the
+    # process goes on once the lock is let go
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "LINMEM_CPU_KERNEL": "1",
+           "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "waited.err"
+    with open(folder / "linmem-build.lock", "a") as handle, open(log, "w") as err:
         _ext.fcntl.flock(handle, _ext.fcntl.LOCK_EX)
-        release = threading.Timer(10.0, _ext.fcntl.flock, (handle, _ext.fcntl.LOCK_UN))
-        release.start()
-        started = time.monotonic()
-        waited = _kernel_run(tmp_path / "ext", timeout=60)
-        release.join()
-    assert waited.returncode == 0, waited.stderr
-    assert time.monotonic() - started >= 10
-    assert waited.stderr.count("waiting for another process that is building") == 1
+        waiting = subprocess.Popen([sys.executable, "-c", _KERNEL_FORWARD], env=env, stderr=err)
+        deadline = time.monotonic() + 60
+        while "waiting for another process" not in log.read_text():
+            assert waiting.poll() is None, log.read_text()  # it must not go on while held
+            assert time.monotonic() < deadline, "it never said that it waits"
+            time.sleep(0.1)
+        _ext.fcntl.flock(handle, _ext.fcntl.LOCK_UN)
+        assert waiting.wait(timeout=60) == 0, log.read_text()
+    assert log.read_text().count("waiting for another process that is building") == 1
 
 
 @pytest.mark.slow
