@@ -249,7 +249,7 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
 
 def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
                  done: int = 0, runs_root: str | os.PathLike = ".",
-                 protocol: str = LEGACY_PROTOCOL) -> dict:
+                 protocol: str = LEGACY_PROTOCOL, planned: str | None = None) -> dict:
     """The progress record of the seeds still to run (``seeds - done``, ``linmem reseed``) of a
     study's selected configuration, each projected at the selected run's CPU seconds and, when
     that run read its unrolled network from the cache, the network's own (a seed trains its
@@ -257,13 +257,16 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
     seed is done). A selected run that is not under ``runs_root`` (a study imported from another
     machine) counts its trial's stored time instead (its CPU time, or the wall time of an older
     trial: one thread per run, an upper bound of its CPU time). Their logged time is the seed
-    runs' (``linmem progress --run``), not counted here."""
+    runs' (``linmem progress --run``), not counted here. ``planned``: the name of the planned
+    search's record (:func:`planned_record`) when the study does not exist yet: no projection
+    here (:func:`progress_table` then takes that search's dearest point)."""
     data = resolve_name(data)
-    name = study_name(data, model, grid, protocol)
+    name = planned or study_name(data, model, grid, protocol)
     todo = max(seeds - done, 0)
-    if todo:
+    if todo and planned is None:
         name = _the_study(storage, name, data, model, grid, protocol)
-    chosen = select(optuna.load_study(study_name=name, storage=storage)) if todo else None
+    chosen = (select(optuna.load_study(study_name=name, storage=storage))
+              if todo and planned is None else None)
     per, source = None, "selected run"
     if chosen is not None:
         run = Path(runs_root) / chosen[0].user_attrs["run_dir"]
@@ -582,15 +585,10 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
             planned = next((r for r in studies if r["study"].endswith(" (planned)") and
                             (r["dataset"], r["model"], r["grid"]) == (data, model, plan_grid)),
                            None)
-            if planned is not None:  # its search not started: the seeds at its dearest point
-                record = {**seeds_record(storage, data, model, plan_grid, seeds, seeds,
-                                         runs_root, protocol or LEGACY_PROTOCOL),
-                          "study": f"{planned['study']} seeds", "of_study": planned["study"],
-                          "states": {"done": min(done, seeds)}, "todo": max(seeds - done, 0),
-                          "left_cpu_s": None if done < seeds else 0.0}
-            else:
-                record = seeds_record(storage, data, model, plan_grid, seeds, done, runs_root,
-                                      protocol or LEGACY_PROTOCOL)
+            # a search planned, not started: its seeds at its dearest point, once projected
+            record = seeds_record(storage, data, model, plan_grid, seeds, done, runs_root,
+                                  protocol or LEGACY_PROTOCOL,
+                                  planned=planned["study"] if planned is not None else None)
             _project_unselected_seeds(record, studies)
             studies.append(record)
         except (ValueError, KeyError) as err:
