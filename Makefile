@@ -101,7 +101,7 @@ results-pretraining-activation: install
 # grid point trained again from its own unrolled network and memory (the same initial weights)
 # to record its divergence (diverged.json; the command fails by design), and with a tanh LMN from
 # the same unrolled network and memory for 3 epochs; then the memory table of every pret-LMN-B
-# run of results-table2 (its loop gain at the start: linmem.nn.memory_loop_gains).
+# run of results-table2 (its loop gain at the start: linmem.nn.diagnostics.memory_loop_gains).
 DIVERGED_POINT = runs/search/nottingham-pret-lmn-b-reduced/h250-m250-wd1e-05
 results-pretraining-divergence: install
 	out=runs/divergence-check/nottingham-pret-lmn-b-h250-m250-wd1e-05; \
@@ -206,7 +206,7 @@ results-progress: install
 # keys and frames so that the paper's weight decays mean what they meant, clip 10, the readout's
 # default initialisation, early stopping on the per-frame accuracy, no pruning), in a storage of
 # its own. JSB Chorales: the paper's full grids of the seven trained models. The other three data
-# sets: grid paper-long (linmem.grids), chosen from JSB's selections, its cost projected from
+# sets: grid paper-long (linmem.experiments.grids), chosen from JSB's selections, its cost projected from
 # probes at batch 1 (benchmarks/paper_long_cost.py, results/paper-protocol/cost-probes), the
 # cheapest set first. Resumable: the finished trials are exported to
 # results/search-studies-paper.jsonl and imported first.

@@ -1,9 +1,9 @@
 """The RNN, GRU and LSTM baselines and the pretraining's unrolled network against their autograd
 (or oneDNN) forms, side by side in one run.
 
-:class:`linmem.rnns.RNN`, :class:`linmem.rnns.GRU` and :class:`linmem.rnns.LSTM` are
+:class:`linmem.nn.rnns.RNN`, :class:`linmem.nn.rnns.GRU` and :class:`linmem.nn.rnns.LSTM` are
 ``torch.nn.RNN``, ``torch.nn.GRU`` and ``torch.nn.LSTM`` with an explicit backward through time
-on the CPU (their steps in the compiled kernel of ``csrc/`` where ``linmem._ext.cpu_path`` chose
+on the CPU (their steps in the compiled kernel of ``csrc/`` where ``linmem.ops.cpu.cpu_path`` chose
 a variant; ``rnn-loop`` and ``gru-loop`` are the same models on the PyTorch loop; the LSTM here
 on the kernel at every size, where the module takes it from ``min_kernel_hidden`` units on);
 :class:`linmem.UnrolledNet` (the ULM of the pretraining, eq. 10, ``k = 10``) has one too.
@@ -28,13 +28,13 @@ import time
 import torch
 from torch import nn
 
-from linmem._ext import cpu_path
 from linmem._io import command_line, git_commit, machine, provenance, write_json
 from linmem.data import N_KEYS, collate
 from linmem.models import build_model
-from linmem.nn import measure_cpu_paths, use_cpu_kernel
-from linmem.rnns import as_torch
-from linmem.train import train_step
+from linmem.nn.rnns import as_torch
+from linmem.ops.cpu import cpu_path
+from linmem.ops.lmn import measure_cpu_paths, use_cpu_kernel
+from linmem.training.trainer import train_step
 
 ACTIVATIONS = {"selu": torch.selu, "tanh": torch.tanh, "relu": torch.relu}
 

@@ -1,7 +1,7 @@
 """What a second core could gain for one training run at batch 1 (the paper protocol), measured
 side by side: the bound on splitting the LSTM's recurrence by hidden units across two threads.
 
-At batch 1 the recurrence's loop (``linmem.rnns.LSTM``, the compiled kernel) does two products
+At batch 1 the recurrence's loop (``linmem.nn.rnns.LSTM``, the compiled kernel) does two products
 per step with ``W_hh`` (``4H x H``): ``h_{t-1} W_hh^T`` forward and ``da_t W_hh`` backward. At
 750 units ``W_hh`` is 9 MB, beyond the L2 cache, so each step streams it twice; the kernel splits
 a batch's rows over threads and at batch 1 uses one. A kernel that split the hidden units

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of the fused kernels (linmem.ops_gpu), as one call of the device tool, in order
+# The GPU checks of the fused kernels (linmem.ops.gpu), as one call of the device tool, in order
 # of importance within one deadline (CUDA_SESSION_SECONDS; the session's device time allows one
 # or two calls). `full` (the default): the CUDA tests of the kernels, the benchmark, a sweep of
 # the kernels' tilings at LMN-B(250, 250), then the CUDA tests of the whole library. `recheck`,

@@ -3,10 +3,10 @@
 Side by side in one run, on random piano-roll-like sequences of ``--steps`` steps, frames per
 second of training (forward, masked next-step NLL, backward, Adam step) and of inference for
 
-- ``lmn``: the LMN-B predictor on ``--device`` on the path ``linmem.ops.gpu_kernel_path``
+- ``lmn``: the LMN-B predictor on ``--device`` on the path ``linmem.ops.lmn.gpu_kernel_path``
   chooses (measured on first use: the fused kernels or the loop);
 - ``lmn-fused``: the same with the recurrence forced onto the fused Triton kernels
-  (``linmem.ops_gpu``: one launch for the forward over all steps, one for the backward);
+  (``linmem.ops.gpu``: one launch for the forward over all steps, one for the backward);
 - ``lmn-loop``: forced onto the PyTorch loop of the ``linmem::lmn_scan`` operator (one small
   kernel launch per product and step);
 - ``naive-loop`` (``--naive``): the straightforward per-step autograd loop
@@ -45,13 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # throughput.py beside
 
 from throughput import NaiveLMN, epoch_batches, median_rates, random_batch, torch_rnns
 
-from linmem import ops, ops_gpu
 from linmem._check import check_device
 from linmem._io import command_line, git_commit, provenance, write_json
 from linmem.data import load_polyphonic
 from linmem.models import build_model
-from linmem.rnns import as_torch
-from linmem.train import train_step
+from linmem.nn.rnns import as_torch
+from linmem.ops import gpu as ops_gpu
+from linmem.ops import lmn as ops
+from linmem.training.trainer import train_step
 
 
 def _sync(device: torch.device) -> None:
@@ -188,7 +189,7 @@ def print_row(r: dict, device: torch.device) -> None:
 def bench_tiles(args, device: torch.device) -> list[dict]:
     """The fused kernels' training rate at each size and batch under each of ``--tile-sweep``'s
     tilings (``LINMEM_GPU_TILES``: ``BLOCK_B,BLOCK_N,BLOCK_K,dot[,warps]``; ``auto`` the default
-    choice, ``linmem.ops_gpu.tiles``): the data to tune that choice on a GPU."""
+    choice, ``linmem.ops.gpu.tiles``): the data to tune that choice on a GPU."""
     rows = []
     for size in args.sizes:
         f, m = (int(v) for v in size.split("x"))

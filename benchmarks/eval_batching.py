@@ -5,7 +5,7 @@ the evaluation's), side by side in one run.
 
 For each data set and model (LMN-B (250,500) and an LSTM of 750 units, the sizes the searches
 select on the long data sets; weights at their initialisation: the cost does not depend on
-them), this times ``linmem.train.evaluate`` on the validation split, which every epoch of
+them), this times ``linmem.training.trainer.evaluate`` on the validation split, which every epoch of
 training runs, in interleaved rounds (median CPU seconds reported), and checks that the
 batchings give the same frame counts and accuracy. It prints the padded steps each batching
 computes (as a multiple of the frames) and the speed-up over no bound.
@@ -25,7 +25,7 @@ import torch
 from linmem._io import command_line, git_commit, provenance, write_json
 from linmem.data import EVAL_MAX_RATIO, bucket_batches, data_checksum, load_polyphonic
 from linmem.models import build_model
-from linmem.train import evaluate
+from linmem.training.trainer import evaluate
 
 MODELS = {"lmn-b 250,500": ("lmn-b", 250, 500), "lstm 750": ("lstm", 750, None)}
 

@@ -1,11 +1,11 @@
-"""The bounded memory (linmem.bound): what each way of holding ||W^mm||_2 <= r costs, and what
+"""The bounded memory (linmem.ops.bound): what each way of holding ||W^mm||_2 <= r costs, and what
 the bound does to the pretraining's closed-form memory.
 
 ``--part cost``: per forward and backward of a batch-1 training step of LMN-B(M, M), side by
 side in one run: the step with no bound, then the time each parametrization adds (the layer's
 own ``LMN(memory_bound=0.99)``, end to end; then the norm alone, rescaling the unbounded
 layer's matrix: the one linmem uses, exact, the largest eigenpair of ``V^T V``
-(:func:`linmem.bound.spectral_norm`); the exact norm by a full SVD,
+(:func:`linmem.ops.bound.spectral_norm`); the exact norm by a full SVD,
 ``torch.linalg.matrix_norm(V, 2)``; the Schatten 2^q-norm by q
 squarings, an upper bound; one warm-started power iteration, as
 ``torch.nn.utils.parametrizations.spectral_norm``, which holds the bound only approximately).
@@ -70,8 +70,8 @@ def _step(model, x: torch.Tensor, norm=None) -> None:
 
 
 def cost(sizes: list[int], lengths: list[int], repeats: int) -> list[dict]:
-    from linmem.bound import schatten_norm, spectral_norm
     from linmem.models import build_model
+    from linmem.ops.bound import schatten_norm, spectral_norm
 
     rows = []
     for m, steps in ((m, steps) for m in sizes for steps in lengths):

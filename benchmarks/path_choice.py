@@ -1,4 +1,4 @@
-"""The choice of the CPU path (``linmem.ops.measure_cpu_paths``) on a busy machine: the paths
+"""The choice of the CPU path (``linmem.ops.lmn.measure_cpu_paths``) on a busy machine: the paths
 timed one after the other on the wall clock (before commit af2e6b9) against timed in turns on
 the process's CPU time (now, with one thread), side by side in one run.
 
@@ -29,10 +29,10 @@ from collections import Counter
 
 import torch
 
-from linmem._ext import LOOP, kernel_variants
 from linmem._io import command_line, git_commit, machine, provenance, write_json
-from linmem.nn import lmn_recurrence
-from linmem.ops import _PATH_PROBLEMS, _path_problem, measure_cpu_paths, use_cpu_kernel
+from linmem.nn.lmn import lmn_recurrence
+from linmem.ops.cpu import LOOP, kernel_variants
+from linmem.ops.lmn import _PATH_PROBLEMS, _path_problem, measure_cpu_paths, use_cpu_kernel
 
 PROBLEMS = _PATH_PROBLEMS  # the sizes measure_cpu_paths times
 

@@ -29,10 +29,10 @@ from unittest import mock
 
 import torch
 
-import linmem.rnnrbm
+import linmem.nn.rnnrbm
 from linmem._io import command_line, git_commit, machine, provenance, write_json
 from linmem.data import data_checksum, iterate_batches, load_polyphonic
-from linmem.rnnrbm import RNNRBM
+from linmem.nn.rnnrbm import RNNRBM
 
 
 def former_bernoulli(p, generator=None):
@@ -41,7 +41,7 @@ def former_bernoulli(p, generator=None):
 
 
 def former_gibbs_chain(v, w, b_v, b_h, k, generator=None, beta=1.0):
-    """``linmem.rnnrbm.gibbs_chain`` as it was before commit 0ef9a21."""
+    """``linmem.nn.rnnrbm.gibbs_chain`` as it was before commit 0ef9a21."""
     with torch.no_grad():
         for _ in range(k):
             h = former_bernoulli(torch.sigmoid(b_h + beta * (v @ w)), generator=generator)
@@ -60,7 +60,7 @@ def former_marginals(self, inputs):
     """``RNNRBM.marginals`` (Gibbs) as it was before commit 8ce753b."""
     with torch.no_grad():
         b_v, b_h = self.step_biases(inputs)
-        keys = linmem.rnnrbm.sequence_keys(inputs, self.seed)
+        keys = linmem.nn.rnnrbm.sequence_keys(inputs, self.seed)
         v = former_row_bernoulli(torch.sigmoid(b_v), keys, 0)
         total = torch.zeros_like(b_v)
         for step in range(self.predict_steps):
@@ -75,7 +75,7 @@ def former_marginals(self, inputs):
 @contextlib.contextmanager
 def former():
     """The chain and the predictions as they were before commits 0ef9a21 and 8ce753b."""
-    with mock.patch.object(linmem.rnnrbm, "gibbs_chain", former_gibbs_chain), \
+    with mock.patch.object(linmem.nn.rnnrbm, "gibbs_chain", former_gibbs_chain), \
             mock.patch.object(RNNRBM, "marginals", former_marginals):
         yield
 

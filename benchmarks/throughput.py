@@ -3,14 +3,15 @@
 For every LMN size (functional, memory) and batch size, on random piano-roll-like sequences of
 ``--steps`` steps, this measures frames per second of
 
-- training: forward, masked next-step NLL, backward, Adam step (``linmem.train.train_step``);
+- training: forward, masked next-step NLL, backward, Adam step
+(``linmem.training.trainer.train_step``);
 - inference: forward under ``torch.inference_mode``;
 
 for the LMN-B predictor (the library's default fast path: on CPU the compiled kernel of
 ``csrc/lmn_cpu.cpp``), the same layer with the kernel switched off (the recurrence as a PyTorch
 loop in a custom autograd function, ``use_cpu_kernel(False)``), the LMN written as the
 straightforward per-step autograd loop (the reference it must equal), and ``torch.nn.RNN``,
-``LSTM`` and ``GRU`` themselves (not ``linmem.rnns``' faster ones: ``linmem.rnns.as_torch``)
+``LSTM`` and ``GRU`` themselves (not ``linmem.nn.rnns``' faster ones: ``linmem.nn.rnns.as_torch``)
 with ``hidden = functional + memory``, all with the same 88-key readout.
 
 The GEMM bound of an LMN-B is the measured rate of a large float32 matrix product divided by its
@@ -47,7 +48,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from linmem._ext import KERNEL_ENV, cpu_path, kernel_variants, load_cpu_kernel
 from linmem._io import command_line, git_commit, machine, provenance, write_json
 from linmem.data import (
     N_KEYS,
@@ -60,9 +60,11 @@ from linmem.data import (
 )
 from linmem.metrics import masked_nll
 from linmem.models import build_model
-from linmem.nn import lmn_recurrence, measure_cpu_paths, use_cpu_kernel
-from linmem.rnns import as_torch
-from linmem.train import train_step
+from linmem.nn.lmn import lmn_recurrence
+from linmem.nn.rnns import as_torch
+from linmem.ops.cpu import KERNEL_ENV, cpu_path, kernel_variants, load_cpu_kernel
+from linmem.ops.lmn import measure_cpu_paths, use_cpu_kernel
+from linmem.training.trainer import train_step
 
 # what limits torch's own libraries to an instruction set (MKL, oneDNN): with
 # LINMEM_CPU_KERNEL=avx2 they make an AVX-512 machine stand in for an AVX2 one, LSTM included
@@ -99,7 +101,7 @@ class NaiveLMN(_Wrapped):
 class PathLMN(_Wrapped):
     """``model`` with its recurrence forced onto one CPU path: a variant of the compiled kernel
     (``"avx2"``, ...) or, with ``False``, the PyTorch loop of the ``linmem::lmn_scan``
-    operator (``linmem.ops``; forward and backward). Shares the parameters."""
+    operator (``linmem.ops.lmn``; forward and backward). Shares the parameters."""
 
     def __init__(self, model: nn.Module, path: str | bool):
         super().__init__()
@@ -203,8 +205,8 @@ def measure(model: nn.Module, batch: Batch, min_time: float) -> tuple[float, flo
 
 
 def torch_rnns(hidden: int) -> dict[str, nn.Module]:
-    """Predictors on ``torch.nn.RNN``, ``LSTM`` and ``GRU`` themselves (not ``linmem.rnns``'
-    faster ones: :func:`linmem.rnns.as_torch`) of ``hidden`` units, with the 88-key readout."""
+    """Predictors on ``torch.nn.RNN``, ``LSTM`` and ``GRU`` themselves (not ``linmem.nn.rnns``'
+    faster ones: :func:`linmem.nn.rnns.as_torch`) of ``hidden`` units, with the 88-key readout."""
     models = {}
     for name in ("rnn", "lstm", "gru"):
         models[name] = build_model(name, hidden)

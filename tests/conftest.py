@@ -11,7 +11,7 @@ configure_threads()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Triton's kernels (linmem.ops_gpu) run on CPU tensors under its interpreter where no GPU is, as
+# Triton's kernels (linmem.ops.gpu) run on CPU tensors under its interpreter where no GPU is, as
 # CI runs them (tests/test_ops_gpu.py); Triton reads the switch when it is first imported
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,5 +1,5 @@
-"""The one-factor-at-a-time ablation (linmem.ablation, ``linmem ablation``): the seeds of a
-variant against its base's, and the median pruner's replay against Optuna's own pruner."""
+"""The one-factor-at-a-time ablation (linmem.experiments.ablation, ``linmem ablation``): the seeds
+of a variant against its base's, and the median pruner's replay against Optuna's own pruner."""
 
 import json
 
@@ -8,15 +8,15 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from linmem.ablation import (
+from linmem.cli.commands import cli
+from linmem.experiments.ablation import (
     ablation_groups,
     ablation_markdown,
     ablation_record_markdown,
     grid_trials,
     replay_pruner,
 )
-from linmem.cli import cli
-from linmem.runs import collect_metrics
+from linmem.training.runs import collect_metrics
 
 
 def _run(root, name, seed, frame, glob, overrides=None, wd=0.0, diverged=False):

@@ -1,5 +1,5 @@
-"""linmem.analyses: the replay of a run's first updates, checked against the trainer's own first
-epoch, Adam's closed-form first step and numpy's eigenvalues."""
+"""linmem.experiments.analyses: the replay of a run's first updates, checked against the trainer's
+own first epoch, Adam's closed-form first step and numpy's eigenvalues."""
 
 import json
 
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from linmem.analyses import first_updates, recurrent_radius, relative_change
-from linmem.cli import main
+from linmem.cli.commands import main
 from linmem.data import data_checksum
+from linmem.experiments.analyses import first_updates, recurrent_radius, relative_change
 from linmem.models import build_model
-from linmem.train import (
+from linmem.training.trainer import (
     TrainConfig,
     build_run_model,
     epoch_plan,
@@ -152,8 +152,8 @@ def test_replaying_the_epoch_after_the_last_checkpoint_is_the_trainers_next_epoc
     logged for that epoch when the run went on, and its first gradient norm is the one
     computed here by hand from last.pt's model. Another clip leaves the first update's
     gradient as it is and changes the later ones."""
-    from linmem.analyses import epoch_replay
-    from linmem.runs import LAST, load_checkpoint
+    from linmem.experiments.analyses import epoch_replay
+    from linmem.training.runs import LAST, load_checkpoint
 
     config = TrainConfig(data="jsb", model="lmn-b", hidden=6, memory=6, batch_size=32,
                          epochs=1, protocol="paper", clip=0.01, loss_reduction="mean")
@@ -193,7 +193,7 @@ def test_replaying_the_epoch_after_the_last_checkpoint_is_the_trainers_next_epoc
 def test_replay_epoch_command_and_a_diverging_epoch(tmp_path, jsb, data_dir):
     """The command writes every update and the table; an epoch whose loss or gradient stops
     being finite ends there, and the table says at which update and which of the two."""
-    from linmem.analyses import epoch_replay, epoch_replay_markdown
+    from linmem.experiments.analyses import epoch_replay, epoch_replay_markdown
 
     run = tmp_path / "run"
     train(TrainConfig(data="jsb", model="lmn-b", hidden=8, memory=8, batch_size=64, epochs=1,
@@ -228,7 +228,7 @@ def test_first_updates_say_where_the_validation_overflows(tmp_path, jsb):
     """Piano-midi.de's LMN-A diverged in its first epoch: replayed, its memory's radius passes 1
     and the validation's long sequences overflow. The scores are then None and the table says
     'not finite', where the replay had ended with an error."""
-    from linmem.analyses import first_updates_markdown
+    from linmem.experiments.analyses import first_updates_markdown
 
     long = {"train": jsb["train"][:24], "valid": [np.concatenate(jsb["valid"][:30])],
             "test": jsb["test"][:2]}  # one validation sequence of 1792 steps

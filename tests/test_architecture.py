@@ -8,37 +8,69 @@ import torch
 from torch import nn
 
 import linmem
-from linmem import models, recipes, search
-from linmem.cli import cli
+from linmem import models
+from linmem.cli.commands import cli
+from linmem.experiments import search
 from linmem.metrics import masked_nll
-from linmem.train import TrainConfig, load_run_model
+from linmem.training import recipes
+from linmem.training.trainer import TrainConfig, load_run_model
 
 PACKAGE = Path(linmem.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    """``training.trainer`` for ``src/linmem/training/trainer.py``, ``ops`` for its
+    ``__init__.py``, ``linmem`` for the package's own."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(parts) or "linmem"
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(dotted: str, names: list[str]) -> set[str]:
+    """The modules that ``from linmem.DOTTED import NAMES`` imports: each name that is a
+    module of ours, else ``DOTTED`` itself."""
+    base = dotted or "linmem"
+    found = set()
+    for name in names:
+        sub = f"{dotted}.{name}" if dotted else name
+        found.add(sub if sub in MODULES else base)
+    return found
 
 
 def package_imports() -> dict[str, set[str]]:
     """Every module of the package and the package modules it imports, at any level (inside
     functions and under ``TYPE_CHECKING`` too)."""
     graph = {}
-    for path in sorted(PACKAGE.glob("*.py")):
-        name = path.stem if path.stem != "__init__" else "linmem"
+    for name, path in MODULES.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                if node.level == 1 or (node.module or "").startswith("linmem"):
-                    base = (node.module or "").removeprefix("linmem").lstrip(".")
-                    if base:
-                        edges.add(base.split(".")[0])
-                    else:  # from . import x: a submodule, or a name of the package itself
-                        for alias in node.names:
-                            sub = alias.name
-                            edges.add(sub if (PACKAGE / f"{sub}.py").is_file() else "linmem")
+                if node.level:  # relative: from the module's own package upwards
+                    up = package.split(".") if package not in ("", "linmem") else []
+                    up = up[:len(up) - node.level + 1]
+                    dotted = ".".join([*up, *filter(None, [node.module])])
+                elif (node.module or "").split(".")[0] == "linmem":
+                    dotted = node.module.removeprefix("linmem").lstrip(".")
+                else:
+                    continue
+                edges |= _resolve(dotted, [a.name for a in node.names])
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.startswith("linmem."):
-                        edges.add(alias.name.split(".")[1])
+                        edges.add(alias.name.removeprefix("linmem."))
         graph[name] = edges - {name}
     return graph
+
+
+def layer(module: str) -> str:
+    """Which of the three packages ``module`` is in: the command line (with ``python -m
+    linmem``), the experiments, or the library."""
+    top = module.split(".")[0]
+    return {"cli": "cli", "__main__": "cli", "experiments": "experiments"}.get(top, "library")
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -65,17 +97,42 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_imports_have_no_cycle():
     graph = package_imports()
-    assert {"train", "recipes", "models", "nn", "cli"} <= set(graph)
+    assert {"training.trainer", "training.recipes", "models", "nn.lmn", "cli.commands"} \
+        <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
-    # the layers of issue 14: the trainer knows no model module and no recipe
-    assert not graph["train"] & {"pretrain", "rnnrbm", "recipes", "search", "cli"}
-    assert not graph["pretrain"] & {"train", "recipes"}
-    assert not graph["rnnrbm"] & {"train", "recipes", "models"}
-    # the harness above the library (issue 47): a run directory is read in one module, which
-    # reads nothing else of ours; the searches know no table, figure or diagnostic
-    assert graph["runs"] <= {"_io", "_check"}
-    assert not graph["search"] & {"report", "plots", "analyses", "progress", "cli"}
-    assert not graph["report"] & {"search", "cli"}
+    # the trainer knows no model module and no recipe
+    assert not graph["training.trainer"] & {"pretrain", "nn.rnnrbm", "training.recipes"}
+    assert not graph["pretrain"] & {"training.trainer", "training.recipes"}
+    assert not graph["nn.rnnrbm"] & {"training.trainer", "training.recipes", "models"}
+    # a run directory is read in one module, which reads nothing else of ours; the searches
+    # know no table, figure or diagnostic
+    assert graph["training.runs"] <= {"_io", "_check"}
+    assert not graph["experiments.search"] & {"experiments.report", "experiments.plots",
+                                              "experiments.analyses", "experiments.progress"}
+    assert not graph["experiments.report"] & {"experiments.search"}
+
+
+def test_the_three_packages_import_one_way():
+    """The library never imports the experiments or the command line; the experiments never
+    import the command line."""
+    allowed = {"library": {"library"}, "experiments": {"library", "experiments"},
+               "cli": {"library", "experiments", "cli"}}
+    graph = package_imports()
+    assert {layer(m) for m in graph} == set(allowed)
+    upward = sorted(f"{m} -> {n}" for m, edges in graph.items() for n in edges
+                    if layer(n) not in allowed[layer(m)])
+    assert not upward, upward
+
+
+def test_the_import_graph_sees_every_form_of_import(tmp_path):
+    """The graph the layer tests read: absolute, relative and submodule imports, inside
+    functions too, each resolved to the module it names."""
+    graph = package_imports()
+    assert "ops.gpu" in graph["ops.lmn"]  # from linmem.ops import gpu as ops_gpu
+    assert "ops.triton_lmn" in graph["ops.gpu"]  # inside a function
+    assert "cli.launch" in graph["__main__"]
+    assert {layer("cli.commands"), layer("experiments.report"), layer("nn.lmn"),
+            layer("linmem")} == {"cli", "experiments", "library"}
 
 
 def _string_constants(tree: ast.AST) -> list[str]:
@@ -87,15 +144,15 @@ def _string_constants(tree: ast.AST) -> list[str]:
 
 
 def test_only_runs_names_the_files_of_a_run_directory():
-    """``linmem.runs`` is the one owner of a run directory's file names: no other module of the
-    package spells one as a string of its own (prose in messages and docstrings aside)."""
-    from linmem import runs
+    """``linmem.training.runs`` is the one owner of a run directory's file names: no other module of
+    the package spells one as a string of its own (prose in messages and docstrings aside)."""
+    from linmem.training import runs
 
-    for path in PACKAGE.glob("*.py"):
-        if path.stem == "runs":
+    for path in PACKAGE.rglob("*.py"):
+        if path == PACKAGE / "training" / "runs.py":
             continue
         found = set(_string_constants(ast.parse(path.read_text()))) & set(runs.RUN_FILES)
-        assert not found, f"{path.name} spells {sorted(found)}: use linmem.runs' names"
+        assert not found, f"{path.name} spells {sorted(found)}: use linmem.training.runs' names"
 
 
 def test_the_cycle_finder_finds_cycles():
@@ -104,19 +161,20 @@ def test_the_cycle_finder_finds_cycles():
 
 
 def test_trainer_has_no_model_specific_code():
-    source = (PACKAGE / "train.py").read_text()
+    source = (PACKAGE / "training" / "trainer.py").read_text()
     for name in (*models.MODELS, "RNNRBM", "NextStepPredictor", "isinstance"):
         assert f'"{name}"' not in source and f"{name}(" not in source, name
 
 
 def test_every_module_declares_its_public_names():
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         if path.stem in ("__main__",):
             continue
         tree = ast.parse(path.read_text())
-        names = [t.id for node in tree.body if isinstance(node, ast.Assign)
-                 for t in node.targets if isinstance(t, ast.Name)]
-        assert "__all__" in names, path.name
+        names = [t.id for node in tree.body if isinstance(node, ast.Assign | ast.AnnAssign)
+                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                 if isinstance(t, ast.Name)]
+        assert "__all__" in names, path.relative_to(PACKAGE)
 
 
 class RunningMean(nn.Module):
@@ -193,8 +251,9 @@ def test_registry_is_the_source_of_the_model_lists():
 def test_the_package_exports_what_its_docstring_promises():
     """Every name of ``linmem.__all__`` resolves (imported on first use), each to the object of
     the module that defines it."""
-    from linmem.config import TrainConfig as config_class
+    from linmem.training.config import TrainConfig as config_class
 
     for name in linmem.__all__:
         assert getattr(linmem, name) is not None, name
-    assert linmem.TrainConfig is config_class and linmem.LMN.__module__ == "linmem.nn"
+    assert linmem.TrainConfig is config_class and linmem.LMN.__module__ == "linmem.nn.lmn"
+

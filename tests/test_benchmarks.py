@@ -102,7 +102,7 @@ def test_throughput_script_runs(tmp_path):
 
 @pytest.mark.slow
 def test_baselines_script_runs(tmp_path):
-    """linmem.rnns' RNN and GRU against PyTorch's, the ULM against its autograd loop, at a tiny
+    """linmem.nn.rnns' RNN and GRU against PyTorch's, the ULM against its autograd loop, at a tiny
     size (the script checks that both give the same logits before it times them)."""
     out = tmp_path / "b.json"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "baselines.py"), "--sizes", "8",
@@ -138,7 +138,7 @@ def test_ab_trees_script_runs(tmp_path):
 def test_path_choice_script_runs(tmp_path):
     """Both orders of measurement, one trial each beside one busy process: every trial chose a
     path the CPU runs (or the loop), and the record keeps each variant's speedup per trial."""
-    from linmem._ext import kernel_variants
+    from linmem.ops.cpu import kernel_variants
 
     variants = kernel_variants()
     if not variants:  # no compiler here: the script says so and stops
@@ -162,7 +162,7 @@ def test_rnnrbm_step_reference_is_the_former_chain():
     """The benchmark's former chain gives the library's numbers (the same draws in the same
     order): the two ways it times compute the same step."""
     bench = _load("rnnrbm_step")
-    from linmem.rnnrbm import gibbs_chain
+    from linmem.nn.rnnrbm import gibbs_chain
 
     g = torch.Generator().manual_seed(0)
     w, b_v, b_h = torch.randn(7, 4, generator=g), torch.randn(2, 3, 7), torch.randn(2, 3, 4)
@@ -237,7 +237,7 @@ def test_paper_long_cost_projects_the_jsb_points_by_the_probes(tmp_path):
 
     import optuna
 
-    from linmem.grids import grid_points
+    from linmem.experiments.grids import grid_points
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{tmp_path / 'search.db'}"

@@ -1,4 +1,4 @@
-"""The bounded memory (linmem.bound, ``LMN(memory_bound=r)``): the bound holds for every
+"""The bounded memory (linmem.ops.bound, ``LMN(memory_bound=r)``): the bound holds for every
 parameter value (Adam at a large learning rate, any state dict), the memory stays within its
 closed-form bound over 20,000 steps, gradients match finite differences, and the bounded layer
 compiles, exports (torch.export, ONNX) and trains from the command line."""
@@ -11,15 +11,15 @@ import torch
 from torch.export import Dim, export
 
 from linmem import LMN, LMNCell
-from linmem.bound import (
+from linmem.models import build_model
+from linmem.nn.diagnostics import memory_radii_of
+from linmem.ops.bound import (
     bounded_memory,
     check_memory_bound,
     memory_norm_bound,
     schatten_norm,
     spectral_norm,
 )
-from linmem.models import build_model
-from linmem.nn import memory_radii_of
 
 
 def exact_norm(w):
@@ -65,7 +65,7 @@ def test_both_eigensolvers_find_the_same_top_pair():
     """The CPU's one-pair LAPACK solver and the whole-spectrum eigh that other devices take
     (here on CPU tensors, so that CI runs that path too): the same eigenvalue and, up to sign,
     the same unit eigenvector."""
-    from linmem.bound import _top_eigenpair, _top_eigenpair_lapack
+    from linmem.ops.bound import _top_eigenpair, _top_eigenpair_lapack
 
     g = torch.Generator().manual_seed(21)
     for n, dtype in [(1, torch.float64), (6, torch.float64), (120, torch.float64),
@@ -336,7 +336,7 @@ def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys):
     without a memory refused before any study is made."""
     import optuna
 
-    from linmem.studies import search_records
+    from linmem.experiments.studies import search_records
     from tests.test_cli import run_cli
 
     out = tmp_path / "s"

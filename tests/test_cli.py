@@ -7,11 +7,11 @@ import sys
 import pytest
 import torch
 
-from linmem.cli import main
-from linmem.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL
+from linmem.cli.commands import main
 from linmem.data import load_polyphonic
 from linmem.metrics import frame_accuracy
-from linmem.train import load_run_model
+from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL
+from linmem.training.trainer import load_run_model
 
 
 def run_cli(*args, capsys):
@@ -74,7 +74,7 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     scored = json.loads(stdout)
     assert scored["test"]["acc"] == pytest.approx(metrics["test_acc"], rel=1e-9)
     assert scored["test"]["nll"] == pytest.approx(metrics["test_nll"], rel=1e-9)
-    from linmem.rescore import score_run  # what the command calls, from Python
+    from linmem.experiments.rescore import score_run  # what the command calls, from Python
 
     direct = score_run(out, ["test"], data_dir=str(data_dir), command="python")
     assert direct["test"] == scored["test"] and direct["command"] == "python"
@@ -95,7 +95,7 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     assert written["command"] and written["wall_time_s"] > 0  # (in-process: pytest's argv)
     assert 0 < written["cpu_time_s"] <= written["wall_time_s"] * 4  # its CPU time (progress)
     assert written["commit"] == metrics["commit"]
-    from linmem.runs import collect_metrics
+    from linmem.training.runs import collect_metrics
 
     (record,) = collect_metrics([out])  # what linmem report reads from the run
     assert record["valid_acc_expected"] == expected["acc_expected"]
@@ -154,7 +154,7 @@ def test_train_defaults_to_its_protocol_and_the_study_commands_to_linmems():
     """``linmem train`` and ``pretrain`` take TrainConfig's default protocol; ``search``,
     ``report``, ``progress`` and ``analyze-pretraining`` keep linmem's, the protocol of the
     studies and runs their recorded commands in results/ made without --protocol."""
-    from linmem.cli import cli
+    from linmem.cli.commands import cli
 
     def default(command: str) -> str:
         (param,) = [p for p in cli.commands[command].params if p.name == "protocol"]
@@ -178,19 +178,19 @@ def test_console_script_runs(data_dir):
 
 
 def test_fast_usage_is_the_real_help(capsys, monkeypatch):
-    """``linmem --help`` answers without torch from linmem._usage: the same text as click's."""
-    from linmem._usage import USAGE
+    """``linmem --help`` answers without torch from linmem.cli.usage: the same text as click's."""
+    from linmem.cli.usage import USAGE
 
     monkeypatch.setenv("COLUMNS", "80")
     code, out, _ = run_cli("--help", capsys=capsys)
     assert code == 0
-    assert out == USAGE, "regenerate src/linmem/_usage.py from `COLUMNS=80 linmem --help`"
+    assert out == USAGE, "regenerate src/linmem/cli/usage.py from `COLUMNS=80 linmem --help`"
     code, out, _ = run_cli(capsys=capsys)
     assert code == 0 and out == USAGE
 
 
 def test_help_and_version_load_no_torch():
-    code = ("import sys, linmem._launch as l\n"
+    code = ("import sys, linmem.cli.launch as l\n"
             "for args in ([], ['--help'], ['--version']):\n"
             "    sys.argv = ['linmem', *args]; l.main()\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
@@ -247,8 +247,8 @@ def test_reseed_trains_the_same_configuration_with_other_seeds(tmp_path, data_di
     code, _, err = run_cli("reseed", str(out), "--seeds", "1,x", capsys=capsys)
     assert code == 2 and "--seeds" in err
 
-    from linmem.report import seed_groups
-    from linmem.runs import collect_metrics
+    from linmem.experiments.report import seed_groups
+    from linmem.training.runs import collect_metrics
 
     (group,) = seed_groups(collect_metrics([tmp_path / "run-seeds"]))
     accs = [m["test_acc"] for m in metrics]
@@ -262,8 +262,8 @@ def test_reseed_runs_every_seed_when_one_diverges(tmp_path, data_dir, capsys, mo
     command prints them, names the diverged seed and exits 1."""
     import dataclasses
 
-    from linmem import recipes
-    from linmem.train import TrainConfig, TrainingDiverged
+    from linmem.experiments import seeds
+    from linmem.training.trainer import TrainConfig, TrainingDiverged
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -280,14 +280,14 @@ def test_reseed_runs_every_seed_when_one_diverges(tmp_path, data_dir, capsys, mo
             raise TrainingDiverged("the training loss became NaN or inf in epoch 1")
         return {"valid_acc": 10.0 + config.seed, "test_acc": 20.0, "test_nll": 5.0}
 
-    monkeypatch.setattr(recipes, "run", fake_run)
+    monkeypatch.setattr(seeds, "run", fake_run)
     code, stdout, err = run_cli("reseed", str(run_dir), "--seeds", "1,2,3", "--quiet",
                                 capsys=capsys)
     assert ran == [1, 2, 3] and code == 1
     assert "seed 1: valid acc 11.00%" in stdout and "seed 3: valid acc 13.00%" in stdout
     assert "seed 2:" not in stdout and "seed 2: the training loss became NaN" in err
-    with pytest.raises(recipes.SeedsDiverged) as caught:
-        recipes.reseed(run_dir, [2, 3], tmp_path / "again", progress=False)
+    with pytest.raises(seeds.SeedsDiverged) as caught:
+        seeds.reseed(run_dir, [2, 3], tmp_path / "again", progress=False)
     assert list(caught.value.finished) == [3]
     # run again: the diverged seed is a result, named from its record and not trained again
     ran.clear()
@@ -310,8 +310,8 @@ def test_reseed_stop_by_starts_only_the_seeds_that_fit(tmp_path, data_dir, capsy
     (exit 0); a finished seed is reported whatever the deadline."""
     import dataclasses
 
-    from linmem import recipes
-    from linmem.train import TrainConfig
+    from linmem.experiments import seeds
+    from linmem.training.trainer import TrainConfig
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -331,7 +331,7 @@ def test_reseed_stop_by_starts_only_the_seeds_that_fit(tmp_path, data_dir, capsy
         ran.append(config.seed)
         return {"valid_acc": 10.0 + config.seed, "test_acc": 20.0, "test_nll": 5.0}
 
-    monkeypatch.setattr(recipes, "run", fake_run)
+    monkeypatch.setattr(seeds, "run", fake_run)
     code, stdout, err = run_cli("reseed", str(run_dir), "--seeds", "1,2,3,4", "--out", str(out),
                                 "--stop-by", "30m", "--quiet", capsys=capsys)
     assert code == 0 and ran == [1, 2]
@@ -355,8 +355,8 @@ def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkey
     read as JSON, else text); unknown fields, the seed and invalid values are refused."""
     import dataclasses
 
-    from linmem import recipes
-    from linmem.train import TrainConfig, with_data_dir
+    from linmem.experiments import seeds
+    from linmem.training.trainer import TrainConfig, with_data_dir
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -369,7 +369,7 @@ def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkey
         ran.append(config)
         return {"valid_acc": 1.0, "test_acc": 2.0, "test_nll": 3.0}
 
-    monkeypatch.setattr(recipes, "run", fake_run)
+    monkeypatch.setattr(seeds, "run", fake_run)
     code, _, _ = run_cli("reseed", str(run_dir), "--seeds", "1,2", "--set", "nonlinearity=tanh",
                          "--set", "ulm_nonlinearity=selu", "--set", "weight_decay=1e-7",
                          "--set", "chunk=null", "--quiet", capsys=capsys)

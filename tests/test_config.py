@@ -9,9 +9,8 @@ from dataclasses import asdict, fields
 import pytest
 import torch
 
-from linmem import cli as cli_module
-from linmem.cli import main
-from linmem.config import PROTOCOL_FIELDS, TrainConfig
+from linmem.cli import commands as cli_module
+from linmem.cli.commands import main
 from linmem.models import (
     REGISTRY,
     ModelOptions,
@@ -26,6 +25,7 @@ from linmem.models import (
     register,
     unregister,
 )
+from linmem.training.config import PROTOCOL_FIELDS, TrainConfig
 
 # one value outside each field's declared range, and the words of the error it must raise
 BAD = {

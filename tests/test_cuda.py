@@ -20,11 +20,11 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from linmem import recipes
 from linmem.data import collate
 from linmem.models import MODELS, build_model, expected_accuracy, get_spec
-from linmem.nn import LMN
-from linmem.train import TrainConfig, evaluate, load_run_model
+from linmem.nn.lmn import LMN
+from linmem.training import recipes
+from linmem.training.trainer import TrainConfig, evaluate, load_run_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -280,7 +280,7 @@ def test_autocast_on_cuda():
 def test_the_bounded_memory_on_cuda_gives_the_cpu_numbers():
     """linmem::spectral_norm's CUDA path (eigh of the Gram matrix) against the CPU's (syevr),
     and a bounded layer's outputs and gradients, float64."""
-    from linmem.bound import spectral_norm
+    from linmem.ops.bound import spectral_norm
 
     g = torch.Generator().manual_seed(12)
     for shape in [(7, 7), (50, 50), (250, 250), (6, 9)]:

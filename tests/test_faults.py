@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from linmem import LMN, LMNCell, _ext
+from linmem import LMN, LMNCell
 from linmem import data as D
-from linmem.cli import main
+from linmem.cli.commands import main
 from linmem.data import DataError, load_polyphonic
 from linmem.metrics import frame_accuracy
+from linmem.ops import cpu as _ext
 
 
 def run_cli(*args, capsys):
@@ -202,8 +203,9 @@ def test_the_kernel_is_built_by_the_same_ninja_whatever_is_on_path(monkeypatch, 
     assert shutil.which("ninja") == str(Path(ninja.BIN_DIR) / "ninja")
 
 
-_KERNEL_FORWARD = ("import torch; from linmem import LMN, _ext; assert _ext.load_cpu_kernel() "
-                   "is not None; print(float(LMN(3, 4, 5)(torch.rand(6, 2, 3))[0].sum().detach()))")
+_KERNEL_FORWARD = ("import torch; from linmem import LMN; from linmem.ops import cpu; "
+                   "assert cpu.load_cpu_kernel() is not None; "
+                   "print(float(LMN(3, 4, 5)(torch.rand(6, 2, 3))[0].sum().detach()))")
 
 
 def _kernel_run(extensions: Path, timeout: float) -> subprocess.CompletedProcess:

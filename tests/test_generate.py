@@ -114,7 +114,7 @@ def test_generate_command_writes_midi_png_wav_and_its_record(tmp_path, data_dir,
     import json
     import wave
 
-    from linmem.cli import main
+    from linmem.cli.commands import main
 
     run = tmp_path / "run"
     main(["train", "--data", "jsb", "--data-dir", str(data_dir), "--model", "lstm", "--hidden",
@@ -155,7 +155,7 @@ def test_import_midi_makes_a_data_set_that_trains(tmp_path, jsb, capsys):
     result loads and trains like the benchmark sets."""
     import json
 
-    from linmem.cli import main
+    from linmem.cli.commands import main
     from linmem.data import load_polyphonic
 
     folder = tmp_path / "mine"
@@ -188,9 +188,9 @@ def test_import_midi_makes_a_data_set_that_trains(tmp_path, jsb, capsys):
 def test_plots_of_a_run(tmp_path, data_dir, capsys):
     """`linmem plot RUN` draws the three training curves; `--prediction test:0` the truth, the
     probabilities and the outcome of each key, whose counts are those of the metric."""
-    from linmem.cli import main
+    from linmem.cli.commands import main
+    from linmem.experiments.plots import plot_run
     from linmem.generate import predict_sequence
-    from linmem.plots import plot_run
 
     run = tmp_path / "run"
     main(["train", "--data", "jsb", "--data-dir", str(data_dir), "--model", "lmn-b", "--hidden",
@@ -215,7 +215,7 @@ def test_plot_of_a_nade_run_selected_on_nll(tmp_path):
     that wrote best.pt."""
     import json
 
-    from linmem.plots import plot_run
+    from linmem.experiments.plots import plot_run
 
     run = tmp_path / "run"
     run.mkdir()
@@ -233,7 +233,7 @@ def test_your_own_music_keeps_its_tempo_from_import_to_generation(tmp_path, jsb,
     `generate` writes its MIDI and reads a .mid prime at it (`--step-seconds` overrides it)."""
     import json
 
-    from linmem.cli import main
+    from linmem.cli.commands import main
 
     folder = tmp_path / "mine"
     folder.mkdir()

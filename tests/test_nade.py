@@ -13,8 +13,8 @@ import torch
 from linmem.data import iterate_batches
 from linmem.metrics import FrameScores, expected_frame_accuracy, masked_nll
 from linmem.models import build_model
-from linmem.nade import NADE
-from linmem.train import TrainConfig, evaluate, load_run_model, train
+from linmem.nn.nade import NADE
+from linmem.training.trainer import TrainConfig, evaluate, load_run_model, train
 
 
 def small_nade(d=5, h=4, s=3, seed=0, dtype=torch.float64):

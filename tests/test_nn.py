@@ -12,11 +12,13 @@ import pytest
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_sequence, pad_packed_sequence
 
-from linmem import LMN, LMNCell, _ext
-from linmem import nn as lmn_nn
-from linmem import ops as lmn_ops
+from linmem import LMN, LMNCell
 from linmem._io import cpu_description
-from linmem.nn import lmn_recurrence, use_cpu_kernel
+from linmem.nn import diagnostics
+from linmem.nn.lmn import lmn_recurrence
+from linmem.ops import cpu as _ext
+from linmem.ops import lmn as lmn_ops
+from linmem.ops.lmn import use_cpu_kernel
 
 
 @pytest.fixture(autouse=True)
@@ -263,7 +265,7 @@ def test_bidirectional_gradients_and_its_errors():
         lmn(x, torch.zeros(2, 2, 2))
     with pytest.raises(ValueError, match="not bidirectional"):
         LMN(2, 3, 2).layer_weights(0, reverse=True)
-    radii = lmn_nn.memory_radii_of({f"core.{k}": v for k, v in lmn.state_dict().items()})
+    radii = diagnostics.memory_radii_of({f"core.{k}": v for k, v in lmn.state_dict().items()})
     assert radii == pytest.approx([float(torch.linalg.eigvals(
         getattr(lmn, f"weight_mm_l{k}{s}").detach()).abs().max())
         for k in (0, 1) for s in ("", "_reverse")])
@@ -583,7 +585,7 @@ def test_measured_choice_is_recorded_and_env_forces_a_path(monkeypatch, tmp_path
 def test_measurement_picks_a_path_not_slower_than_the_loop():
     """The record of :func:`measure_cpu_paths`: a time for every path and size, and a choice
     that is the loop or a variant at least as fast as the loop at both sizes."""
-    rec = lmn_nn.measure_cpu_paths(VARIANTS, repeats=1)
+    rec = lmn_ops.measure_cpu_paths(VARIANTS, repeats=1)
     assert set(rec["seconds"]) == {*VARIANTS, "loop"}
     assert all(set(t) == {"small", "large"} for t in rec["seconds"].values())
     assert rec["choice"] in (*VARIANTS, "loop")
@@ -599,7 +601,7 @@ def test_measurement_picks_a_path_not_slower_than_the_loop():
 def test_measurement_with_no_variant_chooses_the_loop():
     """No kernel variant to time (no compiler, or ``LINMEM_CPU_KERNEL=loop``): the loop alone is
     timed and chosen (it raised "max() arg is an empty sequence")."""
-    rec = lmn_nn.measure_cpu_paths([], repeats=1)
+    rec = lmn_ops.measure_cpu_paths([], repeats=1)
     assert rec["choice"] == "loop" and set(rec["seconds"]) == {"loop"}
     assert rec["speedup_over_loop"] == {}
 
@@ -615,7 +617,7 @@ def test_measurement_times_the_paths_in_turns(monkeypatch):
         return recurrence(*args, **kwargs)
 
     monkeypatch.setattr(lmn_ops, "lmn_scan", recorded)
-    rec = lmn_nn.measure_cpu_paths(VARIANTS, repeats=2)
+    rec = lmn_ops.measure_cpu_paths(VARIANTS, repeats=2)
     paths = [*VARIANTS, "loop"]
     assert order == paths * 3 * 2  # three rounds, two sizes
     assert rec["clock"] == ("cpu" if torch.get_num_threads() == 1 else "wall")
@@ -647,7 +649,7 @@ def test_memory_loop_gain_is_the_growth_rate_of_the_state(nonlinearity, slope):
     with torch.no_grad():
         for name, p in lmn.named_parameters():
             p.copy_(torch.rand_like(p) * (0.2 if name.startswith("weight_mm") else 0.5))
-    gain = lmn_nn.memory_loop_gains(lmn.state_dict(), nonlinearity)[0]
+    gain = diagnostics.memory_loop_gains(lmn.state_dict(), nonlinearity)[0]
     w = {k: v.detach() for k, v in lmn.state_dict().items()}
     perron = torch.linalg.eigvals(w["weight_mm_l0"] + slope * w["weight_hm_l0"]
                                   @ w["weight_mh_l0"]).abs().max()
@@ -661,18 +663,20 @@ def test_memory_loop_gain_is_the_growth_rate_of_the_state(nonlinearity, slope):
     bounded.load_state_dict(lmn.state_dict())
     with torch.no_grad():
         out, _ = bounded(torch.ones(2000, 1, 4, dtype=torch.float64))
-    assert out.abs().max() < 1e3 and lmn_nn.memory_loop_gains(bounded.state_dict(), "tanh")[0] > 1
+    assert out.abs().max() < 1e3
+    assert diagnostics.memory_loop_gains(bounded.state_dict(), "tanh")[0] > 1
 
 
 def test_memory_loop_gains_per_layer_of_a_model_state():
     from linmem.models import build_model
 
     model = build_model("lmn-b", 6, memory=4, num_layers=2, nonlinearity="selu")
-    gains = lmn_nn.memory_loop_gains(model.state_dict(), "selu")  # keys "core.weight_mm_l0", ...
+    # keys "core.weight_mm_l0", ...
+    gains = diagnostics.memory_loop_gains(model.state_dict(), "selu")
     assert len(gains) == 2 and all(g > 0 for g in gains)
-    assert lmn_nn.memory_loop_gains(build_model("lstm", 4).state_dict(), "tanh") == []
+    assert diagnostics.memory_loop_gains(build_model("lstm", 4).state_dict(), "tanh") == []
     with pytest.raises(ValueError, match="nonlinearity"):
-        lmn_nn.memory_loop_gains(model.state_dict(), "cosh")
+        diagnostics.memory_loop_gains(model.state_dict(), "cosh")
 
 
 def test_bad_input_is_rejected():
@@ -716,8 +720,8 @@ def test_parameter_names_and_shapes():
 
 def _autocast_cases():
     """(module, input, state) for every recurrent module of the library, batch first."""
-    from linmem.nn import UnrolledNet
-    from linmem.rnns import GRU, LSTM, RNN
+    from linmem.nn.lmn import UnrolledNet
+    from linmem.nn.rnns import GRU, LSTM, RNN
 
     torch.manual_seed(0)
     x = torch.randn(3, 9, 7)
@@ -893,7 +897,7 @@ def test_batch_one_is_each_row_of_a_batch_bit_for_bit(variant, size, nonlinearit
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_stream_read_reads_every_value(variant):
     """The benchmark's streaming bound reads what it is given, every repeat (its sum)."""
-    from linmem._ext import load_cpu_kernel
+    from linmem.ops.cpu import load_cpu_kernel
 
     kernel = load_cpu_kernel()
     data = torch.ones(8 * 16 * 100, dtype=torch.float32)  # whole blocks of 8 vectors, any variant

@@ -11,7 +11,7 @@ from torch.library import opcheck
 
 from linmem import LMN
 from linmem.models import build_model
-from linmem.ops import (
+from linmem.ops.lmn import (
     NONLINEARITIES,
     lmn_scan,
     lmn_scan_backward,
@@ -19,7 +19,7 @@ from linmem.ops import (
     lmn_scan_ref,
     use_cpu_kernel,
 )
-from linmem.ops_ulm import ulm_scan, ulm_scan_backward, ulm_scan_ref
+from linmem.ops.ulm import ulm_scan, ulm_scan_backward, ulm_scan_ref
 
 
 def scan_case(steps, batch, hidden, memory, dtype=torch.float64, batch_major=False, seed=0):
@@ -246,7 +246,7 @@ def test_the_unrolled_operator_equals_its_reference(path, nonlinearity):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     small = ulm_case(3, 2, 2, 2, seed=6)
     assert torch.autograd.gradgradcheck(lambda *a: ulm_scan(*a, nonlinearity)[0], small)
-    from linmem.ops_ulm import ulm_states
+    from linmem.ops.ulm import ulm_states
 
     assert torch.autograd.gradgradcheck(lambda *a: ulm_states(*a, nonlinearity), small)
     with use_cpu_kernel(path == "kernel"):
@@ -256,7 +256,7 @@ def test_the_unrolled_operator_equals_its_reference(path, nonlinearity):
 
 def _baseline_cases(dtype=torch.float64, seed=7):
     """``(op, arguments, extra, forward-to-states)`` of the RNN, GRU and LSTM operators."""
-    from linmem import rnns
+    from linmem.nn import rnns
 
     g = torch.Generator().manual_seed(seed)
 
@@ -282,7 +282,7 @@ def _baseline_cases(dtype=torch.float64, seed=7):
 def test_the_baselines_recurrences_are_registered_operators(name):
     """opcheck of the RNN, GRU and LSTM operators; states and gradients against their
     references on the kernel and the loop (float64); gradgradcheck."""
-    from linmem import rnns
+    from linmem.nn import rnns
 
     op, args, extra, states, reference = _baseline_cases()[name]
     opcheck(op, (*args, *extra))
@@ -381,7 +381,7 @@ def test_a_nade_readout_trains_in_one_compiled_graph():
         torch.testing.assert_close(got, expected)
         _equal_grads(model, got, expected)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    from linmem.nade import nade_marginals
+    from linmem.nn.nade import nade_marginals
 
     opcheck(nade_marginals, (torch.rand(4, 5, dtype=torch.float64),
                              torch.rand(4, 3, dtype=torch.float64),

@@ -1,4 +1,4 @@
-"""The fused Triton kernels of the LMN's recurrence (linmem.ops_gpu) against the per-step
+"""The fused Triton kernels of the LMN's recurrence (linmem.ops.gpu) against the per-step
 reference.
 
 Without a GPU they run on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set by
@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from linmem import ops, ops_gpu
-from linmem.nn import LMN
-from linmem.ops import _backward_buffers, _scan_buffers, lmn_scan_backward_ref, lmn_scan_ref
+from linmem.nn.lmn import LMN
+from linmem.ops import gpu as ops_gpu
+from linmem.ops import lmn as ops
+from linmem.ops.lmn import _backward_buffers, _scan_buffers, lmn_scan_backward_ref, lmn_scan_ref
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -211,8 +212,8 @@ def test_the_first_use_on_a_gpu_measures_the_paths():
 def test_a_training_run_on_the_fused_path_follows_the_loops(tmp_path, small, model):
     """Whole (short) training runs on CUDA through the fused kernels and through the loop: the
     same losses and accuracies within float32 rounding."""
-    from linmem import recipes
-    from linmem.train import TrainConfig
+    from linmem.training import recipes
+    from linmem.training.trainer import TrainConfig
 
     runs = {}
     for fused in (True, False):
@@ -233,8 +234,8 @@ import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from linmem import _lmn_triton as kernels
-from linmem.ops_gpu import tiles
+from linmem.ops import triton_lmn as kernels
+from linmem.ops.gpu import tiles
 
 out = []
 for arch in (80, 90):

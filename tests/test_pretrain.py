@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from linmem import LinearAutoencoder, UnrolledNet
-from linmem.config import PROTOCOL_FIELDS, PROTOCOLS
 from linmem.models import build_model
 from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, project_memory, transfer
-from linmem.recipes import ulm_key
-from linmem.runs import run_cpu_seconds
-from linmem.train import TrainConfig, load_run_model
+from linmem.training.config import PROTOCOL_FIELDS, PROTOCOLS
+from linmem.training.recipes import ulm_key
+from linmem.training.runs import run_cpu_seconds
+from linmem.training.trainer import TrainConfig, load_run_model
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_unrolled_net_gradients_match_autograd_loop(nonlinearity):
     theirs = torch.autograd.grad((ref_lagged * weights).sum() + (ref ** 2).sum(), params)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b)
-    from linmem.ops_ulm import ulm_scan
+    from linmem.ops.ulm import ulm_scan
 
     x_proj = torch.randn(7, 2, h, generator=g, requires_grad=True)
     weight_hh = net.weight_hh.detach().clone().requires_grad_()
@@ -248,7 +248,7 @@ def test_pret_rnn_states_are_the_scaled_autoencoder_states():
 
 
 def run_cli(*args):
-    from linmem.cli import main
+    from linmem.cli.commands import main
 
     try:
         main(list(args))
@@ -374,7 +374,7 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
     assert infos[0]["ulm_cpu_time_s"] == ulm_cpu > 0 and infos[0]["ulm_cpu_here_s"] > 0
     assert infos[1]["ulm_cpu_time_s"] == infos[1]["ulm_cpu_here_s"] == 0.0
     # the pretrained LMN's memory loop gain, as its initial weights give it
-    from linmem.nn import memory_loop_gains
+    from linmem.nn.diagnostics import memory_loop_gains
 
     init = torch.load(tmp_path / "a" / "init.pt", weights_only=True)
     assert infos[0]["lmn_loop_gain"] == memory_loop_gains(init, "selu")
@@ -418,7 +418,7 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
     assert run_cli("train", *common, "--model", "lstm", "--ulm-cache", str(cache),
                    "--out", str(tmp_path / "refused")) == 2
     # a cache made before the names changed (every field hashed): its finished entry is read
-    from linmem.recipes import _legacy_ulm_key
+    from linmem.training.recipes import _legacy_ulm_key
 
     first = replace(busy, memory=20, seed=0)
     assert ulm_key(first) == entry.name != _legacy_ulm_key(first)
@@ -492,9 +492,9 @@ def test_analysis_command_writes_json_and_png(tmp_path, data_dir):
 def test_pretraining_warns_of_a_memory_loop_gain_above_one(tmp_path, data_dir, monkeypatch):
     """An unbounded activation with a loop gain above 1 (Nottingham's two diverged SELU
     initialisations had 1.67 and 1.75) is said before fine-tuning starts; tanh is not."""
-    import linmem.recipes
+    import linmem.training.recipes
 
-    monkeypatch.setattr(linmem.recipes, "memory_loop_gains",
+    monkeypatch.setattr(linmem.training.recipes, "memory_loop_gains",
                         lambda state, act, bound=None: [0.9, 1.7])
     common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "6", "--memory", "5",
               "--k", "3", "--batch-size", "64", "--epochs", "1", "--quiet"]
@@ -516,9 +516,9 @@ def test_unrolled_recurrence_kernel_equals_the_loop(shape, nonlinearity, threads
     """The ULM's recurrence in the compiled kernel (each variant this CPU runs) against its
     PyTorch loop: states and the gradients of x_proj, the past states and W^hh, float64 to
     1e-12; sizes off every variant's lanes and 6-row tiles, batches split over threads."""
-    from linmem import _ext
-    from linmem.ops import use_cpu_kernel
-    from linmem.ops_ulm import ulm_scan
+    from linmem.ops import cpu as _ext
+    from linmem.ops.lmn import use_cpu_kernel
+    from linmem.ops.ulm import ulm_scan
 
     steps, batch, h, k = shape
     g = torch.Generator().manual_seed(sum(shape))

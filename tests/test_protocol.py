@@ -9,10 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from linmem.config import DEFAULT_PROTOCOL, PROTOCOL_FIELDS, PROTOCOLS
 from linmem.data import collate
 from linmem.models import build_model
-from linmem.train import TrainConfig, build_run_model, make_optimizer, train, train_step
+from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOL_FIELDS, PROTOCOLS
+from linmem.training.trainer import (
+    TrainConfig,
+    build_run_model,
+    make_optimizer,
+    train,
+    train_step,
+)
 
 
 def test_a_protocol_sets_its_fields_and_an_explicit_value_overrides_it():
@@ -104,7 +110,7 @@ def test_the_paper_protocol_keeps_the_default_readout_and_selects_per_frame(tmp_
 
 
 def test_batch_one_visits_every_sequence_once_in_an_order_that_changes(small):
-    from linmem.train import epoch_plan
+    from linmem.training.trainer import epoch_plan
 
     config = TrainConfig(protocol="paper")
     lengths = [len(s) for s in small["train"]]
@@ -126,7 +132,7 @@ def test_protocols_are_documented_as_one_unit():
 
 
 def test_the_command_line_takes_a_protocol_and_overrides(tmp_path, data_dir, capsys):
-    from linmem.cli import main
+    from linmem.cli.commands import main
 
     def run(*args: str) -> int:
         try:
@@ -153,8 +159,8 @@ def test_the_command_line_takes_a_protocol_and_overrides(tmp_path, data_dir, cap
 
 
 def test_a_search_under_the_paper_protocol_has_its_own_studies_and_no_pruner():
-    from linmem.grids import study_name
-    from linmem.search import SearchConfig
+    from linmem.experiments.grids import study_name
+    from linmem.experiments.search import SearchConfig
 
     paper = SearchConfig(base=TrainConfig(protocol="paper"))
     assert paper.pruner == "none"
@@ -173,8 +179,8 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
     """A storage holding both protocols' studies: each report sees its own; a paper study's
     runs stop on the per-frame accuracy, its global column is selected on the global validation
     accuracy and its per-frame column on the per-frame one, from the trials' own scores."""
-    from linmem.cli import main
-    from linmem.studies import search_records
+    from linmem.cli.commands import main
+    from linmem.experiments.studies import search_records
 
     out = tmp_path / "s"
     for protocol in ("linmem", "paper"):
@@ -207,7 +213,7 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
             max(r["valid_acc_frame"] for r in log))
         assert t["best_intermediate_valid_nll"] is None and t["best_intermediate_valid_acc"] is None
     # the report keeps each column's selected run (the per-frame one apart where it differs)
-    from linmem.report import write_search_report
+    from linmem.experiments.report import write_search_report
 
     write_search_report([paper], tmp_path / "report", "test", runs_root=".")
     selected = tmp_path / "report" / "selected"
@@ -220,7 +226,7 @@ def test_the_protocols_table_sets_both_selections_side_by_side():
     """protocols.md: per data set and model the paper's figure, ours under each protocol (the
     per-frame column from its own selection, the global one from the record's), incomplete
     grids marked, models run under neither protocol left out."""
-    from linmem.report import PAPER_TABLE2, protocols_markdown
+    from linmem.experiments.report import PAPER_TABLE2, protocols_markdown
 
     def record(model, test, frame, complete=True):
         return {"dataset": "jsb", "model": model, "test_acc": test, "grid": "paper",

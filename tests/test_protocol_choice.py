@@ -1,12 +1,12 @@
-"""Which protocol linmem train uses by default (linmem.protocol_choice): the rule on seed groups
-made by hand, and the report that writes it."""
+"""Which protocol linmem train uses by default (linmem.experiments.protocol_choice): the rule on
+seed groups made by hand, and the report that writes it."""
 
 import json
 
 import pytest
 
-from linmem.protocol_choice import protocol_choice, protocol_choice_markdown
-from linmem.report import seed_groups
+from linmem.experiments.protocol_choice import protocol_choice, protocol_choice_markdown
+from linmem.experiments.report import seed_groups
 
 SETS = ("jsb", "musedata", "nottingham", "piano")
 
@@ -99,14 +99,14 @@ def test_the_rule_decides_once_the_four_sets_are_in():
     assert linmem_better["decision"] == "linmem"
     assert "wins a majority of the 4 pairs on both metrics" in linmem_better["reason"]
     # the table says whether linmem train's default follows the decision
-    from linmem.config import DEFAULT_PROTOCOL
+    from linmem.training.config import DEFAULT_PROTOCOL
 
     other = next(p for p in ("paper", "linmem") if p != DEFAULT_PROTOCOL)
     follows, behind = (protocol_choice_markdown(c) for c in (
         {"pairs": [], "wins": {}, "decision": DEFAULT_PROTOCOL, "reason": "r"},
         {"pairs": [], "wins": {}, "decision": other, "reason": "r"}))
-    assert f"`linmem train`'s default (`linmem.config.DEFAULT_PROTOCOL`): {DEFAULT_PROTOCOL}." \
-        in follows
+    assert ("`linmem train`'s default (`linmem.training.config.DEFAULT_PROTOCOL`): "
+            f"{DEFAULT_PROTOCOL}.") in follows
     assert f"): {DEFAULT_PROTOCOL}, not yet the decision's {other}." in behind
 
 
@@ -114,7 +114,7 @@ def test_the_report_writes_the_choice(tmp_path):
     """``linmem report --compare-seed-runs``: protocol-choice.md and .json from the runs'
     metrics.json under both protocols, and a clear error for a protocol the rule does not
     compare."""
-    from linmem.report import build_report
+    from linmem.experiments.report import build_report
 
     def write_runs(root, protocol, frames):
         for seed, frame in enumerate(frames, 1):
@@ -155,7 +155,7 @@ def test_train_defaults_to_the_protocol_the_committed_seeds_chose():
     day the seeds decide otherwise, this fails until the default follows."""
     from pathlib import Path
 
-    from linmem.config import DEFAULT_PROTOCOL, TrainConfig
+    from linmem.training.config import DEFAULT_PROTOCOL, TrainConfig
 
     path = Path(__file__).parent.parent / "results" / "paper-protocol" / "protocol-choice.json"
     committed = json.loads(path.read_text())

@@ -9,7 +9,7 @@ import click
 import numpy as np
 import torch
 
-from linmem.cli import cli, train_cmd
+from linmem.cli.commands import cli, train_cmd
 from linmem.models import build_model, unregister
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from linmem.report import markdown_table
-from linmem.runs import collect_metrics, rerun_cpu_seconds
+from linmem.experiments.report import markdown_table
+from linmem.training.runs import collect_metrics, rerun_cpu_seconds
 
 
 def test_table_from_run_directories(tmp_path):
@@ -62,7 +62,7 @@ def _record(dataset, model, test_acc, complete=True, trials=()):
 
 
 def test_table2_puts_ours_beside_the_paper():
-    from linmem.report import table2_markdown
+    from linmem.experiments.report import table2_markdown
 
     records = [_record("jsb", "lmn-b", 35.123), _record("jsb", "lstm", 30.0, complete=False),
                {**_record("nottingham", "gru", 0.0), "test_acc": None},
@@ -113,7 +113,7 @@ def test_table2_puts_ours_beside_the_paper():
 
 
 def test_table2_gives_the_accuracy_at_the_threshold_chosen_on_validation():
-    from linmem.report import table2_markdown
+    from linmem.experiments.report import table2_markdown
 
     records = [_record("jsb", "lmn-b", 27.0), _record("piano", "lstm", 23.0)]
     assert "threshold chosen on validation" not in table2_markdown(records)  # none recorded
@@ -136,7 +136,7 @@ def test_table2_gives_the_accuracy_at_the_threshold_chosen_on_validation():
 
 
 def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
-    from linmem.report import figure4_data
+    from linmem.experiments.report import figure4_data
 
     trials = [{"hidden": 50, "memory": 50, "weight_decay": wd, "state": state, "valid_acc": acc}
               for wd, state, acc in ((0.0, "complete", 20.0), (1e-5, "complete", 22.0),
@@ -161,8 +161,8 @@ def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
 
 
 def test_single_runs_join_the_table_selected_on_validation(tmp_path):
-    from linmem.report import run_records, summary_records, table2_markdown
-    from linmem.runs import collect_metrics
+    from linmem.experiments.report import run_records, summary_records, table2_markdown
+    from linmem.training.runs import collect_metrics
 
     for name, valid, test in (("a", 27.0, 28.0), ("b", 26.0, 30.0)):
         run = tmp_path / name
@@ -191,8 +191,8 @@ def test_single_runs_join_the_table_selected_on_validation(tmp_path):
 
 
 def test_runs_selected_on_nll_are_chosen_by_their_lowest_validation_nll(tmp_path):
-    from linmem.report import run_records
-    from linmem.runs import collect_metrics
+    from linmem.experiments.report import run_records
+    from linmem.training.runs import collect_metrics
 
     for name, nll, acc, selected in (("a", 6.1, 24.0, "valid nll"), ("b", 5.9, 22.0, "valid nll"),
                                      ("c", 5.0, 30.0, "valid nll")):
@@ -212,7 +212,7 @@ def test_runs_selected_on_nll_are_chosen_by_their_lowest_validation_nll(tmp_path
 
 
 def test_records_of_an_earlier_summary_join_the_table(tmp_path):
-    from linmem.report import summary_file_records, table2_markdown
+    from linmem.experiments.report import summary_file_records, table2_markdown
 
     earlier = [{k: v for k, v in _record("jsb", "lmn-b", 28.0).items()
                 if k not in ("study", "points_done", "points_failed", "trials_run",
@@ -264,7 +264,7 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
 
 
 def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
-    from linmem.report import seed_groups, table2_markdown
+    from linmem.experiments.report import seed_groups, table2_markdown
 
     def run(model, seed, acc):
         return {"dataset": "jsb", "model": model, "hidden": 250, "memory": 250,
@@ -314,8 +314,8 @@ def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
     named in the table and in the claim, left out of the means, and counted below every score
     in the claim's ranges: a model with a failed seed is never beyond the spread above another,
     and can be below it; the claim needs three seeds run per model."""
-    from linmem.report import seed_groups, table2_markdown
-    from linmem.runs import collect_metrics
+    from linmem.experiments.report import seed_groups, table2_markdown
+    from linmem.training.runs import collect_metrics
 
     def run(model, seed, acc=None, why="NaN in epoch 1"):
         folder = tmp_path / f"{model}-s{seed}"
@@ -392,7 +392,7 @@ def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
 def test_seed_groups_keep_activations_apart(tmp_path, capsys):
     """pret-LMN-B with tanh (the paper's text) beside the default SELU one: two groups, each
     against LMN-B; `linmem summarize --seeds` prints the same from run directories."""
-    from linmem.report import seed_groups, seeds_markdown
+    from linmem.experiments.report import seed_groups, seeds_markdown
 
     def run(model, seed, acc, act=None):
         return {"dataset": "jsb", "model": model, "hidden": 250, "memory": 250,
@@ -421,7 +421,7 @@ def test_seed_groups_keep_activations_apart(tmp_path, capsys):
         (d / "metrics.json").write_text(json.dumps({k: v for k, v in r.items()
                                                     if k not in ("run", "nonlinearity")}))
         (d / "config.json").write_text(json.dumps({"nonlinearity": r["nonlinearity"]}))
-    from linmem.cli import main
+    from linmem.cli.commands import main
 
     main(["summarize", "--seeds", *(str(tmp_path / r["run"]) for r in runs[:-1])])
     out = capsys.readouterr().out
@@ -432,7 +432,7 @@ def test_seed_groups_keep_activations_apart(tmp_path, capsys):
 
 
 def test_figure4_is_drawn_for_every_data_set_with_a_curve(tmp_path):
-    from linmem.report import write_search_report
+    from linmem.experiments.report import write_search_report
 
     trials = [{"hidden": h, "memory": m, "weight_decay": 0.0, "state": "complete",
                "valid_acc": acc} for h, m, acc in ((100, 250, 60.0), (250, 250, 62.0))]
@@ -450,7 +450,7 @@ def test_figure4_is_drawn_for_every_data_set_with_a_curve(tmp_path):
 def test_memory_radii_and_table(tmp_path):
     import torch
 
-    from linmem.analyses import memory_markdown, memory_radii
+    from linmem.experiments.analyses import memory_markdown, memory_radii
     from linmem.models import build_model
 
     torch.manual_seed(0)
@@ -468,7 +468,7 @@ def test_memory_radii_and_table(tmp_path):
     assert memory_radii(tmp_path / "lstm.pt") == []
     record = {"run": str(run), "model": "lmn-b", "batch_size": 4, "chunk": None, "epochs": 5,
               "best_epoch": 3, "valid_acc": 28.0, "stop_reason": "diverged: in epoch 6; kept"}
-    from linmem.nn import memory_loop_gains
+    from linmem.nn.diagnostics import memory_loop_gains
 
     selected = ", ".join(f"{g:.3f}" for g in memory_loop_gains(model.state_dict(), "tanh"))
     table = memory_markdown([record], command="linmem memory x")
@@ -507,8 +507,8 @@ def test_a_shorter_patience_is_replayed_from_the_runs_logs(tmp_path):
     """Stopping after P epochs without a better validation score, replayed on logged runs: the
     epoch each would have selected (checked by hand), the accuracy lost, the CPU time saved; a
     run whose own patience is not longer, or that diverged, is left out."""
-    from linmem.analyses import patience_markdown, patience_records, stop_early
-    from linmem.runs import collect_metrics
+    from linmem.experiments.analyses import patience_markdown, patience_records, stop_early
+    from linmem.training.runs import collect_metrics
 
     late = [10, 20, 21, 19, 18, 17, 16, 25, 24, 23, 22, 21, 20]  # best at epoch 8, after 5 bad
     early = [10, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19]  # best at epoch 2
@@ -570,7 +570,7 @@ def test_seed_table_says_whether_the_papers_figure_is_reached():
     than two finished (the others diverged), the finished seed against the figure; no line
     where the paper has no figure (another model, or an activation neither the model's default
     nor the paper's tanh)."""
-    from linmem.report import PAPER_TABLE2, seed_groups, seeds_markdown
+    from linmem.experiments.report import PAPER_TABLE2, seed_groups, seeds_markdown
 
     def run(model, seed, frame, dataset="jsb", act=None):
         return {"dataset": dataset, "model": model, "hidden": 250, "memory": 250,
@@ -637,7 +637,7 @@ def test_table2_carries_both_protocols(tmp_path):
     table2.md ends with both protocols side by side, each column from its own protocol's
     selection (a grid whose every point failed is ✗, read from search_trials.json), the paper
     protocol's seeds against the paper's figures, and the ablation's tables."""
-    from linmem.report import PAPER_TABLE2, build_report
+    from linmem.experiments.report import PAPER_TABLE2, build_report
 
     ours, paper = tmp_path / "ours", tmp_path / "paper"
     ours.mkdir()
@@ -726,7 +726,7 @@ def test_the_committed_summarize_tables_are_what_their_makefile_commands_print(c
     """Each ``results/*/table.md`` that the Makefile makes with ``linmem summarize`` is that
     command's output on the committed runs, so a run published later or a column added to
     the table cannot leave the file stale."""
-    from linmem.cli import main
+    from linmem.cli.commands import main
 
     root = Path(__file__).resolve().parents[1]
     makefile = (root / "Makefile").read_text().replace("\\\n", " ")
@@ -747,7 +747,7 @@ def test_seed_groups_keep_bounds_and_protocol_departures_apart():
     """Seeds of one configuration trained with and without a memory bound, and with and
     without a protocol field changed (the bounded-memory pilot's 2 x 2): four groups, each
     labelled by what sets it apart."""
-    from linmem.report import seed_groups, seeds_markdown
+    from linmem.experiments.report import seed_groups, seeds_markdown
 
     def run(seed, bound, overrides, acc):
         return {"dataset": "piano", "model": "lmn-a", "hidden": 250, "memory": 250,
@@ -764,7 +764,7 @@ def test_seed_groups_keep_bounds_and_protocol_departures_apart():
                   "| LMN-A (bound 0.99, init_bias true) |"):
         assert label in table, label
     # their validation side (linmem summarize --valid), what a choice between them is made on
-    from linmem.report import valid_seeds_markdown
+    from linmem.experiments.report import valid_seeds_markdown
 
     for r in records:
         r["valid_acc"], r["valid_acc_frame"] = 30.0 + 2 * r["seed"], 25.0 + r["seed"]
@@ -778,7 +778,7 @@ def test_the_claims_compare_seeds_under_the_same_bound():
     """Bounded and unbounded seeds in one table (the campaign's one-factor comparison): the
     bounded pret-LMN-B's claim is against the bounded LMN-B, the unbounded one's against the
     unbounded, and each LMN-B's against the one LSTM (no memory, no bound)."""
-    from linmem.report import seed_groups, seeds_markdown
+    from linmem.experiments.report import seed_groups, seeds_markdown
 
     def run(model, seed, bound, acc):
         return {"dataset": "jsb", "model": model, "hidden": 50,

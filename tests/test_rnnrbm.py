@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from linmem.rnnrbm import RNNRBM, ais_log_partition, free_energy, gibbs_chain
+from linmem.nn.rnnrbm import RNNRBM, ais_log_partition, free_energy, gibbs_chain
 
 
 def _all_states(n: int) -> torch.Tensor:
@@ -79,7 +79,7 @@ def test_row_draws_are_each_rows_own_generator():
     """Row ``b`` of a batch's draws is ``rand < p[b]`` from a generator seeded by the row's key
     and the draw's number alone (what makes a prediction independent of its batch), also for
     probabilities that are not contiguous."""
-    from linmem.rnnrbm import _row_bernoulli
+    from linmem.nn.rnnrbm import _row_bernoulli
 
     p = torch.rand(5, 3, 7, generator=torch.Generator().manual_seed(0)).transpose(0, 1)
     keys = [11, 2 ** 62 + 5, 0]
@@ -139,11 +139,11 @@ def test_rnn_part_is_torch_rnn_and_biases_are_causal():
 
 
 def test_rnn_part_has_torch_rnn_gradients():
-    """The RNN part (linmem.rnns.RNN: an explicit backward) against torch.nn.RNN with the same
+    """The RNN part (linmem.nn.rnns.RNN: an explicit backward) against torch.nn.RNN with the same
     weights: the same CD cost and the same gradient of every parameter."""
     from torch import nn
 
-    from linmem import rnns
+    from linmem.nn import rnns
 
     model = RNNRBM(n_visible=10, n_recurrent=7, n_hidden=5, cd_k=3).double()
     assert isinstance(model.rnn, rnns.RNN)
@@ -230,7 +230,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="predict"):
         RNNRBM(predict="exact")
     from linmem.models import build_model
-    from linmem.train import TrainConfig
+    from linmem.training.trainer import TrainConfig
 
     for make in (lambda: build_model("rnn-rbm", 8, dropout=0.1),
                  lambda: TrainConfig(model="rnn-rbm", dropout=0.1)):
@@ -243,7 +243,7 @@ def test_trainer_runs_rnn_rbm_and_resumes_exactly(tmp_path, jsb):
     a run resumed after epoch 1 ends like an uninterrupted one (the Gibbs RNG is restored)."""
     import json
 
-    from linmem.train import TrainConfig, train
+    from linmem.training.trainer import TrainConfig, train
 
     data = {split: seqs[:6] for split, seqs in jsb.items()}
     config = TrainConfig(model="rnn-rbm", hidden=8, rbm_hidden=10, cd_k=2, epochs=2,
@@ -268,7 +268,7 @@ def test_init_from_rnn_reproduces_the_rnn_predictions():
     """With W = 0 each step's RBM is independent Bernoullis with logits b_v^t: after the copy
     they are the RNN predictor's logits exactly."""
     from linmem.models import build_model
-    from linmem.rnnrbm import init_from_rnn
+    from linmem.nn.rnnrbm import init_from_rnn
 
     torch.manual_seed(0)
     rnn = build_model("rnn", 7, input_size=10).double()
@@ -290,7 +290,7 @@ def test_rbm_pretraining_learns_the_frame_distribution():
     (exact probabilities by enumeration) and hold most of its mass."""
     import numpy as np
 
-    from linmem.rnnrbm import pretrain_rbm
+    from linmem.nn.rnnrbm import pretrain_rbm
 
     torch.manual_seed(0)
     model = RNNRBM(n_visible=6, n_recurrent=3, n_hidden=8, cd_k=15).double()
@@ -320,8 +320,8 @@ def test_rbm_pretraining_learns_the_frame_distribution():
 def test_trainer_pretrains_rnn_rbm_resumably(tmp_path, jsb):
     import json
 
-    from linmem.recipes import run
-    from linmem.train import TrainConfig
+    from linmem.training.recipes import run
+    from linmem.training.trainer import TrainConfig
 
     data = {split: seqs[:5] for split, seqs in jsb.items()}
     config = TrainConfig(model="rnn-rbm", hidden=6, rbm_hidden=8, cd_k=2, epochs=1,
@@ -384,7 +384,7 @@ def test_gibbs_predictions_do_not_depend_on_the_batch():
     the same alone, padded in a batch beside others, or at another place in it (float64,
     exactly); another seed draws other chains; a sequence ending in silence keeps its draws."""
     from linmem.data import collate
-    from linmem.rnnrbm import sequence_keys
+    from linmem.nn.rnnrbm import sequence_keys
 
     torch.manual_seed(0)
     model = RNNRBM(n_visible=6, n_recurrent=3, n_hidden=4, predict_steps=30, burn_in=5).double()
@@ -408,7 +408,7 @@ def test_gibbs_predictions_do_not_depend_on_the_batch():
 def test_rnn_rbm_scores_do_not_depend_on_the_evaluation_batches(jsb):
     """``evaluate`` of an RNN-RBM: the same accuracies and frame counts in batches of one
     sequence as of up to 64 (the marginals' NLL up to the order of its sum)."""
-    from linmem.train import evaluate
+    from linmem.training.trainer import evaluate
 
     torch.manual_seed(0)
     model = RNNRBM(predict_steps=12, burn_in=2)

@@ -1,13 +1,11 @@
-"""linmem.rnns.RNN, GRU and LSTM against torch.nn.RNN, GRU and LSTM with the same weights:
+"""linmem.nn.rnns.RNN, GRU and LSTM against torch.nn.RNN, GRU and LSTM with the same weights:
 outputs, final states and every gradient; and torch's autograd check of the explicit backward."""
 
 import pytest
 import torch
 from torch import nn
 
-from linmem import _ext
-from linmem.nn import use_cpu_kernel
-from linmem.rnns import (
+from linmem.nn.rnns import (
     GRU,
     LSTM,
     RNN,
@@ -16,6 +14,8 @@ from linmem.rnns import (
     lstm_recurrence,
     rnn_recurrence,
 )
+from linmem.ops import cpu as _ext
+from linmem.ops.lmn import use_cpu_kernel
 
 KINDS = [(GRU, nn.GRU, {}), (RNN, nn.RNN, {"nonlinearity": "tanh"}),
          (RNN, nn.RNN, {"nonlinearity": "relu"})]
@@ -327,14 +327,14 @@ def test_as_torch_is_pytorchs_module_with_the_same_weights():
         torch.testing.assert_close(reference(xs)[0], ours(xs)[0], rtol=1e-5, atol=1e-6)
         next(reference.parameters()).data.add_(1.0)  # a copy, not the same tensors
         assert not torch.equal(next(reference.parameters()), next(ours.parameters()))
-    with pytest.raises(TypeError, match=r"expected a linmem\.rnns"):
+    with pytest.raises(TypeError, match=r"expected a linmem\.nn\.rnns"):
         as_torch(nn.LSTM(4, 6))
 
 
 def test_lstm_takes_the_kernel_only_where_it_is_faster(monkeypatch):
     """The module's recurrence runs on the kernel from min_kernel_hidden units on and with the
     kernel on; below, or on the PyTorch loop's path, it is PyTorch's own forward."""
-    from linmem import rnns
+    from linmem.nn import rnns
 
     calls = []
     monkeypatch.setattr(rnns, "lstm_recurrence",

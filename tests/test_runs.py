@@ -1,4 +1,4 @@
-"""linmem.runs: a run directory's files, how a run ended, and what results/ keeps of it."""
+"""linmem.training.runs: a run directory's files, how a run ended, and what results/ keeps of it."""
 
 import json
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from linmem import runs
+from linmem.training import runs
 
 
 def _run(path, ended="metrics", ulm=False):
@@ -78,7 +78,7 @@ def test_publish_command_names_seeds_and_leaves_out_unfinished_runs(tmp_path):
 def test_where_a_failed_run_failed():
     """diverged.json says where a run failed; records written before the field name it in their
     message: a selected checkpoint scored on the test split, its pretraining's, or training."""
-    from linmem.runs import FAILURES, failed_on
+    from linmem.training.runs import FAILURES, failed_on
 
     assert failed_on({"diverged": "x", "failed_on": "valid"}) == "valid" and "valid" in FAILURES
     assert failed_on({"diverged": "the training loss became NaN or inf in epoch 3"}) == "training"

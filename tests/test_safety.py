@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_faults import run_cli  # (exit code, stdout, stderr) of linmem ARGS in this process
 
-from linmem.cli import main
+from linmem.cli.commands import main
 
 TINY = ("--data", "jsb", "--model", "lmn-b", "--hidden", "6", "--memory", "5", "--batch-size",
         "64", "--quiet")
@@ -326,7 +326,7 @@ def test_the_documented_postgresql_url_opens_with_the_extra_we_ship():
     psycopg2, so the URL is given its driver (the server itself: tests/test_search.py)."""
     import importlib.util
 
-    from linmem.grids import storage_url
+    from linmem.experiments.grids import storage_url
 
     url = storage_url("postgresql://me@127.0.0.1:5432/db")
     if importlib.util.find_spec("psycopg") is None:
@@ -383,7 +383,7 @@ def test_a_ctrl_c_in_a_storage_query_logs_nothing(tmp_path, caplog):
     Ctrl-C behind it is still logged. make_storage (the search's storage) adds the filter."""
     import logging
 
-    from linmem.grids import default_storage, make_storage
+    from linmem.experiments.grids import default_storage, make_storage
 
     pool_logger = make_storage(default_storage(tmp_path)).engine.pool.logger
 
@@ -417,7 +417,7 @@ def _second_storage(folder: Path):
     SQLite's lock: a write through it fails when a cut call left the lock held."""
     import optuna
 
-    from linmem.grids import default_storage
+    from linmem.experiments.grids import default_storage
 
     return optuna.storages.RDBStorage(default_storage(folder),
                                       engine_kwargs={"connect_args": {"timeout": 1}})
@@ -431,7 +431,11 @@ def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path, sigint_as_in_a_ter
     import optuna
     import sqlalchemy
 
-    from linmem.grids import default_storage, interrupts_between_storage_calls, make_storage
+    from linmem.experiments.grids import (
+        default_storage,
+        interrupts_between_storage_calls,
+        make_storage,
+    )
 
     storage = make_storage(default_storage(tmp_path))
     sent = []
@@ -462,7 +466,11 @@ def test_a_ctrl_c_during_a_study_call_lets_it_end(tmp_path, call, sigint_as_in_a
     import optuna
     import sqlalchemy
 
-    from linmem.grids import default_storage, interrupts_between_storage_calls, make_storage
+    from linmem.experiments.grids import (
+        default_storage,
+        interrupts_between_storage_calls,
+        make_storage,
+    )
 
     storage = make_storage(default_storage(tmp_path), heartbeat_interval=1)
     study = optuna.create_study(storage=storage, study_name="s")
@@ -505,7 +513,7 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost(sigint_as_in_a_terminal)
     the search went on for good. It is delivered again once the finalizer has returned."""
     import time
 
-    from linmem.grids import interrupts_between_storage_calls
+    from linmem.experiments.grids import interrupts_between_storage_calls
 
     ran = []
 
@@ -531,7 +539,7 @@ def test_the_kernel_path_is_recorded_and_can_be_pinned(tmp_path, data_dir, capsy
     a timing race, so the same seed gives the same numbers; loop is the PyTorch loop."""
     import json
 
-    from linmem import _ext
+    from linmem.ops import cpu as _ext
 
     best = (_ext.kernel_variants() or ["loop"])[0]
     scores = []
@@ -557,7 +565,7 @@ def test_a_silent_data_set_warns_that_its_accuracy_means_nothing(tmp_path, capsy
     import numpy as np
 
     from linmem.data import write_pickle
-    from linmem.train import SilentDataWarning
+    from linmem.training.trainer import SilentDataWarning
 
     rng = np.random.default_rng(0)
     music = [(rng.random((20, 88)) < 0.05).astype(np.uint8) for _ in range(4)]

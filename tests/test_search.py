@@ -18,8 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from linmem._io import machine
-from linmem.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL
-from linmem.grids import (
+from linmem.experiments.grids import (
     GRIDS,
     MAX_RETRY,
     Point,
@@ -29,10 +28,11 @@ from linmem.grids import (
     point_states,
     trial_point,
 )
-from linmem.progress import planned_record, progress_records, project_points
-from linmem.search import SearchConfig, open_study, point_seconds, run_worker
-from linmem.studies import search_records, select
-from linmem.train import TrainConfig
+from linmem.experiments.progress import planned_record, progress_records, project_points
+from linmem.experiments.search import SearchConfig, open_study, point_seconds, run_worker
+from linmem.experiments.studies import search_records, select
+from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL
+from linmem.training.trainer import TrainConfig
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -114,7 +114,7 @@ def test_sqlite_search_runs_each_point_once_and_selects_on_validation(tmp_path, 
     assert r["frame_selection"]["point"] == trial_point(top).name
 
     # linmem report: summary.json, table2.md, figure4 from the same studies
-    from linmem.cli import main
+    from linmem.cli.commands import main
 
     results = tmp_path / "results"
     main(["report", "--storage", storage, "--grid", "tiny", "--out", str(results)])
@@ -265,7 +265,7 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     assert planned["study"] == "jsb-pret-lmn-b-tiny (planned)" and planned["todo"] == 4
     assert planned["left_from"] == "data set" and planned["left_cpu_s"] == pytest.approx(logged)
 
-    from linmem.cli import main
+    from linmem.cli.commands import main
 
     out = tmp_path / "progress.md"
     earlier = tmp_path / "summary.json"  # a search whose storage is gone: its trials' time
@@ -314,9 +314,9 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
     """``--plan-seeds``: the seeds left (N less those finished among --run, in either layout),
     each at the selected run's CPU time plus its cached unrolled network's; no study needed
     once every seed is done; a missing study or a bad plan is a usage error."""
-    from linmem.cli import main
-    from linmem.progress import seeds_record
-    from linmem.studies import select
+    from linmem.cli.commands import main
+    from linmem.experiments.progress import seeds_record
+    from linmem.experiments.studies import select
 
     config = _config(tmp_path, data_dir)
     run_worker(config, command="test", log=lambda _: None)
@@ -367,8 +367,9 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
     main(["progress", "--storage", storage, "--grid", "tiny", "--out", str(out),
           "--plan-seeds", "jsb:lmn-b:tiny"])
     assert "(selected run's, trial's stored time)" in out.read_text()
-    # a study whose name departs from the plain one (a bounded memory, linmem.grids.study_name)
-    # is the plan's study all the same; two such are ambiguous, and said to be
+    # a study whose name departs from the plain one (a bounded memory,
+    # linmem.experiments.grids.study_name) is the plan's study all the same; two such are ambiguous,
+    # and said to be
     bounded = "jsb-lmn-b-tiny+memory_bound=0.99"
     optuna.copy_study(from_study_name="jsb-lmn-b-tiny", from_storage=storage,
                       to_storage=storage, to_study_name=bounded)
@@ -383,7 +384,7 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
 
 
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
-    from linmem.runs import run_cpu_seconds
+    from linmem.training.runs import run_cpu_seconds
 
     run = tmp_path / "run"
     run.mkdir()
@@ -416,9 +417,9 @@ def test_a_planned_single_run_is_projected_from_another_data_sets_run(tmp_path):
     frames, the rest of its training as it is, its expected accuracy's by the test frames over
     those it scored; left out once a run of the model on DATA is among --run; a bad plan is a
     usage error."""
-    from linmem.cli import main
+    from linmem.cli.commands import main
     from linmem.data import DATASETS
-    from linmem.progress import planned_run_record
+    from linmem.experiments.progress import planned_run_record
 
     run = tmp_path / "rnn-rbm" / "jsb-run"
     run.mkdir(parents=True)
@@ -456,7 +457,7 @@ def test_a_planned_single_run_is_projected_from_another_data_sets_run(tmp_path):
 
 
 def test_run_cpu_seconds_counts_a_killed_ulm_stage_for_the_run_that_trained_it(tmp_path):
-    from linmem.runs import run_cpu_seconds
+    from linmem.training.runs import run_cpu_seconds
 
     run, ulm = tmp_path / "run", tmp_path / "run" / "ulm"
     ulm.mkdir(parents=True)
@@ -509,7 +510,7 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
     assert states[c] == "todo" and states[b] == "failed"
     assert config.max_retry == MAX_RETRY == 10  # a session's end kills: several tries by default
     # `linmem progress --max-retry` counts the same way (b: failed by its error, c: by deaths)
-    from linmem.cli import main
+    from linmem.cli.commands import main
 
     storage, out = default_storage(config.out_dir), tmp_path / "progress.md"
     for retries, failed in ((None, 2), (MAX_RETRY + 1, 1)):
@@ -536,7 +537,7 @@ def test_a_running_point_is_projected_at_least_to_its_early_stopping(tmp_path):
     ``patience``), at most to its epoch limit, each at its logged epochs' mean CPU time.
     Nottingham's GRU of 750 units was projected at 0.33 CPU h a point from its 250-unit point
     while it ran at 155 s an epoch with its best epoch the last."""
-    from linmem.runs import epochs_due_cpu_seconds
+    from linmem.training.runs import epochs_due_cpu_seconds
 
     config = TrainConfig(epochs=100, patience=5)
     run = tmp_path / "run"
@@ -564,9 +565,9 @@ def test_a_study_of_one_size_is_scaled_at_its_models_epoch_slope(tmp_path):
     11.7 s against 1.26). The slope of log epoch time on log parameters comes from the model's
     studies of several sizes (each against its own mean; its grid first) and scales a study of
     one size; a study of several sizes keeps its own fit of whole runs."""
-    from linmem.progress import epoch_slope
-    from linmem.runs import mean_epoch_cpu_seconds
-    from linmem.search import size_cost
+    from linmem.experiments.progress import epoch_slope
+    from linmem.experiments.search import size_cost
+    from linmem.training.runs import mean_epoch_cpu_seconds
 
     run = tmp_path / "run"
     _run_in_flight(run, TrainConfig(), [True, False, True], 10.0)
@@ -690,7 +691,7 @@ def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_
     to its own parameters (one size finished: in proportion); a worker starts no point that
     would end too late, says which it left, and leaves; a study with nothing finished has
     nothing to project from: its points are run, unless the deadline has passed."""
-    from linmem.train import check_size
+    from linmem.training.trainer import check_size
 
     config = _config(tmp_path, data_dir, models=["rnn", "gru"])
     study = open_study(config, "jsb", "rnn")
@@ -724,7 +725,7 @@ def test_stop_by_starts_a_study_with_nothing_finished_at_its_smallest_point(tmp_
     """With a deadline and nothing finished to project from, the next point is one of the
     fewest parameters (4 units, at either decay), never an 8-unit one; without a deadline, or
     once a point has finished, any point can be drawn."""
-    from linmem.search import next_point
+    from linmem.experiments.search import next_point
 
     config = _config(tmp_path, data_dir, models=["rnn"])
     deadline = replace(config, stop_by=time.time() + 1e9)
@@ -749,8 +750,8 @@ def test_stop_by_scales_one_finished_size_at_its_runs_epoch_slope(tmp_path, data
     """With the finished points all of one size, ``stop_by``'s projection of another size
     takes the slope of log epoch CPU time on log parameters that the study's runs here show
     (a finished and a killed run of two sizes), not the parameters' proportion."""
-    from linmem.search import point_run_dir, size_slope
-    from linmem.train import check_size
+    from linmem.experiments.search import point_run_dir, size_slope
+    from linmem.training.trainer import check_size
 
     assert size_slope([[(100, 1.0), (400, 8.0), (400, None)]]) == pytest.approx(1.5)
     assert size_slope([[(100, 1.0), (400, 8.0)], [(100, 50.0), (100, 70.0)]]) == pytest.approx(
@@ -774,7 +775,7 @@ def test_stop_by_counts_what_a_killed_points_run_has_logged(tmp_path, data_dir):
     """A point whose run a killed worker left resumes from its last epoch: with a deadline it
     starts if what is left of its projection (less its run's logged CPU time) fits, where the
     whole projection would not (a long point then spans sessions on a machine that is kept)."""
-    from linmem.search import _late, point_run_dir
+    from linmem.experiments.search import _late, point_run_dir
 
     config = _config(tmp_path, data_dir, models=["rnn"])
     study = open_study(config, "jsb", "rnn")
@@ -801,7 +802,7 @@ def test_stop_by_holds_a_killed_points_run_to_its_early_stopping_without_a_prune
     """What is left of a resumed point is not less than the epochs its early stopping still
     holds it to, where no pruner may end it sooner: 9e5 of its 1e6 s logged, but its best epoch
     its last, so 5 more epochs of 3e5 s; with the median pruner the projection alone counts."""
-    from linmem.search import _late, point_run_dir
+    from linmem.experiments.search import _late, point_run_dir
 
     config = _config(tmp_path, data_dir, models=["rnn"], pruner="none")
     study = open_study(config, "jsb", "rnn")
@@ -822,11 +823,11 @@ def test_stop_by_holds_a_killed_points_run_to_its_early_stopping_without_a_prune
 
 
 def test_search_cli_passes_max_retry_and_wait(tmp_path, data_dir, monkeypatch, capsys):
-    import linmem.search
-    from linmem.cli import main
+    import linmem.experiments.search
+    from linmem.cli.commands import main
 
     seen = []
-    monkeypatch.setattr(linmem.search, "run_search",
+    monkeypatch.setattr(linmem.experiments.search, "run_search",
                         lambda config, jobs, command, **kw: seen.append(config) or {})
     for extra, expected, wait in (([], MAX_RETRY, True), (["--max-retry", "0"], 0, True),
                                   (["--no-wait"], MAX_RETRY, False)):
@@ -981,8 +982,8 @@ def test_export_and_import_move_a_search_between_machines(tmp_path, data_dir):
     again."""
     import shutil
 
-    from linmem.cli import main
-    from linmem.studies import export_studies, import_studies
+    from linmem.cli.commands import main
+    from linmem.experiments.studies import export_studies, import_studies
 
     config = _config(tmp_path, data_dir, models=["lmn-b"])
     run_worker(config, command="test", log=lambda _: None)
@@ -1062,8 +1063,8 @@ def test_export_gives_a_killed_trial_the_time_its_run_logged(tmp_path, data_dir)
     """A trial failed with its worker stored no time; its duration lasts until a worker found it
     dead. Exported with --runs-root, it carries its run's logged CPU time and this machine's CPU,
     which the other machine's progress counts; without, it has neither."""
-    from linmem.cli import main
-    from linmem.studies import import_studies
+    from linmem.cli.commands import main
+    from linmem.experiments.studies import import_studies
 
     config = _config(tmp_path, data_dir)
     storage = default_storage(config.out_dir)
@@ -1134,8 +1135,8 @@ def test_report_of_an_imported_study_keeps_what_its_runs_held(tmp_path, data_dir
     order."""
     import shutil
 
-    from linmem.cli import main
-    from linmem.studies import export_studies
+    from linmem.cli.commands import main
+    from linmem.experiments.studies import export_studies
 
     config = _config(tmp_path, data_dir, models=["rnn", "gru"])
     run_worker(config, command="test", log=lambda _: None)
@@ -1170,7 +1171,7 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
     scaled by the data sets' cost ratio over the models both have finished, those of its own
     grid first, then those of another grid; without any, from its data set's mean; a study's
     own finished points come first."""
-    from linmem.progress import project_points
+    from linmem.experiments.progress import project_points
 
     def study(dataset, model, finished, todo=0, running=(), grid="reduced"):
         return {"dataset": dataset, "model": model, "grid": grid, "finished_cpu_s": finished,
@@ -1215,8 +1216,8 @@ def test_projection_scales_a_studys_points_left_by_their_parameters():
     is not projected at their mean."""
     import torch
 
-    from linmem.progress import project_points
-    from linmem.search import point_params, size_cost
+    from linmem.experiments.progress import project_points
+    from linmem.experiments.search import point_params, size_cost
 
     record = {"dataset": "muse", "model": "lstm", "grid": "reduced",
               "finished_cpu_s": [10.0, 50.0], "finished_params": [100, 500],  # 0.1 s / param
@@ -1297,7 +1298,7 @@ def test_a_worker_without_wait_leaves_live_workers_their_points_and_takes_over_t
 def test_the_documented_postgresql_url_works_with_the_extra(postgres_url):
     """Issue 46, row 10: `--storage postgresql://...` as the README writes it (SQLAlchemy 2 maps
     it to psycopg 3; the postgres extra installs psycopg2) opens the server and holds a study."""
-    from linmem.grids import check_storage
+    from linmem.experiments.grids import check_storage
 
     plain = "postgresql://" + postgres_url.split("://", 1)[1]
     url = check_storage(plain)
@@ -1315,7 +1316,7 @@ def test_progress_projects_a_planned_study_from_the_probes(tmp_path):
     stand for the LMNs only, and a study the probes cannot reach stays unprojected."""
     import json
 
-    from linmem.progress import probe_ratios, project_points
+    from linmem.experiments.progress import probe_ratios, project_points
 
     def probe(name, data, model, hidden, memory, epochs):
         d = tmp_path / "probes" / name
@@ -1359,7 +1360,7 @@ def test_seeds_of_a_study_that_selected_nothing_yet_cost_its_dearest_point():
     running (what it has logged, when above its projection) or to do (projected by size); a
     study with nothing to project from leaves them unprojected, and a selection's own
     projection is kept."""
-    from linmem.progress import _project_unselected_seeds, project_points
+    from linmem.experiments.progress import _project_unselected_seeds, project_points
 
     study = {"study": "muse-lstm-g@paper", "dataset": "muse", "model": "lstm", "grid": "g",
              "finished_cpu_s": [10.0, 20.0], "finished_params": [100, 200],  # 0.1 s/param
@@ -1398,7 +1399,7 @@ def test_the_probes_come_before_whole_runs_ratios_that_divergences_distort(tmp_p
     piano's); a running point is projected at its own size."""
     import json
 
-    from linmem.progress import probe_ratios, project_points
+    from linmem.experiments.progress import probe_ratios, project_points
 
     for name, data, model, hidden, epochs in (("piano-lmn", "piano", "lmn-b", 250, [2.0]),
                                               ("muse-lmn", "muse", "lmn-b", 250, [8.0]),

@@ -1,4 +1,4 @@
-"""Thread defaults of the ``linmem`` command (linmem._threads, linmem._launch)."""
+"""Thread defaults of the ``linmem`` command (linmem._threads, linmem.cli.launch)."""
 
 import os
 import subprocess
@@ -39,7 +39,7 @@ def test_the_command_sets_them_before_torch_loads():
     env = {k: v for k, v in os.environ.items()
            if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OMP_NUM_THREADS",
                         "MKL_NUM_THREADS")}
-    code = ("import sys, os, linmem, linmem._launch\n"
+    code = ("import sys, os, linmem, linmem.cli.launch\n"
             "assert 'torch' not in sys.modules, 'torch imported early'\n"
             "linmem._threads.configure_threads()\n"
             "import torch\n"

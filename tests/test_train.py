@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-import linmem.train
+import linmem.training.trainer
 from linmem.metrics import frame_accuracy, frame_nll
 from linmem.models import build_model
-from linmem.train import TrainConfig, TrainingDiverged, evaluate, load_run_model, train
+from linmem.training.trainer import TrainConfig, TrainingDiverged, evaluate, load_run_model, train
 
 
 def config(**kw):
@@ -180,7 +180,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, small, monk
             with torch.no_grad():
                 built["model"].readout.weight.fill_(float("nan"))
 
-    monkeypatch.setattr(linmem.train, "build_model", capture)
+    monkeypatch.setattr(linmem.training.trainer, "build_model", capture)
     with pytest.raises(TrainingDiverged, match="keeps epoch 2"):
         train(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
               data=small, on_epoch_end=poison)
@@ -193,7 +193,7 @@ def test_non_finite_validation_outputs_are_a_divergence(tmp_path, small, monkeyp
     """A finite training loss, then weights that make the validation outputs inf: the run stops
     as diverged (a search retries or records it), not with a metrics error."""
     calls = []
-    update = linmem.train._update
+    update = linmem.training.trainer._update
 
     def poisoned_update(model, optimizer, loss, clip, scale=1.0, norms=None):
         out = update(model, optimizer, loss, clip, scale, norms)
@@ -203,7 +203,7 @@ def test_non_finite_validation_outputs_are_a_divergence(tmp_path, small, monkeyp
                 model.readout.weight.fill_(float("inf"))
         return out
 
-    monkeypatch.setattr(linmem.train, "_update", poisoned_update)
+    monkeypatch.setattr(linmem.training.trainer, "_update", poisoned_update)
     with pytest.raises(TrainingDiverged, match=r"NaN or inf .* after epoch 2; .* keeps epoch 1"):
         train(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
               data=small)
@@ -226,7 +226,7 @@ def test_divergence_stops_the_run_with_its_best_checkpoint(tmp_path, small, monk
             with torch.no_grad():
                 built["model"].readout.weight.fill_(float("nan"))
 
-    monkeypatch.setattr(linmem.train, "build_model", capture)
+    monkeypatch.setattr(linmem.training.trainer, "build_model", capture)
     run = tmp_path / "run"
     metrics = train(config(epochs=6), run, progress=False, data=small, on_epoch_end=poison)
     assert metrics["stop_reason"].startswith("diverged: the training loss became NaN or inf "
@@ -246,7 +246,7 @@ def test_divergence_stops_the_run_with_its_best_checkpoint(tmp_path, small, monk
 
 
 def test_divergence_in_the_first_epoch_fails_the_run(tmp_path, small, monkeypatch):
-    monkeypatch.setattr(linmem.train, "_update", lambda *args: None)  # every loss NaN
+    monkeypatch.setattr(linmem.training.trainer, "_update", lambda *args: None)  # every loss NaN
     with pytest.raises(TrainingDiverged, match=r"in epoch 1; no epoch had finished: nothing "
                                                r"is kept .*\. Lower --lr\.$"):
         train(config(), tmp_path / "run", progress=False, data=small)
@@ -287,7 +287,7 @@ def test_a_pretraining_that_diverged_is_the_runs_result(tmp_path, small):
     assert record["failed_on"] == "pretraining test"  # where: its pretraining's test split
     assert record["epochs"] == 0 and record["seed"] == config().seed and record["commit"]
     assert record["cpu_time_s"] >= 0 and not (tmp_path / "run" / "metrics.json").exists()
-    from linmem.runs import collect_metrics  # read with the seeds, as a seed that diverged
+    from linmem.training.runs import collect_metrics  # read with the seeds, as a seed that diverged
 
     (seen,) = collect_metrics([tmp_path / "run"], diverged=True)
     assert seen["diverged"].startswith("its pretraining")
@@ -298,7 +298,7 @@ def test_evaluate_rejects_non_finite_outputs(small):
     model = build_model("lstm", 5)
     with torch.no_grad():
         model.readout.bias.fill_(float("nan"))
-    with pytest.raises(linmem.train.NonFiniteOutputs, match="NaN or inf"):
+    with pytest.raises(linmem.training.trainer.NonFiniteOutputs, match="NaN or inf"):
         evaluate(model, small["valid"], batch_size=4)
 
 
@@ -474,22 +474,22 @@ def test_a_chosen_checkpoint_that_diverges_on_test_fails_the_run(tmp_path, small
     """Finite on validation when it was chosen, NaN on a test sequence (a state that grows
     along a longer sequence): the run ends diverged with its reason in diverged.json and no
     metrics.json, an error the search records for its trial, instead of an unhandled one."""
-    from linmem.train import NonFiniteOutputs
+    from linmem.training.trainer import NonFiniteOutputs
 
-    score = linmem.train.evaluate
+    score = linmem.training.trainer.evaluate
 
     def evaluate(model, sequences, *args, **kwargs):
         if sequences is small["test"]:
             raise NonFiniteOutputs("the model's outputs are NaN or inf on a batch (test)")
         return score(model, sequences, *args, **kwargs)
 
-    monkeypatch.setattr(linmem.train, "evaluate", evaluate)
+    monkeypatch.setattr(linmem.training.trainer, "evaluate", evaluate)
     with pytest.raises(TrainingDiverged, match=r"chosen on validation \(epoch \d\).*(test)"):
         train(config(epochs=2), tmp_path / "run", progress=False, data=small)
     record = json.loads((tmp_path / "run" / "diverged.json").read_text())
     assert "chosen on validation" in record["diverged"] and record["epochs"] == 2
     assert "on the test split" in record["diverged"] and record["failed_on"] == "test"
     assert not (tmp_path / "run" / "metrics.json").exists()
-    from linmem.runs import failed_on
+    from linmem.training.runs import failed_on
 
     assert failed_on(record) == "test"

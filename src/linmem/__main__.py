@@ -1,6 +1,6 @@
 """``python -m linmem`` runs the command line."""
 
-from linmem._launch import main
+from linmem.cli.launch import main
 
 __all__: list[str] = []
 

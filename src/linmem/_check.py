@@ -61,7 +61,7 @@ def option(default: Any, help: str, *, kind: type | None = None, choices: tuple 
            none_ok: bool = False, folder: bool = False) -> Any:
     """A configuration field declared once: its default, its ``--help`` text and its valid values.
     :func:`check_fields` checks a value against them; the command line builds its option from
-    them (``linmem._cli_common.config_options``).
+    them (``linmem.cli.common.config_options``).
 
     ``kind`` defaults to the default's type; ``minimum`` is inclusive (integers: default 1),
     ``above`` and ``below`` are exclusive bounds; ``None`` is valid where the default is ``None``

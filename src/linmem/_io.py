@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import __version__
+from linmem import __version__
 
 __all__ = ["atomic_write", "check_outputs", "command_line",
            "cpu_description", "git_commit", "machine", "made_by", "provenance", "read_json",

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._check import check_int
-from ._io import atomic_write
+from linmem._check import check_int
+from linmem._io import atomic_write
 
 __all__ = [
     "DATASETS",

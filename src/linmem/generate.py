@@ -2,8 +2,10 @@
 
 Every next-step model implements ``generation_step(frames, state, temperature, generator)``
 (:class:`linmem.models.NextStepPredictor`: each key drawn from its Bernoulli;
-:class:`linmem.rnnrbm.RNNRBM`: a Gibbs chain of the step's RBM), so a continuation of ``n``
+:class:`linmem.nn.rnnrbm.RNNRBM`: a Gibbs chain of the step's RBM), so a continuation of ``n``
 steps costs ``n`` steps of the recurrence, not a re-run of the whole prefix at every step.
+:func:`plot_roll` and :func:`plot_prediction` draw a continuation and a sequence's predictions
+as piano rolls (matplotlib, the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import numpy as np
 import torch
 from scipy.io import wavfile
 
-from ._io import atomic_write, check_outputs, command_line, git_commit, provenance, write_json
-from .data import data_checksum, load_polyphonic, resolve_name, step_seconds
-from .midi import midi_to_roll, read_midi, roll_to_midi
-from .plots import plot_prediction, plot_roll
-from .train import load_run_model
+from linmem._io import atomic_write, check_outputs, command_line, git_commit, provenance, write_json
+from linmem.data import data_checksum, load_polyphonic, resolve_name, step_seconds
+from linmem.midi import midi_to_roll, read_midi, roll_to_midi
+from linmem.training.trainer import load_run_model
 
-__all__ = ["continue_run", "generate", "load_prime", "predict_sequence"]
+__all__ = ["continue_run", "generate", "load_prime", "plot_prediction", "plot_roll",
+           "predict_sequence"]
 
 
 @torch.no_grad()
@@ -33,9 +35,9 @@ def generate(model: torch.nn.Module, prime: np.ndarray | torch.Tensor, n_steps: 
     """Continue ``prime`` by ``n_steps`` frames sampled from ``model``.
 
     Args:
-        model: a trained next-step model of the registry (:func:`linmem.train.load_run_model`).
-        prime: ``(T0, K)`` piano roll, ``T0 >= 1``, the music to continue.
-        n_steps: frames to generate.
+        model: a trained next-step model of the registry
+        (:func:`linmem.training.trainer.load_run_model`). prime: ``(T0, K)`` piano roll, ``T0 >=
+        1``, the music to continue. n_steps: frames to generate.
         temperature: divides the logits (Bernoulli readouts) or the energies (RNN-RBM); below
             1 the samples are more conservative, above 1 more adventurous. Default: 1.
         generator: the random generator of the samples; the same seed gives the same music.
@@ -146,7 +148,7 @@ def predict_sequence(run_dir: str | os.PathLike, which: str, out: str | os.PathL
                      data_dir: str | None = None) -> list[str]:
     """``linmem plot RUN_DIR --prediction SPLIT:INDEX``: the best checkpoint's key
     probabilities for each next frame of that sequence of the run's data set, drawn under the
-    truth (:func:`linmem.plots.plot_prediction`)."""
+    truth (:func:`linmem.generate.plot_prediction`)."""
     model, config = load_run_model(run_dir)
     roll, _ = load_prime(which, config.data, data_dir or config.data_dir, option="--prediction")
     if len(roll) < 2:
@@ -157,3 +159,66 @@ def predict_sequence(run_dir: str | os.PathLike, which: str, out: str | os.PathL
     probs = torch.sigmoid(model(inputs))[0].cpu().numpy()
     return plot_prediction(roll[1:], probs, out, f"{config.model} ({Path(run_dir).name}): "
                            f"{which}")
+
+
+def plot_roll(prime: np.ndarray, continuation: np.ndarray, path: str | os.PathLike,
+              title: str = "") -> None:
+    """The prime and its continuation as one piano roll (time across, keys up), a line where
+    the continuation starts; a PNG written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    roll = np.concatenate([prime, continuation]).astype(float)
+    fig, ax = plt.subplots(figsize=(max(6.0, min(18.0, len(roll) / 12)), 4.0))
+    ax.imshow(roll.T, origin="lower", aspect="auto", cmap="Greys", interpolation="nearest",
+              extent=(-0.5, len(roll) - 0.5, 20.5, 108.5))
+    ax.axvline(len(prime) - 0.5, color="tab:red", lw=1.2, label="continuation starts")
+    ax.set_xlabel("time step")
+    ax.set_ylabel("MIDI note")
+    ax.set_title(title)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+
+
+def plot_prediction(truth: np.ndarray, probs: np.ndarray, path: str | os.PathLike,
+                    title: str = "", threshold: float = 0.5) -> list[str]:
+    """A sequence's next frames (``truth``, ``(T, 88)``) above the model's key probabilities
+    (``probs``), and the frames' keys it got right, missed and added at ``threshold``, apart;
+    a PNG written atomically. Returns the panels' titles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    truth, pred = np.asarray(truth) > 0, np.asarray(probs) >= threshold
+    outcome = np.zeros(truth.shape)
+    outcome[truth & pred], outcome[truth & ~pred], outcome[~truth & pred] = 1, 2, 3
+    titles = ["truth (next frames)", "predicted key probabilities",
+              f"at threshold {threshold:g}: right (green), missed (red), added (blue)"]
+    fig, axes = plt.subplots(3, 1, figsize=(max(6.0, min(18.0, len(truth) / 10)), 9),
+                             sharex=True)
+    extent = (-0.5, len(truth) - 0.5, 20.5, 108.5)
+    axes[0].imshow(truth.T, origin="lower", aspect="auto", cmap="Greys", extent=extent,
+                   interpolation="nearest")
+    image = axes[1].imshow(np.asarray(probs).T, origin="lower", aspect="auto", cmap="viridis",
+                           vmin=0, vmax=1, extent=extent, interpolation="nearest")
+    fig.colorbar(image, ax=axes[1], fraction=0.02)
+    colours = ListedColormap(["white", "tab:green", "tab:red", "tab:blue"])
+    axes[2].imshow(outcome.T, origin="lower", aspect="auto", cmap=colours, vmin=0, vmax=3,
+                   extent=extent, interpolation="nearest")
+    for ax, panel in zip(axes, titles, strict=True):
+        ax.set_title(panel, fontsize=10)
+        ax.set_ylabel("MIDI note")
+    axes[2].set_xlabel("time step")
+    fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+    return titles

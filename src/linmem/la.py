@@ -38,9 +38,9 @@ import numpy as np
 import scipy.fft
 import scipy.linalg
 
-from ._check import check_int
-from ._io import atomic_write
-from ._threads import compute_threads
+from linmem._check import check_int
+from linmem._io import atomic_write
+from linmem._threads import compute_threads
 
 SOLVERS = ("auto", "dense", "qr", "randomized")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pretty_midi
 
-from ._io import check_outputs
-from .data import (
+from linmem._io import check_outputs
+from linmem.data import (
     DEFAULT_STEP_SECONDS,
     LOWEST_NOTE,
     N_KEYS,

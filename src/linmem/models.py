@@ -16,8 +16,8 @@ name              core                                        readout reads
                   lstm, gru), :class:`NADEPredictor`           the keys, not independent
 ================  ==========================================  ==========================
 
-(*): as the subclasses :class:`linmem.rnns.RNN`, :class:`linmem.rnns.GRU` and
-:class:`linmem.rnns.LSTM`, which give PyTorch's results with a faster backward on the CPU.
+(*): as the subclasses :class:`linmem.nn.rnns.RNN`, :class:`linmem.nn.rnns.GRU` and
+:class:`linmem.nn.rnns.LSTM`, which give PyTorch's results with a faster backward on the CPU.
 
 Every model maps inputs ``(B, T, K)`` to logits ``(B, T, K)``; ``sigmoid(logits[:, t])`` is the
 predicted probability of each key at step ``t + 1``. The readout is ``Linear(out, K)`` with a bias
@@ -35,13 +35,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ._check import check_fields, check_int, option
-from .data import N_KEYS, Batch, iterate_batches
-from .metrics import expected_accuracy_from_sums, masked_nll, sample_ratio_sums
-from .nade import NADE
-from .nn import LMN, NONLINEARITIES, UnrolledNet, memory_radii_of
-from .rnnrbm import PREDICTIONS, RNNRBM, sequence_keys
-from .rnns import GRU, LSTM, RNN
+from linmem._check import check_fields, check_int, option
+from linmem.data import N_KEYS, Batch, iterate_batches
+from linmem.metrics import expected_accuracy_from_sums, masked_nll, sample_ratio_sums
+from linmem.nn.diagnostics import memory_radii_of
+from linmem.nn.lmn import LMN, NONLINEARITIES, UnrolledNet
+from linmem.nn.nade import NADE
+from linmem.nn.rnnrbm import PREDICTIONS, RNNRBM, sequence_keys
+from linmem.nn.rnns import GRU, LSTM, RNN
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -79,7 +80,7 @@ _TORCH_RNNS: dict[str, Callable[..., nn.Module]] = {"rnn": RNN, "lstm": LSTM, "g
 class NextStepPredictor(nn.Module):
     """``core`` (batch first) followed by a linear readout to ``n_keys`` logits.
 
-    The trainer's model protocol (:mod:`linmem.train`): :meth:`training_loss` of a batch
+    The trainer's model protocol (:mod:`linmem.training.trainer`): :meth:`training_loss` of a batch
     (optionally :meth:`chunk_loss`, for training on windows), ``forward`` giving the logits that
     every metric scores, :meth:`init_output_bias`, the names
     of the logged losses (:attr:`train_loss_name`, :attr:`valid_nll_name`) and
@@ -180,7 +181,8 @@ class NextStepPredictor(nn.Module):
 
     @property
     def memory_bound(self) -> float | None:
-        """The LMN core's bound on ``||W^mm||_2`` (:mod:`linmem.bound`); None for another core."""
+        """The LMN core's bound on ``||W^mm||_2`` (:mod:`linmem.ops.bound`); None for another
+        core."""
         return getattr(self.core, "memory_bound", None)
 
     @torch.no_grad()
@@ -231,7 +233,7 @@ def _detach(state: Any) -> Any:
 
 class NADEPredictor(NextStepPredictor):
     """The recurrent core of a :class:`NextStepPredictor` with a joint readout over the keys, a
-    :class:`linmem.nade.NADE` whose biases the state sets (RNN-NADE of Boulanger-Lewandowski et
+    :class:`linmem.nn.nade.NADE` whose biases the state sets (RNN-NADE of Boulanger-Lewandowski et
     al. 2012; here over any core: ``lmn-b-nade`` reads the LMN's memory ``m_t``).
 
     Training minimises the exact NLL of the next frame (the conditionals' Bernoulli NLL, keys
@@ -330,7 +332,7 @@ def expected_accuracy(model: nn.Module, sequences: list, n_samples: int = 100, s
     :func:`linmem.metrics.expected_frame_accuracy`, accumulated over every valid frame.
 
     Each sequence draws from a generator of its own, seeded by ``seed`` and its frames
-    (:func:`linmem.rnnrbm.sequence_keys`): a sequence's draws do not depend on the others nor
+    (:func:`linmem.nn.rnnrbm.sequence_keys`): a sequence's draws do not depend on the others nor
     on their order."""
     check_int("n_samples", n_samples)
     was_training = model.training
@@ -368,7 +370,7 @@ class ModelOptions:
         kind=str, choices=NONLINEARITIES)
     seed: int = option(0, "Seed of the initial weights, the batches' order and the sampling.",
                        minimum=0)
-    # linmem.bound: None is the paper's unconstrained W^mm, which Adam at batch 1 takes past
+    # linmem.ops.bound: None is the paper's unconstrained W^mm, which Adam at batch 1 takes past
     # spectral radius 1 and long sequences then overflow
     memory_bound: float | None = option(
         None, "LMN: hold the spectral norm of W^mm to at most R by a reparametrization (below "
@@ -400,7 +402,7 @@ class TransferOptions(PretrainOptions):
         None, "pret-lmn-*: the unrolled network's activation [default: the LMN's, an exact "
               "transfer]; selu with --nonlinearity tanh is the paper's text.",
         kind=str, choices=NONLINEARITIES)
-    # a grid's memory sizes share one unrolled network (linmem.recipes.ulm_key)
+    # a grid's memory sizes share one unrolled network (linmem.training.recipes.ulm_key)
     ulm_cache: str | None = option(
         None, "pret-lmn-*: a folder of unrolled networks shared between runs (those of one "
               "grid's memory sizes are the same: trained once) [default: each run trains its own "
@@ -409,7 +411,7 @@ class TransferOptions(PretrainOptions):
 
 @dataclass
 class RBMOptions(ModelOptions):
-    """rnn-rbm (:mod:`linmem.rnnrbm`): ``hidden`` is the RNN's units."""
+    """rnn-rbm (:mod:`linmem.nn.rnnrbm`): ``hidden`` is the RNN's units."""
 
     rbm_hidden: int = option(150, "rnn-rbm: hidden units of each step's RBM (--hidden: the "
                                   "RNN's units).")
@@ -429,7 +431,7 @@ class RBMOptions(ModelOptions):
 
 @dataclass
 class NADEOptions(ModelOptions):
-    """CORE-nade (:mod:`linmem.nade`): the NADE over the keys."""
+    """CORE-nade (:mod:`linmem.nn.nade`): the NADE over the keys."""
 
     nade_hidden: int = option(150, "*-nade: hidden units of the NADE over the keys.")
     nade_samples: int = option(100, "*-nade: frames drawn per step for the key marginals and "
@@ -448,14 +450,15 @@ class ModelSpec:
             :attr:`options` (see :func:`build_model`); the model must implement the trainer's
             protocol (see :class:`NextStepPredictor`).
         options: its options: :class:`ModelOptions` or a subclass with its own fields (those of
-            :class:`~linmem.config.TrainConfig` it reads; a field of another model's class whose
-            default is ``None`` is refused when set).
+            :class:`~linmem.training.config.TrainConfig` it reads; a field of another model's class
+            whose default is ``None`` is refused when set).
         has_memory: takes a memory size (the LMNs); ``memory`` is ``None`` for the others.
         nonlinearities: the activations it accepts.
         default_nonlinearity: the one it uses unless told otherwise.
         single_layer: accepts ``num_layers = 1`` only.
         dropout: accepts dropout.
-        recipe: the name of its initialisation in :data:`linmem.recipes.RECIPES` (pretraining),
+        recipe: the name of its initialisation in :data:`linmem.training.recipes.RECIPES`
+        (pretraining),
             or ``None``.
     """
 

@@ -1,9 +1,9 @@
 """Pretraining (paper, section "Training and pretraining algorithm"), and pret-RNN.
 
-The mathematics of pretraining; :mod:`linmem.recipes` runs the steps (and keeps each in the run
-directory, so that an interrupted run resumes). pret-LMN, three steps:
+The mathematics of pretraining; :mod:`linmem.training.recipes` runs the steps (and keeps each in the
+run directory, so that an interrupted run resumes). pret-LMN, three steps:
 
-1. ``ulm/``: the unrolled network (:class:`linmem.nn.UnrolledNet`, eqs. 10-11) trained as a
+1. ``ulm/``: the unrolled network (:class:`linmem.nn.lmn.UnrolledNet`, eqs. 10-11) trained as a
    next-step predictor by the normal trainer (Adam, early stopping on validation).
 2. ``memory.npz``: a :class:`~linmem.la.LinearAutoencoder` fitted, without centering, on the ULM's
    functional-state sequences ``h_1 .. h_T`` of the training split, with window ``k + 1`` (the
@@ -44,9 +44,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .data import EVAL_MAX_RATIO, bucket_batches, collate
-from .la import LinearAutoencoder
-from .models import NextStepPredictor, architecture
+from linmem.data import EVAL_MAX_RATIO, bucket_batches, collate
+from linmem.la import LinearAutoencoder
+from linmem.models import NextStepPredictor, architecture
 
 __all__ = ["fit_memory", "hidden_states", "lag_decoder", "pretrain_rnn", "project_memory",
            "transfer"]
@@ -97,7 +97,7 @@ def _pad_units(weight_in: np.ndarray, n_units: int, *axes: int) -> np.ndarray:
 
 
 def project_memory(weight_mm: np.ndarray, bound: float | None) -> tuple[np.ndarray, dict]:
-    """The memory matrix a layer with ``memory_bound`` (:mod:`linmem.bound`) starts from:
+    """The memory matrix a layer with ``memory_bound`` (:mod:`linmem.ops.bound`) starts from:
     ``weight_mm`` itself where ``||weight_mm||_2 <= bound`` (the layer then runs with it
     exactly), else the nearest matrix of the ball in the spectral and Frobenius norms, its
     singular values above ``bound`` set to ``bound``. Returns it with the facts: the norm, and the

@@ -1,0 +1,66 @@
+"""Diagnostics of an LMN's linear memory from a ``state_dict``: what keeps eq. (7) finite.
+
+:func:`memory_radii_of` is the spectral radius of ``W^mm`` per layer, :func:`memory_loop_gains`
+that of the memory's linearised loop through the functional part (eqs. 6-7).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor
+
+from linmem.ops.bound import bounded_memory
+from linmem.ops.lmn import SELU_SCALE, check_nonlinearity
+
+__all__ = ["memory_loop_gains", "memory_radii_of"]
+
+
+def _lmn_layers(state: dict[str, Tensor], memory_bound: float | None = None
+                ) -> list[dict[str, Tensor]]:
+    """The LMN layers' recurrent weights in a ``state_dict`` (keys ending ``weight_mm_lN``,
+    ``weight_hm_lN``, ``weight_mh_lN``, any prefix; a reverse direction's ``..._lN_reverse``
+    after its layer's forward one), in layer order, as float64 on the CPU; ``weight_mm`` as eq.
+    (7) uses it under ``memory_bound`` (the layer's, :mod:`linmem.ops.bound`)."""
+    weights = {k.rsplit(".", 1)[-1]: v for k, v in state.items()}
+    layers = sorted((int(m[1]), m[2] or "") for k in weights
+                    if (m := re.fullmatch(r"weight_mm_l(\d+)(_reverse)?", k)))
+    out = [{n: weights[f"{n}_l{layer}{suffix}"].detach().double().cpu()
+            for n in ("weight_mm", "weight_hm", "weight_mh")}
+           for layer, suffix in layers]
+    for w in out:
+        w["weight_mm"] = bounded_memory(w["weight_mm"], memory_bound)
+    return out
+
+
+def _spectral_radius(matrix: Tensor) -> float:
+    return float(torch.linalg.eigvals(matrix).abs().max())
+
+
+def memory_radii_of(state: dict[str, Tensor], memory_bound: float | None = None) -> list[float]:
+    """Per LMN layer (and direction) of a ``state_dict``, the spectral radius ``max |eig(W^mm)|``
+    of its memory-to-memory matrix (eq. 7; under the layer's ``memory_bound``, the matrix it
+    runs with); [] for a model without a linear memory. Above 1, the memory's state grows
+    geometrically along a sequence."""
+    return [_spectral_radius(w["weight_mm"]) for w in _lmn_layers(state, memory_bound)]
+
+
+def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str,
+                      memory_bound: float | None = None) -> list[float]:
+    """Per LMN layer (and direction) of a ``state_dict`` (keys ending ``weight_mm_lN``,
+    ``weight_hm_lN``, ``weight_mh_lN``, any prefix; ``W^mm`` under ``memory_bound``), the
+    spectral radius of the memory's
+    linearised recurrence with every functional unit on its unbounded side:
+    ``rho(W^mm + s W^hm W^mh)`` (eqs. 6-7: ``m_t`` depends on ``m_{t-1}`` directly and through
+    ``h_t``), ``s`` the activation's slope there (relu 1, selu its scale 1.0507; tanh, bounded,
+    its slope at 0, 1).
+
+    ``rho(W^mm) < 1`` alone does not keep the state finite when the activation is unbounded:
+    above 1 here, units driven into their linear side feed the memory back with a gain above
+    one, and the state can grow geometrically along a sequence. A tanh LMN's ``|h| <= 1`` keeps
+    its memory bounded while ``rho(W^mm) < 1`` whatever this gain."""
+    check_nonlinearity(nonlinearity)
+    slope = SELU_SCALE if nonlinearity == "selu" else 1.0
+    return [_spectral_radius(w["weight_mm"] + slope * w["weight_hm"] @ w["weight_mh"])
+            for w in _lmn_layers(state, memory_bound)]

@@ -1,0 +1,616 @@
+"""The Linear Memory Network layer: a non-linear functional part and a linear memory.
+
+Paper, eqs. (6)-(7), with biases::
+
+    h_t = sigma(W^xh x_t + W^mh m_{t-1} + b^h)      functional activation   (6)
+    m_t = W^hm h_t + W^mm m_{t-1} + b^m              linear memory           (7)
+
+The output of a layer is the memory sequence ``m_t`` (``output="memory"``, the LMN-B wiring of
+eq. 8) or the functional sequence ``h_t`` (``output="hidden"``, LMN-A, eq. 9). ``h_t`` depends on
+``m_{t-1}`` only, never on ``h_{t-1}``: the whole state of a layer is its memory.
+
+Fast path (measured in ``benchmarks/throughput.py``): ``W^xh x_t + b^h`` for all steps is one
+matrix product before the loop; the loop runs in a custom autograd function with an explicit
+backward through time (only the products that must be sequential stay in the loop, in buffers
+laid out like the input so that batch-first data is never transposed in memory); the weight
+gradients are a few large products over all steps after it. On CPU (float32, float64) the loop
+and its backward are the compiled kernel of ``csrc/lmn_cpu.cpp`` (:mod:`linmem.ops.cpu`), elsewhere
+PyTorch ops; :func:`use_cpu_kernel` chooses between them. On CUDA the fused Triton kernels
+(:mod:`linmem.ops.gpu`) run where measured faster; :func:`use_gpu_kernel` chooses.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from linmem._check import check_int
+from linmem.ops.bound import bounded_memory, check_memory_bound
+from linmem.ops.lmn import NONLINEARITIES, _batch_major, activation_grad, check_nonlinearity, scan
+from linmem.ops.ulm import ulm_states
+
+__all__ = ["LMN", "NONLINEARITIES", "LMNCell", "UnrolledNet", "activation_slope", "lmn_recurrence"]
+
+_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}
+_PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
+
+State = Tensor | tuple[Tensor | None, Tensor] | None
+
+def _check_dtype(t: Tensor, weight: Tensor, what: str = "input") -> None:
+    """A tensor of the parameters' floating dtype, or one line saying how to get there."""
+    if t.dtype != weight.dtype:
+        how = (f"one of them ({what.split()[-1]}.to({weight.dtype}) or lmn.to({t.dtype}))"
+               if t.is_floating_point() else
+               f"it to a floating dtype ({what.split()[-1]}.to({weight.dtype}))")
+        raise TypeError(f"{what} is {t.dtype}, the LMN's parameters are {weight.dtype}: "
+                        f"convert {how}")
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    """Whether ``torch.autocast`` is on for ``device_type`` ("cpu", "cuda") here; never for a
+    device autocast does not know (``meta``: shape inference, deferred initialisation)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        return (torch.is_autocast_enabled() if device_type == "cuda"
+                else torch.is_autocast_cpu_enabled())
+    except RuntimeError:  # "unknown device type for autocast"
+        return False
+
+
+def _to_dtype(value, dtype: torch.dtype):
+    """``value`` (a tensor, a packed sequence, a tuple of them or None) with its floating
+    tensors in ``dtype``."""
+    if value is None:
+        return None
+    if isinstance(value, PackedSequence):  # a tuple too: its data; sizes and indices stay
+        return value.to(dtype)
+    if isinstance(value, tuple | list):
+        return type(value)(_to_dtype(v, dtype) for v in value)
+    return value.to(dtype) if value.is_floating_point() else value
+
+
+def _in_parameter_precision(forward):
+    """Run a recurrent module's ``forward(input, state)`` under ``torch.autocast`` with autocast
+    off and ``input`` and ``state`` cast to the parameters' dtype (their output is then in that
+    dtype; the layers around them follow autocast). A recurrence compounds its rounding over
+    thousands of steps, and nothing bounds the LMN's linear memory: it keeps the parameters'
+    precision, as autocast's float32 operations do. Without autocast this changes nothing."""
+
+    @functools.wraps(forward)
+    def wrapped(self, input, state=None):
+        data = input.data if isinstance(input, PackedSequence) else input
+        if not isinstance(data, Tensor) or not _autocast_enabled(data.device.type):
+            return forward(self, input, state)
+        dtype = next(self.parameters()).dtype
+        with torch.autocast(data.device.type, enabled=False):
+            return forward(self, _to_dtype(input, dtype), _to_dtype(state, dtype))
+
+    return wrapped
+
+
+def _split_state(state: State) -> tuple[Tensor | None, Tensor | None]:
+    """``(h, m)`` of a state given as the memory alone or as a ``(h, m)`` pair; only ``m``
+    carries information (``h`` is checked for shape by the callers)."""
+    if isinstance(state, tuple | list):
+        if len(state) != 2:
+            raise ValueError("state must be m_0 or a pair (h_0, m_0)")
+        return state[0], state[1]
+    return None, state
+
+
+def _init_uniform(weight: Tensor, fan_in: int) -> None:
+    bound = 1.0 / math.sqrt(fan_in)
+    nn.init.uniform_(weight, -bound, bound)
+
+
+def _reset_layer(weights: dict[str, Tensor | None], input_size: int, hidden_size: int,
+                 memory_size: int) -> None:
+    """Weights ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, biases zero (see :class:`LMNCell`)."""
+    with torch.no_grad():
+        _init_uniform(weights["weight_xh"], input_size)
+        _init_uniform(weights["weight_mh"], memory_size)
+        _init_uniform(weights["weight_hm"], hidden_size)
+        _init_uniform(weights["weight_mm"], memory_size)
+        for name in ("bias_h", "bias_m"):
+            if weights[name] is not None:
+                nn.init.zeros_(weights[name])
+
+
+def _time_major_linear(seq: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``seq W^T + b`` for a ``(T, B, F)`` sequence, computed in ``seq``'s memory order so that
+    a batch-first input is neither copied nor transposed in memory."""
+    if _batch_major(seq):
+        return nn.functional.linear(seq.transpose(0, 1), weight, bias).transpose(0, 1)
+    return nn.functional.linear(seq, weight, bias)
+
+
+def lmn_recurrence(
+    x_proj: Tensor,
+    m0: Tensor,
+    weight_mh: Tensor,
+    weight_hm: Tensor,
+    weight_mm: Tensor,
+    bias_m: Tensor | None,
+    nonlinearity: str = "tanh",
+    lengths: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Run eqs. (6)-(7) over time (the fast path: the operator :func:`linmem.ops.lmn.lmn_scan`).
+
+    Args:
+        x_proj: ``(T, B, H)``, the input term ``W^xh x_t + b^h`` for every step.
+        m0: ``(B, M)`` initial memory.
+        nonlinearity: ``"tanh"`` (the paper), ``"relu"`` or ``"selu"``.
+        lengths: optional ``(B,)`` valid steps per sequence (padding at the end); the final
+            states are taken at each sequence's last valid step. Steps past a sequence's end are
+            computed but never feed its valid steps.
+
+    Returns:
+        ``(hs, ms, h_n, m_n)``: ``(T, B, H)``, ``(T, B, M)``, and the states at each sequence's
+        last valid step, ``(B, H)`` and ``(B, M)``.
+    """
+    check_nonlinearity(nonlinearity)
+    steps, batch, hidden = x_proj.shape
+    if steps == 0:
+        return (x_proj.new_zeros(0, batch, hidden), x_proj.new_zeros(0, batch, m0.shape[1]),
+                x_proj.new_zeros(batch, hidden), m0)
+    if bias_m is None:
+        bias_m = x_proj.new_zeros(weight_hm.shape[0])
+    hs, ms = scan(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity)
+    if lengths is None:
+        return hs, ms, hs[-1], ms[-1]
+    index = torch.arange(batch, device=x_proj.device)
+    last = (lengths.to(x_proj.device) - 1).clamp(min=0)
+    return hs, ms, hs[last, index], ms[last, index]
+
+
+def _no_torchscript(self: nn.Module) -> nn.Module:
+    """``torch.jit.script``'s hook (``__prepare_scriptable__``): one line that says what to use,
+    where TorchScript would fail deep in its compiler on the Python this module runs."""
+    raise RuntimeError(
+        f"{type(self).__name__} does not support TorchScript (torch.jit.script, deprecated by "
+        "PyTorch): use torch.compile, torch.export.export or torch.onnx.export, which see its "
+        "recurrence as one registered operator")
+
+
+class LMNCell(nn.Module):
+    r"""One step of a Linear Memory Network, eqs. (6)-(7).
+
+    Args:
+        input_size: the number of features of ``x_t``.
+        hidden_size: the number of functional units ``H``.
+        memory_size: the number of memory units ``M``.
+        bias: if ``False``, no ``b^h`` and ``b^m``. Default: ``True``.
+        nonlinearity: the activation of eq. (6), ``"tanh"`` (the paper's), ``"relu"`` or
+            ``"selu"``. Default: ``"tanh"``.
+        memory_bound: ``r``: eq. (7) runs with ``W^mm = weight_mm * min(1, r / ||weight_mm||_2)``,
+            so ``||W^mm||_2 <= r`` whatever the parameter's value (:mod:`linmem.ops.bound`; below 1
+            a tanh layer's memory cannot grow without bound). ``None``: the paper's
+            unconstrained memory. Default: ``None``.
+        device: where to create the parameters. Default: the current default device.
+        dtype: the parameters' dtype. Default: the current default dtype.
+
+    Inputs: input, state
+        - **input**: ``(B, input_size)`` or ``(input_size,)``: ``x_t``.
+        - **state**: ``m_{t-1}`` ``(B, M)`` (``(M,)`` unbatched), or a pair
+          ``(h_{t-1}, m_{t-1})`` as returned by a previous step (``h_{t-1}`` is not used by the
+          equations). Default: zeros.
+
+    Outputs: (h_t, m_t)
+        - **h_t**: ``(B, H)`` (``(H,)`` unbatched), the functional activation.
+        - **m_t**: ``(B, M)`` (``(M,)`` unbatched), the memory.
+
+    Attributes:
+        weight_xh: ``(H, input_size)``, ``W^xh``.
+        weight_mh: ``(H, M)``, ``W^mh``.
+        weight_hm: ``(M, H)``, ``W^hm``.
+        weight_mm: ``(M, M)``, ``W^mm``.
+        bias_h: ``(H,)``, ``b^h``.
+        bias_m: ``(M,)``, ``b^m``.
+
+    Weights are drawn from ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; biases start at zero. The
+    spectral radius of ``W^mm`` is then about ``1/sqrt(3)`` (circular law), so the linear memory
+    is a contraction at initialisation and cannot accumulate without bound.
+    """
+
+    __prepare_scriptable__ = _no_torchscript
+
+    def __init__(self, input_size: int, hidden_size: int, memory_size: int, bias: bool = True,
+                 nonlinearity: str = "tanh", memory_bound: float | None = None, device=None,
+                 dtype=None):
+        super().__init__()
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
+                            ("memory_size", memory_size)):
+            check_int(name, value)
+        factory = {"device": device, "dtype": dtype}
+        self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
+        self.nonlinearity = nonlinearity
+        check_nonlinearity(nonlinearity)
+        self.memory_bound = check_memory_bound(memory_bound)
+        self.weight_xh = nn.Parameter(torch.empty(hidden_size, input_size, **factory))
+        self.weight_mh = nn.Parameter(torch.empty(hidden_size, memory_size, **factory))
+        self.weight_hm = nn.Parameter(torch.empty(memory_size, hidden_size, **factory))
+        self.weight_mm = nn.Parameter(torch.empty(memory_size, memory_size, **factory))
+        if bias:
+            self.bias_h = nn.Parameter(torch.empty(hidden_size, **factory))
+            self.bias_m = nn.Parameter(torch.empty(memory_size, **factory))
+        else:
+            self.register_parameter("bias_h", None)
+            self.register_parameter("bias_m", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        weights = {name: getattr(self, name) for name in _PARAM_NAMES}
+        _reset_layer(weights, self.input_size, self.hidden_size, self.memory_size)
+
+    @_in_parameter_precision
+    def forward(self, input: Tensor, state: State = None) -> tuple[Tensor, Tensor]:
+        batched = input.dim() == 2
+        if input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
+            raise ValueError(f"LMNCell expects input of shape (B, {self.input_size}) or "
+                             f"({self.input_size},), got {tuple(input.shape)}")
+        _check_dtype(input, self.weight_xh)
+        x = input if batched else input.unsqueeze(0)
+        h0, m = _split_state(state)
+        if m is None:
+            m = x.new_zeros(x.shape[0], self.memory_size)
+        elif not batched:
+            m = m.unsqueeze(0)
+        if m.shape != (x.shape[0], self.memory_size):
+            raise ValueError(f"memory state must have shape ({x.shape[0]}, {self.memory_size}), "
+                             f"got {tuple(m.shape)}")
+        expected = (x.shape[0], self.hidden_size) if batched else (self.hidden_size,)
+        if h0 is not None and tuple(h0.shape) != expected:
+            raise ValueError(f"h_(t-1) must have shape {expected}, got {tuple(h0.shape)}")
+        _check_dtype(m, self.weight_xh, "the memory state")
+        x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
+        _, _, h, m_new = lmn_recurrence(x_proj[None], m, self.weight_mh, self.weight_hm,
+                                        self.memory_weight(), self.bias_m,
+                                        self.nonlinearity)  # 1 step
+        return (h, m_new) if batched else (h.squeeze(0), m_new.squeeze(0))
+
+    def memory_weight(self) -> Tensor:
+        """``W^mm`` as eq. (7) uses it: ``weight_mm`` itself, or rescaled into the ball of
+        ``memory_bound``."""
+        return bounded_memory(self.weight_mm, self.memory_bound)
+
+    def extra_repr(self) -> str:
+        s = (f"{self.input_size}, hidden_size={self.hidden_size}, "
+             f"memory_size={self.memory_size}, nonlinearity={self.nonlinearity!r}")
+        return s + (f", memory_bound={self.memory_bound}" if self.memory_bound is not None else "")
+
+
+class LMN(nn.Module):
+    r"""A multi-layer Linear Memory Network over sequences, used like ``torch.nn.RNN``.
+
+    Args:
+        input_size: the number of features of ``x_t``.
+        hidden_size: the number of functional units ``H`` per layer.
+        memory_size: the number of memory units ``M`` per layer.
+        num_layers: stacked layers; layer ``k > 0`` reads the output sequence of layer
+            ``k - 1``. Default: 1.
+        output: ``"memory"`` (LMN-B, eq. 8: a layer outputs ``m_t``) or ``"hidden"`` (LMN-A,
+            eq. 9: ``h_t``). Default: ``"memory"``.
+        bias: if ``False``, no ``b^h`` and ``b^m``. Default: ``True``.
+        batch_first: if ``True``, input and output are ``(B, T, F)`` instead of ``(T, B, F)``.
+            Default: ``False``.
+        nonlinearity: the activation of eq. (6), ``"tanh"`` (the paper's), ``"relu"`` or
+            ``"selu"``. Default: ``"tanh"``.
+        dropout: dropout on the outputs of every layer but the last, as in ``torch.nn.RNN``.
+            Default: 0.
+        bidirectional: if ``True``, every layer also runs over the reversed sequence (each
+            sequence reversed within its own length) with weights of its own, and outputs both
+            directions' states concatenated at each step, as ``torch.nn.RNN`` does. Default:
+            ``False``.
+        memory_bound: ``r``: every layer's eq. (7) runs with ``W^mm`` rescaled into the ball
+            ``||W^mm||_2 <= r`` (:class:`LMNCell`, :mod:`linmem.ops.bound`; the parameters stay
+            as they are, :meth:`memory_weight` gives the matrix used). ``None``: the paper's
+            unconstrained memory. Default: ``None``.
+        device: where to create the parameters. Default: the current default device.
+        dtype: the parameters' dtype. Default: the current default dtype.
+
+    Inputs: input, state
+        - **input**: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``),
+          ``(T, input_size)`` unbatched, or a ``PackedSequence``.
+        - **state**: ``m_0`` of shape ``(D * num_layers, B, M)`` (``(D * num_layers, M)``
+          unbatched; ``D`` is 2 when bidirectional, else 1; layer ``k``'s reverse direction at
+          ``2k + 1``), or a pair ``(h_0, m_0)`` as returned by a previous call (``h_0`` is not
+          used by the equations). Default: zeros.
+
+    Outputs: output, (h_n, m_n)
+        - **output**: ``(T, B, D * M)`` (``(T, B, D * H)`` with ``output="hidden"``; batch
+          first with ``batch_first``), the last layer's outputs (the forward direction's
+          first); a ``PackedSequence`` for packed input (padded steps are zero).
+        - **h_n**: ``(D * num_layers, B, H)``, every layer's ``h`` after each sequence's last
+          step (the reverse direction's: after its first).
+        - **m_n**: ``(D * num_layers, B, M)``, every layer's memory, likewise.
+
+        Unlike ``torch.nn.RNN``'s, the state is two tensors, and which one the output reads
+        depends on ``output``: for LMN-B (the default) the last step's output is
+        ``m_n[-1]``, for LMN-A ``h_n[-1]`` (one layer, one direction)::
+
+            out, (h_n, m_n) = LMN(88, 100, 50, batch_first=True)(x)  # LMN-B
+            last = m_n[-1]                # == out[:, -1], the memory: (B, 50)
+            functional = h_n[-1]          # the functional state h_T: (B, 100), not the output
+
+    Attributes:
+        weight_xh_l{k}, weight_mh_l{k}, weight_hm_l{k}, weight_mm_l{k}, bias_h_l{k},
+            bias_m_l{k}: layer ``k``'s parameters, shaped and initialised as in
+            :class:`LMNCell` (the reverse direction's end in ``_reverse``; layer ``k > 0``
+            reads ``D`` times the output size).
+    """
+
+    __prepare_scriptable__ = _no_torchscript
+
+    def __init__(self, input_size: int, hidden_size: int, memory_size: int, num_layers: int = 1,
+                 output: str = "memory", bias: bool = True, batch_first: bool = False,
+                 nonlinearity: str = "tanh", dropout: float = 0.0, bidirectional: bool = False,
+                 memory_bound: float | None = None, device=None, dtype=None):
+        super().__init__()
+        if output not in ("memory", "hidden"):
+            raise ValueError(f"output must be 'memory' (LMN-B) or 'hidden' (LMN-A), got {output!r}")
+        check_int("num_layers", num_layers)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if dropout and num_layers == 1:  # torch.nn.RNN's warning: nothing would be dropped
+            warnings.warn("dropout acts between stacked layers, after every layer but the last: "
+                          f"dropout={dropout} with num_layers=1 drops nothing (to drop the "
+                          "layer's output, apply nn.Dropout to it)", stacklevel=2)
+        self.input_size, self.hidden_size, self.memory_size = input_size, hidden_size, memory_size
+        self.num_layers, self.output, self.bias = num_layers, output, bias
+        self.batch_first, self.nonlinearity, self.dropout = batch_first, nonlinearity, dropout
+        self.bidirectional = bool(bidirectional)
+        self.memory_bound = check_memory_bound(memory_bound)
+        for k in range(num_layers):
+            for reverse in self._directions():
+                cell = LMNCell(self._layer_input_size(k), hidden_size, memory_size, bias,
+                               nonlinearity, device=device, dtype=dtype)
+                for name, param in cell.named_parameters():
+                    self.register_parameter(f"{name}_l{k}{'_reverse' * reverse}", param)
+
+    def _directions(self) -> tuple[bool, ...]:
+        """``reverse`` of each direction of a layer, in the order of the outputs and states."""
+        return (False, True) if self.bidirectional else (False,)
+
+    def _layer_input_size(self, k: int) -> int:
+        out_size = self.memory_size if self.output == "memory" else self.hidden_size
+        return self.input_size if k == 0 else len(self._directions()) * out_size
+
+    def reset_parameters(self) -> None:
+        for k in range(self.num_layers):
+            for reverse in self._directions():
+                _reset_layer(self.layer_weights(k, reverse), self._layer_input_size(k),
+                             self.hidden_size, self.memory_size)
+
+    def flatten_parameters(self) -> None:
+        """Nothing to do (``torch.nn.RNN``'s packs cuDNN's weights into one buffer; the LMN's
+        recurrence reads its parameters as they are): there so that code written for
+        ``torch.nn.RNN`` runs unchanged."""
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        """Each layer's parameters (each direction's, the forward one first): ``weight_xh``,
+        ``weight_mh``, ``weight_hm``, ``weight_mm``, then the biases, as
+        ``torch.nn.RNN.all_weights`` lists its own."""
+        return [[w for w in self.layer_weights(k, reverse).values() if w is not None]
+                for k in range(self.num_layers) for reverse in self._directions()]
+
+    def layer_weights(self, k: int, reverse: bool = False) -> dict[str, Tensor | None]:
+        """The parameters of layer ``k`` (its reverse direction's with ``reverse``) under their
+        cell names (``weight_xh``, ...)."""
+        if reverse and not self.bidirectional:
+            raise ValueError("the LMN is not bidirectional: it has no reverse direction")
+        suffix = "_reverse" if reverse else ""
+        return {name: getattr(self, f"{name}_l{k}{suffix}", None) for name in _PARAM_NAMES}
+
+    def memory_weight(self, k: int = 0, reverse: bool = False) -> Tensor:
+        """Layer ``k``'s ``W^mm`` as eq. (7) uses it: ``weight_mm_l{k}`` itself, or rescaled
+        into the ball of ``memory_bound``."""
+        return bounded_memory(self.layer_weights(k, reverse)["weight_mm"], self.memory_bound)
+
+    @_in_parameter_precision
+    def forward(self, input: Tensor | PackedSequence, state: State = None):
+        packed = isinstance(input, PackedSequence)
+        if packed:
+            x, lengths = pad_packed_sequence(input)  # (T, B, F), original batch order
+            unbatched = False
+        else:
+            if input.dim() not in (2, 3):
+                raise ValueError("LMN expects input of shape (T, B, F), (B, T, F) with "
+                                 f"batch_first, or (T, F); got {tuple(input.shape)}")
+            unbatched = input.dim() == 2
+            x = input.unsqueeze(1) if unbatched else (
+                input.transpose(0, 1) if self.batch_first else input)
+            lengths = None
+        if x.shape[-1] != self.input_size:
+            raise ValueError(f"input has {x.shape[-1]} features, the LMN expects "
+                             f"{self.input_size}")
+        _check_dtype(x, self.weight_xh_l0)
+        steps, batch = x.shape[0], x.shape[1]
+        states = len(self._directions()) * self.num_layers
+        h0, m0 = _split_state(state)
+        if m0 is None:
+            m0 = x.new_zeros(states, batch, self.memory_size)
+        elif unbatched and m0.dim() == 2:
+            m0 = m0.unsqueeze(1)
+        if m0.shape != (states, batch, self.memory_size):
+            raise ValueError(f"memory state must have shape ({states}, {batch}, "
+                             f"{self.memory_size}), got {tuple(m0.shape)}")
+        if h0 is not None:  # not used by the equations, but a wrong one is a caller's bug
+            expected = ((states, self.hidden_size) if unbatched
+                        else (states, batch, self.hidden_size))
+            if tuple(h0.shape) != expected:
+                raise ValueError(f"h_0 must have shape {expected}, got {tuple(h0.shape)}")
+        _check_dtype(m0, self.weight_xh_l0, "the memory state")
+        mask = None
+        packed_lengths = lengths
+        if lengths is not None and bool((lengths != steps).any()):
+            mask = (torch.arange(steps)[:, None] < lengths[None, :]).to(x.device)
+        else:
+            lengths = None  # every sequence is as long as the batch: no masking to do
+        h_n, m_n = [], []
+        layer_in = x
+        for k in range(self.num_layers):
+            outs = []
+            for reverse in self._directions():
+                w = self.layer_weights(k, reverse)
+                seq = _reverse_steps(layer_in, lengths) if reverse else layer_in
+                x_proj = _time_major_linear(seq, w["weight_xh"], w["bias_h"])
+                hs, ms, h_last, m_last = lmn_recurrence(
+                    x_proj, m0[len(h_n)], w["weight_mh"], w["weight_hm"],
+                    self.memory_weight(k, reverse), w["bias_m"], self.nonlinearity, lengths)
+                h_n.append(h_last)
+                m_n.append(m_last)
+                out = ms if self.output == "memory" else hs
+                outs.append(_reverse_steps(out, lengths) if reverse else out)
+            layer_in = torch.cat(outs, -1) if len(outs) > 1 else outs[0]
+            if self.dropout and self.training and k < self.num_layers - 1:
+                layer_in = nn.functional.dropout(layer_in, self.dropout, training=True)
+        h_n, m_n = torch.stack(h_n), torch.stack(m_n)
+        out = layer_in
+        if packed:
+            if mask is not None:
+                out = out * mask[:, :, None].to(out.dtype)
+            return _pack_like(out, packed_lengths, input), (h_n, m_n)
+        if unbatched:
+            return out.squeeze(1), (h_n.squeeze(1), m_n.squeeze(1))
+        if self.batch_first:
+            out = out.transpose(0, 1)
+        return out, (h_n, m_n)
+
+    def extra_repr(self) -> str:
+        s = (f"{self.input_size}, hidden_size={self.hidden_size}, memory_size="
+             f"{self.memory_size}, num_layers={self.num_layers}, output={self.output!r}")
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        if self.memory_bound is not None:
+            s += f", memory_bound={self.memory_bound}"
+        return s
+
+
+def _pack_like(out: Tensor, lengths: Tensor, like: PackedSequence) -> PackedSequence:
+    """``out`` ``(T, B, n)`` (the batch in its original order, ``lengths`` steps each) packed
+    as ``like`` is: the same batch sizes and sorting indices, as ``torch.nn.RNN`` returns."""
+    if like.sorted_indices is not None:
+        out, lengths = out.index_select(1, like.sorted_indices), lengths[like.sorted_indices.cpu()]
+    data = pack_padded_sequence(out, lengths, enforce_sorted=True).data
+    return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+
+
+def _reverse_steps(seq: Tensor, lengths: Tensor | None) -> Tensor:
+    """``(T, B, n)`` with each sequence's steps in reverse order within its length (``lengths``
+    ``(B,)``; None: all ``T``); the padded steps after a sequence's end stay where they are."""
+    if lengths is None:
+        return seq.flip(0)
+    steps = torch.arange(seq.shape[0])[:, None]
+    valid = lengths.to(steps.dtype)[None, :]
+    index = torch.where(steps < valid, valid - 1 - steps, steps).to(seq.device)
+    return seq.gather(0, index[:, :, None].expand_as(seq))
+
+
+activation_slope = activation_grad  # sigma'(a) from h = sigma(a) (linmem.ops.lmn)
+
+
+def _unrolled_states(x_proj: Tensor, past: Tensor, weight_hh: Tensor,
+                     nonlinearity: str) -> Tensor:
+    """Eq. (10)'s states ``(T, B, H)`` (:func:`linmem.ops.ulm.ulm_states`)."""
+    return ulm_states(x_proj, past, weight_hh, nonlinearity)
+
+
+class UnrolledNet(nn.Module):
+    r"""The LMN unrolled for ``k`` steps (ULM, paper eqs. 10-11): the memory is replaced by the
+    last ``k`` functional states, each with its own weight block.
+
+    ::
+
+        h_t = sigma(W^xh x_t + b^h + sum_{i=1..k} W^hh_i h_{t-i})      (10)
+        y_t = sigmoid(sum_{i=0..k} W^o_i h_{t-i} + b^o)                 (11)
+
+    with ``h_{t-i} = 0`` before the start. Convention: ``k`` past blocks feed the functional
+    state, ``k + 1`` blocks (lag 0 included) the output, so the memory that replaces them must
+    reconstruct ``k + 1`` blocks (:mod:`linmem.pretrain` fits it with window ``k + 1``).
+    Training back-propagates through the whole sequence (nothing is detached).
+
+    Args:
+        input_size: the number of features of ``x_t``.
+        hidden_size: the number of functional units ``H``.
+        k: the number of past functional states that feed ``h_t``. Default: 10.
+        nonlinearity: ``"selu"`` (the paper's choice for this model), ``"tanh"`` or
+            ``"relu"``. Default: ``"selu"``.
+        batch_first: if ``True``, input and outputs are batch first. Default: ``False``.
+        device: where to create the parameters. Default: the current default device.
+        dtype: the parameters' dtype. Default: the current default dtype.
+
+    Inputs: input
+        - **input**: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``).
+
+    Outputs: lagged, hs
+        - **lagged**: ``(T, B, (k + 1) H)``, ``[h_t, h_{t-1}, ..., h_{t-k}]`` at every step (a
+          linear readout of it is eq. 11).
+        - **hs**: ``(T, B, H)``, the functional states.
+
+    Parameters: ``weight_xh`` ``(H, input_size)``, ``bias_h`` ``(H,)``, ``weight_hh``
+    ``(H, k H)`` ``= [W^hh_1 ... W^hh_k]``; initialised like :class:`LMNCell`.
+    """
+
+    __prepare_scriptable__ = _no_torchscript
+
+    def __init__(self, input_size: int, hidden_size: int, k: int = 10,
+                 nonlinearity: str = "selu", batch_first: bool = False, device=None,
+                 dtype=None):
+        super().__init__()
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
+                            ("k", k)):
+            check_int(name, value)
+        check_nonlinearity(nonlinearity)
+        factory = {"device": device, "dtype": dtype}
+        self.input_size, self.hidden_size, self.k = input_size, hidden_size, k
+        self.nonlinearity, self.batch_first = nonlinearity, batch_first
+        self.weight_xh = nn.Parameter(torch.empty(hidden_size, input_size, **factory))
+        self.bias_h = nn.Parameter(torch.zeros(hidden_size, **factory))
+        self.weight_hh = nn.Parameter(torch.empty(hidden_size, k * hidden_size, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            _init_uniform(self.weight_xh, self.input_size)
+            _init_uniform(self.weight_hh, self.k * self.hidden_size)
+            nn.init.zeros_(self.bias_h)
+
+    @_in_parameter_precision
+    def forward(self, input: Tensor, past: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``past`` ``(B, k H)``: ``[h_0, h_{-1}, ..., h_{1-k}]`` before the first step (default
+        zeros), e.g. ``lagged[:, -1, :k H]`` of a previous call, to continue a sequence."""
+        if input.dim() != 3 or input.shape[-1] != self.input_size:
+            raise ValueError(f"UnrolledNet expects input of shape (T, B, {self.input_size}) "
+                             f"(batch first: (B, T, ...)), got {tuple(input.shape)}")
+        x = input.transpose(0, 1) if self.batch_first else input
+        steps, batch = x.shape[:2]
+        x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
+        if past is None:
+            past = x_proj.new_zeros(batch, self.k * self.hidden_size)
+        if tuple(past.shape) != (batch, self.k * self.hidden_size):
+            raise ValueError(f"past must have shape ({batch}, {self.k * self.hidden_size}), "
+                             f"got {tuple(past.shape)}")
+        before = past.unflatten(1, (self.k, self.hidden_size)).flip(1).transpose(0, 1)
+        hs = (_unrolled_states(x_proj, past, self.weight_hh, self.nonlinearity)
+              if steps else x_proj.new_zeros(0, batch, self.hidden_size))
+        padded = torch.cat([before, hs])  # (k + T, B, H) in time order
+        lagged = torch.cat([padded[self.k - i: self.k - i + steps] for i in range(self.k + 1)],
+                           2)
+        if self.batch_first:
+            return lagged.transpose(0, 1), hs.transpose(0, 1)
+        return lagged, hs
+
+    def extra_repr(self) -> str:
+        return (f"{self.input_size}, hidden_size={self.hidden_size}, k={self.k}, "
+                f"nonlinearity={self.nonlinearity!r}")

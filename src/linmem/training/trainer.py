@@ -1,0 +1,712 @@
+"""Training with the paper's protocol: Adam, L2 weight decay, early stopping on validation accuracy.
+
+A run lives in one directory::
+
+    config.json     the TrainConfig of the run
+    log.jsonl       one line per epoch: train loss, validation accuracy and NLL, epoch wall
+                    and CPU time
+    last.pt         model, optimizer and loop state after the last finished epoch (for --resume)
+    best.pt         model weights of the best validation accuracy so far
+    metrics.json    final validation and test scores of best.pt, with provenance (the
+                    machine of the timings included)
+    diverged.json   instead of metrics.json, when the run failed by diverging (no epoch to
+                    keep, or ``on_divergence="raise"``): why, the epochs kept, provenance
+
+Every file is written atomically, so a run killed at any moment resumes from its last finished
+epoch. The batch order of epoch ``e`` depends only on ``(seed, e)`` and the model and optimizer
+states are restored exactly, so a resumed run ends with the same numbers as an uninterrupted one.
+The test split is scored once, at the end, on the checkpoint chosen on the validation split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from linmem._check import check_device
+from linmem._io import (
+    command_line,
+    git_commit,
+    provenance,
+    read_json,
+    write_json,
+)
+from linmem.data import (
+    EVAL_MAX_RATIO,
+    Batch,
+    DataError,
+    bucket_batches,
+    collate,
+    content_digest,
+    data_checksum,
+    data_root,
+    is_data_file,
+    iterate_batches,
+    load_polyphonic,
+    step_seconds,
+    transpose,
+)
+from linmem.metrics import THRESHOLD_GRID, FrameScores
+from linmem.models import (
+    build_model,
+    count_parameters,
+)
+from linmem.ops.lmn import cpu_kernel_path, gpu_paths_taken, use_cpu_kernel
+from linmem.training.config import TrainConfig
+from linmem.training.runs import (
+    BEST,
+    CONFIG,
+    DIVERGED,
+    LAST,
+    LOCK,
+    MEMORY,
+    METRICS,
+    PRETRAINING,
+    ULM,
+    RunDirClaim,
+    load_checkpoint,
+    resume_checkpoint,
+    save_checkpoint,
+    save_last,
+    write_log,
+)
+
+__all__ = [
+    "NonFiniteOutputs",
+    "SilentDataWarning",
+    "TrainConfig",
+    "TrainingDiverged",
+    "batch_updates",
+    "build_run_model",
+    "check_size",
+    "chunked_steps",
+    "epoch_plan",
+    "evaluate",
+    "load_run_model",
+    "make_optimizer",
+    "train",
+    "train_step",
+    "training_batch",
+    "with_data_dir",
+]
+
+
+class SilentDataWarning(UserWarning):
+    """A split of the data holds no note: its accuracy is 100 % for a silent model."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss, or the model's outputs on the validation sequences, became NaN or
+    infinite; or the checkpoint chosen on validation gives such outputs on the test split.
+    ``failed_on`` says which (:data:`linmem.training.runs.FAILURES`)."""
+
+    def __init__(self, message: str, failed_on: str = "training"):
+        super().__init__(message)
+        self.failed_on = failed_on
+
+
+class NonFiniteOutputs(ValueError):
+    """A model's outputs are NaN or infinite (its weights, or its state over a long sequence,
+    diverged)."""
+
+
+def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
+    """Adam (the paper's) or SGD with momentum, at ``config.lr`` with L2 ``weight_decay``."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                               weight_decay=config.weight_decay)
+    return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
+               clip: float | None = None, scale: float = 1.0,
+               norms: list[float] | None = None) -> float | None:
+    """One update on ``batch`` (already on the model's device): the model's
+    ``training_loss(batch)`` (the masked NLL; the RNN-RBM's contrastive-divergence cost) times
+    ``scale`` (:meth:`TrainConfig.loss_scale`), backward, optional gradient-norm clipping,
+    optimizer step. Returns the unscaled loss, or None (and no update) when it is not finite.
+    ``norms``: when given, the gradient's norm before clipping is appended to it (a
+    diagnostic: :func:`linmem.experiments.analyses.epoch_replay`)."""
+    return _update(model, optimizer, model.training_loss(batch), clip, scale, norms)
+
+
+def chunked_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
+                  chunk: int, clip: float | None = None, scale: float = 1.0,
+                  norms: list[float] | None = None) -> Iterator[tuple[float | None, Batch]]:
+    """Truncated backpropagation through time over ``batch``: one update per window of
+    ``chunk`` steps (the model's ``chunk_loss(window, state)``, times ``scale``), the state
+    carried from window to window without gradient. Yields ``(unscaled loss or None if not
+    finite, window)`` after each update."""
+    state = None
+    for window in batch.windows(chunk):
+        loss, state = model.chunk_loss(window, state)  # state: detached by the model
+        yield _update(model, optimizer, loss, clip, scale, norms), window
+
+
+def batch_updates(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
+                  config: TrainConfig, norms: list[float] | None = None
+                  ) -> Iterable[tuple[float | None, Batch]]:
+    """The updates of ``config``'s training on ``batch``: one on the whole sequences, or one
+    per window of ``config.chunk`` steps (:func:`chunked_steps`). Yields ``(loss or None if not
+    finite, the part of the batch it was computed on)``; ``norms``: :func:`train_step`'s."""
+    scale = config.loss_scale(batch.targets.shape[-1])
+    if config.chunk is None:
+        return [(train_step(model, optimizer, batch, config.clip, scale, norms), batch)]
+    return chunked_steps(model, optimizer, batch, config.chunk, config.clip, scale, norms)
+
+
+def epoch_plan(config: TrainConfig, lengths: Sequence[int],
+               epoch: int) -> tuple[list[list[int]], np.ndarray]:
+    """The training's batches in ``epoch`` (lists of indices of the training sequences, whose
+    ``lengths`` are given) and each sequence's transposition shift, both drawn from the seed and
+    the epoch alone (a resumed run repeats them)."""
+    epoch_seed = _epoch_seed(config.seed, epoch)
+    batches = bucket_batches(lengths, config.batch_size, shuffle=True, seed=epoch_seed)
+    shifts = np.random.default_rng(epoch_seed).integers(
+        -config.transpose, config.transpose + 1, size=len(lengths))
+    return batches, shifts
+
+
+def training_batch(train_seqs: Sequence[np.ndarray], idx: Sequence[int], shifts: np.ndarray,
+                   config: TrainConfig) -> Batch:
+    """The batch of the training sequences ``idx`` (a batch of :func:`epoch_plan`),
+    transposed by their ``shifts`` when ``config.transpose``."""
+    batch = collate([train_seqs[i] for i in idx])
+    return transpose(batch, shifts[idx]) if config.transpose else batch
+
+
+def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
+            clip: float | None, scale: float = 1.0,
+            norms: list[float] | None = None) -> float | None:
+    if not torch.isfinite(loss):
+        return None
+    optimizer.zero_grad(set_to_none=True)
+    (loss * scale if scale != 1.0 else loss).backward()
+    if clip is not None:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    elif norms is not None:
+        norm = torch.nn.utils.get_total_norm(
+            [p.grad for p in model.parameters() if p.grad is not None])
+    if norms is not None:
+        norms.append(float(norm))
+    optimizer.step()
+    return loss.item()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size: int = 64,
+             device: str | torch.device = "cpu", accuracy: bool = True,
+             max_ratio: float | None = EVAL_MAX_RATIO,
+             thresholds: Sequence[float] = THRESHOLD_GRID) -> dict[str, Any]:
+    """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
+    ``sequences``, accumulated over every valid frame (not averaged per batch). A model with a
+    joint readout (``likelihood_logits``, the NADE models) is scored on its exact likelihood,
+    and without ``accuracy`` on that alone (``nll`` and ``frames``): no marginals drawn. Its
+    ``evaluation_logits``, when it has one, gives both from one pass of the core. Batches hold
+    up to ``batch_size`` sequences of lengths within ``max_ratio`` of each other (None: any).
+    ``acc_at`` holds the global accuracy at each of ``thresholds`` (none: an empty dict; the
+    training's epochs skip them, only the final scores choose a threshold)."""
+    model.eval()
+    scores = FrameScores(grid=tuple(thresholds))
+    joint = hasattr(model, "likelihood_logits")
+    for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype,
+                                 max_ratio=max_ratio):
+        batch = batch.to(device)
+        if hasattr(model, "evaluation_logits"):
+            logits, exact = model.evaluation_logits(batch.inputs, batch.targets, accuracy)
+        elif joint:
+            exact = model.likelihood_logits(batch.inputs, batch.targets)
+            logits = model(batch.inputs) if accuracy else None
+        else:
+            logits, exact = model(batch.inputs), None
+        logits = exact if logits is None else logits
+        for out in (logits, exact):
+            if out is not None and not torch.isfinite(out).all():
+                raise NonFiniteOutputs(
+                    f"the model's outputs are NaN or inf on a batch of sequences of up to "
+                    f"{batch.mask.shape[1]} steps (its weights or its state diverged)"
+                    + _divergence_note(model, batch))
+        scores.update(logits, batch.targets, batch.mask, nll_logits=exact)
+    result = scores.compute()
+    return result if accuracy or not joint else {"nll": result["nll"],
+                                                 "frames": result["frames"]}
+
+
+def _divergence_note(model: torch.nn.Module, batch: Batch) -> str:
+    """The model's own account of NaN or inf outputs on ``batch`` (an LMN's: where its memory
+    overflowed, and the remedy), as a clause for the error; "" where it has none."""
+    note = getattr(model, "divergence_note", None)
+    return note(batch.inputs, batch.mask) if note is not None else ""
+
+
+class _LossNotFinite(ArithmeticError):
+    """The training loss of an update was NaN or inf (inside :func:`train`)."""
+
+
+def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, bar: Iterable,
+                 train_seqs: Sequence[np.ndarray], shifts: np.ndarray, config: TrainConfig,
+                 device: torch.device, epoch: int) -> tuple[float, float]:
+    """One epoch of updates over the batches of indices ``bar``; returns the frame-weighted
+    loss sum and the frame count. Raises :class:`_LossNotFinite` at a NaN/inf loss (the update
+    is not made)."""
+    loss_sum = frames = 0.0
+    for idx in bar:
+        batch = training_batch(train_seqs, idx, shifts, config).to(device)
+        for loss, part in batch_updates(model, optimizer, batch, config):
+            if loss is None:
+                raise _LossNotFinite(f"the training loss became NaN or inf in epoch {epoch}"
+                                     + _divergence_note(model, part))
+            n = float(part.mask.sum())
+            loss_sum += loss * n
+            frames += n
+        bar.set_postfix(loss=f"{loss_sum / frames:.3f}")
+    return loss_sum, frames
+
+
+def _stop_diverged(run_dir: Path, state: dict[str, Any], why: str, elapsed: float,
+                   cpu_elapsed: float) -> dict[str, Any]:
+    """``on_divergence="stop"``: the run ends at its last good epoch (``state``, that of
+    ``last.pt``, whose weights stay: the diverged ones are dropped) and keeps its best
+    checkpoint, as early stopping does. Returns the new state, also written to ``last.pt``."""
+    ckpt = load_checkpoint(run_dir / LAST)
+    ckpt["state"] = {**state, "stop_reason": f"diverged: {why}; the best epoch before it is kept",
+                     "elapsed": elapsed, "cpu_elapsed": cpu_elapsed}
+    save_last(ckpt, run_dir)
+    return ckpt["state"]
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def load_run_model(run_dir: str | Path, which: str = "best",
+                   device: str | torch.device = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
+    """The model saved in ``run_dir`` and its config: ``which`` is ``"best"``, ``"last"`` or
+    ``"init"`` (a pretrained run's initial weights, :func:`linmem.training.recipes.pretrain`'s)."""
+    run_dir, device = Path(run_dir), check_device(device)
+    if not (run_dir / CONFIG).is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
+    config = TrainConfig.from_run(run_dir)
+    path = run_dir / f"{which}.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    state = load_checkpoint(path, device)
+    model = _build(config)
+    model.load_state_dict(state["model"] if "model" in state else state)
+    return model.to(device), config
+
+
+def build_run_model(config: TrainConfig, train_seqs: Sequence[np.ndarray]) -> torch.nn.Module:
+    """The model :func:`train` starts from before any pretraining: built under
+    ``config.seed``, its readout bias at the keys' base rates in ``train_seqs`` when
+    ``config.init_bias``."""
+    torch.manual_seed(config.seed)
+    model = _build(config)
+    if config.init_bias:
+        model.init_output_bias(torch.from_numpy(np.concatenate(train_seqs).mean(0)))
+    return model
+
+
+def _build(config: TrainConfig) -> torch.nn.Module:
+    return build_model(config.model, **asdict(config.model_options()))
+
+
+def train(
+    config: TrainConfig,
+    run_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    data: dict[str, list[np.ndarray]] | None = None,
+    on_epoch_end: Callable[[int, dict], None] | None = None,
+    command: str | None = None,
+    initialize: Callable[[torch.nn.Module], None] | None = None,
+) -> dict[str, Any]:
+    """Train ``config`` in ``run_dir`` and return the final metrics (also in ``metrics.json``).
+
+    Args:
+        resume: continue the run in ``run_dir`` from ``last.pt`` (its saved config must equal
+            ``config`` but for the budget, :data:`BUDGET_FIELDS`, the device and the data
+            folder: a larger ``epochs`` or ``patience`` continues a finished run), or start it if
+            ``run_dir`` holds no run yet. Without it, ``run_dir`` must not hold a run already.
+            A finished run that the budget does not extend is left as it is and its metrics
+            returned.
+        data: the data set as returned by :func:`linmem.data.load_polyphonic` (loaded from
+            ``config.data_dir`` when None).
+        on_epoch_end: called as ``f(epoch, log_row)`` after each epoch's checkpoint is written.
+        command: the command to record (default: this process's command line).
+        initialize: called once on the freshly built model (after the readout bias is set,
+            before training; not when resuming from a checkpoint): the pretraining recipes of
+            :mod:`linmem.training.recipes` initialise the model's weights through it.
+
+    Raises:
+        TrainingDiverged: the loss or the validation outputs became NaN/inf with
+            ``config.on_divergence == "raise"``, or in the first epoch (no good epoch to keep);
+            ``last.pt`` keeps the last good epoch, ``diverged.json`` records why. With
+            ``"stop"`` the run ends there instead and stays ended on ``resume``.
+    """
+    if not str(run_dir).strip():
+        raise ValueError("the run directory must be named (an empty name is the current folder)")
+    created = not Path(run_dir).exists()
+    with RunDirClaim(run_dir) as claim, _kernel_choice(config.cpu_kernel):
+        try:
+            return _train(config, Path(run_dir), claim, resume, progress, data, on_epoch_end,
+                          command, initialize)
+        except OSError:
+            # a fault of the machine (a full disk) before anything could be kept: the start
+            # failed, and leaves no half-made folder behind
+            if created and Path(run_dir).is_dir() and not any(Path(run_dir).rglob(LAST)):
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+
+def _kernel_choice(cpu_kernel: str):
+    """The ``with`` block in which the recurrences take ``cpu_kernel``'s CPU path
+    (:data:`CPU_KERNELS`; :func:`linmem.ops.lmn.use_cpu_kernel`)."""
+    if cpu_kernel == "auto":
+        return contextlib.nullcontext()
+    return use_cpu_kernel({"best": True, "loop": False}.get(cpu_kernel, cpu_kernel))
+
+
+def _recurrence_path(device: torch.device) -> str:
+    """What ran the recurrences: the CPU path (a kernel variant, or the PyTorch loop), or on a
+    GPU the paths the LMN's recurrence took in this process (the fused kernels, the loop)."""
+    if device.type == "cpu":
+        return cpu_kernel_path()
+    return f"{'+'.join(gpu_paths_taken()) or 'loop'} ({device.type})"
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """``ValueError`` when ``run_dir`` holds files but no run of ours (no ``config.json``): a
+    run never writes into a folder of someone else's files. A pretraining's own inputs put
+    there before the run starts (another run's unrolled network ``ulm/`` and memory
+    ``memory.npz``: the same initial weights) are ours."""
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in (LOCK, ULM, MEMORY))
+    if others and not (run_dir / CONFIG).is_file():
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ValueError(f"{run_dir} holds files that are not a linmem run ({shown}): choose a "
+                         "new or empty folder")
+
+
+def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool, progress: bool,
+           data: dict[str, list[np.ndarray]] | None,
+           on_epoch_end: Callable[[int, dict], None] | None, command: str | None,
+           initialize: Callable[[torch.nn.Module], None] | None) -> dict[str, Any]:
+    """:func:`train`, with ``run_dir`` claimed (:class:`linmem.training.runs.RunDirClaim`) as soon
+    as it exists."""
+    if run_dir.is_dir():
+        claim.acquire()  # before reading what it holds: no other process writes it meanwhile
+        _check_run_dir(run_dir)
+    elif run_dir.exists():
+        raise ValueError(f"{run_dir} is a file, not a folder")
+    started, cpu_started = time.perf_counter(), time.process_time()
+    gpu_paths_taken(clear=True)  # metrics.json records the GPU paths of this run's steps
+    commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
+    command = command or command_line()
+    device = check_device(config.device)
+    checkpoint = run_dir / LAST
+    if resume and (run_dir / CONFIG).is_file():
+        saved = TrainConfig.from_run(run_dir)
+        given = config.identity()
+        diff = {k: (v, given[k]) for k, v in saved.identity().items() if given[k] != v}
+        if diff:
+            raise ValueError(f"--resume with a different config than {run_dir}/config.json: "
+                             + ", ".join(f"{k}: saved {a!r}, given {b!r}"
+                                         for k, (a, b) in diff.items()))
+    elif (run_dir / CONFIG).exists():
+        raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, "
+                              "or choose another output directory")
+
+    state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "bad_epochs": 0,
+             "history": [], "elapsed": 0.0, "cpu_elapsed": 0.0, "stop_reason": None,
+             "command": command, "resumed": []}
+    ckpt = resume_checkpoint(run_dir, device) if resume else None
+    if ckpt is not None:
+        state = {"command": command, "resumed": [], **ckpt["state"]}
+        state.setdefault("best_score", state.pop("best_acc", -math.inf))  # older checkpoints
+        if state["stop_reason"] is not None:
+            if _budget_left(state, config) and not state["stop_reason"].startswith("diverged"):
+                state["stop_reason"] = None  # a larger budget: the run goes on
+            elif (run_dir / METRICS).is_file():
+                return read_json(run_dir / METRICS)  # finished: nothing is rewritten
+        state["resumed"] = [*state["resumed"], command]
+        if progress:
+            print(f"linmem: resuming {run_dir} after epoch {state['epoch']}", file=sys.stderr,
+                  flush=True)
+    check_size(config)
+
+    if data is None:
+        data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
+        config = with_data_dir(config)
+    train_seqs = [s for s in data["train"] if len(s) >= 2]
+    if not train_seqs:
+        raise ValueError("the training split has no sequence of length >= 2")
+    silent = [split for split in ("train", "valid", "test")
+              if not any(np.asarray(seq).any() for seq in data[split])]
+    if silent:
+        warnings.warn(f"the {' and '.join(silent)} split{'s' if len(silent) > 1 else ''} of "
+                      f"{config.data} hold no note: a model that predicts silence scores 100 % "
+                      "there (frames silent in both truth and prediction count as correct, as "
+                      "in mir_eval); the accuracy says nothing of such a split",
+                      SilentDataWarning, stacklevel=3)
+
+    model = build_run_model(config, train_seqs)
+    if config.chunk is not None and not hasattr(model, "chunk_loss"):
+        raise ValueError(f"{config.model} cannot train on windows (--chunk): it has no "
+                         "chunk_loss")
+    if device.type == "cpu":  # a bad LINMEM_CPU_KERNEL is refused here, before the folder is
+        _recurrence_path(device)
+    # the run exists once its data and model do: a start that failed before leaves nothing
+    run_dir.mkdir(parents=True, exist_ok=True)
+    claim.acquire()
+    write_json(run_dir / CONFIG, asdict(config))
+    elapsed_before = state["elapsed"]
+    # older checkpoints did not keep the CPU time: their wall time stands in (an upper bound)
+    cpu_before = state.get("cpu_elapsed", elapsed_before)
+
+    def spent() -> tuple[float, float]:
+        """The wall and CPU seconds of the run so far, every session's (its pretraining's
+        too: it runs in this call)."""
+        return (elapsed_before + time.perf_counter() - started,
+                cpu_before + time.process_time() - cpu_started)
+
+    if initialize is not None and ckpt is None:
+        try:
+            initialize(model)
+        except TrainingDiverged as err:  # a network that the pretraining trains diverged
+            why = f"its pretraining: {err}"
+            failed_on = f"pretraining {err.failed_on}"
+            # a result as the run's own divergence is (a seed that diverged counts as run)
+            _write_diverged(run_dir, config, state, why, commit, spent(), device, failed_on)
+            raise TrainingDiverged(why, failed_on) from None
+    model = model.to(device)
+    optimizer = make_optimizer(model.parameters(), config)
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if "rng" in ckpt:  # loaded onto the run's device; the CPU generator's state is CPU's
+            torch.set_rng_state(ckpt["rng"].cpu())
+        if "cuda_rng" in ckpt and device.type == "cuda":  # a run on CUDA continued on CUDA
+            torch.cuda.set_rng_state(ckpt["cuda_rng"].cpu(), device)
+
+    if state["stop_reason"] is None and not _budget_left(state, config):
+        state["stop_reason"] = _stop_reason(state, config)  # a smaller budget: stop here
+
+    lengths = [len(s) for s in train_seqs]
+    loss_name = model.train_loss_name.removeprefix("train_").replace("_", " ")
+    marginal_nll = model.valid_nll_name != "valid_nll"
+    while state["stop_reason"] is None:
+        epoch = state["epoch"] + 1
+        t0, c0 = time.perf_counter(), time.process_time()
+        model.train()
+        batches, shifts = epoch_plan(config, lengths, epoch)
+        # the bar only on a terminal (None); the per-epoch line below is printed everywhere
+        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
+                   disable=None if progress else True, file=sys.stderr, dynamic_ncols=True)
+        why = None  # set when the epoch diverged
+        try:
+            loss_sum, frames = _train_epoch(model, optimizer, bar, train_seqs, shifts, config,
+                                            device, epoch)
+            valid = evaluate(model, data["valid"], config.eval_batch_size, device,
+                             accuracy=config.select != "nll", thresholds=())
+        except _LossNotFinite as err:
+            why = str(err)
+        except NonFiniteOutputs as err:  # a finite training loss, a diverged model all the same
+            why = f"{err} after epoch {epoch}"
+        if why is not None:
+            bar.close()
+            if config.on_divergence == "raise" or state["epoch"] == 0:
+                kept = (f"{checkpoint} keeps epoch {state['epoch']}" if state["epoch"] else
+                        "no epoch had finished: nothing is kept (the initial weights, "
+                        "pretrained ones included, may diverge on long sequences already)")
+                hint = "Lower --lr" + (" or set --clip" if config.clip is None else "")
+                if config.batch_size == 1:  # Adam on one sequence's gradient (issue 43)
+                    hint += (", or average more sequences per update (--batch-size 4, as "
+                             "--protocol linmem)")
+                # the failure is a result too (a seed that diverged counts as run)
+                _write_diverged(run_dir, config, state, why, commit, spent(), device)
+                raise TrainingDiverged(f"{why}; {kept}. {hint}.") from None
+            state = _stop_diverged(run_dir, state, why, *spent())
+            if progress:
+                tqdm.write(f"linmem: {state['stop_reason']}", file=sys.stderr)
+            break
+        score = -valid["nll"] if config.select == "nll" else valid[config.select]
+        improved = score > state["best_score"]
+        if improved:
+            state.update(best_score=score, best_epoch=epoch, bad_epochs=0)
+            save_checkpoint({"model": model.state_dict(), "epoch": epoch}, run_dir / BEST)
+        else:
+            state["bad_epochs"] += 1
+        row = {"epoch": epoch, model.train_loss_name: loss_sum / frames,
+               "valid_acc": 100 * valid["acc"] if "acc" in valid else None,
+               "valid_acc_frame": 100 * valid["acc_frame"] if "acc_frame" in valid else None,
+               model.valid_nll_name: valid["nll"], "epoch_time_s": time.perf_counter() - t0,
+               "epoch_cpu_s": time.process_time() - c0, "best": improved}
+        state["history"].append(row)
+        state["epoch"] = epoch
+        state["stop_reason"] = _stop_reason(state, config)
+        state["elapsed"], state["cpu_elapsed"] = spent()
+        # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it (on CUDA, from the
+        # device's generator)
+        rng = {"rng": torch.get_rng_state()}
+        if device.type == "cuda":
+            rng["cuda_rng"] = torch.cuda.get_rng_state(device)
+        save_last({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "state": state, **rng}, run_dir)
+        write_log(run_dir, state["history"])
+        if progress:
+            best_text = (f"nll {-state['best_score']:.3f}" if config.select == "nll" else
+                         f"{100 * state['best_score']:.2f}%"
+                         + (" per-frame" if config.select == "acc_frame" else ""))
+            since = ("  * best so far" if improved else
+                     f"  (best {best_text} at {state['best_epoch']}; "
+                     f"{state['bad_epochs']}/{config.patience} without a better one)")
+            acc_text = "" if row["valid_acc"] is None else (
+                f"acc {row['valid_acc']:.2f}% (per-frame {row['valid_acc_frame']:.2f}%)  ")
+            tqdm.write(f"epoch {epoch:4d}/{config.epochs}  train {loss_name} "
+                       f"{loss_sum / frames:.3f}  valid {acc_text}nll "
+                       f"{valid['nll']:.3f}{' (marginals)' if marginal_nll else ''}  "
+                       f"({row['epoch_time_s']:.1f}s){since}", file=sys.stderr)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, row)
+
+    best, _ = load_run_model(run_dir, "best", device)
+    scores = {}
+    for split in ("valid", "test"):
+        try:
+            scores[split] = evaluate(best, data[split], config.eval_batch_size, device)
+        except NonFiniteOutputs as err:  # finite on validation when chosen: a failed seed
+            why = (f"the checkpoint chosen on validation (epoch {state['best_epoch']}) on the "
+                   f"{split} split: {err}")
+            _write_diverged(run_dir, config, state, why, commit, spent(), device, split)
+            raise TrainingDiverged(f"{why}; it cannot be scored", split) from None
+    valid, test = scores["valid"], scores["test"]
+    metrics = {
+        **_run_fields(config),
+        "valid_acc": 100 * valid["acc"], "valid_nll": valid["nll"],
+        "test_acc": 100 * test["acc"], "test_nll": test["nll"],
+        "valid_acc_frame": 100 * valid["acc_frame"], "test_acc_frame": 100 * test["acc_frame"],
+        # diagnostic, not the reported score: the decision threshold chosen on validation
+        "valid_threshold": (tuned := max(valid["acc_at"], key=valid["acc_at"].get)),
+        "test_acc_at_valid_threshold": 100 * test["acc_at"][tuned],
+        "selected_on": f"valid {config.select}",
+        "n_params": count_parameters(best), "epochs": state["epoch"],
+        "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
+        **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
+                     spent()[0], device),
+        "data_digest": content_digest(data), "device": str(device),
+        "step_seconds": _step_or_none(config),
+        # the order of the floating-point operations: a figure depends on it to rounding
+        "recurrence_path": _recurrence_path(device),
+        "pretraining": _pretraining_record(run_dir),
+        "units": "accuracies in percent (Bay et al. 2009, global, threshold 0.5 unless named), "
+                 "NLL in nats per time step",
+    }
+    if state["resumed"]:
+        metrics["resumed_with"] = state["resumed"]
+    metrics = best.finalize_metrics(metrics, data)  # what only the model can score
+    # the CPU time of every thread: below the wall time when other processes share the cores
+    metrics["wall_time_s"], metrics["cpu_time_s"] = spent()
+    write_json(run_dir / METRICS, metrics)
+    (run_dir / DIVERGED).unlink(missing_ok=True)  # an earlier attempt's
+    return metrics
+
+
+def _write_diverged(run_dir: Path, config: TrainConfig, state: dict[str, Any], why: str,
+                    commit: str | None, spent: tuple[float, float], device: torch.device,
+                    failed_on: str = "training") -> None:
+    """``diverged.json``: a run that failed by divergence is a result too (a seed that diverged
+    counts as run), with its provenance and where it failed
+    (:data:`linmem.training.runs.FAILURES`)."""
+    write_json(run_dir / DIVERGED, {
+        **_run_fields(config), "diverged": why, "failed_on": failed_on,
+        "epochs": state["epoch"],
+        **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
+                     spent[0], device),
+        "cpu_time_s": spent[1], "pretraining": _pretraining_record(run_dir)})
+
+
+def _run_fields(config: TrainConfig) -> dict[str, Any]:
+    """What a run's result files say of the configuration first."""
+    return {"dataset": config.data, "model": config.model, "hidden": config.hidden,
+            "memory": config.memory, "memory_bound": config.memory_bound,
+            "num_layers": config.num_layers,
+            "weight_decay": config.weight_decay, "protocol": config.protocol,
+            "protocol_overrides": config.protocol_overrides()}
+
+
+def _pretraining_record(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / PRETRAINING
+    return read_json(path) if path.is_file() else None
+
+
+def with_data_dir(config: TrainConfig) -> TrainConfig:
+    """``config`` with the folder its data is read from made explicit (absolute), so that the
+    run can be re-scored from anywhere (a data set file of your own names itself)."""
+    if is_data_file(config.data):
+        return config
+    return replace(config, data_dir=str(data_root(config.data_dir).resolve()))
+
+
+def check_size(config: TrainConfig, memory_fraction: float = 0.5) -> int:
+    """The number of parameters of ``config``'s model, counted without allocating it (on the
+    meta device); ``ValueError`` when the model cannot be built at that size or when training
+    it (weights, gradients and Adam's two moments) would take more than ``memory_fraction`` of
+    this machine's memory."""
+    try:
+        with torch.device("meta"):
+            n_params = sum(p.numel() for p in _build(config).parameters())
+    except (RuntimeError, OverflowError, ValueError, TypeError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{config.model} cannot be built with hidden={config.hidden}, "
+                         f"memory={config.memory}: {why}") from None
+    need = 4 * n_params * 4  # float32: weights, gradients, Adam's m and v
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no check
+        return n_params
+    if need > memory_fraction * total:
+        raise ValueError(f"{config.model} with hidden={config.hidden}, memory={config.memory} "
+                         f"has {n_params:,} parameters: training it needs about "
+                         f"{need / 2**30:.0f} GiB, this machine has {total / 2**30:.0f} GiB")
+    return n_params
+
+
+def _stop_reason(state: dict[str, Any], config: TrainConfig) -> str | None:
+    if state["bad_epochs"] >= config.patience:
+        return f"early stopping (patience {config.patience})"
+    if state["epoch"] >= config.epochs:
+        return f"reached the epoch limit ({config.epochs})"
+    return None
+
+
+def _budget_left(state: dict[str, Any], config: TrainConfig) -> bool:
+    return _stop_reason(state, config) is None
+
+
+def _step_or_none(config: TrainConfig) -> float | None:
+    """The seconds one frame of the run's data lasts (a data set file of your own: the step it
+    was imported at); None for data given in memory under a name that is neither."""
+    try:
+        return step_seconds(config.data)
+    except (ValueError, DataError, OSError):
+        return None
+
+
+def _checksum_or_none(config: TrainConfig) -> str | None:
+    try:
+        return data_checksum(config.data, config.data_dir)
+    except Exception:  # data given in memory, not from a file
+        return None
