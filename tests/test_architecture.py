@@ -1,6 +1,8 @@
 """The package's structure: imports flow one way, and one registry entry adds a model."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -257,3 +259,24 @@ def test_the_package_exports_what_its_docstring_promises():
         assert getattr(linmem, name) is not None, name
     assert linmem.TrainConfig is config_class and linmem.LMN.__module__ == "linmem.nn.lmn"
 
+
+def _loaded_after(code: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The modules starting with one of ``prefixes`` that a fresh interpreter has loaded after
+    running ``code``."""
+    probe = (f"import sys\n{code}\n"
+             f"print(sorted(m for m in sys.modules if m.startswith({prefixes!r})))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True)
+    return ast.literal_eval(out.stdout.strip())
+
+
+def test_importing_the_layer_loads_only_what_it_needs():
+    """``from linmem import LMN`` imports neither ``torch._dynamo`` (over a second on a CPU;
+    torch.compile and torch.export import it themselves), nor ``scipy.linalg`` (0.4 s; a
+    bounded memory's eigensolver imports it when it first runs), nor setuptools (through
+    ``torch.utils.cpp_extension``, imported when the kernel is first built or loaded); and no
+    public name of the package imports ``torch._dynamo``."""
+    heavy = ("torch._dynamo", "scipy.linalg", "setuptools")
+    assert _loaded_after("from linmem import LMN", heavy) == []
+    every_name = "import linmem\nfor name in linmem.__all__: getattr(linmem, name)"
+    assert _loaded_after(every_name, ("torch._dynamo",)) == []

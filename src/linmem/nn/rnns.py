@@ -604,10 +604,18 @@ class LSTM(_FastForward, nn.LSTM):
         return lstm_recurrence(gi, h0, c0, w_hh, b_hh)
 
 
-@torch._dynamo.assume_constant_result
+_kernel_seen = False  # what the last eager call of _kernel_available found
+
+
 def _kernel_available() -> bool:
-    """Whether the CPU path is a compiled kernel variant (a constant to torch.compile)."""
-    return cpu_kernel_path() != LOOP
+    """Whether the CPU path is a compiled kernel variant. Under torch.compile, what eager mode
+    last found (a module global, which dynamo guards on): tracing must not build or time the
+    kernel, and before any eager call PyTorch's LSTM is the safe choice."""
+    global _kernel_seen
+    if torch.compiler.is_compiling():
+        return _kernel_seen
+    _kernel_seen = cpu_kernel_path() != LOOP
+    return _kernel_seen
 
 
 def as_torch(module: nn.RNNBase) -> nn.RNNBase:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.linalg
 import torch
 from torch import Tensor
 
@@ -71,6 +70,8 @@ def schatten_norm(weight: Tensor, squarings: int = _SQUARINGS) -> Tensor:
 def _top_eigenpair_lapack(gram: Tensor) -> tuple[float, Tensor]:
     """The largest eigenvalue of a symmetric CPU matrix and a unit eigenvector: that pair alone
     (LAPACK's ``syevr`` by index), not the whole spectrum."""
+    import scipy.linalg  # here: importing it costs 0.4 s, and only a bounded memory needs it
+
     n = gram.shape[0]
     lam, vec = scipy.linalg.eigh(gram.numpy(), subset_by_index=[n - 1, n - 1], driver="evr",
                                  check_finite=False)

@@ -34,7 +34,6 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from torch.utils import cpp_extension
 
 from linmem._io import cpu_description, machine, write_json
 
@@ -137,6 +136,8 @@ def load_cpu_kernel() -> ModuleType | None:
         if directory is None or not any(directory.glob(f"{name}*.so")):
             print("linmem: building the LMN's CPU kernel (once per machine and installed copy, "
                   "about 15 s)", file=sys.stderr, flush=True)
+        from torch.utils import cpp_extension  # here: it imports setuptools (0.2 s)
+
         with _build_lock(directory):
             return cpp_extension.load(
                 name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),

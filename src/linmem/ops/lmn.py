@@ -105,13 +105,6 @@ def use_cpu_kernel(enabled: bool | str | None = True) -> Iterator[None]:
         _path_override = previous
 
 
-def _eager(fn):
-    """``fn``, run as it is under ``torch.compile`` (a graph break there; 1-2 us per call
-    otherwise): the recurrences' autograd functions, their compiled kernel, its one-time build
-    and path measurement (``lru_cache``) are not for dynamo to trace."""
-    return functools.wraps(fn)(torch.compiler.disable(fn))
-
-
 def cpu_kernel_path() -> str:
     """The path the recurrences take on the CPU now: a kernel variant's name or ``"loop"``
     (:func:`use_cpu_kernel`'s choice inside its block, else :func:`linmem.ops.cpu.cpu_path`'s)."""
@@ -119,7 +112,6 @@ def cpu_kernel_path() -> str:
     return path if path == LOOP or load_cpu_kernel() is not None else LOOP
 
 
-@_eager
 def _kernel_for(x: Tensor):
     """``(module, variant)`` when the compiled kernel runs ``x`` (CPU, float32/float64), else
     ``None`` (the PyTorch loop)."""
@@ -247,7 +239,6 @@ def gpu_paths_taken(clear: bool = False) -> list[str]:
     return taken
 
 
-@_eager
 def measure_gpu_paths(device: torch.device, batch: int, hidden: int, memory: int,
                       steps: int = 64, repeats: int = 5) -> dict:
     """Time the recurrence's forward and backward (float32) through the fused kernels and the
@@ -301,7 +292,6 @@ def _gpu_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonline
                             weight_mm, nonlinearity, grads, grad_m0)
 
 
-@_eager
 def _lmn_fills(x: Tensor, memory: int):
     """``(forward, backward)`` that fill the LMN's states and state gradients for ``x`` here:
     the compiled CPU kernel, the fused GPU kernels, or the PyTorch loops."""
