@@ -17,7 +17,7 @@ from linmem.training.trainer import (
     epoch_plan,
     evaluate,
     load_run_model,
-    train,
+    train_loop,
     training_batch,
 )
 
@@ -33,7 +33,7 @@ def test_replaying_an_epoch_of_updates_gives_the_trainers_first_epoch(tmp_path, 
     config = TrainConfig(data="jsb", model="rnn", hidden=8, batch_size=32, epochs=1,
                          **options)
     run = tmp_path / "run"
-    train(config, run, progress=False, data=jsb)
+    train_loop(config, run, progress=False, data=jsb)
     epoch = json.loads((run / "log.jsonl").read_text().splitlines()[0])
 
     seqs = [s for s in jsb["train"] if len(s) >= 2]
@@ -61,7 +61,7 @@ def test_adams_first_update_moves_every_weight_by_the_learning_rate(tmp_path, js
     config = TrainConfig(data="jsb", model="rnn", hidden=8, batch_size=32, epochs=1,
                          weight_decay=0.0)
     run = tmp_path / "run"
-    train(config, run, progress=False, data=jsb)
+    train_loop(config, run, progress=False, data=jsb)
     lr = 3e-3
     result = first_updates(run, updates=1, lrs=[lr], start="random", data=jsb)
     start = build_run_model(config, [s for s in jsb["train"] if len(s) >= 2])
@@ -130,8 +130,8 @@ def test_first_updates_of_a_pretrained_run_and_the_command(tmp_path, data_dir, j
 
 def test_first_updates_refuses_what_it_cannot_replay(tmp_path, jsb, data_dir):
     run = tmp_path / "run"
-    train(TrainConfig(data="jsb", model="rnn", hidden=4, batch_size=64, epochs=1), run,
-          progress=False, data=jsb)
+    train_loop(TrainConfig(data="jsb", model="rnn", hidden=4, batch_size=64, epochs=1), run,
+               progress=False, data=jsb)
     with pytest.raises(FileNotFoundError, match=r"has no init\.pt: only a pretrained run"):
         first_updates(run, data=jsb)
     with pytest.raises(ValueError, match="start must be one of"):
@@ -158,10 +158,10 @@ def test_replaying_the_epoch_after_the_last_checkpoint_is_the_trainers_next_epoc
     config = TrainConfig(data="jsb", model="lmn-b", hidden=6, memory=6, batch_size=32,
                          epochs=1, protocol="paper", clip=0.01, loss_reduction="mean")
     run, longer = tmp_path / "run", tmp_path / "longer"
-    train(config, run, progress=False, data=jsb)
-    train(config, longer, progress=False, data=jsb)
-    train(TrainConfig(**{**config.__dict__, "epochs": 2}), longer, resume=True, progress=False,
-          data=jsb)
+    train_loop(config, run, progress=False, data=jsb)
+    train_loop(config, longer, progress=False, data=jsb)
+    train_loop(TrainConfig(**{**config.__dict__, "epochs": 2}), longer, resume=True, progress=False,
+               data=jsb)
     second = json.loads((longer / "log.jsonl").read_text().splitlines()[1])
     assert second["epoch"] == 2
 
@@ -196,7 +196,7 @@ def test_replay_epoch_command_and_a_diverging_epoch(tmp_path, jsb, data_dir):
     from linmem.experiments.analyses import epoch_replay, epoch_replay_markdown
 
     run = tmp_path / "run"
-    train(TrainConfig(data="jsb", model="lmn-b", hidden=8, memory=8, batch_size=64, epochs=1,
+    train_loop(TrainConfig(data="jsb", model="lmn-b", hidden=8, memory=8, batch_size=64, epochs=1,
                       clip=None), run, progress=False, data=jsb)
     out = tmp_path / "replay"
     main(["replay-epoch", str(run), "--clip", "none", "--clip", "2", "--data-dir",
@@ -233,7 +233,7 @@ def test_first_updates_say_where_the_validation_overflows(tmp_path, jsb):
     long = {"train": jsb["train"][:24], "valid": [np.concatenate(jsb["valid"][:30])],
             "test": jsb["test"][:2]}  # one validation sequence of 1792 steps
     run = tmp_path / "lmna"
-    train(TrainConfig(protocol="linmem", data="jsb", model="lmn-a", hidden=4, memory=4,
+    train_loop(TrainConfig(protocol="linmem", data="jsb", model="lmn-a", hidden=4, memory=4,
                       batch_size=64, epochs=1), run, progress=False, data=long)  # as that run
     calm, steep = (first_updates(run, updates=1, lrs=[lr], start="random", data=long)
                    for lr in (0.3, 1.0))

@@ -227,7 +227,7 @@ def test_a_model_is_one_registry_entry(tmp_path, jsb, running_mean):
     is a command-line choice, has grid points and a display name in the report."""
     data = {split: seqs[:8] for split, seqs in jsb.items()}
     config = TrainConfig(model="running-mean", hidden=4, epochs=3, batch_size=4)
-    metrics = recipes.run(config, tmp_path / "run", progress=False, data=data)
+    metrics = recipes.train(config, tmp_path / "run", progress=False, data=data)
     assert metrics["model"] == "running-mean" and metrics["epochs"] == 3
     assert metrics["decay"] == 0.75 and metrics["memory"] is None  # its hook; no memory
     assert metrics["n_params"] == 2 * 88 and 0 < metrics["test_acc"] < 100
@@ -258,6 +258,7 @@ def test_the_package_exports_what_its_docstring_promises():
     for name in linmem.__all__:
         assert getattr(linmem, name) is not None, name
     assert linmem.TrainConfig is config_class and linmem.LMN.__module__ == "linmem.nn.lmn"
+    assert linmem.train is recipes.train  # the one training entry: pretraining, then the loop
 
 
 def _loaded_after(code: str, prefixes: tuple[str, ...]) -> list[str]:

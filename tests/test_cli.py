@@ -280,7 +280,7 @@ def test_reseed_runs_every_seed_when_one_diverges(tmp_path, data_dir, capsys, mo
             raise TrainingDiverged("the training loss became NaN or inf in epoch 1")
         return {"valid_acc": 10.0 + config.seed, "test_acc": 20.0, "test_nll": 5.0}
 
-    monkeypatch.setattr(seeds, "run", fake_run)
+    monkeypatch.setattr(seeds, "train", fake_run)
     code, stdout, err = run_cli("reseed", str(run_dir), "--seeds", "1,2,3", "--quiet",
                                 capsys=capsys)
     assert ran == [1, 2, 3] and code == 1
@@ -331,7 +331,7 @@ def test_reseed_stop_by_starts_only_the_seeds_that_fit(tmp_path, data_dir, capsy
         ran.append(config.seed)
         return {"valid_acc": 10.0 + config.seed, "test_acc": 20.0, "test_nll": 5.0}
 
-    monkeypatch.setattr(seeds, "run", fake_run)
+    monkeypatch.setattr(seeds, "train", fake_run)
     code, stdout, err = run_cli("reseed", str(run_dir), "--seeds", "1,2,3,4", "--out", str(out),
                                 "--stop-by", "30m", "--quiet", capsys=capsys)
     assert code == 0 and ran == [1, 2]
@@ -369,7 +369,7 @@ def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkey
         ran.append(config)
         return {"valid_acc": 1.0, "test_acc": 2.0, "test_nll": 3.0}
 
-    monkeypatch.setattr(seeds, "run", fake_run)
+    monkeypatch.setattr(seeds, "train", fake_run)
     code, _, _ = run_cli("reseed", str(run_dir), "--seeds", "1,2", "--set", "nonlinearity=tanh",
                          "--set", "ulm_nonlinearity=selu", "--set", "weight_decay=1e-7",
                          "--set", "chunk=null", "--quiet", capsys=capsys)

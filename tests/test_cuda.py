@@ -131,7 +131,7 @@ def _config(**kw) -> TrainConfig:
 def test_a_training_run_on_cuda_follows_the_cpu_run(tmp_path, small, model):
     """Three epochs in float32: the CUDA run's validation and test NLL follow the CPU run's
     (the devices round differently: 1e-3 relative), and the run records the GPU."""
-    runs = {device: recipes.run(_config(model=model, device=device), tmp_path / device,
+    runs = {device: recipes.train(_config(model=model, device=device), tmp_path / device,
                                 progress=False, data=small)
             for device in ("cpu", "cuda")}
     cpu, gpu = runs["cpu"], runs["cuda"]
@@ -157,7 +157,7 @@ def test_recipes_and_sampled_models_train_on_cuda(tmp_path, small, model):
              "rnn-rbm": dict(rbm_hidden=16, cd_k=2, ais_chains=8, ais_betas=50, ais_frames=40),
              "lmn-b-nade": dict(nade_hidden=9, nade_samples=10)}[model]
     cfg = dict(model=model, epochs=2, **extra)
-    gpu = recipes.run(_config(device="cuda", **cfg), tmp_path / "cuda", progress=False,
+    gpu = recipes.train(_config(device="cuda", **cfg), tmp_path / "cuda", progress=False,
                       data=small)
     assert gpu["device"] == "cuda"
     for key in ("valid_acc", "test_acc", "test_nll"):
@@ -165,7 +165,7 @@ def test_recipes_and_sampled_models_train_on_cuda(tmp_path, small, model):
     # below the trivial code length: every key at probability 1/2 costs 88 ln 2 nats a frame
     assert 0 < gpu["test_nll"] < 88 * math.log(2)
     if model in ("pret-lmn-b", "pret-rnn"):
-        cpu = recipes.run(_config(**cfg), tmp_path / "cpu", progress=False, data=small)
+        cpu = recipes.train(_config(**cfg), tmp_path / "cpu", progress=False, data=small)
         assert gpu["valid_nll"] == pytest.approx(cpu["valid_nll"], rel=1e-3)
         assert gpu["test_nll"] == pytest.approx(cpu["test_nll"], rel=1e-3)
 
@@ -173,16 +173,16 @@ def test_recipes_and_sampled_models_train_on_cuda(tmp_path, small, model):
 def test_a_cpu_run_resumes_on_cuda(tmp_path, small):
     """The device is a place, not part of a run's identity: a run interrupted on the CPU
     continues on CUDA from its checkpoint and ends where the uninterrupted CPU run ends."""
-    straight = recipes.run(_config(epochs=5), tmp_path / "straight", progress=False, data=small)
+    straight = recipes.train(_config(epochs=5), tmp_path / "straight", progress=False, data=small)
 
     def interrupt(epoch, row):
         if epoch == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        recipes.run(_config(epochs=5), tmp_path / "moved", progress=False, data=small,
+        recipes.train(_config(epochs=5), tmp_path / "moved", progress=False, data=small,
                     on_epoch_end=interrupt)
-    moved = recipes.run(_config(epochs=5, device="cuda"), tmp_path / "moved", resume=True,
+    moved = recipes.train(_config(epochs=5, device="cuda"), tmp_path / "moved", resume=True,
                         progress=False, data=small)
     assert moved["epochs"] == 5 and moved["device"] == "cuda"
     assert moved["valid_nll"] == pytest.approx(straight["valid_nll"], rel=1e-3)
@@ -196,16 +196,16 @@ def test_a_cuda_run_resumes_on_cuda_as_if_uninterrupted(tmp_path, small, model):
     extra = (dict(dropout=0.3) if model == "lmn-b" else
              dict(rbm_hidden=16, cd_k=2, ais_chains=8, ais_betas=50, ais_frames=40))
     cfg = _config(model=model, epochs=4, device="cuda", **extra)
-    straight = recipes.run(cfg, tmp_path / "straight", progress=False, data=small)
+    straight = recipes.train(cfg, tmp_path / "straight", progress=False, data=small)
 
     def interrupt(epoch, row):
         if epoch == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        recipes.run(cfg, tmp_path / "resumed", progress=False, data=small,
+        recipes.train(cfg, tmp_path / "resumed", progress=False, data=small,
                     on_epoch_end=interrupt)
-    resumed = recipes.run(cfg, tmp_path / "resumed", resume=True, progress=False, data=small)
+    resumed = recipes.train(cfg, tmp_path / "resumed", resume=True, progress=False, data=small)
     for key in ("valid_acc", "test_acc", "test_nll", "best_epoch"):
         assert resumed[key] == pytest.approx(straight[key], rel=1e-5), key
     a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)

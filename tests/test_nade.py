@@ -14,7 +14,7 @@ from linmem.data import iterate_batches
 from linmem.metrics import FrameScores, expected_frame_accuracy, masked_nll
 from linmem.models import build_model
 from linmem.nn.nade import NADE
-from linmem.training.trainer import TrainConfig, evaluate, load_run_model, train
+from linmem.training.trainer import TrainConfig, evaluate, load_run_model, train_loop
 
 
 def small_nade(d=5, h=4, s=3, seed=0, dtype=torch.float64):
@@ -217,7 +217,7 @@ def small(jsb):
 def test_training_a_nade_model_scores_its_exact_likelihood(tmp_path, small):
     cfg = TrainConfig(model="lmn-b-nade", hidden=10, memory=8, nade_hidden=6, nade_samples=8,
                       batch_size=4, epochs=2, seed=1)
-    metrics = train(cfg, tmp_path / "run", progress=False, data=small, command="test")
+    metrics = train_loop(cfg, tmp_path / "run", progress=False, data=small, command="test")
     model, _ = load_run_model(tmp_path / "run")
     model.eval()
     # an independent figure: log P of every test frame by the per-key loop, summed
@@ -239,8 +239,8 @@ def test_training_a_nade_model_scores_its_exact_likelihood(tmp_path, small):
     log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert "valid_nll" in log[0] and "train_nll" in log[0]
     # truncated BPTT trains it too
-    train(TrainConfig(**{**cfg.__dict__, "chunk": 5, "epochs": 1}), tmp_path / "chunked",
-          progress=False, data=small)
+    train_loop(TrainConfig(**{**cfg.__dict__, "chunk": 5, "epochs": 1}), tmp_path / "chunked",
+               progress=False, data=small)
 
 
 def test_generation_draws_frames_from_the_nade():

@@ -220,7 +220,7 @@ def test_a_training_run_on_the_fused_path_follows_the_loops(tmp_path, small, mod
         config = TrainConfig(model=model, hidden=24, memory=20, batch_size=6, epochs=3,
                              patience=10, seed=3, device="cuda")
         with ops.use_gpu_kernel(fused):
-            runs[fused] = recipes.run(config, tmp_path / str(fused), progress=False, data=small)
+            runs[fused] = recipes.train(config, tmp_path / str(fused), progress=False, data=small)
     for key in ("valid_nll", "test_nll"):
         assert runs[True][key] == pytest.approx(runs[False][key], rel=1e-4), key
     for key in ("valid_acc", "test_acc"):

@@ -16,7 +16,7 @@ from linmem.training.trainer import (
     TrainConfig,
     build_run_model,
     make_optimizer,
-    train,
+    train_loop,
     train_step,
 )
 
@@ -98,7 +98,7 @@ def test_the_paper_protocol_keeps_the_default_readout_and_selects_per_frame(tmp_
     torch.testing.assert_close(ours.readout.bias,
                                torch.tensor(np.log(rate / (1 - rate)), dtype=torch.float32))
 
-    metrics = train(paper, tmp_path / "run", progress=False, data=small)
+    metrics = train_loop(paper, tmp_path / "run", progress=False, data=small)
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert len(log) == 6 and all(r["valid_acc_frame"] is not None for r in log)
     best = max(log, key=lambda r: (r["valid_acc_frame"], -r["epoch"]))

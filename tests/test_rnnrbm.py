@@ -243,15 +243,15 @@ def test_trainer_runs_rnn_rbm_and_resumes_exactly(tmp_path, jsb):
     a run resumed after epoch 1 ends like an uninterrupted one (the Gibbs RNG is restored)."""
     import json
 
-    from linmem.training.trainer import TrainConfig, train
+    from linmem.training.trainer import TrainConfig, train_loop
 
     data = {split: seqs[:6] for split, seqs in jsb.items()}
     config = TrainConfig(model="rnn-rbm", hidden=8, rbm_hidden=10, cd_k=2, epochs=2,
                          ais_chains=20, ais_betas=30, ais_frames=40, eval_batch_size=8)
-    full = train(config, tmp_path / "full", progress=False, data=data)
+    full = train_loop(config, tmp_path / "full", progress=False, data=data)
     first = TrainConfig(**{**config.__dict__, "epochs": 1})
-    train(first, tmp_path / "part", progress=False, data=data)
-    resumed = train(config, tmp_path / "part", resume=True, progress=False, data=data)
+    train_loop(first, tmp_path / "part", progress=False, data=data)
+    resumed = train_loop(config, tmp_path / "part", resume=True, progress=False, data=data)
     assert json.loads((tmp_path / "part" / "config.json").read_text())["epochs"] == 2
     for key in ("valid_acc", "test_acc", "test_nll", "test_nll_marginals"):
         assert resumed[key] == full[key], key
@@ -320,14 +320,14 @@ def test_rbm_pretraining_learns_the_frame_distribution():
 def test_trainer_pretrains_rnn_rbm_resumably(tmp_path, jsb):
     import json
 
-    from linmem.training.recipes import run
+    from linmem.training.recipes import train
     from linmem.training.trainer import TrainConfig
 
     data = {split: seqs[:5] for split, seqs in jsb.items()}
     config = TrainConfig(model="rnn-rbm", hidden=6, rbm_hidden=8, cd_k=2, epochs=1,
                          rbm_pretrain_epochs=2, rnn_pretrain_epochs=2, ais_chains=10,
                          ais_betas=10, ais_frames=20)
-    metrics = run(config, tmp_path / "run", progress=False, data=data)
+    metrics = train(config, tmp_path / "run", progress=False, data=data)
     info = metrics["pretraining"]
     assert info["rbm"]["epochs"] == 2 and len(info["rbm"]["cd_cost"]) == 2
     assert info["rnn"]["epochs"] == 2 and (tmp_path / "run" / "rnn" / "metrics.json").is_file()

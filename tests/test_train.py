@@ -10,7 +10,13 @@ import torch
 import linmem.training.trainer
 from linmem.metrics import frame_accuracy, frame_nll
 from linmem.models import build_model
-from linmem.training.trainer import TrainConfig, TrainingDiverged, evaluate, load_run_model, train
+from linmem.training.trainer import (
+    TrainConfig,
+    TrainingDiverged,
+    evaluate,
+    load_run_model,
+    train_loop,
+)
 
 
 def config(**kw):
@@ -22,7 +28,7 @@ def config(**kw):
 
 
 def test_metrics_file_and_scores(tmp_path, small):
-    metrics = train(config(), tmp_path / "run", progress=False, data=small, command="test")
+    metrics = train_loop(config(), tmp_path / "run", progress=False, data=small, command="test")
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert saved == metrics
     for key in ("valid_acc", "test_acc", "test_nll", "valid_nll", "n_params", "epochs",
@@ -75,29 +81,29 @@ def test_metrics_file_and_scores(tmp_path, small):
 
 
 def test_early_stopping_and_existing_run(tmp_path, small):
-    metrics = train(config(epochs=50, patience=2, lr=0.05), tmp_path / "run", progress=False,
-                    data=small)
+    metrics = train_loop(config(epochs=50, patience=2, lr=0.05), tmp_path / "run", progress=False,
+                         data=small)
     assert metrics["epochs"] == metrics["best_epoch"] + 2
     assert "early stopping" in metrics["stop_reason"]
     with pytest.raises(FileExistsError, match="--resume"):
-        train(config(), tmp_path / "run", progress=False, data=small)
+        train_loop(config(), tmp_path / "run", progress=False, data=small)
     with pytest.raises(ValueError, match="different config"):
-        train(config(hidden=13), tmp_path / "run", resume=True, progress=False, data=small)
+        train_loop(config(hidden=13), tmp_path / "run", resume=True, progress=False, data=small)
 
 
 @pytest.mark.parametrize("model", ["lmn-b", "lstm"])
 def test_resume_after_interruption_gives_the_same_result(tmp_path, small, model):
     cfg = config(model=model, epochs=5, transpose=2)
-    straight = train(cfg, tmp_path / "straight", progress=False, data=small)
+    straight = train_loop(cfg, tmp_path / "straight", progress=False, data=small)
 
     def interrupt(epoch, row):
         if epoch == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, tmp_path / "resumed", progress=False, data=small, on_epoch_end=interrupt)
+        train_loop(cfg, tmp_path / "resumed", progress=False, data=small, on_epoch_end=interrupt)
     assert not (tmp_path / "resumed" / "metrics.json").exists()
-    resumed = train(cfg, tmp_path / "resumed", resume=True, progress=False, data=small)
+    resumed = train_loop(cfg, tmp_path / "resumed", resume=True, progress=False, data=small)
     for key in ("valid_acc", "test_acc", "test_nll", "best_epoch", "epochs"):
         assert resumed[key] == straight[key], key
     log = (tmp_path / "resumed" / "log.jsonl").read_text().splitlines()
@@ -114,12 +120,12 @@ def test_resume_of_a_checkpoint_without_cpu_time_counts_its_wall_time(tmp_path, 
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(config(), tmp_path / "run", progress=False, data=small, on_epoch_end=interrupt)
+        train_loop(config(), tmp_path / "run", progress=False, data=small, on_epoch_end=interrupt)
     ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=False)
     del ckpt["state"]["cpu_elapsed"]
     ckpt["state"]["elapsed"] = 1000.0
     torch.save(ckpt, tmp_path / "run" / "last.pt")
-    metrics = train(config(), tmp_path / "run", resume=True, progress=False, data=small)
+    metrics = train_loop(config(), tmp_path / "run", resume=True, progress=False, data=small)
     this_session = metrics["cpu_time_s"] - 1000.0  # on top of the earlier session's 1000 s
     assert 0 < this_session <= (metrics["wall_time_s"] - 1000.0) * torch.get_num_threads() + 1
 
@@ -128,23 +134,23 @@ def test_resume_with_a_larger_budget_continues_the_run(tmp_path, small):
     """A finished run resumed with more epochs (or patience) goes on, and ends with the numbers
     of a run given that budget from the start; the model or data may not change; a finished run
     that the budget does not extend is not rewritten."""
-    straight = train(config(epochs=6), tmp_path / "straight", progress=False, data=small)
-    short = train(config(epochs=3), tmp_path / "run", progress=False, data=small,
-                  command="first")
+    straight = train_loop(config(epochs=6), tmp_path / "straight", progress=False, data=small)
+    short = train_loop(config(epochs=3), tmp_path / "run", progress=False, data=small,
+                       command="first")
     assert short["epochs"] == 3 and "epoch limit (3)" in short["stop_reason"]
     metrics_file = tmp_path / "run" / "metrics.json"
     before = metrics_file.read_bytes()
-    again = train(config(epochs=3), tmp_path / "run", resume=True, progress=False, data=small)
+    again = train_loop(config(epochs=3), tmp_path / "run", resume=True, progress=False, data=small)
     assert again == short and metrics_file.read_bytes() == before  # finished: left alone
     with pytest.raises(ValueError, match=r"different config.*hidden"):
-        train(config(epochs=6, hidden=13), tmp_path / "run", resume=True, progress=False,
-              data=small)
+        train_loop(config(epochs=6, hidden=13), tmp_path / "run", resume=True, progress=False,
+                   data=small)
     # the activation spelt out is the default it was run with (the ULM cache's entries are
     # resumed so by a pret-LMN with --ulm-nonlinearity selu): the same run, not a change
     assert config(nonlinearity="tanh").identity() == config().identity() != config(
         nonlinearity="relu").identity()
-    longer = train(config(epochs=6, nonlinearity="tanh"), tmp_path / "run", resume=True,
-                   progress=False, data=small, command="second")
+    longer = train_loop(config(epochs=6, nonlinearity="tanh"), tmp_path / "run", resume=True,
+                        progress=False, data=small, command="second")
     for key in ("valid_acc", "test_acc", "test_nll", "best_epoch", "epochs", "stop_reason"):
         assert longer[key] == straight[key], key
     assert longer["command"] == "first" and longer["resumed_with"] == ["second"]
@@ -159,11 +165,11 @@ def test_resume_with_a_larger_budget_continues_the_run(tmp_path, small):
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["epochs"] == 6
     # early stopping is a budget too: more patience lets a stopped run go on
-    stopped = train(config(epochs=40, patience=1, lr=0.05), tmp_path / "p", progress=False,
-                    data=small)
+    stopped = train_loop(config(epochs=40, patience=1, lr=0.05), tmp_path / "p", progress=False,
+                         data=small)
     assert "early stopping" in stopped["stop_reason"]
-    more = train(config(epochs=40, patience=3, lr=0.05), tmp_path / "p", resume=True,
-                 progress=False, data=small)
+    more = train_loop(config(epochs=40, patience=3, lr=0.05), tmp_path / "p", resume=True,
+                      progress=False, data=small)
     assert more["epochs"] > stopped["epochs"]
     assert more["epochs"] == more["best_epoch"] + 3 or more["epochs"] == 40
 
@@ -182,8 +188,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, small, monk
 
     monkeypatch.setattr(linmem.training.trainer, "build_model", capture)
     with pytest.raises(TrainingDiverged, match="keeps epoch 2"):
-        train(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
-              data=small, on_epoch_end=poison)
+        train_loop(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
+                   data=small, on_epoch_end=poison)
     ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert ckpt["state"]["epoch"] == 2
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
@@ -205,8 +211,8 @@ def test_non_finite_validation_outputs_are_a_divergence(tmp_path, small, monkeyp
 
     monkeypatch.setattr(linmem.training.trainer, "_update", poisoned_update)
     with pytest.raises(TrainingDiverged, match=r"NaN or inf .* after epoch 2; .* keeps epoch 1"):
-        train(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
-              data=small)
+        train_loop(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
+                   data=small)
     assert all(loss is not None for loss in calls)  # every training loss was finite
     ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert ckpt["state"]["epoch"] == 1
@@ -228,7 +234,7 @@ def test_divergence_stops_the_run_with_its_best_checkpoint(tmp_path, small, monk
 
     monkeypatch.setattr(linmem.training.trainer, "build_model", capture)
     run = tmp_path / "run"
-    metrics = train(config(epochs=6), run, progress=False, data=small, on_epoch_end=poison)
+    metrics = train_loop(config(epochs=6), run, progress=False, data=small, on_epoch_end=poison)
     assert metrics["stop_reason"].startswith("diverged: the training loss became NaN or inf "
                                              "in epoch 4")
     assert metrics["epochs"] == 3 and metrics["best_epoch"] <= 3
@@ -241,7 +247,7 @@ def test_divergence_stops_the_run_with_its_best_checkpoint(tmp_path, small, monk
     assert ckpt["state"]["epoch"] == 3 and ckpt["state"]["stop_reason"].startswith("diverged")
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     (run / "metrics.json").unlink()  # resumed with budget left: stays stopped, scores again
-    again = train(config(epochs=6), run, resume=True, progress=False, data=small)
+    again = train_loop(config(epochs=6), run, resume=True, progress=False, data=small)
     assert again["epochs"] == 3 and again["test_acc"] == pytest.approx(metrics["test_acc"])
 
 
@@ -249,15 +255,15 @@ def test_divergence_in_the_first_epoch_fails_the_run(tmp_path, small, monkeypatc
     monkeypatch.setattr(linmem.training.trainer, "_update", lambda *args: None)  # every loss NaN
     with pytest.raises(TrainingDiverged, match=r"in epoch 1; no epoch had finished: nothing "
                                                r"is kept .*\. Lower --lr\.$"):
-        train(config(), tmp_path / "run", progress=False, data=small)
+        train_loop(config(), tmp_path / "run", progress=False, data=small)
     with pytest.raises(TrainingDiverged, match=r"Lower --lr or set --clip\.$"):
-        train(config(clip=None), tmp_path / "run2", progress=False, data=small)
+        train_loop(config(clip=None), tmp_path / "run2", progress=False, data=small)
     # one sequence per update (the paper protocol's): Adam's steps on one gradient are what
     # made LMNs diverge on the long sets (results/paper-protocol)
     with pytest.raises(TrainingDiverged, match=r"Lower --lr, or average more sequences per "
                                                r"update \(--batch-size 4, as --protocol "
                                                r"linmem\)\.$"):
-        train(config(batch_size=1), tmp_path / "run3", progress=False, data=small)
+        train_loop(config(batch_size=1), tmp_path / "run3", progress=False, data=small)
     assert not (tmp_path / "run" / "last.pt").exists()
     # the failure is recorded where the scores would be: why, with the run's provenance
     record = json.loads((tmp_path / "run" / "diverged.json").read_text())
@@ -266,7 +272,7 @@ def test_divergence_in_the_first_epoch_fails_the_run(tmp_path, small, monkeypatc
     assert record["model"] == config().model and record["commit"] and record["cpu_time_s"] > 0
     assert not (tmp_path / "run" / "metrics.json").exists()
     monkeypatch.undo()  # trained again, it finishes: the earlier failure's record goes
-    train(config(), tmp_path / "run", resume=True, progress=False, data=small)
+    train_loop(config(), tmp_path / "run", resume=True, progress=False, data=small)
     assert (tmp_path / "run" / "metrics.json").is_file()
     assert not (tmp_path / "run" / "diverged.json").exists()
 
@@ -280,7 +286,7 @@ def test_a_pretraining_that_diverged_is_the_runs_result(tmp_path, small):
                                "test")
 
     with pytest.raises(TrainingDiverged, match=r"^its pretraining: the checkpoint chosen"):
-        train(config(), tmp_path / "run", progress=False, data=small, initialize=diverging)
+        train_loop(config(), tmp_path / "run", progress=False, data=small, initialize=diverging)
     record = json.loads((tmp_path / "run" / "diverged.json").read_text())
     assert record["diverged"] == ("its pretraining: the checkpoint chosen on validation "
                                   "(epoch 8): outputs NaN")
@@ -369,7 +375,7 @@ def test_sgd_option_takes_plain_sgd_steps(tmp_path, small):
     loss = masked_nll(model(batch.inputs), batch.targets, batch.mask)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     expected = [p - 1e-3 * (g + 1e-3 * p) for p, g in zip(model.parameters(), grads, strict=True)]
-    train(cfg, tmp_path / "run", progress=False, data=one)
+    train_loop(cfg, tmp_path / "run", progress=False, data=one)
     state = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     after = list(state["model"].values())
     assert all(torch.allclose(a, e, atol=1e-6) for a, e in zip(after, expected, strict=True))
@@ -406,14 +412,14 @@ def test_chunked_training_is_truncated_bptt(tmp_path, small, model):
         state = tuple(s.detach() for s in new_state)
         windows += 1
     assert windows == -(-steps // 7) > 2
-    train(cfg, tmp_path / "run", progress=False, data=one)
+    train_loop(cfg, tmp_path / "run", progress=False, data=one)
     after = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["model"]
     for name, p in ref.named_parameters():
         assert torch.allclose(after[name], p, atol=1e-5), name
     # a window as long as the batch is one update on the whole batch, as without --chunk
-    whole = train(config(model=model, chunk=10_000, epochs=2), tmp_path / "w", progress=False,
-                  data=small)
-    plain = train(config(model=model, epochs=2), tmp_path / "p", progress=False, data=small)
+    whole = train_loop(config(model=model, chunk=10_000, epochs=2), tmp_path / "w", progress=False,
+                       data=small)
+    plain = train_loop(config(model=model, epochs=2), tmp_path / "p", progress=False, data=small)
     assert whole["valid_acc"] == pytest.approx(plain["valid_acc"], abs=1e-9)
     assert whole["test_nll"] == pytest.approx(plain["test_nll"], rel=1e-6)
 
@@ -450,16 +456,16 @@ def test_chunk_needs_a_model_that_can_train_on_windows(tmp_path, small):
                                                              options.hidden)))
     try:
         with pytest.raises(ValueError, match="cannot train on windows"):
-            train(config(model="whole-only", hidden=8, chunk=5, epochs=1), tmp_path / "r",
-                  progress=False, data=small)
+            train_loop(config(model="whole-only", hidden=8, chunk=5, epochs=1), tmp_path / "r",
+                       progress=False, data=small)
         assert not (tmp_path / "r").exists()
     finally:
         unregister("whole-only")
 
 
 def test_select_on_nll_keeps_the_epoch_of_the_lowest_validation_nll(tmp_path, small):
-    metrics = train(config(select="nll", epochs=6, lr=0.03), tmp_path / "run", progress=False,
-                    data=small)
+    metrics = train_loop(config(select="nll", epochs=6, lr=0.03), tmp_path / "run", progress=False,
+                         data=small)
     log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     best = min(log, key=lambda r: r["valid_nll"])
     assert metrics["best_epoch"] == best["epoch"] and metrics["selected_on"] == "valid nll"
@@ -485,7 +491,7 @@ def test_a_chosen_checkpoint_that_diverges_on_test_fails_the_run(tmp_path, small
 
     monkeypatch.setattr(linmem.training.trainer, "evaluate", evaluate)
     with pytest.raises(TrainingDiverged, match=r"chosen on validation \(epoch \d\).*(test)"):
-        train(config(epochs=2), tmp_path / "run", progress=False, data=small)
+        train_loop(config(epochs=2), tmp_path / "run", progress=False, data=small)
     record = json.loads((tmp_path / "run" / "diverged.json").read_text())
     assert "chosen on validation" in record["diverged"] and record["epochs"] == 2
     assert "on the test split" in record["diverged"] and record["failed_on"] == "test"

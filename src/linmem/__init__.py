@@ -4,7 +4,7 @@ Public API: :class:`LMN` and :class:`LMNCell` (``torch.nn.RNN``-style layers),
 :class:`LinearAutoencoder` (the linear autoencoder for sequences), the polyphonic music data sets
 (:func:`load_polyphonic`; :class:`PolyphonicMusic` for a ``DataLoader``), the frame-level
 metrics, the next-step models and what defines a training run (:class:`TrainConfig`;
-:func:`linmem.training.recipes.run` trains one).
+:func:`train` trains one, pretraining first where the model asks for it).
 
 The names are imported on first use (PEP 562), so that ``import linmem`` and ``linmem --help``
 do not load torch.
@@ -26,7 +26,7 @@ _EXPORTS = {
     "LinearAutoencoder": "la",
     "frame_accuracy": "metrics", "frame_nll": "metrics",
     "MODELS": "models", "build_model": "models",
-    "TrainConfig": "training.config",
+    "TrainConfig": "training.config", "train": "training.recipes",
     "LMN": "nn.lmn", "LMNCell": "nn.lmn", "UnrolledNet": "nn.lmn",
 }
 

@@ -36,8 +36,9 @@ def generate(model: torch.nn.Module, prime: np.ndarray | torch.Tensor, n_steps: 
 
     Args:
         model: a trained next-step model of the registry
-        (:func:`linmem.training.trainer.load_run_model`). prime: ``(T0, K)`` piano roll, ``T0 >=
-        1``, the music to continue. n_steps: frames to generate.
+            (:func:`linmem.training.trainer.load_run_model`).
+        prime: ``(T0, K)`` piano roll, ``T0 >= 1``, the music to continue.
+        n_steps: frames to generate.
         temperature: divides the logits (Bernoulli readouts) or the energies (RNN-RBM); below
             1 the samples are more conservative, above 1 more adventurous. Default: 1.
         generator: the random generator of the samples; the same seed gives the same music.

@@ -47,7 +47,7 @@ from linmem.midi import DEFAULT_STEP_SECONDS, import_midi_folder
 from linmem.models import get_spec
 from linmem.training.config import TrainConfig
 from linmem.training.recipes import pretrained_models
-from linmem.training.recipes import run as run_training
+from linmem.training.recipes import train as run_training
 from linmem.training.runs import CONFIG, METRICS, RunDirBusy
 from linmem.training.trainer import TrainingDiverged
 

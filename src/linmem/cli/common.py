@@ -71,8 +71,8 @@ class UsageFailure(click.ClickException):
 def _opened_storage(storage: str) -> str:
     """``storage`` opened once (:func:`linmem.experiments.search.check_storage`), in the form to
     use: a URL no database answers to is a usage error (exit 2); one that cannot be opened (a
-    damaged
-    file, a server out of reach, no driver) a fault of the machine (exit 1). One line each."""
+    damaged file, a server out of reach, no driver) a fault of the machine (exit 1). One line
+    each."""
     from linmem.experiments.grids import StorageError, check_storage  # optuna: slow to import
 
     try:

@@ -407,8 +407,8 @@ def first_updates_markdown(results: Sequence[dict], command: str | None = None) 
 def stop_early(history: Sequence[dict], patience: int) -> tuple[int | None, int]:
     """Where a run would have ended had it stopped after ``patience`` epochs without a better
     validation score: ``(index of its selected epoch, epochs run)``, from its ``log.jsonl`` rows
-    (their ``best`` flags: the run's own criterion, as :func:`linmem.training.trainer.train` sets
-    them)."""
+    (their ``best`` flags: the run's own criterion, as
+    :func:`linmem.training.trainer.train_loop` sets them)."""
     best, bad = None, 0
     for i, row in enumerate(history):
         if row.get("best"):

@@ -22,7 +22,7 @@ from linmem.la import LinearAutoencoder
 from linmem.models import build_model
 from linmem.pretrain import fit_memory, hidden_states, transfer
 from linmem.training.config import LEGACY_PROTOCOL, TrainConfig
-from linmem.training.trainer import evaluate, load_run_model, train
+from linmem.training.trainer import evaluate, load_run_model, train_loop
 
 __all__ = ["analyze", "analyze_pretraining"]
 
@@ -90,7 +90,7 @@ def analyze_pretraining(data: str = "jsb", hidden: int = 50, k: int = 10,
     dataset = load_polyphonic(config.data, root=data_dir, progress=progress)
     if ulm_run is None:
         ulm_run = f"runs/{config.data}-ulm-h{hidden}-k{k}-s{seed}"
-        train(config, ulm_run, resume=True, progress=progress, data=dataset)
+        train_loop(config, ulm_run, resume=True, progress=progress, data=dataset)
     ulm, trained = load_run_model(ulm_run)
     if trained.model != "ulm":
         raise ValueError(f"{ulm_run} is a {trained.model} run, not a ulm run")

@@ -1,9 +1,9 @@
 """The paper's tables from run directories and search records (``linmem report``,
 :func:`build_report`): Table 2 (both accuracies, the NLL, the seeds' spread, the claims), the
-seeds' table, both protocols side by side, the ablation's tables (:mod:`linmem.experiments.ablation`
-computes them), Figure 4's data and the summary files. Every number of
-a run comes from its ``metrics.json`` (:mod:`linmem.training.runs`); the previous-frame baseline
-that the table quotes is computed from the data
+seeds' table, both protocols side by side, the ablation's tables
+(:mod:`linmem.experiments.ablation` computes them), Figure 4's data and the summary files. Every
+number of a run comes from its ``metrics.json`` (:mod:`linmem.training.runs`); the previous-frame
+baseline that the table quotes is computed from the data
 (:func:`linmem.experiments.analyses.previous_frame_report`)."""
 
 from __future__ import annotations
@@ -172,9 +172,8 @@ def run_records(runs: Sequence[dict]) -> list[dict]:
     """Records like :func:`linmem.experiments.studies.search_records`'s from single runs
     (``metrics.json`` records of :func:`collect_metrics`) of models that had no grid search: per
     (data set, model) the run with the best validation score, ``grid`` ``"runs"``, ``trials`` the
-    runs given. The
-    score is the one the runs were selected on (``--select``): the accuracy, or the lowest NLL;
-    runs of one model selected on different scores are refused."""
+    runs given. The score is the one the runs were selected on (``--select``): the accuracy, or
+    the lowest NLL; runs of one model selected on different scores are refused."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in runs:
         groups.setdefault((r["dataset"], r["model"]), []).append(r)

@@ -4,7 +4,7 @@ One study per (data set, model, grid), named ``DATA-MODEL-GRID``, in any storage
 ``RDBStorage`` takes: a SQLite file by default (nothing to install), or a PostgreSQL URL that any
 number of workers on any number of machines share. A grid point is one trial whose parameters are
 fixed when it is enqueued (``hidden``, ``memory`` for LMNs, ``weight_decay``); its run directory
-``OUT/STUDY/POINT`` holds an ordinary training run (:func:`linmem.training.trainer.train`).
+``OUT/STUDY/POINT`` holds an ordinary training run (:func:`linmem.train`).
 
 How workers share a study without losing or repeating work:
 
@@ -88,7 +88,7 @@ from linmem.experiments.grids import (
 from linmem.experiments.studies import trial_seconds
 from linmem.models import get_spec, option_names
 from linmem.training.config import LEGACY_PROTOCOL, PLACE_FIELDS, PROTOCOLS, TrainConfig
-from linmem.training.recipes import run as run_training
+from linmem.training.recipes import train as run_training
 from linmem.training.runs import (
     epochs_due_cpu_seconds,
     mean_epoch_cpu_seconds,

@@ -15,7 +15,7 @@ from typing import Any
 from linmem._io import read_json
 from linmem.data import load_polyphonic
 from linmem.training.config import TrainConfig
-from linmem.training.recipes import run
+from linmem.training.recipes import train
 from linmem.training.runs import CONFIG, DIVERGED, METRICS, rerun_cpu_seconds, training_cpu_seconds
 from linmem.training.trainer import TrainingDiverged, with_data_dir
 
@@ -79,7 +79,7 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
                         f"({left / 3600:.2f} CPU h left), after the deadline {by}")
                 continue
         try:
-            finished[seed] = run(seed_config, seed_dir, resume=True, progress=progress,
+            finished[seed] = train(seed_config, seed_dir, resume=True, progress=progress,
                                  data=data, command=command)
         except TrainingDiverged as err:
             diverged[seed] = str(err)

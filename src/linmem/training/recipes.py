@@ -1,8 +1,9 @@
-"""Multi-step recipes above the trainer: pretraining, then training, and the pretraining analysis.
+"""Multi-step recipes above the training loop: pretraining, then training.
 
-:func:`run` is the public training entry point (``linmem train``, the search): it trains a
-model of the registry (:mod:`linmem.models`) with :func:`linmem.training.trainer.train`, after
-initialising it by the model's recipe (:attr:`~linmem.models.ModelSpec.recipe`) when it has one:
+:func:`train` (:func:`linmem.train`) is the one training entry point (``linmem train``, the
+search): it trains a model of the registry (:mod:`linmem.models`) with
+:func:`linmem.training.trainer.train_loop`, after initialising it by the model's recipe
+(:attr:`~linmem.models.ModelSpec.recipe`) when it has one:
 
 - ``ulm-transfer`` (pret-LMN-A/B, paper section "Training and pretraining algorithm"): train the
   unrolled network (``RUN_DIR/ulm``, or an entry of ``ulm_cache`` shared by the runs whose
@@ -51,7 +52,7 @@ from linmem.training.runs import (
 )
 from linmem.training.trainer import (
     load_run_model,
-    train,
+    train_loop,
     with_data_dir,
 )
 
@@ -66,7 +67,7 @@ __all__ = [
     "lmn_window",
     "pretrain",
     "pretrained_models",
-    "run",
+    "train",
     "ulm_config",
     "ulm_key",
 ]
@@ -157,7 +158,7 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
     def finished(folder: Path) -> Path:
         nonlocal trained
         if not (folder / METRICS).is_file():
-            train(ulm_config(config), folder, resume=True, progress=progress, data=data)
+            train_loop(ulm_config(config), folder, resume=True, progress=progress, data=data)
             trained = True
         return folder
 
@@ -251,7 +252,7 @@ def _rnn_rbm(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: P
     if config.rnn_pretrain_epochs:
         rnn_config = replace(config, model="rnn", epochs=config.rnn_pretrain_epochs,
                              rbm_pretrain_epochs=0, rnn_pretrain_epochs=0)
-        metrics = train(rnn_config, run_dir / "rnn", resume=True, progress=progress, data=data)
+        metrics = train_loop(rnn_config, run_dir / "rnn", resume=True, progress=progress, data=data)
         rnn, _ = load_run_model(run_dir / "rnn", "best")
         init_from_rnn(model, rnn, set_visible_bias=not config.rbm_pretrain_epochs)
         info["rnn"] = {"run": str(run_dir / "rnn"), "epochs": metrics["epochs"],
@@ -294,16 +295,16 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
     return info
 
 
-def run(config: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
-        data: Data | None = None, on_epoch_end: Callable[[int, dict], None] | None = None,
-        command: str | None = None) -> dict[str, Any]:
+def train(config: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
+          data: Data | None = None, on_epoch_end: Callable[[int, dict], None] | None = None,
+          command: str | None = None) -> dict[str, Any]:
     """Train ``config`` in ``run_dir``, pretraining first when the model's recipe asks for it:
-    the public training entry point (``linmem train``, ``linmem search``).
+    the one training entry point (:func:`linmem.train`; ``linmem train``, ``linmem search``).
 
     Args:
         config: the run's settings; ``config.model`` names a registered model.
         run_dir: the run's directory (pretraining steps are kept in it too).
-        resume: continue the run in ``run_dir`` (see :func:`linmem.training.trainer.train`).
+        resume: continue the run in ``run_dir`` (see :func:`linmem.training.trainer.train_loop`).
         Default:
             ``False``.
         progress: progress bars and per-epoch lines on stderr. Default: ``True``.
@@ -317,12 +318,12 @@ def run(config: TrainConfig, run_dir: str | Path, resume: bool = False, progress
     """
     recipe = get_spec(config.model).recipe
     if recipe is None or not RECIPES[recipe].needed(config):
-        return train(config, run_dir, resume=resume, progress=progress, data=data,
-                     on_epoch_end=on_epoch_end, command=command)
+        return train_loop(config, run_dir, resume=resume, progress=progress, data=data,
+                          on_epoch_end=on_epoch_end, command=command)
     if data is None:
         data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
         config = with_data_dir(config)
     loaded = data
-    return train(config, run_dir, resume=resume, progress=progress, data=loaded,
-                 on_epoch_end=on_epoch_end, command=command,
-                 initialize=lambda model: pretrain(model, config, loaded, run_dir, progress))
+    return train_loop(config, run_dir, resume=resume, progress=progress, data=loaded,
+                      on_epoch_end=on_epoch_end, command=command,
+                      initialize=lambda model: pretrain(model, config, loaded, run_dir, progress))

@@ -419,9 +419,9 @@ class CheckpointError(ValueError):
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """A checkpoint written by :func:`train` (tensors, numbers and strings only:
-    ``weights_only``), its tensors on ``device``; :class:`CheckpointError` naming the file when
-    it cannot be read, ``ValueError`` when this machine has no such device."""
+    """A checkpoint written by :func:`linmem.training.trainer.train_loop` (tensors, numbers and
+    strings only: ``weights_only``), its tensors on ``device``; :class:`CheckpointError` naming
+    the file when it cannot be read, ``ValueError`` when this machine has no such device."""
     device = check_device(device)
     try:
         return torch.load(path, map_location=device, weights_only=True)

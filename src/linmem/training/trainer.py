@@ -97,7 +97,7 @@ __all__ = [
     "evaluate",
     "load_run_model",
     "make_optimizer",
-    "train",
+    "train_loop",
     "train_step",
     "training_batch",
     "with_data_dir",
@@ -253,7 +253,7 @@ def _divergence_note(model: torch.nn.Module, batch: Batch) -> str:
 
 
 class _LossNotFinite(ArithmeticError):
-    """The training loss of an update was NaN or inf (inside :func:`train`)."""
+    """The training loss of an update was NaN or inf (inside :func:`train_loop`)."""
 
 
 def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, bar: Iterable,
@@ -310,7 +310,7 @@ def load_run_model(run_dir: str | Path, which: str = "best",
 
 
 def build_run_model(config: TrainConfig, train_seqs: Sequence[np.ndarray]) -> torch.nn.Module:
-    """The model :func:`train` starts from before any pretraining: built under
+    """The model :func:`train_loop` starts from before any pretraining: built under
     ``config.seed``, its readout bias at the keys' base rates in ``train_seqs`` when
     ``config.init_bias``."""
     torch.manual_seed(config.seed)
@@ -324,7 +324,7 @@ def _build(config: TrainConfig) -> torch.nn.Module:
     return build_model(config.model, **asdict(config.model_options()))
 
 
-def train(
+def train_loop(
     config: TrainConfig,
     run_dir: str | Path,
     resume: bool = False,
@@ -334,7 +334,9 @@ def train(
     command: str | None = None,
     initialize: Callable[[torch.nn.Module], None] | None = None,
 ) -> dict[str, Any]:
-    """Train ``config`` in ``run_dir`` and return the final metrics (also in ``metrics.json``).
+    """The training loop: train ``config``'s model, as built (``initialize`` aside), in
+    ``run_dir`` and return the final metrics (also in ``metrics.json``). It does not pretrain:
+    :func:`linmem.train` is the entry point, which runs a model's pretraining recipe first.
 
     Args:
         resume: continue the run in ``run_dir`` from ``last.pt`` (its saved config must equal
@@ -404,8 +406,8 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
            data: dict[str, list[np.ndarray]] | None,
            on_epoch_end: Callable[[int, dict], None] | None, command: str | None,
            initialize: Callable[[torch.nn.Module], None] | None) -> dict[str, Any]:
-    """:func:`train`, with ``run_dir`` claimed (:class:`linmem.training.runs.RunDirClaim`) as soon
-    as it exists."""
+    """:func:`train_loop`, with ``run_dir`` claimed (:class:`linmem.training.runs.RunDirClaim`) as
+    soon as it exists."""
     if run_dir.is_dir():
         claim.acquire()  # before reading what it holds: no other process writes it meanwhile
         _check_run_dir(run_dir)
