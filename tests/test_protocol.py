@@ -12,6 +12,7 @@ import torch
 from linmem.data import collate
 from linmem.models import build_model
 from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOL_FIELDS, PROTOCOLS
+from linmem.training.selection import selection_score, selection_scores
 from linmem.training.trainer import (
     TrainConfig,
     build_run_model,
@@ -247,3 +248,22 @@ def test_the_protocols_table_sets_both_selections_side_by_side():
     assert "| 33.52† | 29.25† | – | – |" in rows["LSTM"]
     assert "| – | – | 29.40 | 26.67 |" in rows["RNN"]
     assert text.rstrip().endswith("Made by `linmem report --compare x`.")
+
+
+@pytest.mark.parametrize("select", ["acc", "acc_frame", "nll"])
+def test_one_rule_chooses_a_runs_checkpoint_and_a_searchs_point(tmp_path, small, select):
+    """The epoch a run keeps (``best.pt``) is the one whose log row has the highest
+    :func:`selection_score` (the NLL's negated), the score a search's trial reports; and its
+    inverse gives the search's stored objective back as that validation score."""
+    config = TrainConfig(protocol="linmem", model="lmn-b", hidden=6, memory=6, batch_size=6,
+                         epochs=4, patience=10, seed=1, lr=0.02, select=select)
+    metrics = train_loop(config, tmp_path / "run", progress=False, data=small)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    scores = [selection_score(r, select, "valid_") for r in rows]
+    assert len(set(scores)) > 1  # the epochs differ, so the choice means something
+    assert metrics["best_epoch"] == rows[int(np.argmax(scores))]["epoch"]
+    name = f"valid_{select}"
+    assert scores[0] == (-rows[0][name] if select == "nll" else rows[0][name])
+    assert selection_scores(scores[0], select) == {name: rows[0][name]}
+    with pytest.raises(ValueError, match="select must be one of"):
+        selection_score(rows[0], "loss", "valid_")

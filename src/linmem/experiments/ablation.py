@@ -34,6 +34,7 @@ from linmem.experiments.report import (
 )
 from linmem.training.config import LEGACY_PROTOCOL, PROTOCOLS
 from linmem.training.runs import METRICS, collect_metrics, log_rows
+from linmem.training.selection import selection_score
 
 __all__ = [
     "ablation_groups",
@@ -118,7 +119,6 @@ def grid_trials(storage: str, study_name: str, runs_root: str | os.PathLike = ".
     from optuna.trial import TrialState
 
     from linmem.experiments.grids import trial_point
-    from linmem.experiments.search import _score
     from linmem.experiments.studies import run_reports, study_protocol
 
     names = optuna.get_all_study_names(storage)
@@ -139,7 +139,7 @@ def grid_trials(storage: str, study_name: str, runs_root: str | os.PathLike = ".
             continue
         run = Path(runs_root) / t.user_attrs["run_dir"] if "run_dir" in t.user_attrs else None
         rows = log_rows(run) if run is not None else []
-        curve = ({int(r["epoch"]): _score(r, select) for r in rows} if rows else
+        curve = ({int(r["epoch"]): selection_score(r, select, "valid_") for r in rows} if rows else
                  dict(sorted(reported[t.user_attrs["run_dir"]].items())) if run is not None
                  else {int(k): v for k, v in t.intermediate_values.items()})
         metrics = (read_json(run / METRICS) if run is not None and (run / METRICS).is_file()

@@ -94,6 +94,7 @@ from linmem.training.runs import (
     mean_epoch_cpu_seconds,
     training_cpu_seconds,
 )
+from linmem.training.selection import selection_score, selection_scores
 from linmem.training.trainer import TrainingDiverged, check_size
 
 __all__ = [
@@ -240,7 +241,7 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
                                ulm_cache=cache)
 
         def report(epoch: int, row: dict) -> None:  # the pruner's input, kept in any case
-            trial.report(_score(row, train_config.select), epoch)
+            trial.report(selection_score(row, train_config.select, "valid_"), epoch)
             if trial.should_prune():
                 trial.set_user_attr("pruned_at_epoch", epoch)
                 raise optuna.TrialPruned(f"pruned at epoch {epoch} (valid "
@@ -262,7 +263,7 @@ def _objective(config: SearchConfig, study, model: str, data: dict[str, list[np.
                     "machine", "commit", "data_sha256", "seed", "command"):
             if key in metrics:  # rnn-rbm: no valid_nll (its NLL is estimated on test only)
                 trial.set_user_attr(key, metrics[key])
-        return _score(metrics, train_config.select)
+        return selection_score(metrics, train_config.select, "valid_")
 
     return objective
 
@@ -280,17 +281,6 @@ class _QuietAfterInterrupt(logging.Filter):
 
 
 _quiet_after_interrupt = _QuietAfterInterrupt()
-
-
-def _score(row: dict[str, Any], select: str) -> float:
-    """A trial's objective (maximised): its validation accuracy (global or per-frame, as the
-    run selects its epoch), or minus its NLL."""
-    return -row["valid_nll"] if select == "nll" else row[f"valid_{select}"]
-
-
-def _row(value: float, select: str) -> dict[str, float]:
-    """The validation score of a trial's objective ``value`` (:func:`_score`'s inverse)."""
-    return {"valid_nll": -value} if select == "nll" else {f"valid_{select}": value}
 
 
 def _score_text(row: dict[str, Any], select: str) -> str:
@@ -486,7 +476,7 @@ def _run_worker(config: SearchConfig, command: str | None,
                 select = config.base.select
                 log(f"[{study.study_name}] trial {t.number} {trial_point(t).name}: "
                     f"{t.state.name.lower()}"
-                    + (f", valid {_score_text(_row(t.value, select), select)}"
+                    + (f", valid {_score_text(selection_scores(t.value, select), select)}"
                        if t.value is not None else "")
                     + f" ({time.perf_counter() - started:.0f}s; {done}/{len(points[id(study)])}"
                     " points done)")

@@ -32,6 +32,7 @@ from linmem.models import (
     option_names,
 )
 from linmem.training.runs import CONFIG
+from linmem.training.selection import SELECTIONS
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -46,19 +47,12 @@ __all__ = [
     "PLACE_FIELDS",
     "PROTOCOLS",
     "PROTOCOL_FIELDS",
-    "SELECTIONS",
     "Protocol",
     "TrainConfig",
 ]
 
 
 OPTIMIZERS = ("adam", "sgd")
-
-
-# what chooses the best epoch on validation: the global accuracy (Bay et al.), the per-frame mean
-# accuracy (the metric of the paper's code), or the NLL (a likelihood goal; for a joint readout it
-# also spares the sampling of the marginals at every epoch)
-SELECTIONS = ("acc", "acc_frame", "nll")
 
 
 # the training loss's normalisation: "frame" sums the Bernoulli NLL over the keys and averages it

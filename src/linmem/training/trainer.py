@@ -83,6 +83,7 @@ from linmem.training.runs import (
     save_last,
     write_log,
 )
+from linmem.training.selection import selection_score
 
 __all__ = [
     "NonFiniteOutputs",
@@ -544,7 +545,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
             if progress:
                 tqdm.write(f"linmem: {state['stop_reason']}", file=sys.stderr)
             break
-        score = -valid["nll"] if config.select == "nll" else valid[config.select]
+        score = selection_score(valid, config.select)
         improved = score > state["best_score"]
         if improved:
             state.update(best_score=score, best_epoch=epoch, bad_epochs=0)
