@@ -593,7 +593,7 @@ def test_measurement_picks_a_path_not_slower_than_the_loop():
         times = rec["seconds"]
         assert all(times[rec["choice"]][s] <= times["loop"][s] for s in ("small", "large"))
         assert rec["speedup_over_loop"][rec["choice"]] == max(rec["speedup_over_loop"].values())
-    with pytest.raises(ValueError, match="unknown or unsupported kernel variant"):
+    with pytest.raises(ValueError, match="unknown CPU kernel 'sse9'"):
         with use_cpu_kernel("sse9"):
             pass
 
@@ -904,3 +904,34 @@ def test_stream_read_reads_every_value(variant):
     assert kernel.stream_read(data, 3, variant) == 3 * data.numel()
     data[::7] = 2.0
     assert kernel.stream_read(data, 1, variant) == float(data.sum())
+
+
+def test_one_vocabulary_names_the_cpu_path_everywhere(monkeypatch):
+    """``TrainConfig.cpu_kernel``, :func:`use_cpu_kernel` and ``LINMEM_CPU_KERNEL`` take the
+    names of :data:`CPU_KERNELS` and mean the same path by each: ``best`` the first variant
+    this CPU runs, ``loop`` the PyTorch loop, a variant itself, ``auto`` the measured choice."""
+    from linmem.training.config import TrainConfig
+
+    field = next(f for f in TrainConfig.__dataclass_fields__.values() if f.name == "cpu_kernel")
+    assert tuple(field.metadata["choices"]) == _ext.CPU_KERNELS
+    expected = {"best": VARIANTS[0] if VARIANTS else "loop", "loop": "loop",
+                **{v: v for v in VARIANTS}}
+    for name, path in expected.items():
+        assert _ext.resolve_cpu_kernel(name) == path
+        with use_cpu_kernel(name):
+            assert lmn_ops.cpu_kernel_path() == path
+        monkeypatch.setenv("LINMEM_CPU_KERNEL", name)
+        _ext.cpu_path.cache_clear()
+        try:
+            assert _ext.cpu_path() == path
+        finally:
+            monkeypatch.delenv("LINMEM_CPU_KERNEL")
+            _ext.cpu_path.cache_clear()
+    assert _ext.resolve_cpu_kernel("auto") is None
+    with use_cpu_kernel(True):
+        assert lmn_ops.cpu_kernel_path() == expected["best"]
+    with use_cpu_kernel(False):
+        assert lmn_ops.cpu_kernel_path() == "loop"
+    for missing in sorted(set(_ext.VARIANTS) - set(VARIANTS)):  # variants this CPU lacks
+        with pytest.raises(ValueError, match="does not run here"):
+            _ext.resolve_cpu_kernel(missing)

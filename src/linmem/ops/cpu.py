@@ -13,9 +13,13 @@ Which path runs (:func:`cpu_path`): the first use on a machine measures the recu
 forward and backward through every variant the CPU runs and through the PyTorch loop, on a small
 and a large layer, and picks the fastest path that is not slower than the loop at either size;
 the measurement is recorded beside the build (``choice-<cpu>.json``) and read back afterwards.
-``LINMEM_CPU_KERNEL`` forces a path: ``0`` (or ``loop``) the PyTorch loop, ``1`` the best variant
-the CPU runs, or a variant's name (``avx512``, ``avx2``, ``generic``). If the build fails, a
-warning says why and the PyTorch loop is used.
+One vocabulary names a path everywhere (:data:`CPU_KERNELS`: ``TrainConfig.cpu_kernel``,
+``--cpu-kernel``, :func:`linmem.ops.lmn.use_cpu_kernel` and ``LINMEM_CPU_KERNEL``): ``auto`` the
+measured choice, ``best`` the best variant the CPU runs, ``loop`` the PyTorch loop, or a
+variant's name (``avx512``, ``avx2``, ``generic``); :func:`resolve_cpu_kernel` says what a name
+means on this CPU. ``LINMEM_CPU_KERNEL`` forces a path for the whole process (``0`` and ``1``
+are short for ``loop`` and ``best``). If the build fails, a warning says why and the PyTorch
+loop is used.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ try:
 except ImportError:  # Windows: torch's own lock alone
     fcntl = None
 
-__all__ = ["KERNEL_ENV", "cpu_path", "kernel_variants", "load_cpu_kernel"]
+__all__ = ["CPU_KERNELS", "KERNEL_ENV", "VARIANTS", "cpu_path", "kernel_variants",
+           "load_cpu_kernel", "resolve_cpu_kernel"]
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("lmn_cpu.cpp", "lmn_kernel_avx512.cpp", "lmn_kernel_avx2.cpp", "lmn_kernel_generic.cpp")
@@ -50,6 +55,9 @@ HEADERS = ("lmn_kernel.h", "lmn_kernel_api.h")
 CFLAGS = ("-O3", "-fopenmp")
 KERNEL_ENV = "LINMEM_CPU_KERNEL"
 LOOP = "loop"
+VARIANTS = ("avx512", "avx2", "generic")  # the kernel's builds, best first
+CPU_KERNELS = ("auto", "best", LOOP, *VARIANTS)  # the names of a CPU path
+_ENV_SHORT = {"0": LOOP, "1": "best"}
 
 
 @functools.cache
@@ -127,7 +135,7 @@ def _build_lock(directory: Path | None) -> Iterator[None]:
 def load_cpu_kernel() -> ModuleType | None:
     """The compiled module (``forward``, ``backward``, ``variants``), or ``None`` when
     ``LINMEM_CPU_KERNEL=0`` or the build fails (with a warning saying why)."""
-    if os.environ.get(KERNEL_ENV, "").strip().lower() in ("0", LOOP):
+    if _forced() == LOOP:
         return None
     try:
         name = _build_name()
@@ -147,6 +155,30 @@ def load_cpu_kernel() -> ModuleType | None:
                       f"loop is used ({type(err).__name__}: {str(err).strip()[-300:]})",
                       RuntimeWarning, stacklevel=2)
         return None
+
+
+def _forced() -> str:
+    """``LINMEM_CPU_KERNEL``'s name of a path (``auto`` when unset), short forms expanded."""
+    value = os.environ.get(KERNEL_ENV, "").strip().lower() or "auto"
+    return _ENV_SHORT.get(value, value)
+
+
+def resolve_cpu_kernel(name: str) -> str | None:
+    """The path that ``name`` (one of :data:`CPU_KERNELS`) asks for on this CPU: a variant's
+    name or ``"loop"``; None for ``"auto"`` (:func:`cpu_path`'s choice). ``best`` without a
+    kernel is the loop; a name outside :data:`CPU_KERNELS`, or a variant this CPU cannot run,
+    is a ``ValueError``."""
+    if name not in CPU_KERNELS:
+        raise ValueError(f"unknown CPU kernel {name!r}: expected one of {', '.join(CPU_KERNELS)}")
+    if name in ("auto", LOOP):
+        return None if name == "auto" else LOOP
+    variants = kernel_variants()
+    if name == "best":
+        return variants[0] if variants else LOOP
+    if name not in variants:
+        raise ValueError(f"the kernel variant {name!r} does not run here; this CPU runs "
+                         f"{variants or 'none (no kernel)'}")
+    return name
 
 
 def kernel_variants() -> list[str]:
@@ -174,17 +206,18 @@ def cpu_path(measure: Measure | None = None) -> str:
     recorded beside the build, or, on the first use, ``measure(variants)`` (a record whose
     ``"choice"`` is the path; :func:`linmem.ops.lmn.measure_cpu_paths`), which is then recorded.
     """
-    forced = os.environ.get(KERNEL_ENV, "").strip().lower()
+    forced = _forced()
+    if forced not in CPU_KERNELS:
+        raise ValueError(f"{KERNEL_ENV}={forced!r}: expected one of {', '.join(CPU_KERNELS)} "
+                         f"(or 0, 1)")
     variants = kernel_variants()
     if not variants:
         return LOOP
-    if forced in ("1", "kernel"):
-        return variants[0]
-    if forced in variants:
-        return forced
-    if forced not in ("", "auto"):
-        known = ", ".join(["0", "1", "auto", *variants])
-        raise ValueError(f"{KERNEL_ENV}={forced!r}: expected one of {known}")
+    if forced != "auto":
+        try:
+            return resolve_cpu_kernel(forced)
+        except ValueError as err:
+            raise ValueError(f"{KERNEL_ENV}={forced!r}: {err}") from None
     path = _choice_file()
     if path is not None and path.is_file():
         try:

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from linmem.ops import gpu as ops_gpu
-from linmem.ops.cpu import LOOP, cpu_path, kernel_variants, load_cpu_kernel
+from linmem.ops.cpu import LOOP, cpu_path, load_cpu_kernel, resolve_cpu_kernel
 
 __all__ = [
     "FUSED",
@@ -81,23 +81,16 @@ _gpu_taken: set[str] = set()  # the GPU paths the LMN's recurrence took in this 
 
 
 @contextlib.contextmanager
-def use_cpu_kernel(enabled: bool | str | None = True) -> Iterator[None]:
-    """Choose the CPU path of the recurrence inside the ``with`` block: ``True`` the compiled
-    kernel (the best variant this CPU runs), ``False`` the PyTorch loop, a variant's name
-    (``"avx512"``, ``"avx2"``, ``"generic"``; :func:`linmem.ops.cpu.kernel_variants`) that variant,
-    ``None`` the automatic choice (:func:`linmem.ops.cpu.cpu_path`). All compute the same function
-    (tested); the switch is process-wide, for comparisons and benchmarks."""
+def use_cpu_kernel(kernel: str | bool | None = "best") -> Iterator[None]:
+    """Take the CPU path ``kernel`` names inside the ``with`` block: one of
+    :data:`linmem.ops.cpu.CPU_KERNELS` (``"best"`` the best variant this CPU runs, ``"loop"``
+    the PyTorch loop, a variant's name, ``"auto"`` the measured choice,
+    :func:`linmem.ops.cpu.resolve_cpu_kernel`); ``True``, ``False`` and ``None`` are short for
+    ``"best"``, ``"loop"`` and ``"auto"``. All compute the same function (tested); the switch is
+    process-wide, for comparisons and benchmarks."""
     global _path_override
-    if enabled is True:
-        variants = kernel_variants()
-        path = variants[0] if variants else LOOP
-    elif enabled is False:
-        path = LOOP
-    elif enabled is None or enabled in kernel_variants():
-        path = enabled
-    else:
-        raise ValueError(f"unknown or unsupported kernel variant {enabled!r}; this CPU runs "
-                         f"{kernel_variants()}")
+    name = {True: "best", False: LOOP, None: "auto"}.get(kernel, kernel)
+    path = resolve_cpu_kernel(name)
     previous, _path_override = _path_override, path
     try:
         yield

@@ -31,12 +31,12 @@ from linmem.models import (
     model_options,
     option_names,
 )
+from linmem.ops.cpu import CPU_KERNELS
 from linmem.training.runs import CONFIG
 from linmem.training.selection import SELECTIONS
 
 __all__ = [
     "BUDGET_FIELDS",
-    "CPU_KERNELS",
     "DEFAULT_PROTOCOL",
     "DIVERGENCE",
     "FROM_PROTOCOL",
@@ -63,7 +63,6 @@ OPTIMIZERS = ("adam", "sgd")
 LOSS_REDUCTIONS = ("frame", "mean")
 
 
-CPU_KERNELS = ("auto", "best", "loop", "avx512", "avx2", "generic")  # TrainConfig.cpu_kernel
 
 
 DIVERGENCE = ("stop", "raise")  # TrainConfig.on_divergence

@@ -20,7 +20,6 @@ The test split is scored once, at the end, on the checkpoint chosen on the valid
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
@@ -363,7 +362,7 @@ def train_loop(
     if not str(run_dir).strip():
         raise ValueError("the run directory must be named (an empty name is the current folder)")
     created = not Path(run_dir).exists()
-    with RunDirClaim(run_dir) as claim, _kernel_choice(config.cpu_kernel):
+    with RunDirClaim(run_dir) as claim, use_cpu_kernel(config.cpu_kernel):
         try:
             return _train(config, Path(run_dir), claim, resume, progress, data, on_epoch_end,
                           command, initialize)
@@ -373,14 +372,6 @@ def train_loop(
             if created and Path(run_dir).is_dir() and not any(Path(run_dir).rglob(LAST)):
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-
-
-def _kernel_choice(cpu_kernel: str):
-    """The ``with`` block in which the recurrences take ``cpu_kernel``'s CPU path
-    (:data:`CPU_KERNELS`; :func:`linmem.ops.lmn.use_cpu_kernel`)."""
-    if cpu_kernel == "auto":
-        return contextlib.nullcontext()
-    return use_cpu_kernel({"best": True, "loop": False}.get(cpu_kernel, cpu_kernel))
 
 
 def _recurrence_path(device: torch.device) -> str:
