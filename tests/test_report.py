@@ -258,6 +258,23 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
     (selected / "metrics.json").write_text(json.dumps(
         {**metrics, "hidden": 500, "valid_threshold": 0.3, "test_acc_at_valid_threshold": 31.5}))
     assert summary_file_records(path)[0].get("test_acc_at_valid_threshold") is None
+    # a per-frame selection of another run counts only where that run's files were committed
+    # beside the summary (its provenance); else the cell falls back to the global one, marked
+    other = {"point": "h50-m50-wd0", "valid_acc_frame": 40.0, "test_acc_frame": 35.25,
+             "run_dir": "runs/search/jsb-lmn-b-paper/h50-m50-wd0"}
+    path.write_text(json.dumps([{**earlier[0], "frame_selection": other}]))
+    assert summary_file_records(path)[0]["frame_selection"] is None
+    assert "| LMN-B | 33.98 | **31.00§** |" in table2_markdown(summary_file_records(path))
+    kept = tmp_path / "selected" / "jsb-lmn-b-per-frame"
+    kept.mkdir()
+    (kept / "metrics.json").write_text(json.dumps({"test_acc_frame": 35.25, "commit": "abc"}))
+    assert summary_file_records(path)[0]["frame_selection"] == other
+    assert "| LMN-B | 33.98 | **35.25** |" in table2_markdown(summary_file_records(path))
+    own = "runs/search/jsb-lmn-b-paper/h50-m100-wd0"  # the global selection's own run
+    same = {**other, "run_dir": own}
+    path.write_text(json.dumps([{**earlier[0], "run_dir": own, "frame_selection": same}]))
+    (kept / "metrics.json").unlink()
+    assert summary_file_records(path)[0]["frame_selection"] == same
     path.write_text("{}")
     with pytest.raises(ValueError, match=r"not a summary\.json"):
         summary_file_records(path)
@@ -645,12 +662,12 @@ def test_table2_carries_both_protocols(tmp_path):
     (ours / "summary.json").write_text(json.dumps([{
         "dataset": "jsb", "model": "lmn-b", "hidden": 250, "memory": 250, "weight_decay": 1e-5,
         "valid_acc": 28.0, "test_acc": 28.20, "grid": "runs", "run_dir": "x", "trials": 1,
-        "frame_selection": {"test_acc_frame": 31.51}}]))
+        "frame_selection": {"test_acc_frame": 31.51, "run_dir": "x"}}]))
     (paper / "summary.json").write_text(json.dumps([{
         "study": "jsb-lmn-b-paper@paper", "dataset": "jsb", "model": "lmn-b", "hidden": 250,
         "memory": 250, "weight_decay": 0.0, "valid_acc": 29.0, "test_acc": 29.82,
         "grid": "paper", "grid_points": 30, "points_done": 30, "grid_complete": True,
-        "run_dir": "y", "frame_selection": {"test_acc_frame": 33.78}}]))
+        "run_dir": "y", "frame_selection": {"test_acc_frame": 33.78, "run_dir": "y"}}]))
     failed = [{"number": i, "point": f"h{h}-m{h}-wd0", "state": "fail"}
               for i, h in enumerate((50, 100, 50))]  # two points, one tried twice
     (paper / "search_trials.json").write_text(json.dumps([

@@ -216,17 +216,31 @@ def with_selected_run_fields(record: dict, selected: str | os.PathLike) -> dict:
     return {**record, **{k: m.get(k) for k in SELECTED_RUN_FIELDS if record.get(k) is None}}
 
 
+def traceable_frame_selection(record: dict, selected: str | os.PathLike) -> dict:
+    """``record`` without its per-frame selection (``frame_selection``) where that is another
+    run than the global one and that run's files were not copied beside the summary
+    (``selected/DATA-MODEL-per-frame/metrics.json``, with its command, commit, seed and data
+    checksum): a score that no committed file traces is not shown, and the per-frame cell falls
+    back to the global selection's, marked."""
+    frame = record.get("frame_selection")
+    if not frame or frame.get("run_dir") == record.get("run_dir"):
+        return record
+    copy = Path(selected) / f"{record['dataset']}-{record['model']}-per-frame" / METRICS
+    return record if copy.is_file() else {**record, "frame_selection": None}
+
+
 def summary_file_records(path: str | os.PathLike) -> list[dict]:
     """Records of an earlier report's ``summary.json`` (a search whose storage is not at hand),
-    in the form of :func:`linmem.experiments.studies.search_records`' for :func:`table2_markdown`;
-    marked
-    ``from_summary``, with the trials of the ``search_trials.json`` beside it (figure 4). A
-    record without ``frame_selection`` keeps none: its per-frame cell falls back to the global
-    selection, marked as such. Scores a record lacks (an older file) are read from its selected
-    run's ``metrics.json`` that the report copied beside it (``selected/DATA-MODEL``), when that
-    run is the record's configuration (:data:`SELECTED_RUN_FIELDS`). A complete grid whose every
-    point failed selects nothing, so it is not in ``summary.json``: its record, with no score,
-    comes from ``search_trials.json`` (:func:`_all_failed`)."""
+    in the form of :func:`linmem.experiments.studies.search_records`' for
+    :func:`table2_markdown`; marked ``from_summary``, with the trials of the
+    ``search_trials.json`` beside it (figure 4). A record without ``frame_selection`` keeps
+    none: its per-frame cell falls back to the global selection, marked as such; so does one
+    whose per-frame selection's run was not kept (:func:`traceable_frame_selection`). Scores a
+    record lacks (an older file) are read from its selected run's ``metrics.json`` that the
+    report copied beside it (``selected/DATA-MODEL``), when that run is the record's
+    configuration (:data:`SELECTED_RUN_FIELDS`). A complete grid whose every point failed
+    selects nothing, so it is not in ``summary.json``: its record, with no score, comes from
+    ``search_trials.json`` (:func:`_all_failed`)."""
     try:
         rows = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
@@ -247,6 +261,7 @@ def summary_file_records(path: str | os.PathLike) -> list[dict]:
         if "points_failed" not in r and done is not None:
             failed = min(failed, r["grid_points"] - done)
         r = with_selected_run_fields(r, Path(path).parent / "selected")
+        r = traceable_frame_selection(r, Path(path).parent / "selected")
         records.append({
             **r, "study": None if r.get("grid") == "runs" else study,
             "points_done": done, "points_failed": failed,
@@ -625,8 +640,9 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
               "average=\"frame\")`; the definition of the authors' code in the paper's period, "
               "see `results/search.md`: the figure to compare with the paper's), each "
               "configuration selected on validation under this definition"
-              + (" (§: selected on the global accuracy instead, the grid's per-frame "
-                 "validation scores not being kept)" if frame_from_global else "") + ":", "",
+              + (" (§: selected on the global accuracy instead: the grid's per-frame "
+                 "validation scores were not kept, or the run they select was not committed "
+                 "with its provenance)" if frame_from_global else "") + ":", "",
               *frame_rows]
     expected = [m for m in models if any(ours.get((d, m), {}).get("test_acc_expected")
                                          is not None for d in TABLE2_DATASETS)]
