@@ -394,23 +394,26 @@ def _check_run_dir(run_dir: Path) -> None:
                          "new or empty folder")
 
 
-def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool, progress: bool,
-           data: dict[str, list[np.ndarray]] | None,
-           on_epoch_end: Callable[[int, dict], None] | None, command: str | None,
-           initialize: Callable[[torch.nn.Module], None] | None) -> dict[str, Any]:
-    """:func:`train_loop`, with ``run_dir`` claimed (:class:`linmem.training.runs.RunDirClaim`) as
-    soon as it exists."""
-    if run_dir.is_dir():
-        claim.acquire()  # before reading what it holds: no other process writes it meanwhile
-        _check_run_dir(run_dir)
-    elif run_dir.exists():
-        raise ValueError(f"{run_dir} is a file, not a folder")
-    started, cpu_started = time.perf_counter(), time.process_time()
-    gpu_paths_taken(clear=True)  # metrics.json records the GPU paths of this run's steps
-    commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
-    command = command or command_line()
-    device = check_device(config.device)
-    checkpoint = run_dir / LAST
+class _Clock:
+    """The wall and CPU seconds of a run so far, every session's: those its checkpoint kept
+    (:meth:`resume_from`) plus this call's since the clock was made (its pretraining's too)."""
+
+    def __init__(self) -> None:
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.before = (0.0, 0.0)
+
+    def resume_from(self, state: dict[str, Any]) -> None:
+        # older checkpoints did not keep the CPU time: their wall time stands in (an upper bound)
+        self.before = (state["elapsed"], state.get("cpu_elapsed", state["elapsed"]))
+
+    def spent(self) -> tuple[float, float]:
+        return (self.before[0] + time.perf_counter() - self.started,
+                self.before[1] + time.process_time() - self.cpu_started)
+
+
+def _check_resumable(config: TrainConfig, run_dir: Path, resume: bool) -> None:
+    """Refuse to write over another run: with ``resume``, a saved config must be ``config``'s
+    run (:meth:`TrainConfig.identity`); without it, ``run_dir`` must hold no run."""
     if resume and (run_dir / CONFIG).is_file():
         saved = TrainConfig.from_run(run_dir)
         given = config.identity()
@@ -423,24 +426,38 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, "
                               "or choose another output directory")
 
+
+def _start_state(config: TrainConfig, run_dir: Path, resume: bool, command: str,
+                 device: torch.device, progress: bool
+                 ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
+    """``(state, checkpoint, metrics)``: a new run's state, or the state and checkpoint of the
+    run to resume; ``metrics`` when that run has finished and the budget does not extend it
+    (nothing is then rewritten)."""
     state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "bad_epochs": 0,
              "history": [], "elapsed": 0.0, "cpu_elapsed": 0.0, "stop_reason": None,
              "command": command, "resumed": []}
     ckpt = resume_checkpoint(run_dir, device) if resume else None
-    if ckpt is not None:
-        state = {"command": command, "resumed": [], **ckpt["state"]}
-        state.setdefault("best_score", state.pop("best_acc", -math.inf))  # older checkpoints
-        if state["stop_reason"] is not None:
-            if _budget_left(state, config) and not state["stop_reason"].startswith("diverged"):
-                state["stop_reason"] = None  # a larger budget: the run goes on
-            elif (run_dir / METRICS).is_file():
-                return read_json(run_dir / METRICS)  # finished: nothing is rewritten
-        state["resumed"] = [*state["resumed"], command]
-        if progress:
-            print(f"linmem: resuming {run_dir} after epoch {state['epoch']}", file=sys.stderr,
-                  flush=True)
-    check_size(config)
+    if ckpt is None:
+        return state, None, None
+    state = {"command": command, "resumed": [], **ckpt["state"]}
+    state.setdefault("best_score", state.pop("best_acc", -math.inf))  # older checkpoints
+    if state["stop_reason"] is not None:
+        if _budget_left(state, config) and not state["stop_reason"].startswith("diverged"):
+            state["stop_reason"] = None  # a larger budget: the run goes on
+        elif (run_dir / METRICS).is_file():
+            return state, ckpt, read_json(run_dir / METRICS)
+    state["resumed"] = [*state["resumed"], command]
+    if progress:
+        print(f"linmem: resuming {run_dir} after epoch {state['epoch']}", file=sys.stderr,
+              flush=True)
+    return state, ckpt, None
 
+
+def _training_data(config: TrainConfig, data: dict[str, list[np.ndarray]] | None,
+                   progress: bool) -> tuple[TrainConfig, dict[str, list[np.ndarray]], list]:
+    """``(config, data, training sequences)``: the data set loaded when not given (the config
+    then names its folder), the training sequences that have a next step; a split without a
+    note is warned of (every model scores 100 % on it)."""
     if data is None:
         data = load_polyphonic(config.data, root=config.data_dir, progress=progress)
         config = with_data_dir(config)
@@ -454,128 +471,98 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
                       f"{config.data} hold no note: a model that predicts silence scores 100 % "
                       "there (frames silent in both truth and prediction count as correct, as "
                       "in mir_eval); the accuracy says nothing of such a split",
-                      SilentDataWarning, stacklevel=3)
+                      SilentDataWarning, stacklevel=4)
+    return config, data, train_seqs
 
-    model = build_run_model(config, train_seqs)
-    if config.chunk is not None and not hasattr(model, "chunk_loss"):
-        raise ValueError(f"{config.model} cannot train on windows (--chunk): it has no "
-                         "chunk_loss")
-    if device.type == "cpu":  # a bad LINMEM_CPU_KERNEL is refused here, before the folder is
-        _recurrence_path(device)
-    # the run exists once its data and model do: a start that failed before leaves nothing
-    run_dir.mkdir(parents=True, exist_ok=True)
-    claim.acquire()
-    write_json(run_dir / CONFIG, asdict(config))
-    elapsed_before = state["elapsed"]
-    # older checkpoints did not keep the CPU time: their wall time stands in (an upper bound)
-    cpu_before = state.get("cpu_elapsed", elapsed_before)
 
-    def spent() -> tuple[float, float]:
-        """The wall and CPU seconds of the run so far, every session's (its pretraining's
-        too: it runs in this call)."""
-        return (elapsed_before + time.perf_counter() - started,
-                cpu_before + time.process_time() - cpu_started)
+def _restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any],
+             device: torch.device) -> None:
+    """The model, optimiser and random generators of a resumed run's checkpoint."""
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if "rng" in ckpt:  # loaded onto the run's device; the CPU generator's state is CPU's
+        torch.set_rng_state(ckpt["rng"].cpu())
+    if "cuda_rng" in ckpt and device.type == "cuda":  # a run on CUDA continued on CUDA
+        torch.cuda.set_rng_state(ckpt["cuda_rng"].cpu(), device)
 
-    if initialize is not None and ckpt is None:
-        try:
-            initialize(model)
-        except TrainingDiverged as err:  # a network that the pretraining trains diverged
-            why = f"its pretraining: {err}"
-            failed_on = f"pretraining {err.failed_on}"
-            # a result as the run's own divergence is (a seed that diverged counts as run)
-            _write_diverged(run_dir, config, state, why, commit, spent(), device, failed_on)
-            raise TrainingDiverged(why, failed_on) from None
-    model = model.to(device)
-    optimizer = make_optimizer(model.parameters(), config)
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if "rng" in ckpt:  # loaded onto the run's device; the CPU generator's state is CPU's
-            torch.set_rng_state(ckpt["rng"].cpu())
-        if "cuda_rng" in ckpt and device.type == "cuda":  # a run on CUDA continued on CUDA
-            torch.cuda.set_rng_state(ckpt["cuda_rng"].cpu(), device)
 
-    if state["stop_reason"] is None and not _budget_left(state, config):
-        state["stop_reason"] = _stop_reason(state, config)  # a smaller budget: stop here
+def _diverged(run_dir: Path, config: TrainConfig, state: dict[str, Any], why: str,
+              commit: str, clock: _Clock, device: torch.device) -> dict[str, Any]:
+    """An epoch that diverged: :class:`TrainingDiverged` under ``on_divergence="raise"`` or in
+    the first epoch (``diverged.json`` records it: a seed that diverged counts as run), else
+    the run stops at its last good epoch, whose state is returned."""
+    if config.on_divergence == "raise" or state["epoch"] == 0:
+        kept = (f"{run_dir / LAST} keeps epoch {state['epoch']}" if state["epoch"] else
+                "no epoch had finished: nothing is kept (the initial weights, pretrained ones "
+                "included, may diverge on long sequences already)")
+        hint = "Lower --lr" + (" or set --clip" if config.clip is None else "")
+        if config.batch_size == 1:  # Adam on one sequence's gradient
+            hint += ", or average more sequences per update (--batch-size 4, as --protocol linmem)"
+        _write_diverged(run_dir, config, state, why, commit, clock.spent(), device)
+        raise TrainingDiverged(f"{why}; {kept}. {hint}.") from None
+    return _stop_diverged(run_dir, state, why, *clock.spent())
 
-    lengths = [len(s) for s in train_seqs]
+
+def _record_epoch(run_dir: Path, config: TrainConfig, model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer, state: dict[str, Any], valid: dict,
+                  train_loss: float, began: tuple[float, float], clock: _Clock,
+                  device: torch.device) -> dict[str, Any]:
+    """After an epoch (``state["epoch"] + 1``) scored ``valid``: ``best.pt`` when its
+    :func:`~linmem.training.selection.selection_score` is the best so far, its log row (which
+    is returned), the state with its stop reason, then ``last.pt`` and ``log.jsonl``."""
+    epoch = state["epoch"] + 1
+    score = selection_score(valid, config.select)
+    improved = score > state["best_score"]
+    if improved:
+        state.update(best_score=score, best_epoch=epoch, bad_epochs=0)
+        save_checkpoint({"model": model.state_dict(), "epoch": epoch}, run_dir / BEST)
+    else:
+        state["bad_epochs"] += 1
+    row = {"epoch": epoch, model.train_loss_name: train_loss,
+           "valid_acc": 100 * valid["acc"] if "acc" in valid else None,
+           "valid_acc_frame": 100 * valid["acc_frame"] if "acc_frame" in valid else None,
+           model.valid_nll_name: valid["nll"], "epoch_time_s": time.perf_counter() - began[0],
+           "epoch_cpu_s": time.process_time() - began[1], "best": improved}
+    state["history"].append(row)
+    state["epoch"] = epoch
+    state["stop_reason"] = _stop_reason(state, config)
+    state["elapsed"], state["cpu_elapsed"] = clock.spent()
+    # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it (on CUDA, from the
+    # device's generator)
+    rng = {"rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        rng["cuda_rng"] = torch.cuda.get_rng_state(device)
+    save_last({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "state": state, **rng}, run_dir)
+    write_log(run_dir, state["history"])
+    return row
+
+
+def _epoch_line(config: TrainConfig, model: torch.nn.Module, state: dict[str, Any],
+                row: dict[str, Any], valid_nll: float) -> str:
+    """The line printed after an epoch: its losses, its validation scores, the best so far."""
+    if config.select == "nll":
+        best_text = f"nll {-state['best_score']:.3f}"
+    else:
+        best_text = (f"{100 * state['best_score']:.2f}%"
+                     + (" per-frame" if config.select == "acc_frame" else ""))
+    since = ("  * best so far" if row["best"] else
+             f"  (best {best_text} at {state['best_epoch']}; "
+             f"{state['bad_epochs']}/{config.patience} without a better one)")
+    acc_text = "" if row["valid_acc"] is None else (
+        f"acc {row['valid_acc']:.2f}% (per-frame {row['valid_acc_frame']:.2f}%)  ")
     loss_name = model.train_loss_name.removeprefix("train_").replace("_", " ")
-    marginal_nll = model.valid_nll_name != "valid_nll"
-    while state["stop_reason"] is None:
-        epoch = state["epoch"] + 1
-        t0, c0 = time.perf_counter(), time.process_time()
-        model.train()
-        batches, shifts = epoch_plan(config, lengths, epoch)
-        # the bar only on a terminal (None); the per-epoch line below is printed everywhere
-        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
-                   disable=None if progress else True, file=sys.stderr, dynamic_ncols=True)
-        why = None  # set when the epoch diverged
-        try:
-            loss_sum, frames = _train_epoch(model, optimizer, bar, train_seqs, shifts, config,
-                                            device, epoch)
-            valid = evaluate(model, data["valid"], config.eval_batch_size, device,
-                             accuracy=config.select != "nll", thresholds=())
-        except _LossNotFinite as err:
-            why = str(err)
-        except NonFiniteOutputs as err:  # a finite training loss, a diverged model all the same
-            why = f"{err} after epoch {epoch}"
-        if why is not None:
-            bar.close()
-            if config.on_divergence == "raise" or state["epoch"] == 0:
-                kept = (f"{checkpoint} keeps epoch {state['epoch']}" if state["epoch"] else
-                        "no epoch had finished: nothing is kept (the initial weights, "
-                        "pretrained ones included, may diverge on long sequences already)")
-                hint = "Lower --lr" + (" or set --clip" if config.clip is None else "")
-                if config.batch_size == 1:  # Adam on one sequence's gradient (issue 43)
-                    hint += (", or average more sequences per update (--batch-size 4, as "
-                             "--protocol linmem)")
-                # the failure is a result too (a seed that diverged counts as run)
-                _write_diverged(run_dir, config, state, why, commit, spent(), device)
-                raise TrainingDiverged(f"{why}; {kept}. {hint}.") from None
-            state = _stop_diverged(run_dir, state, why, *spent())
-            if progress:
-                tqdm.write(f"linmem: {state['stop_reason']}", file=sys.stderr)
-            break
-        score = selection_score(valid, config.select)
-        improved = score > state["best_score"]
-        if improved:
-            state.update(best_score=score, best_epoch=epoch, bad_epochs=0)
-            save_checkpoint({"model": model.state_dict(), "epoch": epoch}, run_dir / BEST)
-        else:
-            state["bad_epochs"] += 1
-        row = {"epoch": epoch, model.train_loss_name: loss_sum / frames,
-               "valid_acc": 100 * valid["acc"] if "acc" in valid else None,
-               "valid_acc_frame": 100 * valid["acc_frame"] if "acc_frame" in valid else None,
-               model.valid_nll_name: valid["nll"], "epoch_time_s": time.perf_counter() - t0,
-               "epoch_cpu_s": time.process_time() - c0, "best": improved}
-        state["history"].append(row)
-        state["epoch"] = epoch
-        state["stop_reason"] = _stop_reason(state, config)
-        state["elapsed"], state["cpu_elapsed"] = spent()
-        # the RNG too: dropout and the RNN-RBM's Gibbs chains draw from it (on CUDA, from the
-        # device's generator)
-        rng = {"rng": torch.get_rng_state()}
-        if device.type == "cuda":
-            rng["cuda_rng"] = torch.cuda.get_rng_state(device)
-        save_last({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "state": state, **rng}, run_dir)
-        write_log(run_dir, state["history"])
-        if progress:
-            best_text = (f"nll {-state['best_score']:.3f}" if config.select == "nll" else
-                         f"{100 * state['best_score']:.2f}%"
-                         + (" per-frame" if config.select == "acc_frame" else ""))
-            since = ("  * best so far" if improved else
-                     f"  (best {best_text} at {state['best_epoch']}; "
-                     f"{state['bad_epochs']}/{config.patience} without a better one)")
-            acc_text = "" if row["valid_acc"] is None else (
-                f"acc {row['valid_acc']:.2f}% (per-frame {row['valid_acc_frame']:.2f}%)  ")
-            tqdm.write(f"epoch {epoch:4d}/{config.epochs}  train {loss_name} "
-                       f"{loss_sum / frames:.3f}  valid {acc_text}nll "
-                       f"{valid['nll']:.3f}{' (marginals)' if marginal_nll else ''}  "
-                       f"({row['epoch_time_s']:.1f}s){since}", file=sys.stderr)
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, row)
+    marginal = " (marginals)" if model.valid_nll_name != "valid_nll" else ""
+    return (f"epoch {row['epoch']:4d}/{config.epochs}  train {loss_name} "
+            f"{row[model.train_loss_name]:.3f}  valid {acc_text}nll {valid_nll:.3f}{marginal}  "
+            f"({row['epoch_time_s']:.1f}s){since}")
 
+
+def _final_metrics(run_dir: Path, config: TrainConfig, state: dict[str, Any],
+                   data: dict[str, list[np.ndarray]], commit: str, clock: _Clock,
+                   device: torch.device) -> dict[str, Any]:
+    """Score ``best.pt`` on validation and test and write ``metrics.json``; a checkpoint whose
+    outputs are not finite on a split is a failed seed (``diverged.json``)."""
     best, _ = load_run_model(run_dir, "best", device)
     scores = {}
     for split in ("valid", "test"):
@@ -584,7 +571,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
         except NonFiniteOutputs as err:  # finite on validation when chosen: a failed seed
             why = (f"the checkpoint chosen on validation (epoch {state['best_epoch']}) on the "
                    f"{split} split: {err}")
-            _write_diverged(run_dir, config, state, why, commit, spent(), device, split)
+            _write_diverged(run_dir, config, state, why, commit, clock.spent(), device, split)
             raise TrainingDiverged(f"{why}; it cannot be scored", split) from None
     valid, test = scores["valid"], scores["test"]
     metrics = {
@@ -599,7 +586,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
         "n_params": count_parameters(best), "epochs": state["epoch"],
         "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
         **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
-                     spent()[0], device),
+                     clock.spent()[0], device),
         "data_digest": content_digest(data), "device": str(device),
         "step_seconds": _step_or_none(config),
         # the order of the floating-point operations: a figure depends on it to rounding
@@ -612,10 +599,90 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
         metrics["resumed_with"] = state["resumed"]
     metrics = best.finalize_metrics(metrics, data)  # what only the model can score
     # the CPU time of every thread: below the wall time when other processes share the cores
-    metrics["wall_time_s"], metrics["cpu_time_s"] = spent()
+    metrics["wall_time_s"], metrics["cpu_time_s"] = clock.spent()
     write_json(run_dir / METRICS, metrics)
     (run_dir / DIVERGED).unlink(missing_ok=True)  # an earlier attempt's
     return metrics
+
+
+def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool, progress: bool,
+           data: dict[str, list[np.ndarray]] | None,
+           on_epoch_end: Callable[[int, dict], None] | None, command: str | None,
+           initialize: Callable[[torch.nn.Module], None] | None) -> dict[str, Any]:
+    """:func:`train_loop`, with ``run_dir`` claimed (:class:`linmem.training.runs.RunDirClaim`) as
+    soon as it exists."""
+    if run_dir.is_dir():
+        claim.acquire()  # before reading what it holds: no other process writes it meanwhile
+        _check_run_dir(run_dir)
+    elif run_dir.exists():
+        raise ValueError(f"{run_dir} is a file, not a folder")
+    clock = _Clock()
+    gpu_paths_taken(clear=True)  # metrics.json records the GPU paths of this run's steps
+    commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
+    command = command or command_line()
+    device = check_device(config.device)
+    _check_resumable(config, run_dir, resume)
+    state, ckpt, finished = _start_state(config, run_dir, resume, command, device, progress)
+    if finished is not None:
+        return finished
+    check_size(config)
+    config, data, train_seqs = _training_data(config, data, progress)
+    model = build_run_model(config, train_seqs)
+    if config.chunk is not None and not hasattr(model, "chunk_loss"):
+        raise ValueError(f"{config.model} cannot train on windows (--chunk): it has no "
+                         "chunk_loss")
+    if device.type == "cpu":  # a bad LINMEM_CPU_KERNEL is refused here, before the folder is
+        _recurrence_path(device)
+    # the run exists once its data and model do: a start that failed before leaves nothing
+    run_dir.mkdir(parents=True, exist_ok=True)
+    claim.acquire()
+    write_json(run_dir / CONFIG, asdict(config))
+    clock.resume_from(state)
+    if initialize is not None and ckpt is None:
+        try:
+            initialize(model)
+        except TrainingDiverged as err:  # a network that the pretraining trains diverged
+            why, failed_on = f"its pretraining: {err}", f"pretraining {err.failed_on}"
+            # a result as the run's own divergence is (a seed that diverged counts as run)
+            _write_diverged(run_dir, config, state, why, commit, clock.spent(), device,
+                            failed_on)
+            raise TrainingDiverged(why, failed_on) from None
+    model = model.to(device)
+    optimizer = make_optimizer(model.parameters(), config)
+    if ckpt is not None:
+        _restore(model, optimizer, ckpt, device)
+    if state["stop_reason"] is None and not _budget_left(state, config):
+        state["stop_reason"] = _stop_reason(state, config)  # a smaller budget: stop here
+
+    lengths = [len(s) for s in train_seqs]
+    while state["stop_reason"] is None:
+        epoch = state["epoch"] + 1
+        t0, c0 = time.perf_counter(), time.process_time()
+        model.train()
+        batches, shifts = epoch_plan(config, lengths, epoch)
+        # the bar only on a terminal (None); the per-epoch line below is printed everywhere
+        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
+                   disable=None if progress else True, file=sys.stderr, dynamic_ncols=True)
+        try:
+            loss_sum, frames = _train_epoch(model, optimizer, bar, train_seqs, shifts, config,
+                                            device, epoch)
+            valid = evaluate(model, data["valid"], config.eval_batch_size, device,
+                             accuracy=config.select != "nll", thresholds=())
+        except (_LossNotFinite, NonFiniteOutputs) as err:
+            # a finite training loss with non-finite outputs is a diverged model all the same
+            why = str(err) if isinstance(err, _LossNotFinite) else f"{err} after epoch {epoch}"
+            bar.close()
+            state = _diverged(run_dir, config, state, why, commit, clock, device)
+            if progress:
+                tqdm.write(f"linmem: {state['stop_reason']}", file=sys.stderr)
+            break
+        row = _record_epoch(run_dir, config, model, optimizer, state, valid, loss_sum / frames,
+                            (t0, c0), clock, device)
+        if progress:
+            tqdm.write(_epoch_line(config, model, state, row, valid["nll"]), file=sys.stderr)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, row)
+    return _final_metrics(run_dir, config, state, data, commit, clock, device)
 
 
 def _write_diverged(run_dir: Path, config: TrainConfig, state: dict[str, Any], why: str,
