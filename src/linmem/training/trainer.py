@@ -411,6 +411,16 @@ class _Clock:
                 self.before[1] + time.process_time() - self.cpu_started)
 
 
+def _claim_existing(run_dir: Path, claim: RunDirClaim) -> None:
+    """Claim ``run_dir`` before reading what it holds, when it exists (no other process writes
+    it meanwhile), and check it is a run's folder."""
+    if run_dir.is_dir():
+        claim.acquire()
+        _check_run_dir(run_dir)
+    elif run_dir.exists():
+        raise ValueError(f"{run_dir} is a file, not a folder")
+
+
 def _check_resumable(config: TrainConfig, run_dir: Path, resume: bool) -> None:
     """Refuse to write over another run: with ``resume``, a saved config must be ``config``'s
     run (:meth:`TrainConfig.identity`); without it, ``run_dir`` must hold no run."""
@@ -611,11 +621,7 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
            initialize: Callable[[torch.nn.Module], None] | None) -> dict[str, Any]:
     """:func:`train_loop`, with ``run_dir`` claimed (:class:`linmem.training.runs.RunDirClaim`) as
     soon as it exists."""
-    if run_dir.is_dir():
-        claim.acquire()  # before reading what it holds: no other process writes it meanwhile
-        _check_run_dir(run_dir)
-    elif run_dir.exists():
-        raise ValueError(f"{run_dir} is a file, not a folder")
+    _claim_existing(run_dir, claim)
     clock = _Clock()
     gpu_paths_taken(clear=True)  # metrics.json records the GPU paths of this run's steps
     commit = git_commit()  # the code that runs, whatever happens to the tree meanwhile
@@ -668,9 +674,13 @@ def _train(config: TrainConfig, run_dir: Path, claim: RunDirClaim, resume: bool,
                                             device, epoch)
             valid = evaluate(model, data["valid"], config.eval_batch_size, device,
                              accuracy=config.select != "nll", thresholds=())
-        except (_LossNotFinite, NonFiniteOutputs) as err:
-            # a finite training loss with non-finite outputs is a diverged model all the same
-            why = str(err) if isinstance(err, _LossNotFinite) else f"{err} after epoch {epoch}"
+        except _LossNotFinite as err:
+            why = str(err)
+        except NonFiniteOutputs as err:  # a finite training loss, a diverged model all the same
+            why = f"{err} after epoch {epoch}"
+        else:
+            why = None
+        if why is not None:
             bar.close()
             state = _diverged(run_dir, config, state, why, commit, clock, device)
             if progress:
