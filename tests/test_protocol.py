@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from linmem._io import PROVENANCE_FIELDS
 from linmem.data import collate
 from linmem.models import build_model
 from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOL_FIELDS, PROTOCOLS
@@ -202,6 +203,11 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
     assert paper["valid_acc"] == pytest.approx(best_global["valid_acc"])
     assert paper["frame_selection"]["valid_acc_frame"] == pytest.approx(
         best_frame["valid_acc_frame"])
+    # with its run's provenance, as its metrics.json records it
+    frame_metrics = json.loads((out / "jsb-lmn-b-tiny@paper" / best_frame["point"]
+                                / "metrics.json").read_text())
+    assert {k: paper["frame_selection"][k] for k in PROVENANCE_FIELDS} == {
+        k: frame_metrics[k] for k in PROVENANCE_FIELDS}
     for t in trials:  # each run kept the epoch of its best per-frame validation accuracy
         run = out / "jsb-lmn-b-tiny@paper" / t["point"]
         log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]

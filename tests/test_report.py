@@ -265,6 +265,12 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
     path.write_text(json.dumps([{**earlier[0], "frame_selection": other}]))
     assert summary_file_records(path)[0]["frame_selection"] is None
     assert "| LMN-B | 33.98 | **31.00§** |" in table2_markdown(summary_file_records(path))
+    # a selection that records its run's provenance (a newer summary) is kept without a copy
+    traced = {**other, "command": "linmem search", "commit": "abc", "seed": 0,
+              "data_sha256": "d00d"}
+    path.write_text(json.dumps([{**earlier[0], "frame_selection": traced}]))
+    assert summary_file_records(path)[0]["frame_selection"] == traced
+    path.write_text(json.dumps([{**earlier[0], "frame_selection": other}]))
     kept = tmp_path / "selected" / "jsb-lmn-b-per-frame"
     kept.mkdir()
     (kept / "metrics.json").write_text(json.dumps({"test_acc_frame": 35.25, "commit": "abc"}))

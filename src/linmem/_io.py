@@ -17,7 +17,7 @@ import torch
 
 from linmem import __version__
 
-__all__ = ["atomic_write", "check_outputs", "command_line",
+__all__ = ["PROVENANCE_FIELDS", "atomic_write", "check_outputs", "command_line",
            "cpu_description", "git_commit", "machine", "made_by", "provenance", "read_json",
            "write_json"]
 
@@ -201,6 +201,10 @@ def machine(device: str | torch.device | None = None) -> dict[str, Any]:
     if device is not None and torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
+
+
+# the fields of a run's provenance that trace a figure to the run that made it
+PROVENANCE_FIELDS = ("command", "commit", "seed", "data_sha256")
 
 
 def provenance(command: str, commit: str, seed: int | None, data_sha256: str | dict | None,

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from linmem._io import (
+    PROVENANCE_FIELDS,
     atomic_write,
     command_line,
     made_by,
@@ -218,12 +219,13 @@ def with_selected_run_fields(record: dict, selected: str | os.PathLike) -> dict:
 
 def traceable_frame_selection(record: dict, selected: str | os.PathLike) -> dict:
     """``record`` without its per-frame selection (``frame_selection``) where that is another
-    run than the global one and that run's files were not copied beside the summary
-    (``selected/DATA-MODEL-per-frame/metrics.json``, with its command, commit, seed and data
-    checksum): a score that no committed file traces is not shown, and the per-frame cell falls
-    back to the global selection's, marked."""
+    run than the global one whose provenance (:data:`linmem._io.PROVENANCE_FIELDS`)
+    neither the selection records nor a copy of the run's files beside the summary does
+    (``selected/DATA-MODEL-per-frame/metrics.json``): a score that no committed file traces is
+    not shown, and the per-frame cell falls back to the global selection's, marked."""
     frame = record.get("frame_selection")
-    if not frame or frame.get("run_dir") == record.get("run_dir"):
+    if (not frame or frame.get("run_dir") == record.get("run_dir")
+            or all(frame.get(k) is not None for k in PROVENANCE_FIELDS)):
         return record
     copy = Path(selected) / f"{record['dataset']}-{record['model']}-per-frame" / METRICS
     return record if copy.is_file() else {**record, "frame_selection": None}
@@ -538,152 +540,169 @@ def _all_failed(records: Sequence[dict]) -> set[tuple[str, str]]:
             and not r.get("points_done")}
 
 
-def table2_markdown(records: Sequence[dict], command: str | None = None,
-                    baseline: dict | None = None, seeds: Sequence[dict] = (),
-                    protocols: Sequence[str] = ()) -> str:
-    """The paper's Table 2 with our test accuracy next to each published figure, under the
-    global accuracy and the per-frame mean, each column's configuration selected on validation
-    under its own definition; bold marks the best of each column pair's kind (published, ours)
-    per data set. Then the test NLL of the selected runs, and how much of each grid was run.
-    ``baseline``: the previous-frame baseline (``results/baseline.json``, :func:`
-    previous_frame_report`), a row of its own. ``seeds``: :func:`seed_groups` of the selected
-    configurations re-run with other seeds, a table of their spread. ``protocols``: the
-    section on both training protocols (:func:`both_protocols_lines`), after the grids'
-    coverage."""
-    ours = {(r["dataset"], r["model"]): r for r in records if "test_acc" in r}
-    failed = _all_failed(records)
-    models = [m for m in TABLE2_MODELS if m in PAPER_TABLE2 or any(k[1] == m for k in ours)]
-    models += sorted({m for _, m in ours} - set(models))
+def _cell(value: float | None, top: float | None, mark: str = "") -> str:
+    """A figure of Table 2 with its marks, bold where it is the column's best (never a reduced
+    search's, ``¶``)."""
+    if value is None:
+        return "–"
+    text = f"{value:.2f}" + mark
+    reduced = "¶" in mark  # never bold beside the paper's figures
+    return (f"**{text}**" if top is not None and round(value, 2) == round(top, 2)
+            and not reduced else text)
 
-    def best(values: dict[str, float | None]) -> float | None:
-        present = [v for v in values.values() if v is not None]
-        return max(present) if present else None
 
-    published = {d: {m: PAPER_TABLE2[m][i] if m in PAPER_TABLE2 else None for m in models}
-                 for i, d in enumerate(TABLE2_DATASETS)}
-    top_pub = {d: best(published[d]) for d in TABLE2_DATASETS}
+def _column_score(r: dict, key: str) -> float | None:
+    """A record's figure for column ``key``: the per-frame column's own selection where it has
+    one, else the record's (the per-frame mean of the global selection, marked §)."""
+    if key == "test_acc_frame" and r.get("frame_selection"):  # the column's own selection
+        return r["frame_selection"]["test_acc_frame"]
+    return r.get(key)
 
-    def cell(value: float | None, top: float | None, mark: str = "") -> str:
-        if value is None:
-            return "–"
-        text = f"{value:.2f}" + mark
-        reduced = "¶" in mark  # never bold beside the paper's figures
-        return (f"**{text}**" if top is not None and round(value, 2) == round(top, 2)
-                and not reduced else text)
 
-    def score(r: dict, key: str) -> float | None:
-        if key == "test_acc_frame" and r.get("frame_selection"):  # the column's own selection
-            return r["frame_selection"]["test_acc_frame"]
-        return r.get(key)  # per-frame without its own selection: the global one's, marked §
+def _cell_mark(r: dict | None, key: str) -> str:
+    """The marks of a record's cell: ‡ single runs, † an incomplete grid, ¶ a reduced search,
+    § a per-frame figure of the global selection, and the threshold chosen on validation."""
+    if r is None:
+        return ""
+    mark = "‡" if r["grid"] == "runs" else "" if r["grid_complete"] else "†"
+    if r.get("reduced"):
+        mark += "¶"
+    if key == "test_acc_frame" and not r.get("frame_selection"):
+        mark += "§"
+    if key == "test_acc_at_valid_threshold" and r.get("valid_threshold") is not None:
+        mark += f" ({r['valid_threshold']:.2f})"
+    return mark
 
-    def table(key: str, ours_title: str, paper: bool = True) -> list[str]:
+
+class _Table2:
+    """What Table 2's tables share: our records by (data set, model), the grids where every
+    point failed, the models in the table's order, the published figures and the
+    previous-frame baseline."""
+
+    def __init__(self, records: Sequence[dict], baseline: dict | None) -> None:
+        self.ours = {(r["dataset"], r["model"]): r for r in records if "test_acc" in r}
+        self.failed = _all_failed(records)
+        models = [m for m in TABLE2_MODELS
+                  if m in PAPER_TABLE2 or any(k[1] == m for k in self.ours)]
+        self.models = models + sorted({m for _, m in self.ours} - set(models))
+        self.published = {d: {m: PAPER_TABLE2[m][i] if m in PAPER_TABLE2 else None
+                              for m in self.models} for i, d in enumerate(TABLE2_DATASETS)}
+        self.baseline = baseline
+
+    def table(self, key: str, ours_title: str, paper: bool = True) -> list[str]:
+        """The table of our ``key`` per model and data set, beside the published figures
+        (``paper``), the previous-frame row under it for an accuracy."""
         head = "| model | " + " | ".join(
             (f"{TABLE2_TITLES[d]} (paper) | " if paper else "") + f"{TABLE2_TITLES[d]} "
             f"({ours_title})" for d in TABLE2_DATASETS) + " |"
         rows = [head, "|---|" + "---:|" * ((2 if paper else 1) * len(TABLE2_DATASETS))]
-        measured = {d: {m: score(ours[(d, m)], key) if (d, m) in ours else None
-                        for m in models} for d in TABLE2_DATASETS}
-        lower_is_better = key == "test_nll"
-        top_ours = {d: (min if lower_is_better else max)(
-            [v for v in measured[d].values() if v is not None], default=None)
-            for d in TABLE2_DATASETS}
-        for m in models:
+        measured = {d: {m: _column_score(self.ours[(d, m)], key) if (d, m) in self.ours
+                        else None for m in self.models} for d in TABLE2_DATASETS}
+        pick = min if key == "test_nll" else max
+        top_ours = {d: pick([v for v in measured[d].values() if v is not None], default=None)
+                    for d in TABLE2_DATASETS}
+        top_pub = {d: max([v for v in self.published[d].values() if v is not None],
+                          default=None) for d in TABLE2_DATASETS}
+        for m in self.models:
             cells = []
             for d in TABLE2_DATASETS:
-                r = ours.get((d, m))
+                r = self.ours.get((d, m))
                 if paper:
-                    cells.append(cell(published[d][m], top_pub[d]))
-                mark = "" if r is None else ("‡" if r["grid"] == "runs" else
-                                             "" if r["grid_complete"] else "†")
-                if r is not None and r.get("reduced"):
-                    mark += "¶"
-                if r is not None and key == "test_acc_frame" and not r.get("frame_selection"):
-                    mark += "§"
-                if r is not None and key == "test_acc_at_valid_threshold" and \
-                        r.get("valid_threshold") is not None:
-                    mark += f" ({r['valid_threshold']:.2f})"
-                cells.append(FAILED_MARK if r is None and (d, m) in failed else
-                             cell(measured[d][m], top_ours[d], mark))
+                    cells.append(_cell(self.published[d][m], top_pub[d]))
+                cells.append(FAILED_MARK if r is None and (d, m) in self.failed else
+                             _cell(measured[d][m], top_ours[d], _cell_mark(r, key)))
             rows.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
-        if baseline is not None and key in ("test_acc", "test_acc_frame",
-                                            "test_acc_at_valid_threshold"):
+        if self.baseline is not None and key in ("test_acc", "test_acc_frame",
+                                                 "test_acc_at_valid_threshold"):
             field = "acc_frame" if key == "test_acc_frame" else "acc"  # 0/1: any threshold
             cells = []
             for d in TABLE2_DATASETS:
                 if paper:
                     cells.append("–")
-                value = baseline["scores"].get(d, {}).get("test", {}).get(field)
+                value = self.baseline["scores"].get(d, {}).get("test", {}).get(field)
                 cells.append("–" if value is None else f"{value:.2f}")
             rows.append("| previous frame (no training) | " + " | ".join(cells) + " |")
         return rows
 
-    lines = table("test_acc", "ours")
-    frame_rows = table("test_acc_frame", "ours, per-frame mean")
-    # a mark is explained only where a cell carries it
-    incomplete, frame_from_global = any("†" in r for r in lines), any("§" in r for r in frame_rows)
-    reductions = sorted({f"{r['model']} on {r['dataset']}: {', '.join(r['reduced'])}"
-                         for r in ours.values() if r.get("reduced")})
-    lines += ["", "Test frame accuracy in % (Bay et al. 2009, global, threshold 0.5; equal to "
-              "mir_eval's multipitch accuracy: our headline) of the configuration selected on "
-              "validation accuracy. *RNN-RBM: the paper quotes Boulanger-Lewandowski et al. "
-              "(2012), whose figures are expected accuracies over samples of the model."
-              + (" †: selected from a grid that is not complete yet." if incomplete else "")
-              + (" ¶: from a reduced search (" + "; ".join(reductions) + "): not comparable "
-                 "with the paper's figures, and never bold." if reductions else "")
-              + " ‡: not a grid search: the best on "
-              "validation of the runs listed below. "
-              + (FAILED_TEXT + " " if failed else "") + "–: not run. Bold: the best published and "
-              "the best of ours per data set." + (" The previous-frame row predicts each frame "
-              "to be the one before (no training): it calibrates every other row." if baseline
-              else ""), "",
-              "The per-frame mean of TP / (TP + FP + FN) (`frame_accuracy(..., "
-              "average=\"frame\")`; the definition of the authors' code in the paper's period, "
-              "see `results/search.md`: the figure to compare with the paper's), each "
-              "configuration selected on validation under this definition"
-              + (" (§: selected on the global accuracy instead: the grid's per-frame "
-                 "validation scores were not kept, or the run they select was not committed "
-                 "with its provenance)" if frame_from_global else "") + ":", "",
-              *frame_rows]
-    expected = [m for m in models if any(ours.get((d, m), {}).get("test_acc_expected")
-                                         is not None for d in TABLE2_DATASETS)]
-    if expected:
-        lines += ["", "Expected accuracy (Boulanger-Lewandowski et al. 2012: the mean over frames "
-                  "drawn from the model at each step of TP / (TP + FP + FN), the definition of "
-                  "the RNN-RBM figures the paper quotes; `linmem evaluate RUN --expected N`), "
-                  "test, ± its standard error over the draws, of the configurations of the "
-                  "first table:", "",
-                  "| model | " + " | ".join(f"{TABLE2_TITLES[d]} (quoted) | {TABLE2_TITLES[d]} "
-                                           "(ours, expected)" for d in TABLE2_DATASETS) + " |",
-                  "|---|" + "---:|" * (2 * len(TABLE2_DATASETS))]
+    def accuracy_lines(self) -> list[str]:
+        """The global accuracy's table, what its marks mean, then the per-frame mean's."""
+        lines = self.table("test_acc", "ours")
+        frame_rows = self.table("test_acc_frame", "ours, per-frame mean")
+        # a mark is explained only where a cell carries it
+        incomplete = any("†" in r for r in lines)
+        frame_from_global = any("§" in r for r in frame_rows)
+        reductions = sorted({f"{r['model']} on {r['dataset']}: {', '.join(r['reduced'])}"
+                             for r in self.ours.values() if r.get("reduced")})
+        return [
+            *lines, "",
+            "Test frame accuracy in % (Bay et al. 2009, global, threshold 0.5; equal to "
+            "mir_eval's multipitch accuracy: our headline) of the configuration selected on "
+            "validation accuracy. *RNN-RBM: the paper quotes Boulanger-Lewandowski et al. "
+            "(2012), whose figures are expected accuracies over samples of the model."
+            + (" †: selected from a grid that is not complete yet." if incomplete else "")
+            + (" ¶: from a reduced search (" + "; ".join(reductions) + "): not comparable "
+               "with the paper's figures, and never bold." if reductions else "")
+            + " ‡: not a grid search: the best on validation of the runs listed below. "
+            + (FAILED_TEXT + " " if self.failed else "") + "–: not run. Bold: the best "
+            "published and the best of ours per data set." + (
+                " The previous-frame row predicts each frame to be the one before (no "
+                "training): it calibrates every other row." if self.baseline else ""), "",
+            "The per-frame mean of TP / (TP + FP + FN) (`frame_accuracy(..., "
+            "average=\"frame\")`; the definition of the authors' code in the paper's period, "
+            "see `results/search.md`: the figure to compare with the paper's), each "
+            "configuration selected on validation under this definition"
+            + (" (§: selected on the global accuracy instead: the grid's per-frame "
+               "validation scores were not kept, or the run they select was not committed "
+               "with its provenance)" if frame_from_global else "") + ":", "",
+            *frame_rows]
+
+    def expected_lines(self) -> list[str]:
+        """The expected accuracies (sampled from the model) where a record has them."""
+        expected = [m for m in self.models if any(
+            self.ours.get((d, m), {}).get("test_acc_expected") is not None
+            for d in TABLE2_DATASETS)]
+        if not expected:
+            return []
+        lines = ["", "Expected accuracy (Boulanger-Lewandowski et al. 2012: the mean over frames "
+                 "drawn from the model at each step of TP / (TP + FP + FN), the definition of "
+                 "the RNN-RBM figures the paper quotes; `linmem evaluate RUN --expected N`), "
+                 "test, ± its standard error over the draws, of the configurations of the "
+                 "first table:", "",
+                 "| model | " + " | ".join(f"{TABLE2_TITLES[d]} (quoted) | {TABLE2_TITLES[d]} "
+                                          "(ours, expected)" for d in TABLE2_DATASETS) + " |",
+                 "|---|" + "---:|" * (2 * len(TABLE2_DATASETS))]
         for m in expected:
             cells = []
             for d in TABLE2_DATASETS:
-                r = ours.get((d, m), {})
-                quoted = published[d][m] if m == "rnn-rbm" else None
+                r = self.ours.get((d, m), {})
+                quoted = self.published[d][m] if m == "rnn-rbm" else None
                 cells.append("–" if quoted is None else f"{quoted:.2f}")
                 cells.append("–" if r.get("test_acc_expected") is None else
                              f"{r['test_acc_expected']:.2f} ± {r['test_acc_expected_se']:.2f}")
             lines.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
-    if any(r.get("test_acc_at_valid_threshold") is not None for r in ours.values()):
+        return lines
+
+    def threshold_lines(self) -> list[str]:
+        """The global accuracy at the threshold chosen on validation, where records have it."""
+        if not any(r.get("test_acc_at_valid_threshold") is not None
+                   for r in self.ours.values()):
+            return []
         grid = ", ".join(map(str, THRESHOLD_GRID))
-        lines += ["", "The global accuracy of the first table's configurations with the "
-                  f"decision threshold chosen on validation (in parentheses; one of {grid}) "
-                  "instead of 0.5, the configurations unchanged: how much of the gap to the "
-                  "previous-frame row is the threshold's (the test split takes no part in the "
-                  "choice)" + (f"; a model that picks {max(THRESHOLD_GRID)}, the grid's top, "
-                               "might score more above it" if any(
-                                   r.get("valid_threshold") == max(THRESHOLD_GRID)
-                                   for r in ours.values()) else "") + ":", ""]
-        lines += table("test_acc_at_valid_threshold", "ours, threshold from valid", paper=False)
-    lines += ["", "Test NLL in nats per time step of the configurations of the first table "
-              "(the paper reports none; the RNN-RBM's is an AIS estimate):", ""]
-    lines += table("test_nll", "ours", paper=False)
-    if seeds:
-        lines += ["", "Seeds (`linmem reseed`): the selected configurations trained again with "
-                  "other seeds:", ""]
-        lines += _seeds_lines(seeds)
-    lines += ["", "Grid coverage (points run of the grid; pruned points were stopped early by the "
-              "median pruner on validation accuracy):", ""]
+        at_top = any(r.get("valid_threshold") == max(THRESHOLD_GRID) for r in self.ours.values())
+        return ["", "The global accuracy of the first table's configurations with the "
+                f"decision threshold chosen on validation (in parentheses; one of {grid}) "
+                "instead of 0.5, the configurations unchanged: how much of the gap to the "
+                "previous-frame row is the threshold's (the test split takes no part in the "
+                "choice)" + (f"; a model that picks {max(THRESHOLD_GRID)}, the grid's top, "
+                             "might score more above it" if at_top else "") + ":", "",
+                *self.table("test_acc_at_valid_threshold", "ours, threshold from valid",
+                            paper=False)]
+
+
+def _coverage_lines(records: Sequence[dict]) -> list[str]:
+    """How much of each grid was run, per data set."""
+    lines = ["", "Grid coverage (points run of the grid; pruned points were stopped early by "
+             "the median pruner on validation accuracy):", ""]
     by_data: dict[str, list[dict]] = {}
     for r in records:
         by_data.setdefault(r["dataset"], []).append(r)
@@ -701,6 +720,31 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
                  + (f", from `{r['from_summary']}`" if r.get("from_summary") else "")
                  for r in rs]
         lines.append(f"- {TABLE2_TITLES[d]}: " + "; ".join(parts) + ".")
+    return lines
+
+
+def table2_markdown(records: Sequence[dict], command: str | None = None,
+                    baseline: dict | None = None, seeds: Sequence[dict] = (),
+                    protocols: Sequence[str] = ()) -> str:
+    """The paper's Table 2 with our test accuracy next to each published figure, under the
+    global accuracy and the per-frame mean, each column's configuration selected on validation
+    under its own definition; bold marks the best of each column pair's kind (published, ours)
+    per data set. Then the test NLL of the selected runs, and how much of each grid was run.
+    ``baseline``: the previous-frame baseline (``results/baseline.json``, :func:`
+    previous_frame_report`), a row of its own. ``seeds``: :func:`seed_groups` of the selected
+    configurations re-run with other seeds, a table of their spread. ``protocols``: the
+    section on both training protocols (:func:`both_protocols_lines`), after the grids'
+    coverage."""
+    tables = _Table2(records, baseline)
+    lines = tables.accuracy_lines() + tables.expected_lines() + tables.threshold_lines()
+    lines += ["", "Test NLL in nats per time step of the configurations of the first table "
+              "(the paper reports none; the RNN-RBM's is an AIS estimate):", ""]
+    lines += tables.table("test_nll", "ours", paper=False)
+    if seeds:
+        lines += ["", "Seeds (`linmem reseed`): the selected configurations trained again with "
+                  "other seeds:", ""]
+        lines += _seeds_lines(seeds)
+    lines += _coverage_lines(records)
     lines += protocols
     if command:
         lines += ["", f"Generated by `{command}` from the search studies; each selected run's "

@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from linmem._io import atomic_write, machine, read_json
+from linmem._io import PROVENANCE_FIELDS, atomic_write, machine, read_json
 from linmem.experiments.grids import FINISHED, grid_points, point_states, trial_point
 from linmem.training.config import LEGACY_PROTOCOL, TrainConfig
 from linmem.training.runs import METRICS, expected_fields, run_cpu_seconds, run_machine
@@ -66,8 +66,9 @@ def _trial_counts(trials: list, complete: list) -> dict[str, int]:
 def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any] | None:
     """The complete trial with the best validation accuracy under the per-frame mean (ties: the
     lower trial number) and its scores under that definition, for the per-frame column of
-    Table 2; None when a complete trial has no per-frame score (older runs whose
-    ``metrics.json`` is not under ``runs_root``): no selection from part of the grid."""
+    Table 2, with its run's provenance (:data:`linmem._io.PROVENANCE_FIELDS`); None when a
+    complete trial has no per-frame score (older runs whose ``metrics.json`` is not under
+    ``runs_root``): no selection from part of the grid."""
     scored = []
     for t in study.get_trials(deepcopy=False):
         if (t.state != TrialState.COMPLETE or "duplicate_of" in t.user_attrs
@@ -86,7 +87,8 @@ def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any
     p = trial_point(best)
     return {"point": p.name, "hidden": p.hidden, "memory": p.memory,
             "weight_decay": p.weight_decay, "valid_acc_frame": valid,
-            "test_acc_frame": u["test_acc_frame"], "run_dir": u.get("run_dir")}
+            "test_acc_frame": u["test_acc_frame"], "run_dir": u.get("run_dir"),
+            **{k: u.get(k) for k in PROVENANCE_FIELDS}}
 
 
 def study_protocol(attrs: dict[str, Any]) -> str:
