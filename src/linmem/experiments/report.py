@@ -1008,27 +1008,11 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
                         shutil.copyfile(run / name, dest / name)
 
 
-def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
-                 out: str | os.PathLike, runs: Sequence[str | os.PathLike] = (),
-                 summaries: Sequence[str | os.PathLike] = (),
-                 seed_runs: Sequence[str | os.PathLike] = (),
-                 baseline: str | os.PathLike | None = None, protocol: str | None = "linmem",
-                 compare: str | os.PathLike | None = None,
-                 command: str | None = None,
-                 compare_seed_runs: Sequence[str | os.PathLike] = (),
-                 ablation: str | os.PathLike | None = None) -> list[dict]:
-    """``linmem report``: select each (data set, model) of the studies of ``grid`` (None: all)
-    in ``storage`` trained under ``protocol`` on validation (:func:`linmem.experiments.studies.
-    search_records`), add the single runs ``runs`` (data set and model without a study), the
-    selections of earlier reports' ``summaries`` that the storage lacks, the seed runs
-    ``seed_runs`` and the previous-frame ``baseline``, and write ``out``
-    (:func:`write_search_report`; with ``compare``, another protocol's ``summary.json``, also
-    ``protocols.md``; with ``compare_seed_runs``, the other protocol's seed runs, also
-    ``protocol-choice.md``/``.json``: :mod:`linmem.experiments.protocol_choice`; either, or
-    ``ablation``,
-    ``linmem ablation``'s ``ablation.json``, adds the section on both protocols to
-    ``table2.md``: :func:`both_protocols_lines`). Returns the selections; ``ValueError`` names
-    a bad input."""
+def _report_records(storage: str, grid: str | None, runs_root: str | os.PathLike,
+                    out: str | os.PathLike, runs: Sequence[str | os.PathLike],
+                    summaries: Sequence[str | os.PathLike], protocol: str | None) -> list[dict]:
+    """The selections a report tables: the studies' in ``storage``, the single ``runs``' and
+    those of earlier ``summaries`` that neither has (:func:`build_report`)."""
     from linmem.experiments.grids import sqlite_path  # optuna: slow to import
     from linmem.experiments.studies import search_records, storage_grids
 
@@ -1057,6 +1041,15 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
     for earlier in map(summary_file_records, summaries):
         have = {(r["dataset"], r["model"]) for r in records}
         records += [r for r in earlier if (r["dataset"], r["model"]) not in have]
+    return records
+
+
+def _report_inputs(baseline: str | os.PathLike | None, seed_runs: Sequence[str | os.PathLike],
+                   compare_seed_runs: Sequence[str | os.PathLike],
+                   ablation: str | os.PathLike | None
+                   ) -> tuple[dict | None, list[dict], list[dict], dict | None]:
+    """``(baseline, seed groups, the other protocol's seed groups, ablation record)`` read
+    from :func:`build_report`'s files, a ``ValueError`` naming the option of a bad one."""
     try:
         calibration = read_json(baseline) if baseline is not None else None
         if calibration is not None and "scores" not in calibration:
@@ -1072,12 +1065,6 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
                        if compare_seed_runs else [])
     except (ValueError, FileNotFoundError) as err:
         raise ValueError(f"--compare-seed-runs: {err}") from None
-    if (compare or compare_seed_runs or ablation) and protocol not in PROTOCOL_TITLES:
-        given = ", ".join(f"--{name}" for name, value in (
-            ("compare", compare), ("compare-seed-runs", compare_seed_runs),
-            ("ablation", ablation)) if value)
-        raise ValueError(f"{given} compares the paper protocol with linmem's: pass "
-                         "--protocol paper or linmem")
     try:
         ablation_record = read_json(ablation) if ablation is not None else None
         if ablation_record is not None and not (ablation_record.get("factors")
@@ -1086,6 +1073,39 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
     except (ValueError, AttributeError) as err:  # JSONDecodeError is a ValueError
         raise ValueError(f"--ablation {ablation}: not `linmem ablation`'s ablation.json "
                          f"({err})") from None
+    return calibration, seeds, other_seeds, ablation_record
+
+
+def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
+                 out: str | os.PathLike, runs: Sequence[str | os.PathLike] = (),
+                 summaries: Sequence[str | os.PathLike] = (),
+                 seed_runs: Sequence[str | os.PathLike] = (),
+                 baseline: str | os.PathLike | None = None, protocol: str | None = "linmem",
+                 compare: str | os.PathLike | None = None,
+                 command: str | None = None,
+                 compare_seed_runs: Sequence[str | os.PathLike] = (),
+                 ablation: str | os.PathLike | None = None) -> list[dict]:
+    """``linmem report``: select each (data set, model) of the studies of ``grid`` (None: all)
+    in ``storage`` trained under ``protocol`` on validation (:func:`linmem.experiments.studies.
+    search_records`), add the single runs ``runs`` (data set and model without a study), the
+    selections of earlier reports' ``summaries`` that the storage lacks, the seed runs
+    ``seed_runs`` and the previous-frame ``baseline``, and write ``out``
+    (:func:`write_search_report`; with ``compare``, another protocol's ``summary.json``, also
+    ``protocols.md``; with ``compare_seed_runs``, the other protocol's seed runs, also
+    ``protocol-choice.md``/``.json``: :mod:`linmem.experiments.protocol_choice`; either, or
+    ``ablation``,
+    ``linmem ablation``'s ``ablation.json``, adds the section on both protocols to
+    ``table2.md``: :func:`both_protocols_lines`). Returns the selections; ``ValueError`` names
+    a bad input."""
+    records = _report_records(storage, grid, runs_root, out, runs, summaries, protocol)
+    calibration, seeds, other_seeds, ablation_record = _report_inputs(
+        baseline, seed_runs, compare_seed_runs, ablation)
+    if (compare or compare_seed_runs or ablation) and protocol not in PROTOCOL_TITLES:
+        given = ", ".join(f"--{name}" for name, value in (
+            ("compare", compare), ("compare-seed-runs", compare_seed_runs),
+            ("ablation", ablation)) if value)
+        raise ValueError(f"{given} compares the paper protocol with linmem's: pass "
+                         "--protocol paper or linmem")
     other = summary_file_records(compare) if compare is not None else []
     paper, linmem = (records, other) if protocol == "paper" else (other, records)
     protocols = []
