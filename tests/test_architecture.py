@@ -300,7 +300,6 @@ OVERSIZED = {
     "linmem.experiments.progress.project_points": 117,
     "linmem.experiments.progress.progress_markdown": 96,
     "linmem.experiments.progress.progress_table": 89,
-    "linmem.experiments.studies.search_records": 88,
     "linmem.experiments.report": 1130,
     "linmem.la": 774,
     "linmem.training.trainer": 783,

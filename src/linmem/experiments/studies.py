@@ -139,6 +139,70 @@ def run_reports(trials) -> dict[str, dict[int, float]]:
             if "run_dir" in t.user_attrs}
 
 
+def _trial_rows(study, selects: str) -> list[dict[str, Any]]:
+    """Every trial of ``study`` that ran a point: its point, state, validation scores (the
+    objective ``selects`` names it), best reported score, epochs and wall time; no test score."""
+    on_acc, on_frame = selects == "acc", selects == "acc_frame"
+    trials = []
+    all_trials = study.get_trials(deepcopy=False)
+    # the best epoch's score reported for each trial's run by it and by the trials it
+    # resumed (the study's objective: an accuracy, global or per-frame, or minus the NLL)
+    best_of = {t.number: max(values.values(), default=None)
+               for t, values in _reports_so_far(all_trials)}
+    for t in all_trials:
+        p = trial_point(t)
+        if "duplicate_of" in t.user_attrs or p is None or t.state == TrialState.WAITING:
+            continue
+        best = best_of[t.number]  # named below for what it is
+        trials.append({"number": t.number, "point": p.name, "hidden": p.hidden,
+                       "memory": p.memory, "weight_decay": p.weight_decay,
+                       "state": t.state.name.lower(),
+                       "valid_acc": t.value if on_acc else t.user_attrs.get("valid_acc"),
+                       **({"valid_acc_frame": t.user_attrs.get("valid_acc_frame")}
+                          if on_frame else {}),
+                       "valid_nll": t.user_attrs.get("valid_nll"),
+                       "best_intermediate_valid_acc": best if on_acc else None,
+                       **({"best_intermediate_valid_acc_frame": best} if on_frame else {}),
+                       "best_intermediate_valid_nll": (
+                           -best if selects == "nll" and best is not None else None),
+                       "epochs": t.user_attrs.get("epochs",
+                                                  t.user_attrs.get("pruned_at_epoch")),
+                       "wall_time_s": (t.duration.total_seconds()
+                                       if t.duration is not None else None)})
+    return trials
+
+
+def _selected_fields(best, counts: dict[str, int], runs_root: str | os.PathLike,
+                     trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """The selected trial's configuration, scores and provenance (read from its run's
+    ``metrics.json`` under ``runs_root`` where the trial did not store a field), and the
+    study's trial counts."""
+    p = trial_point(best)
+    u = dict(best.user_attrs)
+    metrics_file = Path(runs_root) / str(u.get("run_dir")) / METRICS
+    if metrics_file.is_file():  # fields a trial did not store (older trials: command)
+        u = {**read_json(metrics_file), **expected_fields(metrics_file.parent), **u}
+    return {
+        "hidden": p.hidden, "memory": p.memory, "weight_decay": p.weight_decay,
+        "valid_acc": u["valid_acc"], "valid_nll": u.get("valid_nll"),
+        "test_acc": u["test_acc"],
+        "valid_acc_frame": u.get("valid_acc_frame"),
+        "test_acc_frame": u.get("test_acc_frame"), "test_nll": u["test_nll"],
+        "test_nll_se": u.get("test_nll_se"),
+        "test_acc_expected": u.get("test_acc_expected"),
+        "test_acc_expected_se": u.get("test_acc_expected_se"),
+        "valid_threshold": u.get("valid_threshold"),
+        "test_acc_at_valid_threshold": u.get("test_acc_at_valid_threshold"),
+        "n_params": u["n_params"], "epochs": u["epochs"],
+        "best_epoch": u.get("best_epoch"), "wall_time_s": u["wall_time_s"],
+        "trials": counts["complete"] + counts["pruned"] + counts["failed"],
+        "trials_complete": counts["complete"], "trials_pruned": counts["pruned"],
+        "trials_failed": counts["failed"], "run_dir": u.get("run_dir"),
+        "command": u.get("command"), "commit": u.get("commit"),
+        "seed": u.get("seed"), "data_sha256": u.get("data_sha256"),
+        "search_wall_time_s": sum(t["wall_time_s"] or 0.0 for t in trials)}
+
+
 def search_records(storage: str, grid: str | None = None,
                    runs_root: str | os.PathLike = ".", protocol: str | None = "linmem"
                    ) -> list[dict[str, Any]]:
@@ -159,32 +223,7 @@ def search_records(storage: str, grid: str | None = None,
         on_frame = selects == "acc_frame"
         points = grid_points(attrs["model"], attrs["grid"])
         states = point_states(study, points)
-        trials = []
-        all_trials = study.get_trials(deepcopy=False)
-        # the best epoch's score reported for each trial's run by it and by the trials it
-        # resumed (the study's objective: an accuracy, global or per-frame, or minus the NLL)
-        best_of = {t.number: max(values.values(), default=None)
-                   for t, values in _reports_so_far(all_trials)}
-        for t in all_trials:
-            p = trial_point(t)
-            if "duplicate_of" in t.user_attrs or p is None or t.state == TrialState.WAITING:
-                continue
-            best = best_of[t.number]  # named below for what it is
-            trials.append({"number": t.number, "point": p.name, "hidden": p.hidden,
-                           "memory": p.memory, "weight_decay": p.weight_decay,
-                           "state": t.state.name.lower(),
-                           "valid_acc": t.value if on_acc else t.user_attrs.get("valid_acc"),
-                           **({"valid_acc_frame": t.user_attrs.get("valid_acc_frame")}
-                              if on_frame else {}),
-                           "valid_nll": t.user_attrs.get("valid_nll"),
-                           "best_intermediate_valid_acc": best if on_acc else None,
-                           **({"best_intermediate_valid_acc_frame": best} if on_frame else {}),
-                           "best_intermediate_valid_nll": (
-                               -best if selects == "nll" and best is not None else None),
-                           "epochs": t.user_attrs.get("epochs",
-                                                      t.user_attrs.get("pruned_at_epoch")),
-                           "wall_time_s": (t.duration.total_seconds()
-                                           if t.duration is not None else None)})
+        trials = _trial_rows(study, selects)
         record: dict[str, Any] = {
             "study": study.study_name, "dataset": attrs["data"], "model": attrs["model"],
             "grid": attrs["grid"], "subset": attrs.get("subset"),
@@ -200,31 +239,7 @@ def search_records(storage: str, grid: str | None = None,
         if chosen is not None and (on_acc or on_frame):  # the per-frame column's own selection
             record["frame_selection"] = select_per_frame(study, runs_root)
         if chosen is not None:
-            best, counts = chosen
-            p = trial_point(best)
-            u = dict(best.user_attrs)
-            metrics_file = Path(runs_root) / str(u.get("run_dir")) / METRICS
-            if metrics_file.is_file():  # fields a trial did not store (older trials: command)
-                u = {**read_json(metrics_file), **expected_fields(metrics_file.parent), **u}
-            record.update({
-                "hidden": p.hidden, "memory": p.memory, "weight_decay": p.weight_decay,
-                "valid_acc": u["valid_acc"], "valid_nll": u.get("valid_nll"),
-                "test_acc": u["test_acc"],
-                "valid_acc_frame": u.get("valid_acc_frame"),
-                "test_acc_frame": u.get("test_acc_frame"), "test_nll": u["test_nll"],
-                "test_nll_se": u.get("test_nll_se"),
-                "test_acc_expected": u.get("test_acc_expected"),
-                "test_acc_expected_se": u.get("test_acc_expected_se"),
-                "valid_threshold": u.get("valid_threshold"),
-                "test_acc_at_valid_threshold": u.get("test_acc_at_valid_threshold"),
-                "n_params": u["n_params"], "epochs": u["epochs"],
-                "best_epoch": u.get("best_epoch"), "wall_time_s": u["wall_time_s"],
-                "trials": counts["complete"] + counts["pruned"] + counts["failed"],
-                "trials_complete": counts["complete"], "trials_pruned": counts["pruned"],
-                "trials_failed": counts["failed"], "run_dir": u.get("run_dir"),
-                "command": u.get("command"), "commit": u.get("commit"),
-                "seed": u.get("seed"), "data_sha256": u.get("data_sha256"),
-                "search_wall_time_s": sum(t["wall_time_s"] or 0.0 for t in trials)})
+            record.update(_selected_fields(*chosen, runs_root, trials))
         records.append(record)
     return records
 
