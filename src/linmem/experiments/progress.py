@@ -397,6 +397,101 @@ def epoch_slope(records: Sequence[dict], model: str, grid: str) -> float | None:
     return here if here is not None else slope(mine)
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class _Projection:
+    """What :func:`project_points` projects each record from: the records' finished points,
+    the probes' ratios and each (model, grid)'s epoch slope (measured once)."""
+
+    def __init__(self, records: list[dict],
+                 probes: dict[tuple[str, str, str], float] | None) -> None:
+        self.records, self.probes = records, probes
+        self.slopes: dict[tuple[str, str], float | None] = {}
+        self.finished = {(r["dataset"], r["grid"], r["model"]): _mean(r["finished_cpu_s"])
+                         for r in records if r["finished_cpu_s"]}
+
+    def slope(self, model: str, grid: str) -> float | None:
+        if (model, grid) not in self.slopes:
+            self.slopes[(model, grid)] = epoch_slope(self.records, model, grid)
+        return self.slopes[(model, grid)]
+
+    def scaled(self, here: str, grid: str, model: str, same_grid: bool) -> float | None:
+        """``model``'s mean point cost on the other data sets (in ``grid`` or in another),
+        each scaled by the ratio of the two data sets' costs over the models both finished."""
+        finished, estimates = self.finished, []
+        for (other, g, m), cost in finished.items():
+            if m != model or other == here or (g == grid) != same_grid:
+                continue
+            both = [n for (d, g2, n) in finished if d == here and g2 == grid
+                    and (other, g, n) in finished]
+            if both:
+                estimates.append(cost * sum(finished[(here, grid, n)] for n in both)
+                                 / sum(finished[(other, g, n)] for n in both))
+        return _mean(estimates)
+
+    def probed(self, r: dict) -> tuple[list[float], list[float]] | None:
+        """The probes' costs of ``r``'s points to do and running (their sizes), or None."""
+        if not self.probes or r.get("todo_params") is None:
+            return None
+        fits = []
+        for q in self.records:
+            ratio = self.probes.get((r["dataset"], q["dataset"], _family(r["model"])))
+            if q["model"] == r["model"] and ratio is not None and q.get("finished_params"):
+                fit = size_cost(q["finished_params"], q["finished_cpu_s"],
+                                self.slope(q["model"], q["grid"]))
+                if fit is not None:
+                    fits.append((fit, ratio))
+        running = r.get("running_params") or []
+        if not fits or len(running) != len(r["running_cpu_s"]) or not (
+                r["todo_params"] or running):
+            return None
+
+        def cost(n: float) -> float:
+            return sum(f(n) * k for f, k in fits) / len(fits)
+
+        return [cost(n) for n in r["todo_params"]], [cost(n) for n in running]
+
+    def project(self, r: dict) -> None:
+        """Set ``r``'s ``left_from``, ``mean_point_cpu_s``, ``left_cpu_s`` and
+        ``dearest_point_cpu_s`` (:func:`project_points`)."""
+        grid, here = r["grid"], r["dataset"]
+        by_probe = self.probed(r)
+        mates = [s for q in self.records if q["dataset"] == here and q["grid"] == grid
+                 for s in q["finished_cpu_s"]]
+        sources = (("study", _mean(r["finished_cpu_s"])),
+                   ("probe", _mean(by_probe[0] + by_probe[1]) if by_probe else None),
+                   ("model", self.scaled(here, grid, r["model"], True)),
+                   ("model, other grid", self.scaled(here, grid, r["model"], False)),
+                   ("data set", _mean(mates)))  # the first with something to project from
+        r["left_from"], per = next(((how, v) for how, v in sources if v is not None),
+                                   (None, None))
+        r["mean_point_cpu_s"] = per
+        todo, running = [per] * r["todo"], [per] * len(r["running_cpu_s"])
+        sizes = [r.get(k) for k in ("finished_params", "running_params", "todo_params")]
+        cost = (size_cost(sizes[0], r["finished_cpu_s"], self.slope(r["model"], grid))
+                if r["left_from"] == "study" and None not in sizes
+                and list(map(len, sizes)) == [len(r["finished_cpu_s"]), len(r["running_cpu_s"]),
+                                              r["todo"]] else None)
+        if cost is not None:
+            running, todo = ([cost(n) for n in ns] for ns in sizes[1:])
+            r["left_from"] = "study, by size"
+        elif r["left_from"] == "probe":
+            todo, running = by_probe
+        # a running point costs its projection, or what it has logged and the epochs its early
+        # stopping still has to run (``running_due_cpu_s``) when that is more
+        due = r.get("running_due_cpu_s") or [0.0] * len(r["running_cpu_s"])
+        ends = ([] if per is None else
+                [max(c, s + d) for c, s, d in zip(running, r["running_cpu_s"], due, strict=True)])
+        r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
+                           0.0 if per is None else
+                           sum(todo) + sum(e - s for e, s in zip(ends, r["running_cpu_s"],
+                                                                 strict=True)))
+        r["dearest_point_cpu_s"] = max([*r["finished_cpu_s"], *ends,
+                                        *([] if per is None else todo)], default=None)
+
+
 def project_points(records: list[dict],
                    probes: dict[tuple[str, str, str], float] | None = None) -> list[dict]:
     """Each study record's projected cost per point (``mean_point_cpu_s``) and of the points it
@@ -430,89 +525,9 @@ def project_points(records: list[dict],
     - ``data set``: else the mean of its data set's finished points of every model (a
       pret-LMN point costs several of an RNN's: the coarsest estimate);
     - None: nothing finished to project from."""
-
-    def mean(values: Sequence[float]) -> float | None:
-        return sum(values) / len(values) if values else None
-
-    slopes: dict[tuple[str, str], float | None] = {}  # (model, grid): epoch_slope's, once each
-
-    def slope(model: str, grid: str) -> float | None:
-        if (model, grid) not in slopes:
-            slopes[(model, grid)] = epoch_slope(records, model, grid)
-        return slopes[(model, grid)]
-
-    finished = {(r["dataset"], r["grid"], r["model"]): mean(r["finished_cpu_s"]) for r in records
-                if r["finished_cpu_s"]}
-
-    def scaled(here: str, grid: str, model: str, same_grid: bool) -> float | None:
-        estimates = []
-        for (other, g, m), cost in finished.items():
-            if m != model or other == here or (g == grid) != same_grid:
-                continue
-            both = [n for (d, g2, n) in finished if d == here and g2 == grid
-                    and (other, g, n) in finished]
-            if both:
-                estimates.append(cost * sum(finished[(here, grid, n)] for n in both)
-                                 / sum(finished[(other, g, n)] for n in both))
-        return mean(estimates)
-
-    def probed(r: dict) -> tuple[list[float], list[float]] | None:
-        """The probes' costs of ``r``'s points to do and running (their sizes), or None."""
-        if not probes or r.get("todo_params") is None:
-            return None
-        fits = []
-        for q in records:
-            ratio = probes.get((r["dataset"], q["dataset"], _family(r["model"])))
-            if q["model"] == r["model"] and ratio is not None and q.get("finished_params"):
-                fit = size_cost(q["finished_params"], q["finished_cpu_s"],
-                                slope(q["model"], q["grid"]))
-                if fit is not None:
-                    fits.append((fit, ratio))
-        running = r.get("running_params") or []
-        if not fits or len(running) != len(r["running_cpu_s"]) or not (
-                r["todo_params"] or running):
-            return None
-
-        def cost(n: float) -> float:
-            return sum(f(n) * k for f, k in fits) / len(fits)
-
-        return [cost(n) for n in r["todo_params"]], [cost(n) for n in running]
-
+    projection = _Projection(records, probes)
     for r in records:
-        grid, here = r["grid"], r["dataset"]
-        by_probe = probed(r)
-        mates = [s for q in records if q["dataset"] == here and q["grid"] == grid
-                 for s in q["finished_cpu_s"]]
-        sources = (("study", mean(r["finished_cpu_s"])),
-                   ("probe", mean(by_probe[0] + by_probe[1]) if by_probe else None),
-                   ("model", scaled(here, grid, r["model"], True)),
-                   ("model, other grid", scaled(here, grid, r["model"], False)),
-                   ("data set", mean(mates)))  # the first with something to project from
-        r["left_from"], per = next(((how, v) for how, v in sources if v is not None),
-                                   (None, None))
-        r["mean_point_cpu_s"] = per
-        todo, running = [per] * r["todo"], [per] * len(r["running_cpu_s"])
-        sizes = [r.get(k) for k in ("finished_params", "running_params", "todo_params")]
-        cost = (size_cost(sizes[0], r["finished_cpu_s"], slope(r["model"], grid))
-                if r["left_from"] == "study" and None not in sizes
-                and list(map(len, sizes)) == [len(r["finished_cpu_s"]), len(r["running_cpu_s"]),
-                                              r["todo"]] else None)
-        if cost is not None:
-            running, todo = ([cost(n) for n in ns] for ns in sizes[1:])
-            r["left_from"] = "study, by size"
-        elif r["left_from"] == "probe":
-            todo, running = by_probe
-        # a running point costs its projection, or what it has logged and the epochs its early
-        # stopping still has to run (``running_due_cpu_s``) when that is more
-        due = r.get("running_due_cpu_s") or [0.0] * len(r["running_cpu_s"])
-        ends = ([] if per is None else
-                [max(c, s + d) for c, s, d in zip(running, r["running_cpu_s"], due, strict=True)])
-        r["left_cpu_s"] = (None if per is None and (r["todo"] or r["running_cpu_s"]) else
-                           0.0 if per is None else
-                           sum(todo) + sum(e - s for e, s in zip(ends, r["running_cpu_s"],
-                                                                 strict=True)))
-        r["dearest_point_cpu_s"] = max([*r["finished_cpu_s"], *ends,
-                                        *([] if per is None else todo)], default=None)
+        projection.project(r)
     return records
 
 
