@@ -541,23 +541,9 @@ def _run_seconds(trial, runs_root: str | os.PathLike) -> tuple[float, bool]:
     return seconds, False
 
 
-def progress_table(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
-                   runs: Sequence[str | os.PathLike] = (), earlier: Sequence[Sequence[dict]] = (),
-                   plans: Sequence[str] = (), seed_plans: Sequence[str] = (),
-                   run_plans: Sequence[str] = (), max_retry: int | None = None,
-                   protocol: str | None = "linmem", command: str | None = None,
-                   probes: Sequence[str | os.PathLike] = ()) -> str:
-    """``linmem progress``'s table: the studies of ``grid`` (None: all) in ``storage``
-    (:func:`progress_records`); the searches of earlier reports' ``summary.json`` records that
-    the storage lacks (``earlier``; their trials' wall time); the single runs under ``runs``
-    (their logged CPU time); and the work still to start, projected like the rest: ``plans``
-    (``DATA:MODEL:GRID``, a search; :func:`planned_record`), ``seed_plans``
-    (``DATA:MODEL:GRID[:N]``, a study's N seeds less those among ``runs``; :func:`seeds_record`)
-    and ``run_plans`` (``DATA:RUN``, RUN's configuration on DATA unless a run of it is among
-    ``runs``; :func:`planned_run_record`); ``probes``: short runs that scale a model's cost
-    between data sets (:func:`probe_ratios`). ``ValueError`` names a bad plan, run or probe."""
-    studies = progress_records(storage, grid, runs_root,
-                               MAX_RETRY if max_retry is None else max_retry, protocol)
+def _add_earlier(studies: list[dict], earlier: Sequence[Sequence[dict]]) -> None:
+    """The searches of earlier reports' records that ``studies`` lacks, appended: their points
+    at their trials' mean wall time (their storage is gone)."""
     for records in earlier:
         here = {(r["dataset"], r["model"]) for r in studies}
         for r in records:
@@ -570,6 +556,12 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
                             "grid_points": r["grid_points"], "states": {"done": done},
                             "cpu_s": spent, "finished_cpu_s": [spent / done] * done if done
                             else [], "todo": 0, "running_cpu_s": []})
+
+
+def _add_planned_searches(studies: list[dict], plans: Sequence[str], grid: str | None,
+                          protocol: str | None) -> None:
+    """The searches ``plans`` names (``DATA:MODEL:GRID``) that ``studies`` has not started,
+    appended (:func:`planned_record`)."""
     for plan in plans:
         parts = plan.split(":")
         if len(parts) == 2 and grid is not None:
@@ -584,12 +576,13 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
         if not any((r["dataset"], r["model"], r["grid"]) ==
                    (record["dataset"], record["model"], record["grid"]) for r in studies):
             studies.append(record)  # a planned search already started is counted as it stands
-    try:
-        ratios = probe_ratios(probes) if probes else None
-    except FileNotFoundError as err:
-        raise ValueError(f"--probe: {err}") from None
-    studies = project_points(studies, ratios)
-    singles = _single_runs(runs)
+
+
+def _add_planned_seeds(studies: list[dict], seed_plans: Sequence[str], singles: list,
+                       storage: str, runs_root: str | os.PathLike,
+                       protocol: str | None) -> None:
+    """The seeds ``seed_plans`` names (``DATA:MODEL:GRID[:N]``), less those among the single
+    runs, appended and projected (:func:`seeds_record`)."""
     for plan in seed_plans:
         parts = plan.split(":")
         try:
@@ -609,6 +602,11 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
             studies.append(record)
         except (ValueError, KeyError) as err:
             raise ValueError(f"--plan-seeds {plan}: {err}") from None
+
+
+def _add_planned_runs(studies: list[dict], run_plans: Sequence[str], singles: list) -> None:
+    """The runs ``run_plans`` names (``DATA:RUN``) of which no single run is made yet,
+    appended (:func:`planned_run_record`)."""
     made = set()  # (data set, model) of the single runs given, for run_plans
     for p, _ in singles if run_plans else ():
         config = Path(p) / CONFIG
@@ -626,6 +624,35 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
             raise ValueError(f"--plan-run {plan}: {err}") from None
         if (record["dataset"], record["model"]) not in made:
             studies.append(record)
+
+
+def progress_table(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
+                   runs: Sequence[str | os.PathLike] = (), earlier: Sequence[Sequence[dict]] = (),
+                   plans: Sequence[str] = (), seed_plans: Sequence[str] = (),
+                   run_plans: Sequence[str] = (), max_retry: int | None = None,
+                   protocol: str | None = "linmem", command: str | None = None,
+                   probes: Sequence[str | os.PathLike] = ()) -> str:
+    """``linmem progress``'s table: the studies of ``grid`` (None: all) in ``storage``
+    (:func:`progress_records`); the searches of earlier reports' ``summary.json`` records that
+    the storage lacks (``earlier``; their trials' wall time); the single runs under ``runs``
+    (their logged CPU time); and the work still to start, projected like the rest: ``plans``
+    (``DATA:MODEL:GRID``, a search; :func:`planned_record`), ``seed_plans``
+    (``DATA:MODEL:GRID[:N]``, a study's N seeds less those among ``runs``; :func:`seeds_record`)
+    and ``run_plans`` (``DATA:RUN``, RUN's configuration on DATA unless a run of it is among
+    ``runs``; :func:`planned_run_record`); ``probes``: short runs that scale a model's cost
+    between data sets (:func:`probe_ratios`). ``ValueError`` names a bad plan, run or probe."""
+    studies = progress_records(storage, grid, runs_root,
+                               MAX_RETRY if max_retry is None else max_retry, protocol)
+    _add_earlier(studies, earlier)
+    _add_planned_searches(studies, plans, grid, protocol)
+    try:
+        ratios = probe_ratios(probes) if probes else None
+    except FileNotFoundError as err:
+        raise ValueError(f"--probe: {err}") from None
+    studies = project_points(studies, ratios)
+    singles = _single_runs(runs)
+    _add_planned_seeds(studies, seed_plans, singles, storage, runs_root, protocol)
+    _add_planned_runs(studies, run_plans, singles)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     here = machine()["cpu"]  # a single run in flight (no record yet) runs here
     return progress_markdown(studies, singles, command or command_line(), when,
