@@ -76,6 +76,69 @@ def _hours_by_machine(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
             "one): " + "; ".join(parts) + ".")
 
 
+_LEFT_FROM_LABELS = {  # where a point's projected cost comes from, as the table says it
+    "data set": " (data set's)",
+    "model": " (model's, scaled)",
+    "model, other grid": " (model's in another grid, scaled)",
+    "selected run": " (selected run's)",
+    "selected trial": " (selected run's, trial's stored time)",
+    "run, scaled": " (another data set's run, scaled)",
+    "probe": " (model's on another data set, by size, x the probes)",
+    "dearest point": " (the study's dearest point, projected)",
+}
+
+# what the progress table's figures count, and how the points left are projected
+_PROGRESS_NOTE = (
+    "CPU hours: each finished run's time (`metrics.json`), else the epochs' "
+    "times in its `log.jsonl`, and its pretraining time: the CPU time where the run "
+    "recorded it (from commit 8b4fc25 on), else the wall time, which is above it when "
+    "processes shared the cores (one thread per run; epochs cut short by a killed "
+    "worker are not counted; a study imported from another machine counts its finished "
+    "trials' stored time where their runs are not here: their CPU time where they "
+    "stored it, else their wall time). A pret-LMN run counts the "
+    "training of its unrolled network, every session's, when it trained it, and none "
+    "when it read it from the cache (`--ulm-cache`); runs recorded before commit "
+    "3c1102d count what the network's own run logged beyond the recipe's clock when "
+    "the network is their own, and nothing for a killed process's share of a cache "
+    "entry. "
+    "A study marked 'earlier' counts its trials' durations from `summary.json` (its "
+    "storage and runs are gone): an upper bound, a trial whose worker died lasting "
+    "until it was found dead. "
+    "Projection: each point left at a cost c * n ** a of its n parameters, a fitted to "
+    "the study's finished points (complete, pruned or failed after an epoch: one that "
+    "diverged in its first epoch shows its set-up's cost, not a point's; the column "
+    "shows their mean) by least squares on the logs, within [0, 2], and when they are "
+    "all of one size the slope of log epoch CPU time on log parameters over the "
+    "model's runs of two sizes or more (each study's against its own mean; in the "
+    "same grid, else in any; an epoch's cost, not early stopping's), else 1; c such "
+    "that they add up to their CPU time; for a study with "
+    "none, with probes (`--probe`: short runs of one configuration on two data sets), "
+    "each point at the cost c * n ** a fitted to its model's finished points on another"
+    " data set times the probes' ratio of their epochs' CPU time there and here, for "
+    "the models with a memory from an LMN's probes and for the others from the others' "
+    "(\"model's on another data set, by size, x the probes\": an epoch's cost measured, "
+    "where whole runs' costs carry how long they ran, short for runs that diverge), "
+    "else its model's mean on the other data sets scaled by the two data sets' cost "
+    "ratio over the models both have finished (\"model's, scaled\"), else the same from "
+    "its model's points in another grid, the ratio then over the models finished in "
+    "both grids (\"model's in another grid, scaled\"), else its data set's mean over "
+    "every model. A point running counts its projection, or what it has logged and "
+    "the epochs its early stopping still has to run at the least when that is more "
+    "(patience epochs after its best so far, each at its logged epochs' mean CPU time;"
+    " under a protocol without a pruner, which could end it sooner). "
+    "Seeds still to run (`--plan-seeds`): each at the CPU time of the "
+    "study's selected run, with its unrolled network's when it read that from the cache"
+    " (a seed trains its own), or at its trial's stored time when the run is on another"
+    " machine (\"trial's stored time\"), and while the study has selected nothing, at its"
+    " dearest point, finished or projected (\"the study's dearest point, projected\"); "
+    "the seeds run so far count as single runs. A single run still to make (`--plan-"
+    "run`, an RNN-RBM): another data set's run of the same configuration, its epochs "
+    "scaled by the two data sets' training and validation frames, its final scoring as "
+    "it is (a fixed sample of frames for the AIS), its expected accuracy's scoring by "
+    "the frames scored (\"another data set's run, scaled\"); a run's scoring "
+    "(`expected.json`) counts in its CPU time.")
+
+
 def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]] = (),
                       command: str | None = None, when: str | None = None,
                       run_machines: dict[str, str | None] | None = None) -> str:
@@ -92,20 +155,7 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
              "point | projected CPU h left |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(studies, key=lambda r: r["study"]):
         st = r["states"]
-        per = hours(r["mean_point_cpu_s"]) + {"data set": " (data set's)",
-                                              "model": " (model's, scaled)",
-                                              "model, other grid": " (model's in another grid, "
-                                                                   "scaled)",
-                                              "selected run": " (selected run's)",
-                                              "selected trial": " (selected run's, trial's "
-                                                                "stored time)",
-                                              "run, scaled": " (another data set's run, "
-                                                             "scaled)",
-                                              "probe": " (model's on another data set, by "
-                                                       "size, x the probes)",
-                                              "dearest point": " (the study's dearest point, "
-                                                               "projected)"
-                                              }.get(r["left_from"], "")
+        per = hours(r["mean_point_cpu_s"]) + _LEFT_FROM_LABELS.get(r["left_from"], "")
         if r["mean_point_cpu_s"] is None and r["left_cpu_s"] == 0.0:
             per = "–"  # nothing left, nothing to project from
         name = r["study"] + (f" ({r['points_from_trials']} points: trial's stored time)"
@@ -123,54 +173,7 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
               + (f" (and no estimate yet for {', '.join(unknown)})" if unknown else "") + "."]
     if spent > 0:
         lines += ["", _hours_by_machine(studies, runs, run_machines or {})]
-    lines += ["", "CPU hours: each finished run's time (`metrics.json`), else the epochs' "
-              "times in its `log.jsonl`, and its pretraining time: the CPU time where the run "
-              "recorded it (from commit 8b4fc25 on), else the wall time, which is above it when "
-              "processes shared the cores (one thread per run; epochs cut short by a killed "
-              "worker are not counted; a study imported from another machine counts its finished "
-              "trials' stored time where their runs are not here: their CPU time where they "
-              "stored it, else their wall time). A pret-LMN run counts the "
-              "training of its unrolled network, every session's, when it trained it, and none "
-              "when it read it from the cache (`--ulm-cache`); runs recorded before commit "
-              "3c1102d count what the network's own run logged beyond the recipe's clock when "
-              "the network is their own, and nothing for a killed process's share of a cache "
-              "entry. "
-              "A study marked 'earlier' counts its trials' durations from `summary.json` (its "
-              "storage and runs are gone): an upper bound, a trial whose worker died lasting "
-              "until it was found dead. "
-              "Projection: each point left at a cost c * n ** a of its n parameters, a fitted to "
-              "the study's finished points (complete, pruned or failed after an epoch: one that "
-              "diverged in its first epoch shows its set-up's cost, not a point's; the column "
-              "shows their mean) by least squares on the logs, within [0, 2], and when they are "
-              "all of one size the slope of log epoch CPU time on log parameters over the "
-              "model's runs of two sizes or more (each study's against its own mean; in the "
-              "same grid, else in any; an epoch's cost, not early stopping's), else 1; c such "
-              "that they add up to their CPU time; for a study with "
-              "none, with probes (`--probe`: short runs of one configuration on two data sets), "
-              "each point at the cost c * n ** a fitted to its model's finished points on another"
-              " data set times the probes' ratio of their epochs' CPU time there and here, for "
-              "the models with a memory from an LMN's probes and for the others from the others' "
-              "(\"model's on another data set, by size, x the probes\": an epoch's cost measured, "
-              "where whole runs' costs carry how long they ran, short for runs that diverge), "
-              "else its model's mean on the other data sets scaled by the two data sets' cost "
-              "ratio over the models both have finished (\"model's, scaled\"), else the same from "
-              "its model's points in another grid, the ratio then over the models finished in "
-              "both grids (\"model's in another grid, scaled\"), else its data set's mean over "
-              "every model. A point running counts its projection, or what it has logged and "
-              "the epochs its early stopping still has to run at the least when that is more "
-              "(patience epochs after its best so far, each at its logged epochs' mean CPU time;"
-              " under a protocol without a pruner, which could end it sooner). "
-              "Seeds still to run (`--plan-seeds`): each at the CPU time of the "
-              "study's selected run, with its unrolled network's when it read that from the cache"
-              " (a seed trains its own), or at its trial's stored time when the run is on another"
-              " machine (\"trial's stored time\"), and while the study has selected nothing, at its"
-              " dearest point, finished or projected (\"the study's dearest point, projected\"); "
-              "the seeds run so far count as single runs. A single run still to make (`--plan-"
-              "run`, an RNN-RBM): another data set's run of the same configuration, its epochs "
-              "scaled by the two data sets' training and validation frames, its final scoring as "
-              "it is (a fixed sample of frames for the AIS), its expected accuracy's scoring by "
-              "the frames scored (\"another data set's run, scaled\"); a run's scoring "
-              "(`expected.json`) counts in its CPU time."]
+    lines += ["", _PROGRESS_NOTE]
     return "\n".join(lines + made_by(command, when)) + "\n"
 
 
