@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from linmem.training import runs
 
@@ -87,3 +88,45 @@ def test_where_a_failed_run_failed():
                                   "8): NaN"}) == "pretraining test"
     assert failed_on({"diverged": "its pretraining: the training loss became NaN"}) == \
         "pretraining training"
+
+
+def test_a_ctrl_c_during_a_checkpoint_write_is_an_interrupt_and_keeps_the_file(tmp_path,
+                                                                                monkeypatch):
+    """A Ctrl-C that lands while torch.save writes (in the file's ``write``) is the
+    ``KeyboardInterrupt`` it is, not torch's "unexpected pos" ``RuntimeError`` (which the
+    command line would print as an error, exit 1, instead of "interrupted", exit 130); the
+    checkpoint there keeps the previous one, whole."""
+    import contextlib
+
+    from linmem.training.runs import load_checkpoint, save_checkpoint
+
+    path = tmp_path / "last.pt"
+    save_checkpoint({"epoch": 1, "w": torch.zeros(3)}, path)
+    writes = []
+
+    class Interrupted:  # the file torch.save writes to, a Ctrl-C landing in its second write
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            writes.append(len(data))
+            if len(writes) == 2:
+                raise KeyboardInterrupt
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    real = runs.atomic_write
+
+    @contextlib.contextmanager
+    def atomic_write(target, *args, **kwargs):
+        with real(target, *args, **kwargs) as f:
+            yield Interrupted(f)
+
+    monkeypatch.setattr(runs, "atomic_write", atomic_write)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint({"epoch": 2, "w": torch.ones(1000)}, path)
+    monkeypatch.undo()
+    assert len(writes) == 2 and load_checkpoint(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left

@@ -455,13 +455,14 @@ def _checkpoint_fault(path: str | Path, err: Exception) -> str:
 
 def save_checkpoint(obj: Any, path: Path) -> None:
     """``torch.save(obj)`` to ``path``, atomically. A write the disk refuses (full, over quota)
-    is its ``OSError``, naming ``path``: torch's zip writer would hide it behind a
-    ``RuntimeError`` ("unexpected pos") of its own end-of-file record."""
+    is its ``OSError``, naming ``path``, and a Ctrl-C (or SIGTERM) during the write is its
+    ``KeyboardInterrupt``: torch's zip writer would hide either behind a ``RuntimeError``
+    ("unexpected pos") of its own end-of-file record. ``path`` keeps what it held."""
     with atomic_write(path) as f:
         try:
             torch.save(obj, f)
         except RuntimeError as err:
-            if isinstance(err.__context__, OSError):
+            if isinstance(err.__context__, (OSError, KeyboardInterrupt)):
                 raise err.__context__ from None
             raise
 
