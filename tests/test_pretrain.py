@@ -542,3 +542,28 @@ def test_unrolled_recurrence_kernel_equals_the_loop(shape, nonlinearity, threads
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     finally:
         torch.set_num_threads(previous)
+
+
+def test_a_bounded_pretrained_lmn_trains_through_the_cli_and_shares_the_ulm(tmp_path, data_dir):
+    """`linmem train --model pret-lmn-b --memory-bound R --ulm-cache C` (what a bounded search
+    runs): the unrolled network, which has no memory, trains unbounded and is the cache entry
+    of the unbounded run too (trained once); the LMN starts from the autoencoder's memory put
+    into the ball, and its memory stays in it."""
+    cache = tmp_path / "cache"
+    common = ["--data", "jsb", "--data-dir", str(data_dir), "--model", "pret-lmn-b", "--hidden",
+              "6", "--memory", "20", "--k", "3", "--batch-size", "32", "--epochs", "1",
+              "--ulm-cache", str(cache), "--quiet"]
+    bound = 0.5
+    assert run_cli("train", *common, "--memory-bound", str(bound),
+                   "--out", str(tmp_path / "bounded")) == 0
+    assert run_cli("train", *common, "--out", str(tmp_path / "free")) == 0
+    assert len([e for e in cache.iterdir() if e.is_dir()]) == 1  # one ULM for both
+    bounded = json.loads((tmp_path / "bounded" / "metrics.json").read_text())
+    facts = bounded["pretraining"]
+    assert bounded["memory_bound"] == bound and facts["memory_bound"] == bound
+    assert facts["memory_norm"] > bound and facts["memory_change"] > 0  # B was put in the ball
+    init = torch.load(tmp_path / "bounded" / "init.pt", weights_only=True)
+    weight = init["core.weight_mm_l0"].double()
+    model, _ = load_run_model(tmp_path / "bounded")
+    assert float(torch.linalg.matrix_norm(model.core.memory_weight(0).double(), 2)) <= bound + 1e-6
+    assert float(torch.linalg.matrix_norm(weight, 2)) <= bound + 1e-6

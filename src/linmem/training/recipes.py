@@ -89,8 +89,11 @@ class Recipe:
 def ulm_config(config: TrainConfig) -> TrainConfig:
     """The trainer settings of the unrolled network: the LMN's, for the model ``ulm`` of the same
     functional size (``pretrain_epochs`` bounds its epochs when set, ``ulm_nonlinearity`` sets
-    its activation when it differs from the LMN's)."""
-    return replace(config, model="ulm", memory=None,
+    its activation when it differs from the LMN's). It has no linear memory, so no
+    ``memory_bound``: a bounded LMN's memory is put into its ball at the transfer
+    (:func:`linmem.pretrain.project_memory`), and its ULM is the unbounded one's (one cache
+    entry for both)."""
+    return replace(config, model="ulm", memory=None, memory_bound=None,
                    epochs=config.pretrain_epochs or config.epochs, pretrain_epochs=None,
                    nonlinearity=config.ulm_nonlinearity or config.nonlinearity,
                    ulm_nonlinearity=None, ulm_cache=None)
