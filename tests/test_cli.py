@@ -247,7 +247,7 @@ def test_reseed_trains_the_same_configuration_with_other_seeds(tmp_path, data_di
     code, _, err = run_cli("reseed", str(out), "--seeds", "1,x", capsys=capsys)
     assert code == 2 and "--seeds" in err
 
-    from linmem.experiments.report import seed_groups
+    from linmem.experiments.seed_groups import seed_groups
     from linmem.training.runs import collect_metrics
 
     (group,) = seed_groups(collect_metrics([tmp_path / "run-seeds"]))

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from linmem.experiments.protocol_choice import protocol_choice, protocol_choice_markdown
-from linmem.experiments.report import seed_groups
+from linmem.experiments.seed_groups import seed_groups
 
 SETS = ("jsb", "musedata", "nottingham", "piano")
 

@@ -287,7 +287,8 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
 
 
 def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
-    from linmem.experiments.report import seed_groups, table2_markdown
+    from linmem.experiments.report import table2_markdown
+    from linmem.experiments.seed_groups import seed_groups
 
     def run(model, seed, acc):
         return {"dataset": "jsb", "model": model, "hidden": 250, "memory": 250,
@@ -337,7 +338,8 @@ def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
     named in the table and in the claim, left out of the means, and counted below every score
     in the claim's ranges: a model with a failed seed is never beyond the spread above another,
     and can be below it; the claim needs three seeds run per model."""
-    from linmem.experiments.report import seed_groups, table2_markdown
+    from linmem.experiments.report import table2_markdown
+    from linmem.experiments.seed_groups import seed_groups
     from linmem.training.runs import collect_metrics
 
     def run(model, seed, acc=None, why="NaN in epoch 1"):
@@ -415,7 +417,7 @@ def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
 def test_seed_groups_keep_activations_apart(tmp_path, capsys):
     """pret-LMN-B with tanh (the paper's text) beside the default SELU one: two groups, each
     against LMN-B; `linmem summarize --seeds` prints the same from run directories."""
-    from linmem.experiments.report import seed_groups, seeds_markdown
+    from linmem.experiments.seed_groups import seed_groups, seeds_markdown
 
     def run(model, seed, acc, act=None):
         return {"dataset": "jsb", "model": model, "hidden": 250, "memory": 250,
@@ -593,7 +595,8 @@ def test_seed_table_says_whether_the_papers_figure_is_reached():
     than two finished (the others diverged), the finished seed against the figure; no line
     where the paper has no figure (another model, or an activation neither the model's default
     nor the paper's tanh)."""
-    from linmem.experiments.report import PAPER_TABLE2, seed_groups, seeds_markdown
+    from linmem.experiments.paper import PAPER_TABLE2
+    from linmem.experiments.seed_groups import seed_groups, seeds_markdown
 
     def run(model, seed, frame, dataset="jsb", act=None):
         return {"dataset": dataset, "model": model, "hidden": 250, "memory": 250,
@@ -660,7 +663,8 @@ def test_table2_carries_both_protocols(tmp_path):
     table2.md ends with both protocols side by side, each column from its own protocol's
     selection (a grid whose every point failed is ✗, read from search_trials.json), the paper
     protocol's seeds against the paper's figures, and the ablation's tables."""
-    from linmem.experiments.report import PAPER_TABLE2, build_report
+    from linmem.experiments.paper import PAPER_TABLE2
+    from linmem.experiments.report import build_report
 
     ours, paper = tmp_path / "ours", tmp_path / "paper"
     ours.mkdir()
@@ -770,7 +774,7 @@ def test_seed_groups_keep_bounds_and_protocol_departures_apart():
     """Seeds of one configuration trained with and without a memory bound, and with and
     without a protocol field changed (the bounded-memory pilot's 2 x 2): four groups, each
     labelled by what sets it apart."""
-    from linmem.experiments.report import seed_groups, seeds_markdown
+    from linmem.experiments.seed_groups import seed_groups, seeds_markdown
 
     def run(seed, bound, overrides, acc):
         return {"dataset": "piano", "model": "lmn-a", "hidden": 250, "memory": 250,
@@ -787,7 +791,7 @@ def test_seed_groups_keep_bounds_and_protocol_departures_apart():
                   "| LMN-A (bound 0.99, init_bias true) |"):
         assert label in table, label
     # their validation side (linmem summarize --valid), what a choice between them is made on
-    from linmem.experiments.report import valid_seeds_markdown
+    from linmem.experiments.seed_groups import valid_seeds_markdown
 
     for r in records:
         r["valid_acc"], r["valid_acc_frame"] = 30.0 + 2 * r["seed"], 25.0 + r["seed"]
@@ -801,7 +805,7 @@ def test_the_claims_compare_seeds_under_the_same_bound():
     """Bounded and unbounded seeds in one table (the campaign's one-factor comparison): the
     bounded pret-LMN-B's claim is against the bounded LMN-B, the unbounded one's against the
     unbounded, and each LMN-B's against the one LSTM (no memory, no bound)."""
-    from linmem.experiments.report import seed_groups, seeds_markdown
+    from linmem.experiments.seed_groups import seed_groups, seeds_markdown
 
     def run(model, seed, bound, acc):
         return {"dataset": "jsb", "model": model, "hidden": 50,

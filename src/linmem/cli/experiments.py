@@ -58,14 +58,8 @@ from linmem.experiments.analyses import (
 )
 from linmem.experiments.plots import plot_pretraining
 from linmem.experiments.pretraining import analyze_pretraining
-from linmem.experiments.report import (
-    build_report,
-    markdown_table,
-    seed_groups,
-    seeds_markdown,
-    summary_file_records,
-    valid_seeds_markdown,
-)
+from linmem.experiments.report import build_report, markdown_table, summary_file_records
+from linmem.experiments.seed_groups import seed_groups, seeds_markdown, valid_seeds_markdown
 from linmem.experiments.seeds import SeedsDiverged, reseed
 from linmem.training.config import LEGACY_PROTOCOL, PROTOCOLS, TrainConfig
 from linmem.training.runs import collect_metrics, ended, publish

@@ -26,12 +26,8 @@ from typing import Any
 import numpy as np
 
 from linmem._io import atomic_write, command_line, git_commit, made_by, read_json, write_json
-from linmem.experiments.report import (
-    ablation_markdown,
-    ablation_record_markdown,
-    pruner_markdown,
-    seed_groups,
-)
+from linmem.experiments.report import ablation_markdown, ablation_record_markdown, pruner_markdown
+from linmem.experiments.seed_groups import seed_groups
 from linmem.training.config import LEGACY_PROTOCOL, PROTOCOLS
 from linmem.training.runs import METRICS, collect_metrics, log_rows
 from linmem.training.selection import selection_score
@@ -67,7 +63,7 @@ def ablation_groups(base_runs: Sequence[dict], variant_runs: Sequence[dict]) -> 
     """The seeds of each variant (runs of :func:`linmem.training.runs.collect_metrics`, diverged
     ones included) against those of its base, the configuration as its protocol trains it: per
     variant its ``factor`` (the protocol fields it sets otherwise than its base, with the
-    base's value in ``base_values``), its :func:`linmem.experiments.report.seed_groups` record
+    base's value in ``base_values``), its :func:`linmem.experiments.seed_groups.seed_groups` record
     (``variant``) and its base's (``base``). Ordered by data set, model, then factor.
     ``ValueError`` for a variant with no base among ``base_runs``, or one that changes nothing."""
     by_point: dict[tuple, list[dict]] = {}

@@ -4,7 +4,7 @@ selected configurations under both protocols, compared on validation.
 The rule, fixed before the long sets' seeds were in:
 
 - a *pair* is a (data set, model) with at least :data:`MIN_SEEDS` finished seeds under each
-  protocol (:func:`linmem.experiments.report.seed_groups` groups; the model at its Table 2
+  protocol (:func:`linmem.experiments.seed_groups.seed_groups` groups; the model at its Table 2
   activation);
 - per pair and metric (the per-frame mean, the paper's; the global accuracy, Bay et al.'s) the
   protocol with the higher validation mean over its seeds wins the pair;
@@ -32,9 +32,8 @@ PROTOCOLS = ("paper", "linmem")
 
 
 def ranges_apart(x: dict, y: dict) -> bool:
-    """Whether two seed groups' ranges of one metric (:func:`linmem.experiments.report.seed_groups`)
-    do not
-    overlap."""
+    """Whether two seed groups' ranges of one metric
+    (:func:`linmem.experiments.seed_groups.seed_groups`) do not overlap."""
     return y["min"] > x["max"] or x["min"] > y["max"]
 
 
