@@ -21,6 +21,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -101,21 +102,33 @@ int64_t panel_width(const Variant& v) {
 
 // The (K, N) matrix `w` into rows [k0, k0 + K) and columns [j0, j0 + N) of the packed matrix
 // `to` at `out`, zeros in its columns [j0 + N, j0 + n_pad). `w` may be row-major or a
-// transposed view of a row-major matrix (W^T for a weight W), read as it lies.
+// transposed view of a row-major matrix (W^T for a weight W), read as it lies. Panel by panel,
+// each panel's rows written in order: a row-major `w` is copied a row segment at a time, a
+// transposed one read as `panel` sequential streams (its rows), with no index arithmetic per
+// element (computing `Panels::at` per element made packing cost as much as 37 batch-1 steps).
 template <typename T>
 void pack(const at::Tensor& w, T* out, const Panels& to, int64_t k0, int64_t j0, int64_t n_pad) {
   const int64_t k_size = w.size(0), n = w.size(1);
   const at::Tensor c = (w.stride(1) == 1 || w.stride(0) == 1) ? w : w.contiguous();
   const T* src = c.data_ptr<T>();
   const int64_t sk = c.stride(0), sj = c.stride(1);
-  constexpr int64_t kBlock = 32;  // square blocks: both sides of a transpose stay in cache
-  for (int64_t kb = 0; kb < k_size; kb += kBlock)
-    for (int64_t jb = 0; jb < n; jb += kBlock)
-      for (int64_t k = kb; k < std::min(kb + kBlock, k_size); ++k)
-        for (int64_t j = jb; j < std::min(jb + kBlock, n); ++j)
-          out[to.at(k0 + k, j0 + j)] = src[k * sk + j * sj];
-  for (int64_t k = 0; k < k_size; ++k)
-    for (int64_t j = n; j < n_pad; ++j) out[to.at(k0 + k, j0 + j)] = T(0);
+  for (int64_t p0 = j0 / to.panel * to.panel; p0 < j0 + n_pad; p0 += to.panel) {
+    const int64_t width = std::min(to.panel, to.n_total - p0);
+    const int64_t c0 = std::max(p0, j0), c1 = std::min(p0 + width, j0 + n_pad);
+    const int64_t data_end = std::min(c1, j0 + n);  // columns [c0, data_end) hold w's values
+    T* panel = out + p0 * to.k_size + (c0 - p0);
+    for (int64_t k = 0; k < k_size; ++k) {
+      T* row = panel + (k0 + k) * width;
+      const T* from = src + k * sk + (c0 - j0) * sj;
+      const int64_t filled = data_end - c0;
+      if (sj == 1) {
+        std::memcpy(row, from, filled * sizeof(T));
+      } else {
+        for (int64_t j = 0; j < filled; ++j) row[j] = from[j * sj];
+      }
+      std::fill(row + filled, row + (c1 - c0), T(0));
+    }
+  }
 }
 
 // ATen's vectorised tanh, in place: the PyTorch loop's values.
@@ -546,6 +559,14 @@ double stream_read(at::Tensor data, int64_t repeats, const std::string& variant)
   return v.stream_read_f(data.data_ptr<float>(), data.numel(), repeats);
 }
 
+// `data` (contiguous float32) through `variant`'s tanh, in place: what its float32 loops apply.
+void tanh_(at::Tensor data, const std::string& variant) {
+  const Variant& v = variant_named(variant);
+  TORCH_CHECK(data.is_contiguous() && data.scalar_type() == at::kFloat && data.device().is_cpu(),
+              "tanh_ needs a contiguous float32 CPU tensor");
+  v.tanh_f(data.data_ptr<float>(), data.numel());
+}
+
 }  // namespace
 }  // namespace linmem
 
@@ -572,6 +593,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("stream_read", &linmem::stream_read,
         "a float32 tensor read `repeats` times by a variant's loads (a cache's streaming rate)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("tanh_", &linmem::tanh_, "a variant's float32 tanh, in place (what its loops apply)",
         py::call_guard<py::gil_scoped_release>());
   m.def("variants", &linmem::variants,
         "the kernel variants compiled here that this CPU can run, best first");

@@ -190,6 +190,8 @@ struct Variant {
   // the bound of a batch-1 step (benchmarks/throughput.py): `n` floats read `repeats` times
   // with this variant's vectors; returns their sum, so that nothing can skip the reads
   float (*stream_read_f)(const float* data, int64_t n, int64_t repeats);
+  // the float32 loops' tanh (csrc/lmn_kernel.h), in place: `n` values
+  void (*tanh_f)(float* data, int64_t n);
 };
 
 extern const Variant avx512_variant;  // x86-64 only
