@@ -80,6 +80,34 @@ def test_both_eigensolvers_find_the_same_top_pair():
         torch.testing.assert_close(gram @ vec_a, lam_a * vec_a, rtol=0, atol=100 * eps * lam_a)
 
 
+def test_the_eigensolver_runs_on_one_blas_thread_and_leaves_the_pool_as_it_was(monkeypatch):
+    """scipy's OpenBLAS sizes its pool to the machine; the norm's eigensolver runs on one of its
+    threads (beside a busy process two spinning threads made it 3-6x slower) and restores the
+    pool's size afterwards."""
+    import scipy.linalg
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from linmem.ops.bound import _top_eigenpair_lapack
+
+    def blas_threads():
+        return {lib["filepath"]: lib["num_threads"] for lib in threadpool_info()
+                if lib["user_api"] == "blas"}
+
+    during = []
+    eigh = scipy.linalg.eigh
+
+    def recording(*args, **kwargs):
+        during.append(blas_threads())
+        return eigh(*args, **kwargs)
+
+    monkeypatch.setattr(scipy.linalg, "eigh", recording)
+    with threadpool_limits(limits=2, user_api="blas"):  # a pool of two, even on one core
+        before = blas_threads()
+        _top_eigenpair_lapack(torch.eye(5, dtype=torch.float64))
+        assert blas_threads() == before and set(before.values()) == {2}
+    assert during and during[0] and set(during[0].values()) == {1}
+
+
 def test_the_norm_of_degenerate_matrices():
     assert float(spectral_norm(torch.zeros(4, 3))) == 0.0
     zero = torch.zeros(3, 3, requires_grad=True)
