@@ -4,7 +4,7 @@ For every LMN size (functional, memory) and batch size, on random piano-roll-lik
 ``--steps`` steps, this measures frames per second of
 
 - training: forward, masked next-step NLL, backward, Adam step
-(``linmem.training.trainer.train_step``);
+(``linmem.training.trainer.train_step`` with the trainer's optimizer, ``make_optimizer``);
 - inference: forward under ``torch.inference_mode``;
 
 for the LMN-B predictor (the library's default fast path: on CPU the compiled kernel of
@@ -64,7 +64,8 @@ from linmem.nn.lmn import lmn_recurrence
 from linmem.nn.rnns import as_torch
 from linmem.ops.cpu import KERNEL_ENV, cpu_path, kernel_variants, load_cpu_kernel
 from linmem.ops.lmn import measure_cpu_paths, use_cpu_kernel
-from linmem.training.trainer import train_step
+from linmem.training.config import TrainConfig
+from linmem.training.trainer import make_optimizer, train_step
 
 # what limits torch's own libraries to an instruction set (MKL, oneDNN): with
 # LINMEM_CPU_KERNEL=avx2 they make an AVX-512 machine stand in for an AVX2 one, LSTM included
@@ -174,6 +175,12 @@ def stream_rate(n_bytes: int, variant: str, min_time: float) -> float:
     return best
 
 
+def trainer_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer ``linmem train`` makes (Adam at 1e-3, fused where the parameters allow),
+    without weight decay: every model is timed with what a run would update it with."""
+    return make_optimizer(model.parameters(), TrainConfig(weight_decay=0.0))
+
+
 def random_batch(batch: int, steps: int, seed: int = 0) -> Batch:
     rng = np.random.default_rng(seed)
     rolls = [(rng.random((steps + 1, N_KEYS)) < 0.05).astype(np.float32) for _ in range(batch)]
@@ -193,7 +200,7 @@ def frames_per_second(step, frames: int, min_time: float) -> float:
 
 def measure(model: nn.Module, batch: Batch, min_time: float) -> tuple[float, float]:
     """(training, inference) frames per second of ``model`` on ``batch``."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = trainer_optimizer(model)
     frames = int(batch.mask.sum())
     train = frames_per_second(lambda: train_step(model, optimizer, batch), frames, min_time)
 
@@ -340,7 +347,7 @@ def bench_epochs(args) -> list[dict]:
                 model = build_model(model_name, *size)
                 if model_name == "lstm":  # PyTorch's own, oneDNN's fused LSTM
                     model.core = as_torch(model.core)
-                optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+                optimizer = trainer_optimizer(model)
                 t0 = time.perf_counter()
                 for b in padded:
                     train_step(model, optimizer, b, clip=5.0)
@@ -370,7 +377,7 @@ def profile(args) -> str:
     for label, model in (("straightforward per-step loop", NaiveLMN(lmn)),
                          ("fast path, PyTorch loop (kernel off)", PathLMN(lmn, False)),
                          ("fast path, compiled kernel (the default)", lmn)):
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        optimizer = trainer_optimizer(model)
         train_step(model, optimizer, batch)
         with torch_profile() as prof:
             for _ in range(3):
