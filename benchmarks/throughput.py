@@ -343,23 +343,29 @@ def bench_epochs(args) -> list[dict]:
             row, padded = epoch_batches(data, name, batch_size, args.data_dir)
             row.update(functional=f, memory=m)
             for model_name, size in (("lmn-b", (f, m)), ("lstm", (f + m, None))):
-                torch.manual_seed(0)
-                model = build_model(model_name, *size)
-                if model_name == "lstm":  # PyTorch's own, oneDNN's fused LSTM
-                    model.core = as_torch(model.core)
-                optimizer = trainer_optimizer(model)
-                t0 = time.perf_counter()
-                for b in padded:
-                    train_step(model, optimizer, b, clip=5.0)
-                seconds = time.perf_counter() - t0
+                times = []
+                for _ in range(args.epoch_repeats if model_name == "lmn-b" else 1):
+                    torch.manual_seed(0)
+                    model = build_model(model_name, *size)
+                    if model_name == "lstm":  # PyTorch's own, oneDNN's fused LSTM
+                        model.core = as_torch(model.core)
+                    optimizer = trainer_optimizer(model)
+                    t0 = time.perf_counter()
+                    for b in padded:
+                        train_step(model, optimizer, b, clip=5.0)
+                    times.append(time.perf_counter() - t0)
+                seconds = statistics.median(times)
                 row[f"{model_name}_epoch_s"] = seconds
+                row[f"{model_name}_epoch_s_each"] = times
                 row[f"{model_name}_train_fps"] = row["frames"] / seconds
             row["lmn_vs_lstm"] = row["lmn-b_train_fps"] / row["lstm_train_fps"]
             rows.append(row)
             print(f"epoch on {name} (train split, {row['frames']} frames, batch {batch_size}, "
                   f"{row['batches']} batches, padding {100 * row['padding_fraction']:.1f}%): "
                   f"LMN-B({f},{m}) {row['lmn-b_epoch_s']:.1f}s = "
-                  f"{row['lmn-b_train_fps'] / 1e3:.1f}k frames/s, LSTM({f + m}) "
+                  f"{row['lmn-b_train_fps'] / 1e3:.1f}k frames/s"
+                  + (f" (median of {', '.join(f'{t:.2f}' for t in row['lmn-b_epoch_s_each'])} s)"
+                     if args.epoch_repeats > 1 else "") + f", LSTM({f + m}) "
                   f"{row['lstm_epoch_s']:.1f}s = {row['lstm_train_fps'] / 1e3:.1f}k frames/s, "
                   f"ratio {row['lmn_vs_lstm']:.2f}x", flush=True)
     return rows
@@ -398,6 +404,8 @@ def main() -> None:
     p.add_argument("--epochs", nargs="*", default=["nottingham", "musedata"],
                    help="data sets to time a training epoch on (none to skip)")
     p.add_argument("--epoch-size", default="250x250")
+    p.add_argument("--epoch-repeats", type=int, default=1,
+                   help="the LMN-B's epoch this many times (each recorded), its median reported")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--profile", default=None, help="write a torch.profiler table to this file")
     p.add_argument("--json", default=None)
