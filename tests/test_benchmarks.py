@@ -100,6 +100,18 @@ def test_throughput_script_runs(tmp_path):
     assert result["machine"]["cpu"] and result["commit"] and "cpu" not in result
 
 
+def test_batch1_parts_script_runs(tmp_path):
+    """The batch-1 parts at a tiny size: every cost positive, a call's fixed cost and a step's
+    apart, both Adams timed."""
+    out = tmp_path / "p.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "batch1_parts.py"), "--sizes", "9",
+                    "--steps", "5", "--json", str(out)], check=True, capture_output=True)
+    (row,) = json.loads(out.read_text())["rows"]
+    for key in ("forward_call_us", "backward_call_us", "adam_ms", "adam_fused_ms"):
+        assert row[key] > 0, key
+    assert {"forward_step_us", "forward_step_relu_us", "backward_step_us"} <= set(row)
+
+
 @pytest.mark.slow
 def test_baselines_script_runs(tmp_path):
     """linmem.nn.rnns' RNN and GRU against PyTorch's, the ULM against its autograd loop, at a tiny
