@@ -567,3 +567,26 @@ def test_a_bounded_pretrained_lmn_trains_through_the_cli_and_shares_the_ulm(tmp_
     model, _ = load_run_model(tmp_path / "bounded")
     assert float(torch.linalg.matrix_norm(model.core.memory_weight(0).double(), 2)) <= bound + 1e-6
     assert float(torch.linalg.matrix_norm(weight, 2)) <= bound + 1e-6
+
+
+def test_a_cache_entry_with_only_published_records_is_trained_again(tmp_path, data_dir):
+    """The campaign's restore step copies published records back into runs/, its ULM cache
+    among them: an entry with metrics.json but no checkpoint (it stopped the campaign with
+    "best.pt does not exist") is trained again in place, with a warning, and the pret-LMN
+    trains; the entry then holds its checkpoint."""
+    from linmem.training.runs import publish, trained
+
+    cache = tmp_path / "cache"
+    common = ["--data", "jsb", "--data-dir", str(data_dir), "--model", "pret-lmn-b", "--hidden",
+              "6", "--memory", "20", "--k", "3", "--batch-size", "32", "--epochs", "1",
+              "--ulm-cache", str(cache), "--quiet"]
+    assert run_cli("train", *common, "--out", str(tmp_path / "first")) == 0
+    (entry,) = [e for e in cache.iterdir() if e.is_dir()]
+    publish(entry, tmp_path / "published")
+    shutil.rmtree(entry)
+    shutil.copytree(tmp_path / "published", entry)
+    assert (entry / "metrics.json").is_file() and not trained(entry)
+    with pytest.warns(UserWarning, match="records but not its checkpoint"):
+        assert run_cli("train", *common, "--out", str(tmp_path / "second")) == 0
+    assert trained(entry)
+    assert (tmp_path / "second" / "metrics.json").is_file()

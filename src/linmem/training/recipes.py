@@ -48,7 +48,9 @@ from linmem.training.runs import (
     METRICS,
     PRETRAINING,
     ULM,
+    records_only,
     save_checkpoint,
+    trained,
 )
 from linmem.training.trainer import (
     load_run_model,
@@ -155,46 +157,54 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
     ``run_dir/ulm`` (nobody waits); a ``run_dir/ulm`` begun before (a run started without the
     cache, or beside a busy entry) is finished there and copied into the cache when the entry
     is not there yet. An entry named as before 2026-11-24 (:func:`_legacy_ulm_key`) is read when
-    finished, else renamed and finished under its new name."""
-    trained = False
+    finished, else renamed and finished under its new name. Finished means with its checkpoint
+    (:func:`linmem.training.runs.trained`): an entry that holds only a finished network's records
+    (published, then copied onto this machine without checkpoints) is trained again in their
+    place, and says so."""
+    trained_here = False
 
     def finished(folder: Path) -> Path:
-        nonlocal trained
-        if not (folder / METRICS).is_file():
+        nonlocal trained_here
+        if not trained(folder):
+            if records_only(folder):
+                warnings.warn(f"{folder} holds a finished unrolled network's records but not its "
+                              "checkpoint (copied from another machine): training it again",
+                              stacklevel=2)
+                shutil.rmtree(folder)
             train_loop(ulm_config(config), folder, resume=True, progress=progress, data=data)
-            trained = True
+            trained_here = True
         return folder
 
     own = run_dir / ULM
     if config.ulm_cache is None or fcntl is None:
-        return finished(own), trained
+        return finished(own), trained_here
     entry = Path(config.ulm_cache) / ulm_key(config)
     legacy = entry.parent / _legacy_ulm_key(config)
-    if not (entry / METRICS).is_file() and (legacy / METRICS).is_file():
-        return legacy, trained  # finished before the names changed: never written again
+    if not trained(entry) and trained(legacy):
+        return legacy, trained_here  # finished before the names changed: never written again
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(entry.parent / f".{entry.name}.lock", "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another process trains it
-            return finished(own), trained
-        if (entry / METRICS).is_file():
-            return entry, trained
+            return finished(own), trained_here
+        if trained(entry):
+            return entry, trained_here
         if not entry.is_dir() and legacy.is_dir():  # begun under the former name: go on there
             with open(entry.parent / f".{legacy.name}.lock", "a") as old_lock:
                 try:
                     fcntl.flock(old_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     os.replace(legacy, entry)
                 except BlockingIOError:  # in training by a process that names it so
-                    return finished(own), trained
+                    return finished(own), trained_here
         if not own.is_dir():
-            return finished(entry), trained
+            return finished(entry), trained_here
         tmp = entry.parent / f".{entry.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(finished(own), tmp)
         shutil.rmtree(entry, ignore_errors=True)  # an unfinished entry
         os.replace(tmp, entry)
-        return entry, trained
+        return entry, trained_here
 
 
 def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: Path,
@@ -207,7 +217,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
     (:func:`linmem.training.runs.run_cpu_seconds`)."""
     window = lmn_window(config)
     cpu_started = time.process_time()
-    ulm_dir, trained = _train_ulm(config, data, run_dir, progress)
+    ulm_dir, ulm_trained = _train_ulm(config, data, run_dir, progress)
     ulm_here = time.process_time() - cpu_started
     ulm, _ = load_run_model(ulm_dir, "best", "cpu")
     ulm = ulm.double()
@@ -233,7 +243,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
             "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
             "ulm_wall_time_s": ulm_metrics["wall_time_s"], "ulm_run": str(ulm_dir),
             "ulm_cpu_time_s": ulm_metrics.get("cpu_time_s", ulm_metrics["wall_time_s"])
-            if trained else 0.0, "ulm_cpu_here_s": ulm_here if trained else 0.0}
+            if ulm_trained else 0.0, "ulm_cpu_here_s": ulm_here if ulm_trained else 0.0}
 
 
 def _la_rnn(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: Path,

@@ -68,6 +68,7 @@ __all__ = [
     "log_rows",
     "mean_epoch_cpu_seconds",
     "publish",
+    "records_only",
     "rerun_cpu_seconds",
     "resume_checkpoint",
     "run_cpu_seconds",
@@ -75,6 +76,7 @@ __all__ = [
     "save_checkpoint",
     "save_last",
     "scoring_cpu_seconds",
+    "trained",
     "training_cpu_seconds",
     "write_log",
 ]
@@ -123,6 +125,21 @@ def failed_on(record: dict[str, Any]) -> str:
 def ended(run_dir: str | os.PathLike) -> bool:
     """Whether a run has ended (:func:`end_record`)."""
     return end_record(run_dir) is not None
+
+
+def trained(run_dir: str | os.PathLike) -> bool:
+    """Whether a run finished with its selected model here: ``metrics.json`` and ``best.pt``.
+    A run's records published (:func:`publish`) and copied back onto another machine have the
+    first without the second: they say a model was trained, not where it is."""
+    return (Path(run_dir) / METRICS).is_file() and (Path(run_dir) / BEST).is_file()
+
+
+def records_only(run_dir: str | os.PathLike) -> bool:
+    """Whether ``run_dir`` holds a finished run's records without its checkpoints (a published
+    copy, :func:`publish`): nothing to resume from or to load."""
+    folder = Path(run_dir)
+    return (folder / METRICS).is_file() and not any((folder / n).is_file()
+                                                     for n in (BEST, LAST, LAST_PREV))
 
 
 def log_rows(run_dir: str | os.PathLike) -> list[dict]:
