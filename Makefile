@@ -310,7 +310,10 @@ B_PUBLISH = for st in runs/search-bound/*/; do n=$$(basename $$st); for r in $$s
 	  [ -f $$r/config.json ] && { [ -f $$r/metrics.json ] || [ -f $$r/diverged.json ]; } || continue; \
 	  $(VENV)/bin/linmem publish $$r --to $(B_TRIALS)/runs/search-bound/$$n > /dev/null; done; done
 B_FLAGS = --protocol paper --memory-bound $(BOUND_R) $(if $(filter true,$(BOUND_BIAS_$(1))),--init-bias,--no-init-bias)
-B_SEARCH = $(T2_RUN) search --jobs $(T2_JOBS) --out runs/search-bound --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
+# B_RETRY=--retry-failed: each point a trial's error failed gets one more trial (after a fix:
+# a pretraining failed for its unrolled network's test score alone, before 2026-12-05)
+B_RETRY ?=
+B_SEARCH = $(T2_RUN) search --jobs $(T2_JOBS) --out runs/search-bound --quiet $(B_RETRY) $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 B_EXPORT = $(T2_RUN) search-export $(B_STUDIES) --storage $(B_STORAGE) --runs-root . && $(B_PUBLISH)
 results-bound-campaign: install
 	[ ! -f $(B_STUDIES) ] || $(T2_RUN) search-import $(B_STUDIES) --storage $(B_STORAGE)

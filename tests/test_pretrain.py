@@ -590,3 +590,41 @@ def test_a_cache_entry_with_only_published_records_is_trained_again(tmp_path, da
         assert run_cli("train", *common, "--out", str(tmp_path / "second")) == 0
     assert trained(entry)
     assert (tmp_path / "second" / "metrics.json").is_file()
+
+
+def test_an_unrolled_network_that_fails_only_on_test_is_transferred_as_chosen(tmp_path, small,
+                                                                             monkeypatch):
+    """The unrolled network's checkpoint, chosen on validation, gives NaN on a test sequence (a
+    selu network on Piano-midi.de's long sequences): the pret-LMN is not failed for it. The
+    transfer uses that checkpoint, pretraining.json says ulm_failed_on "test", the LMN is scored
+    on its own; a second run reads the cache entry as it is (not trained again). A network that
+    fails on validation still fails the run (nothing was chosen)."""
+    import linmem.training.trainer as trainer
+    from linmem import UnrolledNet
+    from linmem.training.config import TrainConfig
+    from linmem.training.recipes import train
+    from linmem.training.runs import failed_on
+
+    score = trainer.evaluate
+    failing = {"split": "test"}
+
+    def evaluate(model, sequences, *args, **kwargs):
+        if isinstance(model.core, UnrolledNet) and sequences is small[failing["split"]]:
+            raise trainer.NonFiniteOutputs("the model's outputs are NaN or inf on a batch")
+        return score(model, sequences, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "evaluate", evaluate)
+    cache = tmp_path / "cache"
+    cfg = TrainConfig(protocol="linmem", data="jsb", model="pret-lmn-b", hidden=6, memory=12, k=3,
+                      epochs=2, seed=1, ulm_cache=str(cache))
+    with pytest.warns(UserWarning, match="not finite on the test split"):
+        first = train(cfg, tmp_path / "first", progress=False, data=small)
+    (entry,) = [e for e in cache.iterdir() if e.is_dir()]
+    assert failed_on(json.loads((entry / "diverged.json").read_text())) == "test"
+    assert first["pretraining"]["ulm_failed_on"] == "test"
+    assert first["test_acc"] >= 0 and (tmp_path / "first" / "metrics.json").is_file()
+    second = train(cfg, tmp_path / "second", progress=False, data=small)
+    assert second["pretraining"]["ulm_cpu_time_s"] == 0.0  # read, not trained again
+    failing["split"] = "valid"
+    with pytest.raises(trainer.TrainingDiverged, match="pretraining"):
+        train(replace(cfg, ulm_cache=None), tmp_path / "third", progress=False, data=small)

@@ -509,6 +509,14 @@ def test_point_states_count_deaths_and_errors(tmp_path, data_dir):
     states = point_states(study, grid_points("lmn-b", "tiny"), config.max_retry + 1)
     assert states[c] == "todo" and states[b] == "failed"
     assert config.max_retry == MAX_RETRY == 10  # a session's end kills: several tries by default
+    # --retry-failed: a point an error failed is to do once more; its second error fails it
+    states = point_states(study, grid_points("lmn-b", "tiny"), config.max_retry, True)
+    assert states[b] == "todo" and states[a] == "todo" and states[c] == "failed"
+    study.enqueue_trial(b.params)
+    trial = study.ask()
+    trial.set_user_attr("error", "diverged again")
+    study.tell(trial, state=TrialState.FAIL)
+    assert point_states(study, grid_points("lmn-b", "tiny"), config.max_retry, True)[b] == "failed"
     # `linmem progress --max-retry` counts the same way (b: failed by its error, c: by deaths)
     from linmem.cli.commands import main
 

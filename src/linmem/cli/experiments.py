@@ -219,12 +219,15 @@ _max_retry_option = click.option(
                    "when none is left that fits; a point already running goes on. For a "
                    "machine or batch job with a time limit.")
 @_max_retry_option
+@click.option("--retry-failed", is_flag=True,
+              help="Give each point that a trial's error failed (a run that diverged, a "
+                   "pretraining that failed) one more trial: after mending what failed it.")
 @config_options(*SEARCH_FIELDS, defaults=SEARCH_DEFAULTS)
 @click.option("--quiet", is_flag=True)
 def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
                storage: str | None, out: str, jobs: int, pruner: str | None, prune_warmup: int,
                subset: int | None, heartbeat: int, grace: int | None, poll: float, wait: bool,
-               stop_by: float | None, max_retry: int | None, quiet: bool,
+               stop_by: float | None, max_retry: int | None, retry_failed: bool, quiet: bool,
                **train_options) -> None:
     """Grid search on validation (--select: accuracy or NLL), one Optuna study per (data set,
     model).
@@ -250,6 +253,7 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
             base=base, pruner=pruner,
             prune_warmup=prune_warmup, subset=subset, heartbeat_interval=heartbeat,
             grace_period=grace, poll_s=poll, progress=not quiet, wait=wait, stop_by=stop_by,
+            retry_failed=retry_failed,
             **({} if max_retry is None else {"max_retry": max_retry}))
         if config.base.data_dir is not None and not Path(config.base.data_dir).is_dir():
             raise ValueError(f"--data-dir {config.base.data_dir}: no such directory")

@@ -373,12 +373,18 @@ def trial_point(trial) -> Point | None:
     return Point.from_params(params) if "hidden" in params else None
 
 
-def point_states(study, points: Sequence[Point], max_retry: int = MAX_RETRY) -> dict[Point, str]:
-    """``done`` (complete or pruned), ``failed``, ``waiting``, ``running`` or ``todo`` per point."""
+def point_states(study, points: Sequence[Point], max_retry: int = MAX_RETRY,
+                 retry_failed: bool = False) -> dict[Point, str]:
+    """``done`` (complete or pruned), ``failed``, ``waiting``, ``running`` or ``todo`` per point.
+
+    A point whose trial raised an error is failed; with ``retry_failed`` it is to do again once
+    (its second error fails it): what ``linmem search --retry-failed`` gives a point that a
+    since-mended fault failed."""
 
     rank = {"todo": 0, "running": 1, "waiting": 2, "failed": 3, "done": 4}
     states = dict.fromkeys(points, "todo")
     deaths: dict[Point, int] = {}
+    errors: dict[Point, int] = {}
     for t in study.get_trials(deepcopy=False):
         p = trial_point(t)
         if "duplicate_of" in t.user_attrs or p not in states:
@@ -387,7 +393,10 @@ def point_states(study, points: Sequence[Point], max_retry: int = MAX_RETRY) -> 
             s = "done"
         elif t.state == TrialState.FAIL:
             deaths[p] = deaths.get(p, 0) + 1
-            s = "failed" if "error" in t.user_attrs or deaths[p] > max_retry else "todo"
+            if "error" in t.user_attrs:
+                errors[p] = errors.get(p, 0) + 1
+            given_up = errors.get(p, 0) > (1 if retry_failed else 0)
+            s = "failed" if given_up or deaths[p] > max_retry else "todo"
         elif t.state == TrialState.WAITING:
             s = "waiting"
         else:

@@ -19,7 +19,9 @@ How workers share a study without losing or repeating work:
 - A point whose training raised an error (a run that diverged with ``on_divergence="raise"``;
   by default a diverged run ends at its last good epoch with its best checkpoint, as early
   stopping does, and completes), or whose worker died more than ``max_retry`` times
-  (:data:`MAX_RETRY` by default), is *failed*: reported, not retried. A worker killed at the end
+  (:data:`MAX_RETRY` by default), is *failed*: reported, not retried (``retry_failed``, ``linmem
+  search --retry-failed``, gives a point an error failed one more trial, once the fault that
+  failed it is mended). A worker killed at the end
   of a machine's session is a death too, and a long point (a pretrained LMN on MuseData: hours)
   can span several sessions, so the default is generous; a point that crashes its worker at
   once is still given up after that many tries.
@@ -131,6 +133,7 @@ class SearchConfig:
     heartbeat_interval: int = 60
     grace_period: int | None = None  # default 2 x heartbeat_interval
     max_retry: int = MAX_RETRY
+    retry_failed: bool = False  # a point a trial's error failed: one more trial (point_states)
     poll_s: float = 10.0
     progress: bool = True
     wait: bool = True  # False: leave points running in live workers to them (module docstring)
@@ -445,7 +448,7 @@ def _run_worker(config: SearchConfig, command: str | None,
         late: dict[str, int] = {}  # study: points left that are projected to end too late
         for data, model, study in studies:
             optuna.storages.fail_stale_trials(study)
-            states = point_states(study, points[id(study)], config.max_retry)
+            states = point_states(study, points[id(study)], config.max_retry, config.retry_failed)
             todo = [p for p, s in states.items() if s == "todo"]
             queued = [trial_point(t) for t in study.get_trials(deepcopy=False)
                       if t.state == TrialState.WAITING]
@@ -472,7 +475,7 @@ def _run_worker(config: SearchConfig, command: str | None,
             if ran and "duplicate_of" not in ran[0].user_attrs:
                 t = ran[0]
                 done = sum(s == "done" for s in point_states(
-                    study, points[id(study)], config.max_retry).values())
+                    study, points[id(study)], config.max_retry, config.retry_failed).values())
                 select = config.base.select
                 log(f"[{study.study_name}] trial {t.number} {trial_point(t).name}: "
                     f"{t.state.name.lower()}"
@@ -494,7 +497,8 @@ def _run_worker(config: SearchConfig, command: str | None,
             if not busy or (not config.wait and checked - up_since > grace + 1.0):
                 break
             time.sleep(config.poll_s)
-    return {s.study_name: dict(Counter(point_states(s, points[id(s)], config.max_retry).values()))
+    return {s.study_name: dict(Counter(point_states(s, points[id(s)], config.max_retry,
+                                                   config.retry_failed).values()))
             for _, _, s in studies}
 
 
@@ -507,7 +511,8 @@ def count_points(config: SearchConfig) -> dict[str, dict[str, int]]:
     for data in config.data:
         for model in config.models:
             study = open_study(config, data, model, storage)
-            states = point_states(study, grid_points(model, config.grid), config.max_retry)
+            states = point_states(study, grid_points(model, config.grid), config.max_retry,
+                                  config.retry_failed)
             counts[study.study_name] = dict(Counter(states.values()))
     return counts
 

@@ -43,16 +43,20 @@ from linmem.nn.rnnrbm import init_from_rnn, pretrain_rbm
 from linmem.pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
 from linmem.training.config import LEGACY_PROTOCOL, PLACE_FIELDS, TrainConfig
 from linmem.training.runs import (
+    BEST,
+    DIVERGED,
     INIT,
     MEMORY,
     METRICS,
     PRETRAINING,
     ULM,
+    failed_on,
     records_only,
     save_checkpoint,
     trained,
 )
 from linmem.training.trainer import (
+    TrainingDiverged,
     load_run_model,
     train_loop,
     with_data_dir,
@@ -148,6 +152,19 @@ def _legacy_ulm_key(config: TrainConfig) -> str:
                            if k not in ("device", "data_dir")})
 
 
+def _ulm_ready(folder: Path) -> bool:
+    """Whether an unrolled network's run can be transferred: trained (its checkpoint here), or
+    ended because the checkpoint chosen on validation is not finite on the test split. The
+    transfer reads that checkpoint as chosen; the network's test score is a diagnostic of the
+    pretraining, and the LMN is scored on its own. A network that failed in training or on
+    validation has no usable choice."""
+    if trained(folder):
+        return True
+    diverged = folder / DIVERGED
+    return (diverged.is_file() and (folder / BEST).is_file()
+            and failed_on(read_json(diverged)) == "test")
+
+
 def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
                progress: bool) -> tuple[Path, bool]:
     """The finished run of pret-LMN ``config``'s unrolled network: ``run_dir/ulm``, or with
@@ -158,20 +175,27 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
     cache, or beside a busy entry) is finished there and copied into the cache when the entry
     is not there yet. An entry named as before 2026-11-24 (:func:`_legacy_ulm_key`) is read when
     finished, else renamed and finished under its new name. Finished means with its checkpoint
-    (:func:`linmem.training.runs.trained`): an entry that holds only a finished network's records
-    (published, then copied onto this machine without checkpoints) is trained again in their
-    place, and says so."""
+    (:func:`_ulm_ready`: one that fails on the test split alone counts): an entry that holds only a
+    finished network's records (published, then copied onto this machine without checkpoints) is
+    trained again in their place, and says so."""
     trained_here = False
 
     def finished(folder: Path) -> Path:
         nonlocal trained_here
-        if not trained(folder):
+        if not _ulm_ready(folder):
             if records_only(folder):
                 warnings.warn(f"{folder} holds a finished unrolled network's records but not its "
                               "checkpoint (copied from another machine): training it again",
                               stacklevel=2)
                 shutil.rmtree(folder)
-            train_loop(ulm_config(config), folder, resume=True, progress=progress, data=data)
+            try:
+                train_loop(ulm_config(config), folder, resume=True, progress=progress, data=data)
+            except TrainingDiverged as err:
+                if not _ulm_ready(folder):
+                    raise
+                warnings.warn(f"the unrolled network's checkpoint is not finite on the test "
+                              f"split ({err}); the transfer uses it as chosen on validation",
+                              stacklevel=2)
             trained_here = True
         return folder
 
@@ -180,7 +204,7 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
         return finished(own), trained_here
     entry = Path(config.ulm_cache) / ulm_key(config)
     legacy = entry.parent / _legacy_ulm_key(config)
-    if not trained(entry) and trained(legacy):
+    if not _ulm_ready(entry) and _ulm_ready(legacy):
         return legacy, trained_here  # finished before the names changed: never written again
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(entry.parent / f".{entry.name}.lock", "a") as lock:
@@ -188,7 +212,7 @@ def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another process trains it
             return finished(own), trained_here
-        if trained(entry):
+        if _ulm_ready(entry):
             return entry, trained_here
         if not entry.is_dir() and legacy.is_dir():  # begun under the former name: go on there
             with open(entry.parent / f".{legacy.name}.lock", "a") as old_lock:
@@ -234,13 +258,15 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
                       f"{model.nonlinearity}, an unbounded activation: its state may grow along a "
                       "sequence and the training diverge (a tanh LMN, --nonlinearity tanh, stays "
                       "bounded)", stacklevel=2)
-    ulm_metrics = read_json(ulm_dir / METRICS)
+    ended = ulm_dir / METRICS if (ulm_dir / METRICS).is_file() else ulm_dir / DIVERGED
+    ulm_metrics = read_json(ended)
     return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
             "la_window": window, "la_components": int(la.n_components_),
             "la_solver": la.solver_, "ulm_nonlinearity": ulm.nonlinearity,
             "lmn_nonlinearity": model.nonlinearity, "lmn_loop_gain": gains, **memory_facts,
-            "ulm_valid_acc": ulm_metrics["valid_acc"],
-            "ulm_test_acc": ulm_metrics["test_acc"], "ulm_epochs": ulm_metrics["epochs"],
+            "ulm_valid_acc": ulm_metrics.get("valid_acc"),
+            "ulm_test_acc": ulm_metrics.get("test_acc"),
+            "ulm_failed_on": ulm_metrics.get("failed_on"), "ulm_epochs": ulm_metrics["epochs"],
             "ulm_wall_time_s": ulm_metrics["wall_time_s"], "ulm_run": str(ulm_dir),
             "ulm_cpu_time_s": ulm_metrics.get("cpu_time_s", ulm_metrics["wall_time_s"])
             if ulm_trained else 0.0, "ulm_cpu_here_s": ulm_here if ulm_trained else 0.0}
