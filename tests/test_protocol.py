@@ -166,7 +166,10 @@ def test_a_search_under_the_paper_protocol_has_its_own_studies_and_no_pruner():
 
     paper = SearchConfig(base=TrainConfig(protocol="paper"))
     assert paper.pruner == "none"
-    assert SearchConfig().pruner == "median"
+    # a search trains as linmem train does: its default protocol, the paper's
+    assert SearchConfig().base.protocol == TrainConfig().protocol == "paper"
+    assert SearchConfig().pruner == "none"
+    assert SearchConfig(base=TrainConfig(protocol="linmem")).pruner == "median"
     assert SearchConfig(base=TrainConfig(protocol="paper"), pruner="median").pruner == "median"
     assert study_name("jsb", "lmn-b", "paper") == "jsb-lmn-b-paper"  # the existing studies
     assert study_name("jsb", "lmn-b", "paper", "paper") == "jsb-lmn-b-paper@paper"
@@ -182,7 +185,7 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
     runs stop on the per-frame accuracy, its global column is selected on the global validation
     accuracy and its per-frame column on the per-frame one, from the trials' own scores."""
     from linmem.cli.commands import main
-    from linmem.experiments.studies import search_records
+    from linmem.experiments.studies import search_records, storage_protocol
 
     out = tmp_path / "s"
     for protocol in ("linmem", "paper"):
@@ -191,8 +194,15 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
               "--quiet"])
     capsys.readouterr()
     storage = f"sqlite:///{out / 'search.db'}"
-    ours, = search_records(storage, "tiny")
+    ours, = search_records(storage, "tiny", protocol="linmem")
     paper, = search_records(storage, "tiny", protocol="paper")
+    # a report or progress of a storage of both must be told which (each alone reads its own)
+    with pytest.raises(ValueError, match="trained under linmem and paper: name one with"):
+        storage_protocol(storage, "tiny")
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", "--storage", storage, "--grid", "tiny", "--runs-root", str(tmp_path),
+              "--out", str(tmp_path / "r")])
+    assert exit_.value.code == 2 and "name one with --protocol" in capsys.readouterr().err
     assert ours["study"] == "jsb-lmn-b-tiny" and "protocol" not in ours
     assert paper["study"] == "jsb-lmn-b-tiny@paper" and paper["protocol"] == "paper"
     assert len(search_records(storage, "tiny", protocol=None)) == 2

@@ -742,10 +742,6 @@ def test_table2_carries_both_protocols(tmp_path):
         build_report("sqlite:///" + str(tmp_path / "none.db"), None, tmp_path,
                      tmp_path / "out2", summaries=[ours / "summary.json"],
                      ablation=tmp_path / "bad.json")
-    with pytest.raises(ValueError, match="--ablation compares the paper protocol"):
-        build_report("sqlite:///" + str(tmp_path / "none.db"), None, tmp_path,
-                     tmp_path / "out2", summaries=[ours / "summary.json"], protocol=None,
-                     ablation=paper / "ablation.json")
 
 
 def test_the_committed_summarize_tables_are_what_their_makefile_commands_print(capsys,

@@ -261,7 +261,8 @@ def test_progress_counts_the_logged_cpu_time_and_projects_the_rest(tmp_path, dat
     todo = records["rnn"]  # nothing finished: the data set's mean per point
     assert todo["states"] == {"todo": 4} and todo["cpu_s"] == 0
     assert todo["left_from"] == "data set" and todo["left_cpu_s"] == pytest.approx(logged)
-    planned = project_points([*records.values(), planned_record("JSB", "pret-lmn-b", "tiny")])[-1]
+    planned = project_points([*records.values(), planned_record("JSB", "pret-lmn-b", "tiny",
+                                                                LEGACY_PROTOCOL)])[-1]
     assert planned["study"] == "jsb-pret-lmn-b-tiny (planned)" and planned["todo"] == 4
     assert planned["left_from"] == "data set" and planned["left_cpu_s"] == pytest.approx(logged)
 
@@ -887,7 +888,8 @@ WORKER_STUDY = "jsb-lmn-b-tiny+patience=120"  # _worker's study: its patience de
 
 
 def _worker(storage: str, out: Path, data_dir: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "linmem", "search", "--data", "jsb", "--model", "lmn-b",
+    cmd = [sys.executable, "-m", "linmem", "search", "--protocol", "linmem", "--data", "jsb",
+           "--model", "lmn-b",
            "--grid", "tiny", "--subset", "6", "--epochs", "120", "--patience", "120",
            "--pruner", "none", "--storage", storage, "--out", str(out), "--heartbeat", "1",
            "--grace", "3", "--poll", "0.3", "--data-dir", str(data_dir), "--quiet"]

@@ -16,9 +16,7 @@ import click
 
 from linmem.models import ModelOptions, model_names
 from linmem.training.config import (
-    DEFAULT_PROTOCOL,
     FROM_PROTOCOL,
-    LEGACY_PROTOCOL,
     MODEL_OPTION_FIELDS,
     PROTOCOL_FIELDS,
     PROTOCOLS,
@@ -26,7 +24,6 @@ from linmem.training.config import (
 )
 
 __all__ = [  # shared by linmem.cli.commands and linmem.cli.experiments
-    "SEARCH_DEFAULTS",
     "SEARCH_FIELDS",
     "TRAIN_FIELDS",
     "_DEFAULT",
@@ -270,14 +267,9 @@ _storage_option = click.option(
     "--storage", default=None,
     help="Optuna storage URL of the search [default: sqlite:///runs/search/search.db].")
 _protocol_option = click.option(
-    "--protocol", type=click.Choice(list(PROTOCOLS)), default=LEGACY_PROTOCOL, show_default=True,
-    help="The studies trained under this protocol (linmem search --protocol).")
-
-# linmem search's --protocol: the studies' protocol, not linmem train's default (the commands
-# results/ records for its studies name none)
-SEARCH_DEFAULTS = {"protocol": (LEGACY_PROTOCOL, f" linmem search's default is {LEGACY_PROTOCOL}"
-                                f" (the studies of results/table2.md), linmem train's "
-                                f"{DEFAULT_PROTOCOL}.")}
+    "--protocol", type=click.Choice(list(PROTOCOLS)), default=None,
+    help="The studies trained under this protocol (linmem search --protocol) [default: the "
+         "protocol the storage's studies were trained under].")
 _runs_root_option = click.option(
     "--runs-root", type=click.Path(file_okay=False), default=".", show_default=True,
     help="Folder the trials' run directories are relative to (where search ran).")

@@ -20,7 +20,6 @@ from linmem._io import (
 )
 from linmem.cli.common import (
     _DEFAULT,
-    SEARCH_DEFAULTS,
     SEARCH_FIELDS,
     UsageFailure,
     _clips,
@@ -61,7 +60,7 @@ from linmem.experiments.pretraining import analyze_pretraining
 from linmem.experiments.report import build_report, markdown_table, summary_file_records
 from linmem.experiments.seed_groups import seed_groups, seeds_markdown, valid_seeds_markdown
 from linmem.experiments.seeds import SeedsDiverged, reseed
-from linmem.training.config import LEGACY_PROTOCOL, PROTOCOLS, TrainConfig
+from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOLS, TrainConfig
 from linmem.training.runs import collect_metrics, ended, publish
 from linmem.training.trainer import TrainingDiverged
 
@@ -84,9 +83,9 @@ __all__ = ["COMMANDS"]
 @click.option("--patience", type=int, default=_DEFAULT.patience, show_default=True,
               callback=_positive)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=LEGACY_PROTOCOL,
-              show_default=True, help="The training protocol of the ULM trained here (that of "
-                                      "results/pretraining).")
+@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=DEFAULT_PROTOCOL,
+              show_default=True, help="The training protocol of the ULM trained here "
+                                      "(results/pretraining: linmem's).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--out", type=click.Path(file_okay=False), default="results/pretraining",
               show_default=True)
@@ -222,7 +221,7 @@ _max_retry_option = click.option(
 @click.option("--retry-failed", is_flag=True,
               help="Give each point that a trial's error failed (a run that diverged, a "
                    "pretraining that failed) one more trial: after mending what failed it.")
-@config_options(*SEARCH_FIELDS, defaults=SEARCH_DEFAULTS)
+@config_options(*SEARCH_FIELDS)
 @click.option("--quiet", is_flag=True)
 def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
                storage: str | None, out: str, jobs: int, pruner: str | None, prune_warmup: int,

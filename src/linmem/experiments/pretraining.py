@@ -21,7 +21,7 @@ from linmem.data import data_checksum, load_polyphonic
 from linmem.la import LinearAutoencoder
 from linmem.models import build_model
 from linmem.pretrain import fit_memory, hidden_states, transfer
-from linmem.training.config import LEGACY_PROTOCOL, TrainConfig
+from linmem.training.config import DEFAULT_PROTOCOL, TrainConfig
 from linmem.training.trainer import evaluate, load_run_model, train_loop
 
 __all__ = ["analyze", "analyze_pretraining"]
@@ -76,10 +76,10 @@ def analyze_pretraining(data: str = "jsb", hidden: int = 50, k: int = 10,
                         epochs: int = 1000, patience: int = 50, seed: int = 0,
                         data_dir: str | None = None, progress: bool = True,
                         command: str | None = None,
-                        protocol: str = LEGACY_PROTOCOL) -> dict[str, Any]:
+                        protocol: str = DEFAULT_PROTOCOL) -> dict[str, Any]:
     """Figure 5's analysis (:func:`analyze`) of the ULM in ``ulm_run``, trained there first if
-    it is ``None`` (``runs/DATA-ulm-hHIDDEN-kK-sSEED``, resumable, under ``protocol``: linmem's
-    by default, that of results/pretraining), with its provenance."""
+    it is ``None`` (``runs/DATA-ulm-hHIDDEN-kK-sSEED``, resumable, under ``protocol``;
+    results/pretraining's was linmem's), with its provenance."""
     started = time.perf_counter()
     commit = git_commit()
     sizes = sorted({int(v) for v in memories})

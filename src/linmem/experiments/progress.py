@@ -30,9 +30,9 @@ from linmem.experiments.grids import (
     trial_point,
 )
 from linmem.experiments.search import point_params, size_cost, size_slope
-from linmem.experiments.studies import grid_studies, select, trial_seconds
+from linmem.experiments.studies import grid_studies, select, storage_protocol, trial_seconds
 from linmem.models import get_spec
-from linmem.training.config import LEGACY_PROTOCOL, PROTOCOLS, TrainConfig
+from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOLS, TrainConfig
 from linmem.training.runs import (
     CONFIG,
     DIVERGED,
@@ -179,7 +179,7 @@ def progress_markdown(studies: Sequence[dict], runs: Sequence[tuple[str, float]]
 
 def progress_records(storage: str, grid: str | None = None, runs_root: str | os.PathLike = ".",
                      max_retry: int = MAX_RETRY,
-                     protocol: str | None = LEGACY_PROTOCOL) -> list[dict]:
+                     protocol: str | None = None) -> list[dict]:
     """Where each study of ``grid`` (or of every grid) in ``storage`` stands, nothing run: its
     points by state and the CPU seconds its points' runs logged (:func:`linmem.training.runs.
     run_cpu_seconds`: one thread per run), and the seconds its points left would take
@@ -252,7 +252,7 @@ def progress_records(storage: str, grid: str | None = None, runs_root: str | os.
 
 def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
                  done: int = 0, runs_root: str | os.PathLike = ".",
-                 protocol: str = LEGACY_PROTOCOL, planned: str | None = None) -> dict:
+                 protocol: str | None = None, planned: str | None = None) -> dict:
     """The progress record of the seeds still to run (``seeds - done``, ``linmem reseed``) of a
     study's selected configuration, each projected at the selected run's CPU seconds and, when
     that run read its unrolled network from the cache, the network's own (a seed trains its
@@ -262,8 +262,10 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
     trial: one thread per run, an upper bound of its CPU time). Their logged time is the seed
     runs' (``linmem progress --run``), not counted here. ``planned``: the name of the planned
     search's record (:func:`planned_record`) when the study does not exist yet: no projection
-    here (:func:`progress_table` then takes that search's dearest point)."""
+    here (:func:`progress_table` then takes that search's dearest point). ``protocol``: the
+    study's (None: the one the storage's studies were trained under)."""
     data = resolve_name(data)
+    protocol = protocol or storage_protocol(storage, grid)
     name = planned or study_name(data, model, grid, protocol)
     todo = max(seeds - done, 0)
     if todo and planned is None:
@@ -334,7 +336,7 @@ def planned_run_record(data: str, run: str | os.PathLike) -> dict:
             "left_cpu_s": per}
 
 
-def planned_record(data: str, model: str, grid: str, protocol: str = LEGACY_PROTOCOL) -> dict:
+def planned_record(data: str, model: str, grid: str, protocol: str = DEFAULT_PROTOCOL) -> dict:
     """The progress record (:func:`progress_records`) of a study not created yet: every point of
     ``grid`` to do. Its cost is then projected like any other's (:func:`project_points`), so that
     the projection covers the searches still to start, not only those under way."""
@@ -573,7 +575,7 @@ def _add_planned_searches(studies: list[dict], plans: Sequence[str], grid: str |
             raise ValueError(f"--plan {plan}: expected DATA:MODEL:GRID (or DATA:MODEL with a "
                              "--grid other than 'all')")
         try:
-            record = planned_record(*parts, protocol=protocol or LEGACY_PROTOCOL)
+            record = planned_record(*parts, protocol=protocol or DEFAULT_PROTOCOL)
         except ValueError as err:
             raise ValueError(f"--plan {plan}: {err}") from None
         if not any((r["dataset"], r["model"], r["grid"]) ==
@@ -599,7 +601,7 @@ def _add_planned_seeds(studies: list[dict], seed_plans: Sequence[str], singles: 
                            None)
             # a search planned, not started: its seeds at its dearest point, once projected
             record = seeds_record(storage, data, model, plan_grid, seeds, done, runs_root,
-                                  protocol or LEGACY_PROTOCOL,
+                                  protocol or DEFAULT_PROTOCOL,
                                   planned=planned["study"] if planned is not None else None)
             _project_unselected_seeds(record, studies)
             studies.append(record)
@@ -633,7 +635,7 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
                    runs: Sequence[str | os.PathLike] = (), earlier: Sequence[Sequence[dict]] = (),
                    plans: Sequence[str] = (), seed_plans: Sequence[str] = (),
                    run_plans: Sequence[str] = (), max_retry: int | None = None,
-                   protocol: str | None = "linmem", command: str | None = None,
+                   protocol: str | None = None, command: str | None = None,
                    probes: Sequence[str | os.PathLike] = ()) -> str:
     """``linmem progress``'s table: the studies of ``grid`` (None: all) in ``storage``
     (:func:`progress_records`); the searches of earlier reports' ``summary.json`` records that
@@ -643,7 +645,10 @@ def progress_table(storage: str, grid: str | None = None, runs_root: str | os.Pa
     (``DATA:MODEL:GRID[:N]``, a study's N seeds less those among ``runs``; :func:`seeds_record`)
     and ``run_plans`` (``DATA:RUN``, RUN's configuration on DATA unless a run of it is among
     ``runs``; :func:`planned_run_record`); ``probes``: short runs that scale a model's cost
-    between data sets (:func:`probe_ratios`). ``ValueError`` names a bad plan, run or probe."""
+    between data sets (:func:`probe_ratios`); ``protocol``: the studies' (None: the one they
+    were trained under, :func:`linmem.experiments.studies.storage_protocol`). ``ValueError``
+    names a bad plan, run or probe."""
+    protocol = protocol or storage_protocol(storage, grid)
     studies = progress_records(storage, grid, runs_root,
                                MAX_RETRY if max_retry is None else max_retry, protocol)
     _add_earlier(studies, earlier)

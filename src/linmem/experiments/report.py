@@ -811,15 +811,17 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
                  out: str | os.PathLike, runs: Sequence[str | os.PathLike] = (),
                  summaries: Sequence[str | os.PathLike] = (),
                  seed_runs: Sequence[str | os.PathLike] = (),
-                 baseline: str | os.PathLike | None = None, protocol: str | None = "linmem",
+                 baseline: str | os.PathLike | None = None, protocol: str | None = None,
                  compare: str | os.PathLike | None = None,
                  command: str | None = None,
                  compare_seed_runs: Sequence[str | os.PathLike] = (),
                  ablation: str | os.PathLike | None = None) -> list[dict]:
     """``linmem report``: select each (data set, model) of the studies of ``grid`` (None: all)
-    in ``storage`` trained under ``protocol`` on validation (:func:`linmem.experiments.studies.
-    search_records`), add the single runs ``runs`` (data set and model without a study), the
-    selections of earlier reports' ``summaries`` that the storage lacks, the seed runs
+    in ``storage`` trained under ``protocol`` (None: the one they were trained under,
+    :func:`linmem.experiments.studies.storage_protocol`) on validation
+    (:func:`linmem.experiments.studies.search_records`), add the single runs ``runs`` (data set
+    and model without a study), the selections of earlier reports' ``summaries`` that the
+    storage lacks, the seed runs
     ``seed_runs`` and the previous-frame ``baseline``, and write ``out``
     (:func:`write_search_report`; with ``compare``, another protocol's ``summary.json``, also
     ``protocols.md``; with ``compare_seed_runs``, the other protocol's seed runs, also
@@ -828,15 +830,13 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
     ``linmem ablation``'s ``ablation.json``, adds the section on both protocols to
     ``table2.md``: :func:`both_protocols_lines`). Returns the selections; ``ValueError`` names
     a bad input."""
+    if protocol is None:
+        from linmem.experiments.studies import storage_protocol  # optuna: slow to import
+
+        protocol = storage_protocol(storage, grid)
     records = _report_records(storage, grid, runs_root, out, runs, summaries, protocol)
     calibration, seeds, other_seeds, ablation_record = _report_inputs(
         baseline, seed_runs, compare_seed_runs, ablation)
-    if (compare or compare_seed_runs or ablation) and protocol not in PROTOCOL_TITLES:
-        given = ", ".join(f"--{name}" for name, value in (
-            ("compare", compare), ("compare-seed-runs", compare_seed_runs),
-            ("ablation", ablation)) if value)
-        raise ValueError(f"{given} compares the paper protocol with linmem's: pass "
-                         "--protocol paper or linmem")
     other = summary_file_records(compare) if compare is not None else []
     paper, linmem = (records, other) if protocol == "paper" else (other, records)
     protocols = []

@@ -123,8 +123,8 @@ class SearchConfig:
     grid: str = "paper"
     out_dir: str = "runs/search"
     storage: str | None = None  # None: default_storage(out_dir)
-    # training settings other than the grid's (None: the defaults under LEGACY_PROTOCOL, the
-    # protocol of linmem search's studies)
+    # training settings other than the grid's (None: TrainConfig's defaults, under
+    # DEFAULT_PROTOCOL as linmem train's)
     base: TrainConfig | None = None
     pruner: str | None = None  # "median" or "none"; None: the base's protocol's
     prune_warmup: int = 50  # epochs before a trial may be pruned
@@ -141,7 +141,7 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         check_grid(self.grid)
-        self.base = self.base or TrainConfig(protocol=LEGACY_PROTOCOL)
+        self.base = self.base or TrainConfig()
         if self.pruner is None:
             self.pruner = PROTOCOLS[self.base.protocol].pruner
         if self.pruner not in ("median", "none"):

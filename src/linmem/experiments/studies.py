@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from linmem._io import PROVENANCE_FIELDS, atomic_write, machine, read_json
 from linmem.experiments.grids import FINISHED, grid_points, point_states, trial_point
-from linmem.training.config import LEGACY_PROTOCOL, TrainConfig
+from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, TrainConfig
 from linmem.training.runs import METRICS, expected_fields, run_cpu_seconds, run_machine
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "select",
     "select_per_frame",
     "storage_grids",
+    "storage_protocol",
     "study_protocol",
     "trial_seconds",
 ]
@@ -97,16 +98,40 @@ def study_protocol(attrs: dict[str, Any]) -> str:
     return attrs.get("train", {}).get("protocol", LEGACY_PROTOCOL)
 
 
+def storage_protocol(storage: str, grid: str | None = None) -> str:
+    """The protocol the search studies of ``grid`` (None: every grid) in ``storage`` were
+    trained under: what ``linmem report`` and ``linmem progress`` read when no ``--protocol`` is
+    given (:data:`~linmem.training.config.DEFAULT_PROTOCOL` for a storage with none, or no
+    database yet); a ``ValueError`` when they were trained under several, which one of them
+    then names."""
+    from linmem.experiments.grids import sqlite_path
+
+    database = sqlite_path(storage)
+    if database is not None and not database.is_file():
+        return DEFAULT_PROTOCOL
+    found = sorted({study_protocol(attrs) for attrs, _ in _study_attrs(storage, grid)})
+    if len(found) > 1:
+        raise ValueError(f"the storage holds studies trained under {' and '.join(found)}: "
+                         "name one with --protocol")
+    return found[0] if found else DEFAULT_PROTOCOL
+
+
+def _study_attrs(storage: str, grid: str | None) -> Iterator[tuple[dict[str, Any], str]]:
+    """``(user attributes, name)`` of each search study of ``grid`` (None: all) in ``storage``."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for summary in optuna.get_all_study_summaries(storage):
+        attrs = summary.user_attrs
+        if "grid" in attrs and (grid is None or attrs["grid"] == grid):
+            yield attrs, summary.study_name
+
+
 def grid_studies(storage: str, grid: str | None, protocol: str | None = None
                   ) -> Iterator[tuple[dict[str, Any], Any]]:
     """``(user attributes, study)`` of each search study of ``grid`` (None: every grid) trained
     under ``protocol`` (None: any) in ``storage``."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for summary in optuna.get_all_study_summaries(storage):
-        attrs = summary.user_attrs
-        if "grid" in attrs and (grid is None or attrs["grid"] == grid) and (
-                protocol is None or study_protocol(attrs) == protocol):
-            yield attrs, optuna.load_study(study_name=summary.study_name, storage=storage)
+    for attrs, name in _study_attrs(storage, grid):
+        if protocol is None or study_protocol(attrs) == protocol:
+            yield attrs, optuna.load_study(study_name=name, storage=storage)
 
 
 def trial_seconds(trial) -> float:
@@ -204,7 +229,7 @@ def _selected_fields(best, counts: dict[str, int], runs_root: str | os.PathLike,
 
 
 def search_records(storage: str, grid: str | None = None,
-                   runs_root: str | os.PathLike = ".", protocol: str | None = "linmem"
+                   runs_root: str | os.PathLike = ".", protocol: str | None = None
                    ) -> list[dict[str, Any]]:
     """One record per study in ``storage`` (of ``grid``, or every grid; trained under
     ``protocol``, None: any): the configuration selected on validation with its test scores, the
@@ -229,7 +254,7 @@ def search_records(storage: str, grid: str | None = None,
             "grid": attrs["grid"], "subset": attrs.get("subset"),
             "reduced": _reductions(attrs),
             "selected_on": "valid nll" if selects == "nll" else "valid acc",
-            **({"protocol": study_protocol(attrs)} if study_protocol(attrs) != "linmem"
+            **({"protocol": study_protocol(attrs)} if study_protocol(attrs) != LEGACY_PROTOCOL
                else {}),
             "grid_points": len(points), "points_done": sum(s == "done" for s in states.values()),
             "points_failed": sum(s == "failed" for s in states.values()),

@@ -49,6 +49,7 @@ __all__ = [
     "PROTOCOL_FIELDS",
     "Protocol",
     "TrainConfig",
+    "check_protocol",
 ]
 
 
@@ -117,10 +118,17 @@ PROTOCOLS: dict[str, Protocol] = {
 # holds the two together)
 DEFAULT_PROTOCOL = "paper"
 
-# the protocol of a saved config or study that names none (made before protocols had names), and
-# the default of the commands over search studies (linmem search, report, progress, ablation):
-# the studies of results/table2.md and the commands results/ records name no protocol
+# the protocol of a saved config or study that names none (made before protocols had names):
+# how such records are read, never a default for new work
 LEGACY_PROTOCOL = "linmem"
+
+
+def check_protocol(protocol: str) -> str:
+    """``protocol`` if it names one of :data:`PROTOCOLS`, else a ``ValueError`` listing them:
+    the one check of a protocol's name (a config, a search, a report)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
+    return protocol
 
 
 # the TrainConfig fields a protocol sets (its pruner is the search's)
@@ -207,8 +215,7 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
                 "not bit for bit; metrics.json names the one used.", choices=CPU_KERNELS)
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {self.protocol!r}")
+        check_protocol(self.protocol)  # before its fields are read from it
         for name in PROTOCOL_FIELDS:
             if getattr(self, name) is FROM_PROTOCOL:
                 setattr(self, name, getattr(PROTOCOLS[self.protocol], name))
