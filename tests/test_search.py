@@ -1452,3 +1452,18 @@ def test_the_probes_come_before_whole_runs_ratios_that_divergences_distort(tmp_p
                             study("piano", "lstm", [30.0, 60.0], [100, 200]),
                             study("muse", "lstm", todo=[100, 300])])[3]
     assert plain["left_from"] == "model" and plain["mean_point_cpu_s"] == pytest.approx(45.0)
+
+
+def test_the_seed_folders_have_one_owner():
+    """A reseed's seed K lies in OUT/sK, results/ keeps it as OUT-sK; both read back as seed K
+    of their configuration, nothing else does."""
+    from linmem.experiments.seeds import published_seed_name, seed_dir, seed_folder_of
+
+    run = seed_dir("runs/bound-seeds/jsb-lmn-b", 2)
+    assert run == Path("runs/bound-seeds/jsb-lmn-b/s2")
+    assert published_seed_name(run) == "jsb-lmn-b-s2"
+    assert seed_folder_of(run, "jsb-lmn-b") == 2
+    assert seed_folder_of(Path("results/seeds") / published_seed_name(run), "jsb-lmn-b") == 2
+    for other in ("runs/jsb-lmn-b/x2", "runs/jsb-lmn-b/s", "results/jsb-lmn-b-s2x",
+                  "results/jsb-lmn-a-s2", "runs/jsb-lmn-b-tanh/s2"):
+        assert seed_folder_of(Path(other), "jsb-lmn-b") is None, other

@@ -59,7 +59,7 @@ from linmem.experiments.plots import plot_pretraining
 from linmem.experiments.pretraining import analyze_pretraining
 from linmem.experiments.report import build_report, markdown_table, summary_file_records
 from linmem.experiments.seed_groups import seed_groups, seeds_markdown, valid_seeds_markdown
-from linmem.experiments.seeds import SeedsDiverged, reseed
+from linmem.experiments.seeds import SeedsDiverged, published_seed_name, reseed
 from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOLS, TrainConfig
 from linmem.training.runs import collect_metrics, ended, publish
 from linmem.training.trainer import TrainingDiverged
@@ -592,7 +592,7 @@ def publish_cmd(run_dirs: tuple[str, ...], dest: str, naming: str, checkpoint: b
     pretraining, expected accuracy; a pret-LMN run's unrolled network's) into --to, what
     results/ keeps of a run; runs that have not ended are named and left out."""
     for run in map(Path, run_dirs):
-        name = f"{run.parent.name}-{run.name}" if naming == "seed" else run.name
+        name = published_seed_name(run) if naming == "seed" else run.name
         if not ended(run):
             click.echo(f"{run}: not ended, left out", err=True)
             continue

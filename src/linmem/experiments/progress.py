@@ -30,18 +30,19 @@ from linmem.experiments.grids import (
     trial_point,
 )
 from linmem.experiments.search import point_params, size_cost, size_slope
+from linmem.experiments.seeds import seed_folder_of
 from linmem.experiments.studies import grid_studies, select, storage_protocol, trial_seconds
 from linmem.models import get_spec
 from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOLS, TrainConfig
 from linmem.training.runs import (
     CONFIG,
     DIVERGED,
-    ENDINGS,
     EXPECTED,
     LOG,
     PRETRAINING,
     ULM,
     collect_metrics,
+    ended,
     epochs_cpu_seconds,
     epochs_due_cpu_seconds,
     log_rows,
@@ -699,6 +700,4 @@ def _single_runs(paths: Sequence[str | os.PathLike]) -> list[tuple[str, float]]:
 def _finished_seed(run: Path, name: str) -> bool:
     """Whether ``run`` is a finished (or diverged) seed run of ``name`` (DATA-MODEL), as
     ``linmem reseed`` lays them out (``NAME/sK``) or as results/seeds keeps them (``NAME-sK``)."""
-    named = (run.parent.name == name and run.name[:1] == "s" and run.name[1:].isdigit()) or (
-        run.name.startswith(f"{name}-s") and run.name[len(name) + 2:].isdigit())
-    return named and any((run / m).is_file() for m in ENDINGS)
+    return seed_folder_of(run, name) is not None and ended(run)

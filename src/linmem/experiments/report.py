@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,14 +37,7 @@ from linmem.experiments.seed_groups import failures_text, seed_groups, seeds_lin
 from linmem.metrics import THRESHOLD_GRID
 from linmem.models import display_name
 from linmem.training.config import LEGACY_PROTOCOL
-from linmem.training.runs import (
-    CONFIG,
-    EXPECTED,
-    LOG,
-    METRICS,
-    PRETRAINING,
-    collect_metrics,
-)
+from linmem.training.runs import METRICS, collect_metrics, ended, publish
 
 __all__ = [
     "FIGURE4_MODELS",
@@ -730,13 +722,8 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
             if run_dir is None or (suffix and run_dir == r["run_dir"]):
                 continue
             run = Path(run_dir) if r["grid"] == "runs" else Path(runs_root) / str(run_dir)
-            if run.is_dir():
-                dest = out_dir / "selected" / f"{r['dataset']}-{r['model']}{suffix}"
-                dest.mkdir(parents=True, exist_ok=True)
-                for name in (CONFIG, LOG, METRICS, PRETRAINING,
-                             EXPECTED):
-                    if (run / name).is_file():
-                        shutil.copyfile(run / name, dest / name)
+            if ended(run):  # its records, as `linmem publish` keeps them
+                publish(run, out_dir / "selected" / f"{r['dataset']}-{r['model']}{suffix}")
 
 
 def _report_records(storage: str, grid: str | None, runs_root: str | os.PathLike,

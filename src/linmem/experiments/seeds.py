@@ -2,6 +2,11 @@
 
 :func:`reseed` trains a finished run's configuration with each of a list of seeds
 (``linmem reseed``); a seed that diverges is recorded, not retried, and the others go on.
+
+Where seeds lie, in one place: a reseed writes seed K of a configuration into ``OUT/sK``
+(:func:`seed_dir`), one folder per configuration holding its seeds; results/ keeps them flat,
+``NAME-sK`` beside the others' (:func:`published_seed_name`, ``linmem publish --name seed``);
+:func:`seed_folder_of` reads either.
 """
 
 from __future__ import annotations
@@ -19,7 +24,29 @@ from linmem.training.recipes import train
 from linmem.training.runs import CONFIG, DIVERGED, METRICS, rerun_cpu_seconds, training_cpu_seconds
 from linmem.training.trainer import TrainingDiverged, with_data_dir
 
-__all__ = ["SeedsDiverged", "reseed"]
+__all__ = ["SeedsDiverged", "published_seed_name", "reseed", "seed_dir", "seed_folder_of"]
+
+
+def seed_dir(out_dir: str | Path, seed: int) -> Path:
+    """The folder of seed ``seed`` of a reseed into ``out_dir``: ``OUT/sK``."""
+    return Path(out_dir) / f"s{int(seed)}"
+
+
+def published_seed_name(run: str | Path) -> str:
+    """The name results/ keeps seed run ``run`` (``OUT/sK``, :func:`seed_dir`) under: ``OUT-sK``,
+    its configuration's folder and its seed (``jsb-lmn-b/s2`` -> ``jsb-lmn-b-s2``)."""
+    run = Path(run)
+    return f"{run.parent.name}-{run.name}"
+
+
+def seed_folder_of(run: str | Path, name: str) -> int | None:
+    """The seed of ``run`` when it is a seed folder of configuration ``name`` (``DATA-MODEL``):
+    ``name/sK`` as a reseed lays it out or ``name-sK`` as results/ keeps it; else None."""
+    run = Path(run)
+    if run.parent.name == name and run.name[:1] == "s" and run.name[1:].isdigit():
+        return int(run.name[1:])
+    tail = run.name[len(name) + 2:]
+    return int(tail) if run.name.startswith(f"{name}-s") and tail.isdigit() else None
 
 
 def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
@@ -64,13 +91,13 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     diverged: dict[int, str] = {}
     projected = rerun_cpu_seconds(run_dir) if stop_by is not None else 0.0
     for seed in seeds:
-        seed_dir, seed_config = out_dir / f"s{seed}", replace(config, seed=int(seed))
-        if _diverged_before(seed_dir, seed_config):
-            diverged[seed] = (f"{read_json(seed_dir / DIVERGED)['diverged']} (as "
-                              f"{seed_dir / DIVERGED} records: delete it to run it again)")
+        folder, seed_config = seed_dir(out_dir, seed), replace(config, seed=int(seed))
+        if _diverged_before(folder, seed_config):
+            diverged[seed] = (f"{read_json(folder / DIVERGED)['diverged']} (as "
+                              f"{folder / DIVERGED} records: delete it to run it again)")
             continue  # a result, as a finished seed is: not run again on resume
-        if stop_by is not None and not (seed_dir / METRICS).is_file():
-            left = max(projected - training_cpu_seconds(seed_dir), 0.0)
+        if stop_by is not None and not (folder / METRICS).is_file():
+            left = max(projected - training_cpu_seconds(folder), 0.0)
             if time.time() + left > stop_by:
                 if log is not None:
                     end = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() + left))
@@ -79,7 +106,7 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
                         f"({left / 3600:.2f} CPU h left), after the deadline {by}")
                 continue
         try:
-            finished[seed] = train(seed_config, seed_dir, resume=True, progress=progress,
+            finished[seed] = train(seed_config, folder, resume=True, progress=progress,
                                  data=data, command=command)
         except TrainingDiverged as err:
             diverged[seed] = str(err)
