@@ -48,7 +48,7 @@ from linmem.models import get_spec
 from linmem.training.config import TrainConfig
 from linmem.training.recipes import pretrained_models
 from linmem.training.recipes import train as run_training
-from linmem.training.runs import CONFIG, METRICS, RunDirBusy
+from linmem.training.runs import CONFIG, METRICS, RunDirBusy, has
 from linmem.training.trainer import TrainingDiverged
 
 __all__ = ["cli", "main"]
@@ -86,7 +86,7 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
         out = (f"runs/{data}-{options['model']}-{sizes}-wd{options['weight_decay']:g}"
                f"-s{options['seed']}")
     try:
-        if resume and (Path(out) / CONFIG).is_file():  # the saved run, and what was given
+        if resume and has(out, CONFIG):  # the saved run, and what was given
             config = TrainConfig.from_run(out, **{
                 k: v for k, v in _train_options(options).items()
                 if ctx.get_parameter_source(k) != ParameterSource.DEFAULT})

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from linmem._io import atomic_write, command_line, git_commit, made_by, read_json, write_json
+from linmem._io import atomic_write, command_line, git_commit, made_by, write_json
 from linmem.experiments.report import ablation_markdown, ablation_record_markdown, pruner_markdown
 from linmem.experiments.seed_groups import seed_groups
 from linmem.training.config import LEGACY_PROTOCOL, PROTOCOLS
-from linmem.training.runs import METRICS, collect_metrics, log_rows
+from linmem.training.runs import METRICS, collect_metrics, log_rows, read_record
 from linmem.training.selection import selection_score
 
 __all__ = [
@@ -138,7 +138,7 @@ def grid_trials(storage: str, study_name: str, runs_root: str | os.PathLike = ".
         curve = ({int(r["epoch"]): selection_score(r, select, "valid_") for r in rows} if rows else
                  dict(sorted(reported[t.user_attrs["run_dir"]].items())) if run is not None
                  else {int(k): v for k, v in t.intermediate_values.items()})
-        metrics = (read_json(run / METRICS) if run is not None and (run / METRICS).is_file()
+        metrics = (read_record(run, METRICS, t.user_attrs) if run is not None
                    else t.user_attrs)
         out.append({"number": t.number, "point": point.name, "value": t.value, "curve": curve,
                     "test_acc_frame": metrics.get("test_acc_frame"),

@@ -44,13 +44,22 @@ import numpy as np
 import torch
 
 from linmem._check import check_device
-from linmem._io import command_line, git_commit, made_by, provenance, read_json
+from linmem._io import command_line, git_commit, made_by, provenance
 from linmem.data import Batch, data_checksum, load_polyphonic
 from linmem.metrics import previous_frame_scores
 from linmem.models import activation_of
 from linmem.nn.diagnostics import memory_loop_gains, memory_radii_of
 from linmem.training.config import TrainConfig
-from linmem.training.runs import BEST, CONFIG, INIT, LAST, load_checkpoint, log_rows
+from linmem.training.runs import (
+    BEST,
+    CONFIG,
+    INIT,
+    LAST,
+    has,
+    load_checkpoint,
+    log_rows,
+    read_record,
+)
 from linmem.training.trainer import (
     NonFiniteOutputs,
     batch_updates,
@@ -167,10 +176,10 @@ def first_updates(run_dir: str | Path, updates: int = 20, lrs: Sequence[float] =
     if any(not lr > 0 for lr in lrs):
         raise ValueError(f"learning rates must be positive: {list(lrs)}")
     run_dir, device = Path(run_dir), check_device(device)
-    if not (run_dir / CONFIG).is_file():
+    if not has(run_dir, CONFIG):
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
     config = TrainConfig.from_run(run_dir)
-    if start == "init" and not (run_dir / INIT).is_file():
+    if start == "init" and not has(run_dir, INIT):
         raise FileNotFoundError(
             f"{run_dir} has no init.pt: only a pretrained run keeps its initial weights "
             "(use start 'random' for the trainer's draw)")
@@ -228,7 +237,7 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
     """
     started = time.perf_counter()
     run_dir, device = Path(run_dir), check_device(device)
-    if not (run_dir / LAST).is_file():
+    if not has(run_dir, LAST):
         raise FileNotFoundError(f"{run_dir} has no {LAST}: nothing to replay from")
     config = TrainConfig.from_run(run_dir)
     if any(c is not None and not c > 0 for c in clips):
@@ -431,7 +440,7 @@ def patience_records(records: Sequence[dict], patiences: Sequence[int]) -> list[
     for r in records:
         if not str(r.get("stop_reason", "")).startswith(("early stopping", "reached the epoch")):
             continue  # diverged, or stopped otherwise: not a full history to replay
-        config = read_json(Path(r["run"]) / CONFIG)
+        config = read_record(r["run"], CONFIG)
         rows = {row["epoch"]: row for row in log_rows(r["run"])}  # a resumed epoch: its last
         history = [rows[e] for e in sorted(rows)]
         if history and all("best" in row and row.get("valid_acc") is not None

@@ -12,7 +12,7 @@ from pathlib import Path
 from linmem._io import atomic_write
 from linmem.data import dataset_title
 from linmem.models import display_name
-from linmem.training.runs import LOG, log_rows
+from linmem.training.runs import LOG, has, log_rows
 
 __all__ = ["plot_figure4", "plot_pretraining", "plot_run"]
 
@@ -65,13 +65,12 @@ def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    log_file = Path(run_dir) / LOG
-    if not log_file.is_file():
-        raise FileNotFoundError(f"{log_file} does not exist: not a run directory, or no epoch "
-                                "finished yet")
+    if not has(run_dir, LOG):
+        raise FileNotFoundError(f"{Path(run_dir) / LOG} does not exist: not a run directory, or "
+                                "no epoch finished yet")
     rows = log_rows(run_dir)
     if not rows:
-        raise ValueError(f"{log_file} holds no epoch")
+        raise ValueError(f"{Path(run_dir) / LOG} holds no epoch")
     epochs = [r["epoch"] for r in rows]
     loss_key = next(k for k in rows[0] if k.startswith("train_"))
     nll_key = next(k for k in rows[0] if k.startswith("valid_nll"))

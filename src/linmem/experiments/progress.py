@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 
-from linmem._io import command_line, machine, made_by, read_json
+from linmem._io import command_line, machine, made_by
 from linmem.data import DATASETS, resolve_name
 from linmem.experiments.grids import (
     FINISHED,
@@ -45,8 +45,10 @@ from linmem.training.runs import (
     ended,
     epochs_cpu_seconds,
     epochs_due_cpu_seconds,
+    has,
     log_rows,
     mean_epoch_cpu_seconds,
+    read_record,
     run_cpu_seconds,
     run_machine,
     scoring_cpu_seconds,
@@ -277,8 +279,7 @@ def seeds_record(storage: str, data: str, model: str, grid: str, seeds: int = 3,
     if chosen is not None:
         run = Path(runs_root) / chosen[0].user_attrs["run_dir"]
         per, elsewhere = _run_seconds(chosen[0], runs_root)
-        ulm = (read_json(run / PRETRAINING).get("ulm_run")
-               if (run / PRETRAINING).is_file() else None)
+        ulm = read_record(run, PRETRAINING, {}).get("ulm_run")
         if elsewhere:
             source = "selected trial"
         elif ulm and Path(ulm).name != ULM:  # a cache entry, not the run's own
@@ -316,9 +317,9 @@ def planned_run_record(data: str, run: str | os.PathLike) -> dict:
     its expected accuracy (``expected.json``) scaled by ``data``'s test frames over the frames
     ``run`` scored (the Makefile scores the test split)."""
     run = Path(run)
-    if not (run / CONFIG).is_file():
+    config = read_record(run, CONFIG)
+    if config is None:
         raise ValueError(f"{run}: no run there (config.json)")
-    config = read_json(run / CONFIG)
     data, source = resolve_name(data), resolve_name(config["data"])
     if data not in DATASETS or source not in DATASETS:
         raise ValueError("both data sets must be known ones (linmem.data.DATASETS)")
@@ -326,8 +327,8 @@ def planned_run_record(data: str, run: str | os.PathLike) -> dict:
     epochs = epochs_cpu_seconds(run)
     per = (epochs * sum(frames[data][:2]) / sum(frames[source][:2])
            + max(training_cpu_seconds(run) - epochs, 0.0))
-    if (run / EXPECTED).is_file():
-        scored = sum(v["frames"] for v in read_json(run / EXPECTED).values()
+    if has(run, EXPECTED):
+        scored = sum(v["frames"] for v in read_record(run, EXPECTED).values()
                      if isinstance(v, dict) and "acc_expected" in v)
         per += scoring_cpu_seconds(run) * frames[data][2] / max(scored, 1)
     return {"study": f"{data}-{config['model']} (planned run, from {run})", "dataset": data,
@@ -615,9 +616,8 @@ def _add_planned_runs(studies: list[dict], run_plans: Sequence[str], singles: li
     appended (:func:`planned_run_record`)."""
     made = set()  # (data set, model) of the single runs given, for run_plans
     for p, _ in singles if run_plans else ():
-        config = Path(p) / CONFIG
-        if config.is_file():
-            c = read_json(config)
+        c = read_record(p, CONFIG)
+        if c is not None:
             try:
                 made.add((resolve_name(c["data"]), c["model"]))
             except ValueError:  # a data set file of its own that is not here

@@ -37,7 +37,7 @@ from linmem.experiments.seed_groups import failures_text, seed_groups, seeds_lin
 from linmem.metrics import THRESHOLD_GRID
 from linmem.models import display_name
 from linmem.training.config import LEGACY_PROTOCOL
-from linmem.training.runs import METRICS, collect_metrics, ended, publish
+from linmem.training.runs import METRICS, collect_metrics, ended, has, publish, read_record
 
 __all__ = [
     "FIGURE4_MODELS",
@@ -175,10 +175,9 @@ def with_selected_run_fields(record: dict, selected: str | os.PathLike) -> dict:
     ``metrics.json`` that an earlier report copied to ``selected/DATA-MODEL``, when that run is
     the record's configuration (the same sizes, weight decay and scores): an older
     ``summary.json``, or a study imported from a machine where its run directories stayed."""
-    run = Path(selected) / f"{record['dataset']}-{record['model']}" / METRICS
-    if all(record.get(k) is not None for k in SELECTED_RUN_FIELDS) or not run.is_file():
+    m = read_record(Path(selected) / f"{record['dataset']}-{record['model']}", METRICS)
+    if all(record.get(k) is not None for k in SELECTED_RUN_FIELDS) or m is None:
         return record
-    m = read_json(run)
     if any(m.get(k) != record.get(k) for k in ("hidden", "memory", "weight_decay", "valid_acc",
                                                "test_acc")):
         return record
@@ -195,8 +194,8 @@ def traceable_frame_selection(record: dict, selected: str | os.PathLike) -> dict
     if (not frame or frame.get("run_dir") == record.get("run_dir")
             or all(frame.get(k) is not None for k in PROVENANCE_FIELDS)):
         return record
-    copy = Path(selected) / f"{record['dataset']}-{record['model']}-per-frame" / METRICS
-    return record if copy.is_file() else {**record, "frame_selection": None}
+    copy = Path(selected) / f"{record['dataset']}-{record['model']}-per-frame"
+    return record if has(copy, METRICS) else {**record, "frame_selection": None}
 
 
 def summary_file_records(path: str | os.PathLike) -> list[dict]:

@@ -17,11 +17,19 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from linmem._io import read_json
 from linmem.data import load_polyphonic
 from linmem.training.config import TrainConfig
 from linmem.training.recipes import train
-from linmem.training.runs import CONFIG, DIVERGED, METRICS, rerun_cpu_seconds, training_cpu_seconds
+from linmem.training.runs import (
+    CONFIG,
+    DIVERGED,
+    METRICS,
+    end_record,
+    has,
+    read_record,
+    rerun_cpu_seconds,
+    training_cpu_seconds,
+)
 from linmem.training.trainer import TrainingDiverged, with_data_dir
 
 __all__ = ["SeedsDiverged", "published_seed_name", "reseed", "seed_dir", "seed_folder_of"]
@@ -73,7 +81,7 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     the same call later goes on with it, so that a machine's time limit cuts no run half-way
     whose folder would be lost with the machine."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    if not (run_dir / CONFIG).is_file():
+    if not has(run_dir, CONFIG):
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
     config = TrainConfig.from_run(run_dir)
     changes = dict(changes or {})
@@ -93,10 +101,10 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     for seed in seeds:
         folder, seed_config = seed_dir(out_dir, seed), replace(config, seed=int(seed))
         if _diverged_before(folder, seed_config):
-            diverged[seed] = (f"{read_json(folder / DIVERGED)['diverged']} (as "
+            diverged[seed] = (f"{read_record(folder, DIVERGED)['diverged']} (as "
                               f"{folder / DIVERGED} records: delete it to run it again)")
             continue  # a result, as a finished seed is: not run again on resume
-        if stop_by is not None and not (folder / METRICS).is_file():
+        if stop_by is not None and not has(folder, METRICS):
             left = max(projected - training_cpu_seconds(folder), 0.0)
             if time.time() + left > stop_by:
                 if log is not None:
@@ -119,8 +127,7 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
 def _diverged_before(run_dir: Path, config: TrainConfig) -> bool:
     """Whether ``run_dir`` holds ``config``'s run failed by diverging (``diverged.json``, no
     ``metrics.json``); a run of other settings there is left to :func:`run` to refuse."""
-    if not (run_dir / DIVERGED).is_file() or (run_dir / METRICS).is_file() \
-            or not (run_dir / CONFIG).is_file():
+    if end_record(run_dir) != run_dir / DIVERGED or not has(run_dir, CONFIG):
         return False
     saved = TrainConfig.from_run(run_dir)
     return saved.identity() == config.identity()

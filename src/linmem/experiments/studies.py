@@ -17,10 +17,17 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from linmem._io import PROVENANCE_FIELDS, atomic_write, machine, read_json
+from linmem._io import PROVENANCE_FIELDS, atomic_write, machine
 from linmem.experiments.grids import FINISHED, grid_points, point_states, trial_point
 from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, TrainConfig
-from linmem.training.runs import METRICS, expected_fields, run_cpu_seconds, run_machine
+from linmem.training.runs import (
+    METRICS,
+    expected_fields,
+    has,
+    read_record,
+    run_cpu_seconds,
+    run_machine,
+)
 
 __all__ = [
     "export_studies",
@@ -77,10 +84,10 @@ def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any
             continue
         u = dict(t.user_attrs)
         if "valid_acc_frame" not in u:
-            metrics_file = Path(runs_root) / str(u.get("run_dir")) / METRICS
-            if not metrics_file.is_file():
+            metrics = read_record(Path(runs_root) / str(u.get("run_dir")), METRICS)
+            if metrics is None:
                 return None
-            u = {**read_json(metrics_file), **u}
+            u = {**metrics, **u}
         scored.append((u["valid_acc_frame"], -t.number, t, u))
     if not scored:
         return None
@@ -204,9 +211,9 @@ def _selected_fields(best, counts: dict[str, int], runs_root: str | os.PathLike,
     study's trial counts."""
     p = trial_point(best)
     u = dict(best.user_attrs)
-    metrics_file = Path(runs_root) / str(u.get("run_dir")) / METRICS
-    if metrics_file.is_file():  # fields a trial did not store (older trials: command)
-        u = {**read_json(metrics_file), **expected_fields(metrics_file.parent), **u}
+    run = Path(runs_root) / str(u.get("run_dir"))
+    if has(run, METRICS):  # fields a trial did not store (older trials: command)
+        u = {**read_record(run, METRICS), **expected_fields(run), **u}
     return {
         "hidden": p.hidden, "memory": p.memory, "weight_decay": p.weight_decay,
         "valid_acc": u["valid_acc"], "valid_nll": u.get("valid_nll"),

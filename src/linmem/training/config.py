@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from linmem._check import check_fields, device_form, option
-from linmem._io import read_json
 from linmem.data import DATASETS, resolve_name
 from linmem.models import (
     DEFAULT_MODEL,
@@ -32,7 +30,7 @@ from linmem.models import (
     option_names,
 )
 from linmem.ops.cpu import CPU_KERNELS
-from linmem.training.runs import CONFIG
+from linmem.training.runs import CONFIG, read_record
 from linmem.training.selection import SELECTIONS
 
 __all__ = [
@@ -248,7 +246,7 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
     def from_run(cls, run_dir: str | os.PathLike, **changes: Any) -> TrainConfig:
         """The config a run directory holds (its ``config.json``), with ``changes`` (a resumed
         run's new budget, say)."""
-        return cls.from_dict({**read_json(Path(run_dir) / CONFIG), **changes})
+        return cls.from_dict({**read_record(run_dir, CONFIG), **changes})
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the run's numbers: all but the budget (:data:`BUDGET_FIELDS`)

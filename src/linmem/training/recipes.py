@@ -47,10 +47,12 @@ from linmem.training.runs import (
     DIVERGED,
     INIT,
     MEMORY,
-    METRICS,
     PRETRAINING,
     ULM,
+    end_record,
     failed_on,
+    has,
+    read_record,
     records_only,
     save_checkpoint,
     trained,
@@ -160,9 +162,8 @@ def _ulm_ready(folder: Path) -> bool:
     validation has no usable choice."""
     if trained(folder):
         return True
-    diverged = folder / DIVERGED
-    return (diverged.is_file() and (folder / BEST).is_file()
-            and failed_on(read_json(diverged)) == "test")
+    record = read_record(folder, DIVERGED)
+    return record is not None and has(folder, BEST) and failed_on(record) == "test"
 
 
 def _train_ulm(config: TrainConfig, data: Data, run_dir: Path,
@@ -258,8 +259,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
                       f"{model.nonlinearity}, an unbounded activation: its state may grow along a "
                       "sequence and the training diverge (a tanh LMN, --nonlinearity tanh, stays "
                       "bounded)", stacklevel=2)
-    ended = ulm_dir / METRICS if (ulm_dir / METRICS).is_file() else ulm_dir / DIVERGED
-    ulm_metrics = read_json(ended)
+    ulm_metrics = read_json(end_record(ulm_dir))  # metrics.json, or diverged.json on test
     return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
             "la_window": window, "la_components": int(la.n_components_),
             "la_solver": la.solver_, "ulm_nonlinearity": ulm.nonlinearity,

@@ -63,11 +63,13 @@ __all__ = [
     "epochs_due_cpu_seconds",
     "expected_fields",
     "failed_on",
+    "has",
     "load_checkpoint",
     "log_fields",
     "log_rows",
     "mean_epoch_cpu_seconds",
     "publish",
+    "read_record",
     "records_only",
     "rerun_cpu_seconds",
     "resume_checkpoint",
@@ -125,6 +127,19 @@ def failed_on(record: dict[str, Any]) -> str:
 def ended(run_dir: str | os.PathLike) -> bool:
     """Whether a run has ended (:func:`end_record`)."""
     return end_record(run_dir) is not None
+
+
+def has(run_dir: str | os.PathLike, name: str) -> bool:
+    """Whether the run in ``run_dir`` has its file ``name`` (one of :data:`RUN_FILES`)."""
+    return (Path(run_dir) / name).is_file()
+
+
+def read_record(run_dir: str | os.PathLike, name: str, default: Any = None) -> Any:
+    """The JSON record ``name`` (:data:`CONFIG`, :data:`METRICS`, :data:`DIVERGED`,
+    :data:`PRETRAINING`, :data:`EXPECTED`) of the run in ``run_dir``, or ``default`` when it
+    has none: how the modules above read a run's records."""
+    path = Path(run_dir) / name
+    return read_json(path) if path.is_file() else default
 
 
 def trained(run_dir: str | os.PathLike) -> bool:
