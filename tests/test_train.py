@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+import linmem.training.evaluation
 import linmem.training.trainer
+import linmem.training.updates
 from linmem.metrics import frame_accuracy, frame_nll
 from linmem.models import build_model
 from linmem.training.trainer import (
@@ -186,7 +188,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, small, monk
             with torch.no_grad():
                 built["model"].readout.weight.fill_(float("nan"))
 
-    monkeypatch.setattr(linmem.training.trainer, "build_model", capture)
+    monkeypatch.setattr(linmem.training.evaluation, "build_model", capture)
     with pytest.raises(TrainingDiverged, match="keeps epoch 2"):
         train_loop(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
                    data=small, on_epoch_end=poison)
@@ -199,7 +201,7 @@ def test_non_finite_validation_outputs_are_a_divergence(tmp_path, small, monkeyp
     """A finite training loss, then weights that make the validation outputs inf: the run stops
     as diverged (a search retries or records it), not with a metrics error."""
     calls = []
-    update = linmem.training.trainer._update
+    update = linmem.training.updates._update
 
     def poisoned_update(model, optimizer, loss, clip, scale=1.0, norms=None):
         out = update(model, optimizer, loss, clip, scale, norms)
@@ -209,7 +211,7 @@ def test_non_finite_validation_outputs_are_a_divergence(tmp_path, small, monkeyp
                 model.readout.weight.fill_(float("inf"))
         return out
 
-    monkeypatch.setattr(linmem.training.trainer, "_update", poisoned_update)
+    monkeypatch.setattr(linmem.training.updates, "_update", poisoned_update)
     with pytest.raises(TrainingDiverged, match=r"NaN or inf .* after epoch 2; .* keeps epoch 1"):
         train_loop(config(epochs=5, on_divergence="raise"), tmp_path / "run", progress=False,
                    data=small)
@@ -232,7 +234,7 @@ def test_divergence_stops_the_run_with_its_best_checkpoint(tmp_path, small, monk
             with torch.no_grad():
                 built["model"].readout.weight.fill_(float("nan"))
 
-    monkeypatch.setattr(linmem.training.trainer, "build_model", capture)
+    monkeypatch.setattr(linmem.training.evaluation, "build_model", capture)
     run = tmp_path / "run"
     metrics = train_loop(config(epochs=6), run, progress=False, data=small, on_epoch_end=poison)
     assert metrics["stop_reason"].startswith("diverged: the training loss became NaN or inf "
@@ -252,7 +254,7 @@ def test_divergence_stops_the_run_with_its_best_checkpoint(tmp_path, small, monk
 
 
 def test_divergence_in_the_first_epoch_fails_the_run(tmp_path, small, monkeypatch):
-    monkeypatch.setattr(linmem.training.trainer, "_update", lambda *args: None)  # every loss NaN
+    monkeypatch.setattr(linmem.training.updates, "_update", lambda *args: None)  # every loss NaN
     with pytest.raises(TrainingDiverged, match=r"in epoch 1; no epoch had finished: nothing "
                                                r"is kept .*\. Lower --lr\.$"):
         train_loop(config(), tmp_path / "run", progress=False, data=small)

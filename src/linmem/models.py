@@ -551,7 +551,7 @@ for _spec in (
 ):
     register(_spec)
 
-# a NADE readout over the keys (issue 17) on every trainable core: rnn-nade is RNN-NADE
+# a NADE readout over the keys on every trainable core: rnn-nade is RNN-NADE
 for _core in ("lmn-a", "lmn-b", "rnn", "lstm", "gru"):
     _base = REGISTRY[_core]
     register(ModelSpec(f"{_core}-nade", f"{_base.display}-NADE", _core,

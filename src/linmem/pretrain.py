@@ -154,8 +154,9 @@ def pretrain_rnn(model: NextStepPredictor, sequences: Sequence[np.ndarray],
     usable = [np.asarray(s, np.float64) for s in sequences if len(s) >= 2]
     inputs = [s[:-1] for s in usable]
     hidden = model.hidden
-    # tol 1e-2: the optimal reconstruction error within 1e-3 of the exact SVD's (issue 3's
-    # benchmark); the default 1e-8 ran the randomized solver's 30 iterations for nothing
+    # tol 1e-2: the optimal reconstruction error within 1e-3 of the exact SVD's
+    # (benchmarks/la_solvers.py, results/la); the default 1e-8 ran the randomized solver's 30
+    # iterations for nothing
     la = LinearAutoencoder(hidden, window=window, center=True, random_state=seed,
                            tol=1e-2).fit(inputs)
     p = la.n_components_

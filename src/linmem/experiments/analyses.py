@@ -492,7 +492,7 @@ def patience_markdown(rows: Sequence[dict], command: str | None = None,
 
 def previous_frame_report(datasets: Sequence[str], data_dir: str | None = None,
                           command: str | None = None) -> dict:
-    """Table 2's calibration row (issue 15): the previous-frame baseline
+    """Table 2's calibration row: the previous-frame baseline
     (:func:`linmem.metrics.previous_frame_scores`) on the validation and test splits of each data
     set, accuracies in percent under both definitions, with provenance."""
     started, commit = time.perf_counter(), git_commit()

@@ -76,16 +76,16 @@ GRIDS: dict[str, Grid] = {
     "paper": Grid((50, 100, 250, 500, 750), PAPER_LMN_SIZES, PAPER_WEIGHT_DECAYS),
     # the paper's grid without the sizes above 250 units: a quicker first pass
     "paper-small": Grid((50, 100, 250), PAPER_LMN_SIZES[:3], PAPER_WEIGHT_DECAYS),
-    # issue 15's reduced grid for the three larger data sets (evidence in results/search.md):
+    # the reduced grid for the three larger data sets (evidence in results/search.md):
     # each model's size selected on JSB Chorales' full grid with the paper's sizes around it,
     # and the two weight decays selected there (1e-5: five models; 1e-7: pret-LMN-B)
     "reduced": Grid((250, 500, 750), ((100, 250), (250, 250), (250, 500)), (1e-5, 1e-7)),
-    # issue 43's grid of the paper protocol for MuseData, Nottingham and Piano-midi.de
+    # the paper protocol's grid for MuseData, Nottingham and Piano-midi.de
     # (results/paper-protocol/README.md): what JSB Chorales' full grid selected under that
     # protocol (RNN 250, LSTM 750 units; LMN-A (50, 50), LMN-B and pret-LMN-B (250, 250); no
     # decay, or 1e-6), one LMN pair between; 4 points per RNN-like model, 6 per LMN
     "paper-long": Grid((250, 750), ((50, 50), (100, 250), (250, 250)), (0.0, 1e-6)),
-    # issue 17's NADE models on JSB Chorales: RNN-NADE's sizes (Boulanger-Lewandowski et al.
+    # the NADE models on JSB Chorales: RNN-NADE's sizes (Boulanger-Lewandowski et al.
     # 2012: 150-300 recurrent units, a NADE of 150), two weight decays against overfitting
     "nade": Grid((150, 300), ((150, 150), (150, 300)), (1e-4, 1e-5)),
     "quick": Grid((50, 100), ((50, 50), (50, 100)), (1e-5, 0.0)),

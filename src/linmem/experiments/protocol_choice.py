@@ -1,4 +1,4 @@
-"""Which training protocol ``linmem train`` uses by default (issue 43, item 5): the seeds of the
+"""Which training protocol ``linmem train`` uses by default: the seeds of the
 selected configurations under both protocols, compared on validation.
 
 The rule, fixed before the long sets' seeds were in:

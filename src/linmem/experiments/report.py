@@ -479,7 +479,7 @@ FIGURE4_MODELS = ("rnn", "lstm", "lmn-b", "pret-lmn-b")
 
 def protocols_markdown(paper: Sequence[dict], linmem: Sequence[dict],
                        command: str | None = None) -> str:
-    """Table 2 under both training protocols side by side (issue 43): per data set and model
+    """Table 2 under both training protocols side by side: per data set and model
     the paper's figure, ours under the paper's protocol (the per-frame mean first: the paper's
     metric; the global accuracy beside it) and ours under linmem's, each cell the test accuracy
     of the configuration selected on that accuracy's validation score. ``paper`` and ``linmem``
@@ -627,7 +627,7 @@ PROTOCOL_TITLES = {"paper": "the paper's protocol", "linmem": "linmem's protocol
 def both_protocols_lines(paper: Sequence[dict], linmem: Sequence[dict], protocol: str,
                          other_seeds: Sequence[dict] = (), ablation: dict | None = None,
                          sources: str = "") -> list[str]:
-    """Table 2's section on both training protocols (issue 43), in the report of ``protocol``
+    """Table 2's section on both training protocols, in the report of ``protocol``
     ('paper' or 'linmem'): each protocol's records side by side
     (:func:`protocols_markdown`), the other protocol's seeds (:func:`seed_groups`: their spread,
     the paper's claims and whether its figures are reached) and an ablation's record (``linmem
@@ -837,7 +837,7 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
     if compare is not None:  # the other protocol's selections beside these
         with atomic_write(Path(out) / "protocols.md", "w") as f:
             f.write(protocols_markdown(paper, linmem, command))
-    if compare_seed_runs:  # which protocol linmem train uses by default (issue 43, item 5)
+    if compare_seed_runs:  # which protocol linmem train uses by default
         paper_seeds, linmem_seeds = ((seeds, other_seeds) if protocol == "paper"
                                      else (other_seeds, seeds))
         choice = {**protocol_choice(paper_seeds, linmem_seeds), "command": command}

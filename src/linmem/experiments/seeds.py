@@ -67,7 +67,7 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
     ``changes`` sets, e.g. ``{"nonlinearity": "tanh"}``), into ``out_dir/sSEED``, one after
     the other; resumable (a finished seed is not run again). The data are read from
     ``data_dir`` (default: the run's own folder). Returns the metrics of each seed's run by
-    seed (issue 15: the spread between seeds).
+    seed (the spread between seeds).
 
     A seed whose training diverges with no epoch to keep does not stop the others: they all
     run, then :class:`SeedsDiverged` names the diverged seeds and carries the finished ones'

@@ -99,11 +99,11 @@ PROTOCOLS: dict[str, Protocol] = {
                        patience=50, select="acc", pruner="median",
                        about="linmem's: batch 4 length-bucketed, NLL summed over keys, clip 5, "
                              "key-rate readout bias, global accuracy, median pruner"),
-    # the authors' code (AntonioCarta/cannon; issue 43): its 2018 LMN code's batch 1, BCE
-    # averaged over keys and frames (so the paper's weight decays mean what they meant),
-    # nn.Linear's readout init, early stopping on the per-frame mean accuracy, every grid point
-    # to its end; the clip of 10 on that loss first appears in its November 2019 trainer
-    # (cannon/torch_trainer.py), the 2018 code clips nothing (issue 78)
+    # the authors' code (AntonioCarta/cannon, results/paper-protocol): its 2018 LMN code's
+    # batch 1, BCE averaged over keys and frames (so the paper's weight decays mean what they
+    # meant), nn.Linear's readout init, early stopping on the per-frame mean accuracy, every grid
+    # point to its end; the clip of 10 on that loss first appears in its November 2019 trainer
+    # (cannon/torch_trainer.py), the 2018 code clips nothing
     "paper": Protocol("paper", batch_size=1, loss_reduction="mean", clip=10.0, init_bias=False,
                       patience=50, select="acc_frame", pruner="none",
                       about="the paper's code: batch 1, BCE averaged over keys and frames, clip "
@@ -112,7 +112,7 @@ PROTOCOLS: dict[str, Protocol] = {
 
 
 # linmem train's default: the protocol that wins the rule of linmem.experiments.protocol_choice on
-# the seeds' validation scores (issue 43, item 5; results/paper-protocol/protocol-choice.md; a test
+# the seeds' validation scores (results/paper-protocol/protocol-choice.md; a test
 # holds the two together)
 DEFAULT_PROTOCOL = "paper"
 
@@ -173,7 +173,7 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
     optimizer: str = option("adam", "The optimizer.", choices=OPTIMIZERS)
     momentum: float = option(0.0, "SGD momentum.", minimum=0.0, below=1.0)
     # linmem: batch 4 reaches a given accuracy in ~4x fewer epochs than 8 on JSB's validation
-    # split (issue 2's closing note)
+    # split (results/foundation)
     batch_size: int = option(FROM_PROTOCOL, "Sequences per update.", kind=int)
     # truncated backpropagation through time: an update per window of `chunk` steps, the state
     # carried (detached) from window to window of a batch; None: one update per whole batch

@@ -21,12 +21,11 @@ The test split is scored once, at the end, on the checkpoint chosen on the valid
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -44,27 +43,27 @@ from linmem._io import (
     write_json,
 )
 from linmem.data import (
-    EVAL_MAX_RATIO,
-    Batch,
     DataError,
-    bucket_batches,
-    collate,
     content_digest,
     data_checksum,
     data_root,
     is_data_file,
-    iterate_batches,
     load_polyphonic,
     step_seconds,
-    transpose,
 )
-from linmem.metrics import THRESHOLD_GRID, FrameScores
 from linmem.models import (
-    build_model,
     count_parameters,
 )
 from linmem.ops.lmn import cpu_kernel_path, gpu_paths_taken, use_cpu_kernel
 from linmem.training.config import TrainConfig
+from linmem.training.evaluation import (
+    NonFiniteOutputs,
+    build_run_model,
+    check_size,
+    divergence_note,
+    evaluate,
+    load_run_model,
+)
 from linmem.training.runs import (
     BEST,
     CONFIG,
@@ -83,6 +82,14 @@ from linmem.training.runs import (
     write_log,
 )
 from linmem.training.selection import selection_score
+from linmem.training.updates import (
+    batch_updates,
+    chunked_steps,
+    epoch_plan,
+    make_optimizer,
+    train_step,
+    training_batch,
+)
 
 __all__ = [
     "NonFiniteOutputs",
@@ -118,149 +125,6 @@ class TrainingDiverged(RuntimeError):
         self.failed_on = failed_on
 
 
-class NonFiniteOutputs(ValueError):
-    """A model's outputs are NaN or infinite (its weights, or its state over a long sequence,
-    diverged)."""
-
-
-def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
-    """Adam (the paper's) or SGD with momentum, at ``config.lr`` with L2 ``weight_decay``.
-
-    Adam is torch's fused implementation where every parameter allows it (floating point, on
-    the CPU or a CUDA device): one kernel for all of them instead of a dozen operations per
-    tensor, a third of the time (0.26 against 0.80 ms an update for LMN-B(250, 250) on one
-    core), the same update to float rounding. A checkpoint saved by the unfused Adam resumes
-    with it (its ``param_groups`` carry the choice), so a run keeps its own arithmetic."""
-    params = list(params)
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                               weight_decay=config.weight_decay)
-    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay,
-                            fused=fused or None)
-
-
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
-               clip: float | None = None, scale: float = 1.0,
-               norms: list[float] | None = None) -> float | None:
-    """One update on ``batch`` (already on the model's device): the model's
-    ``training_loss(batch)`` (the masked NLL; the RNN-RBM's contrastive-divergence cost) times
-    ``scale`` (:meth:`TrainConfig.loss_scale`), backward, optional gradient-norm clipping,
-    optimizer step. Returns the unscaled loss, or None (and no update) when it is not finite.
-    ``norms``: when given, the gradient's norm before clipping is appended to it (a
-    diagnostic: :func:`linmem.experiments.analyses.epoch_replay`)."""
-    return _update(model, optimizer, model.training_loss(batch), clip, scale, norms)
-
-
-def chunked_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
-                  chunk: int, clip: float | None = None, scale: float = 1.0,
-                  norms: list[float] | None = None) -> Iterator[tuple[float | None, Batch]]:
-    """Truncated backpropagation through time over ``batch``: one update per window of
-    ``chunk`` steps (the model's ``chunk_loss(window, state)``, times ``scale``), the state
-    carried from window to window without gradient. Yields ``(unscaled loss or None if not
-    finite, window)`` after each update."""
-    state = None
-    for window in batch.windows(chunk):
-        loss, state = model.chunk_loss(window, state)  # state: detached by the model
-        yield _update(model, optimizer, loss, clip, scale, norms), window
-
-
-def batch_updates(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
-                  config: TrainConfig, norms: list[float] | None = None
-                  ) -> Iterable[tuple[float | None, Batch]]:
-    """The updates of ``config``'s training on ``batch``: one on the whole sequences, or one
-    per window of ``config.chunk`` steps (:func:`chunked_steps`). Yields ``(loss or None if not
-    finite, the part of the batch it was computed on)``; ``norms``: :func:`train_step`'s."""
-    scale = config.loss_scale(batch.targets.shape[-1])
-    if config.chunk is None:
-        return [(train_step(model, optimizer, batch, config.clip, scale, norms), batch)]
-    return chunked_steps(model, optimizer, batch, config.chunk, config.clip, scale, norms)
-
-
-def epoch_plan(config: TrainConfig, lengths: Sequence[int],
-               epoch: int) -> tuple[list[list[int]], np.ndarray]:
-    """The training's batches in ``epoch`` (lists of indices of the training sequences, whose
-    ``lengths`` are given) and each sequence's transposition shift, both drawn from the seed and
-    the epoch alone (a resumed run repeats them)."""
-    epoch_seed = _epoch_seed(config.seed, epoch)
-    batches = bucket_batches(lengths, config.batch_size, shuffle=True, seed=epoch_seed)
-    shifts = np.random.default_rng(epoch_seed).integers(
-        -config.transpose, config.transpose + 1, size=len(lengths))
-    return batches, shifts
-
-
-def training_batch(train_seqs: Sequence[np.ndarray], idx: Sequence[int], shifts: np.ndarray,
-                   config: TrainConfig) -> Batch:
-    """The batch of the training sequences ``idx`` (a batch of :func:`epoch_plan`),
-    transposed by their ``shifts`` when ``config.transpose``."""
-    batch = collate([train_seqs[i] for i in idx])
-    return transpose(batch, shifts[idx]) if config.transpose else batch
-
-
-def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
-            clip: float | None, scale: float = 1.0,
-            norms: list[float] | None = None) -> float | None:
-    if not torch.isfinite(loss):
-        return None
-    optimizer.zero_grad(set_to_none=True)
-    (loss * scale if scale != 1.0 else loss).backward()
-    if clip is not None:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    elif norms is not None:
-        norm = torch.nn.utils.get_total_norm(
-            [p.grad for p in model.parameters() if p.grad is not None])
-    if norms is not None:
-        norms.append(float(norm))
-    optimizer.step()
-    return loss.item()
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size: int = 64,
-             device: str | torch.device = "cpu", accuracy: bool = True,
-             max_ratio: float | None = EVAL_MAX_RATIO,
-             thresholds: Sequence[float] = THRESHOLD_GRID) -> dict[str, Any]:
-    """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
-    ``sequences``, accumulated over every valid frame (not averaged per batch). A model with a
-    joint readout (``likelihood_logits``, the NADE models) is scored on its exact likelihood,
-    and without ``accuracy`` on that alone (``nll`` and ``frames``): no marginals drawn. Its
-    ``evaluation_logits``, when it has one, gives both from one pass of the core. Batches hold
-    up to ``batch_size`` sequences of lengths within ``max_ratio`` of each other (None: any).
-    ``acc_at`` holds the global accuracy at each of ``thresholds`` (none: an empty dict; the
-    training's epochs skip them, only the final scores choose a threshold)."""
-    model.eval()
-    scores = FrameScores(grid=tuple(thresholds))
-    joint = hasattr(model, "likelihood_logits")
-    for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype,
-                                 max_ratio=max_ratio):
-        batch = batch.to(device)
-        if hasattr(model, "evaluation_logits"):
-            logits, exact = model.evaluation_logits(batch.inputs, batch.targets, accuracy)
-        elif joint:
-            exact = model.likelihood_logits(batch.inputs, batch.targets)
-            logits = model(batch.inputs) if accuracy else None
-        else:
-            logits, exact = model(batch.inputs), None
-        logits = exact if logits is None else logits
-        for out in (logits, exact):
-            if out is not None and not torch.isfinite(out).all():
-                raise NonFiniteOutputs(
-                    f"the model's outputs are NaN or inf on a batch of sequences of up to "
-                    f"{batch.mask.shape[1]} steps (its weights or its state diverged)"
-                    + _divergence_note(model, batch))
-        scores.update(logits, batch.targets, batch.mask, nll_logits=exact)
-    result = scores.compute()
-    return result if accuracy or not joint else {"nll": result["nll"],
-                                                 "frames": result["frames"]}
-
-
-def _divergence_note(model: torch.nn.Module, batch: Batch) -> str:
-    """The model's own account of NaN or inf outputs on ``batch`` (an LMN's: where its memory
-    overflowed, and the remedy), as a clause for the error; "" where it has none."""
-    note = getattr(model, "divergence_note", None)
-    return note(batch.inputs, batch.mask) if note is not None else ""
-
-
 class _LossNotFinite(ArithmeticError):
     """The training loss of an update was NaN or inf (inside :func:`train_loop`)."""
 
@@ -277,7 +141,7 @@ def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, bar: 
         for loss, part in batch_updates(model, optimizer, batch, config):
             if loss is None:
                 raise _LossNotFinite(f"the training loss became NaN or inf in epoch {epoch}"
-                                     + _divergence_note(model, part))
+                                     + divergence_note(model, part))
             n = float(part.mask.sum())
             loss_sum += loss * n
             frames += n
@@ -295,42 +159,6 @@ def _stop_diverged(run_dir: Path, state: dict[str, Any], why: str, elapsed: floa
                      "elapsed": elapsed, "cpu_elapsed": cpu_elapsed}
     save_last(ckpt, run_dir)
     return ckpt["state"]
-
-
-def _epoch_seed(seed: int, epoch: int) -> int:
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
-
-
-def load_run_model(run_dir: str | Path, which: str = "best",
-                   device: str | torch.device = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
-    """The model saved in ``run_dir`` and its config: ``which`` is ``"best"``, ``"last"`` or
-    ``"init"`` (a pretrained run's initial weights, :func:`linmem.training.recipes.pretrain`'s)."""
-    run_dir, device = Path(run_dir), check_device(device)
-    if not (run_dir / CONFIG).is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
-    config = TrainConfig.from_run(run_dir)
-    path = run_dir / f"{which}.pt"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    state = load_checkpoint(path, device)
-    model = _build(config)
-    model.load_state_dict(state["model"] if "model" in state else state)
-    return model.to(device), config
-
-
-def build_run_model(config: TrainConfig, train_seqs: Sequence[np.ndarray]) -> torch.nn.Module:
-    """The model :func:`train_loop` starts from before any pretraining: built under
-    ``config.seed``, its readout bias at the keys' base rates in ``train_seqs`` when
-    ``config.init_bias``."""
-    torch.manual_seed(config.seed)
-    model = _build(config)
-    if config.init_bias:
-        model.init_output_bias(torch.from_numpy(np.concatenate(train_seqs).mean(0)))
-    return model
-
-
-def _build(config: TrainConfig) -> torch.nn.Module:
-    return build_model(config.model, **asdict(config.model_options()))
 
 
 def train_loop(
@@ -738,30 +566,6 @@ def with_data_dir(config: TrainConfig) -> TrainConfig:
     if is_data_file(config.data):
         return config
     return replace(config, data_dir=str(data_root(config.data_dir).resolve()))
-
-
-def check_size(config: TrainConfig, memory_fraction: float = 0.5) -> int:
-    """The number of parameters of ``config``'s model, counted without allocating it (on the
-    meta device); ``ValueError`` when the model cannot be built at that size or when training
-    it (weights, gradients and Adam's two moments) would take more than ``memory_fraction`` of
-    this machine's memory."""
-    try:
-        with torch.device("meta"):
-            n_params = sum(p.numel() for p in _build(config).parameters())
-    except (RuntimeError, OverflowError, ValueError, TypeError) as err:
-        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{config.model} cannot be built with hidden={config.hidden}, "
-                         f"memory={config.memory}: {why}") from None
-    need = 4 * n_params * 4  # float32: weights, gradients, Adam's m and v
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX: no check
-        return n_params
-    if need > memory_fraction * total:
-        raise ValueError(f"{config.model} with hidden={config.hidden}, memory={config.memory} "
-                         f"has {n_params:,} parameters: training it needs about "
-                         f"{need / 2**30:.0f} GiB, this machine has {total / 2**30:.0f} GiB")
-    return n_params
 
 
 def _stop_reason(state: dict[str, Any], config: TrainConfig) -> str | None:
