@@ -150,19 +150,22 @@ def test_train_evaluate_and_resume(tmp_path, data_dir, capsys):
     assert f"{metrics['test_acc']:.2f}" in stdout
 
 
-def test_train_defaults_to_its_protocol_and_the_study_commands_to_linmems():
-    """``linmem train`` and ``pretrain`` take TrainConfig's default protocol; ``search``,
-    ``report``, ``progress`` and ``analyze-pretraining`` keep linmem's, the protocol of the
-    studies and runs their recorded commands in results/ made without --protocol."""
+def test_the_commands_that_train_share_one_default_protocol_and_the_readers_read_theirs():
+    """Every command that trains and takes ``--protocol`` (``train``, ``search``,
+    ``analyze-pretraining``; ``pretrain`` trains under the same default)
+    defaults to TrainConfig's protocol, linmem train's; ``report`` and ``progress`` default to
+    the protocol their storage's studies were trained under (None here, resolved by
+    :func:`linmem.experiments.studies.storage_protocol`)."""
     from linmem.cli.commands import cli
 
     def default(command: str) -> str:
         (param,) = [p for p in cli.commands[command].params if p.name == "protocol"]
         return param.default
 
-    assert default("train") == DEFAULT_PROTOCOL != LEGACY_PROTOCOL
-    for command in ("search", "report", "progress", "analyze-pretraining"):
-        assert default(command) == LEGACY_PROTOCOL == "linmem", command
+    for command in ("train", "search", "analyze-pretraining"):
+        assert default(command) == DEFAULT_PROTOCOL != LEGACY_PROTOCOL, command
+    for command in ("report", "progress"):
+        assert default(command) is None, command
 
 
 @pytest.mark.slow
