@@ -243,8 +243,8 @@ def test_the_protocols_table_sets_both_selections_side_by_side():
     """protocols.md: per data set and model the paper's figure, ours under each protocol (the
     per-frame column from its own selection, the global one from the record's), incomplete
     grids marked, models run under neither protocol left out."""
+    from linmem.experiments.both_protocols import protocols_markdown
     from linmem.experiments.paper import PAPER_TABLE2
-    from linmem.experiments.report import protocols_markdown
 
     def record(model, test, frame, complete=True):
         return {"dataset": "jsb", "model": model, "test_acc": test, "grid": "paper",

@@ -62,7 +62,7 @@ def _record(dataset, model, test_acc, complete=True, trials=()):
 
 
 def test_table2_puts_ours_beside_the_paper():
-    from linmem.experiments.report import table2_markdown
+    from linmem.experiments.table2 import table2_markdown
 
     records = [_record("jsb", "lmn-b", 35.123), _record("jsb", "lstm", 30.0, complete=False),
                {**_record("nottingham", "gru", 0.0), "test_acc": None},
@@ -113,7 +113,7 @@ def test_table2_puts_ours_beside_the_paper():
 
 
 def test_table2_gives_the_accuracy_at_the_threshold_chosen_on_validation():
-    from linmem.experiments.report import table2_markdown
+    from linmem.experiments.table2 import table2_markdown
 
     records = [_record("jsb", "lmn-b", 27.0), _record("piano", "lstm", 23.0)]
     assert "threshold chosen on validation" not in table2_markdown(records)  # none recorded
@@ -161,7 +161,8 @@ def test_figure4_takes_the_best_weight_decay_per_size_from_complete_trials():
 
 
 def test_single_runs_join_the_table_selected_on_validation(tmp_path):
-    from linmem.experiments.report import run_records, summary_records, table2_markdown
+    from linmem.experiments.report import run_records, summary_records
+    from linmem.experiments.table2 import table2_markdown
     from linmem.training.runs import collect_metrics
 
     for name, valid, test in (("a", 27.0, 28.0), ("b", 26.0, 30.0)):
@@ -212,7 +213,8 @@ def test_runs_selected_on_nll_are_chosen_by_their_lowest_validation_nll(tmp_path
 
 
 def test_records_of_an_earlier_summary_join_the_table(tmp_path):
-    from linmem.experiments.report import summary_file_records, table2_markdown
+    from linmem.experiments.report import summary_file_records
+    from linmem.experiments.table2 import table2_markdown
 
     earlier = [{k: v for k, v in _record("jsb", "lmn-b", 28.0).items()
                 if k not in ("study", "points_done", "points_failed", "trials_run",
@@ -287,8 +289,8 @@ def test_records_of_an_earlier_summary_join_the_table(tmp_path):
 
 
 def test_seed_table_says_whether_pretraining_and_lmn_b_beat_the_spread():
-    from linmem.experiments.report import table2_markdown
     from linmem.experiments.seed_groups import seed_groups
+    from linmem.experiments.table2 import table2_markdown
 
     def run(model, seed, acc):
         return {"dataset": "jsb", "model": model, "hidden": 250, "memory": 250,
@@ -338,8 +340,8 @@ def test_a_seed_that_diverged_counts_as_run_and_is_named(tmp_path):
     named in the table and in the claim, left out of the means, and counted below every score
     in the claim's ranges: a model with a failed seed is never beyond the spread above another,
     and can be below it; the claim needs three seeds run per model."""
-    from linmem.experiments.report import table2_markdown
     from linmem.experiments.seed_groups import seed_groups
+    from linmem.experiments.table2 import table2_markdown
     from linmem.training.runs import collect_metrics
 
     def run(model, seed, acc=None, why="NaN in epoch 1"):

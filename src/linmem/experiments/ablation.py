@@ -26,7 +26,11 @@ from typing import Any
 import numpy as np
 
 from linmem._io import atomic_write, command_line, git_commit, made_by, write_json
-from linmem.experiments.report import ablation_markdown, ablation_record_markdown, pruner_markdown
+from linmem.experiments.both_protocols import (
+    ablation_markdown,
+    ablation_record_markdown,
+    pruner_markdown,
+)
 from linmem.experiments.seed_groups import seed_groups
 from linmem.training.config import LEGACY_PROTOCOL, PROTOCOLS
 from linmem.training.runs import METRICS, collect_metrics, log_rows, read_record
