@@ -301,7 +301,6 @@ OVERSIZED = {
     "linmem.models": 676,
     "linmem.ops.lmn": 676,
     "linmem.data": 666,
-    "linmem.cli.experiments": 652,
     "linmem.nn.rnns": 640,
     "linmem.nn.lmn": 616,
 }

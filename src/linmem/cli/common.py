@@ -23,7 +23,7 @@ from linmem.training.config import (
     TrainConfig,
 )
 
-__all__ = [  # shared by linmem.cli.commands and linmem.cli.experiments
+__all__ = [  # shared by the modules of the commands (linmem.cli.commands, experiments, searches)
     "SEARCH_FIELDS",
     "TRAIN_FIELDS",
     "_DEFAULT",
