@@ -724,8 +724,8 @@ def test_parameter_names_and_shapes():
 
 def _autocast_cases():
     """(module, input, state) for every recurrent module of the library, batch first."""
-    from linmem.nn.lmn import UnrolledNet
     from linmem.nn.rnns import GRU, LSTM, RNN
+    from linmem.nn.ulm import UnrolledNet
 
     torch.manual_seed(0)
     x = torch.randn(3, 9, 7)

@@ -256,7 +256,7 @@ def test_the_unrolled_operator_equals_its_reference(path, nonlinearity):
 
 def _baseline_cases(dtype=torch.float64, seed=7):
     """``(op, arguments, extra, forward-to-states)`` of the RNN, GRU and LSTM operators."""
-    from linmem.nn import rnns
+    from linmem.ops import rnns
 
     g = torch.Generator().manual_seed(seed)
 
@@ -282,7 +282,7 @@ def _baseline_cases(dtype=torch.float64, seed=7):
 def test_the_baselines_recurrences_are_registered_operators(name):
     """opcheck of the RNN, GRU and LSTM operators; states and gradients against their
     references on the kernel and the loop (float64); gradgradcheck."""
-    from linmem.nn import rnns
+    from linmem.ops import rnns
 
     op, args, extra, states, reference = _baseline_cases()[name]
     opcheck(op, (*args, *extra))

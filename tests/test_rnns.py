@@ -5,17 +5,10 @@ import pytest
 import torch
 from torch import nn
 
-from linmem.nn.rnns import (
-    GRU,
-    LSTM,
-    RNN,
-    as_torch,
-    gru_recurrence,
-    lstm_recurrence,
-    rnn_recurrence,
-)
+from linmem.nn.rnns import GRU, LSTM, RNN, as_torch
 from linmem.ops import cpu as _ext
 from linmem.ops.lmn import use_cpu_kernel
+from linmem.ops.rnns import gru_recurrence, lstm_recurrence, rnn_recurrence
 
 KINDS = [(GRU, nn.GRU, {}), (RNN, nn.RNN, {"nonlinearity": "tanh"}),
          (RNN, nn.RNN, {"nonlinearity": "relu"})]
@@ -335,10 +328,11 @@ def test_lstm_takes_the_kernel_only_where_it_is_faster(monkeypatch):
     """The module's recurrence runs on the kernel from min_kernel_hidden units on and with the
     kernel on; below, or on the PyTorch loop's path, it is PyTorch's own forward."""
     from linmem.nn import rnns
+    from linmem.ops import rnns as ops_rnns
 
     calls = []
     monkeypatch.setattr(rnns, "lstm_recurrence",
-                        lambda *a: calls.append(1) or tuple(rnns.lstm_scan(*a)[:2]))
+                        lambda *a: calls.append(1) or tuple(ops_rnns.lstm_scan(*a)[:2]))
     x = torch.randn(5, 2, 3)
     for hidden, minimum, path, expected in ((8, 512, True, 0), (8, 8, True, 1),
                                             (8, 8, False, 0)):

@@ -27,7 +27,7 @@ _EXPORTS = {
     "frame_accuracy": "metrics", "frame_nll": "metrics",
     "MODELS": "models", "build_model": "models",
     "TrainConfig": "training.config", "train": "training.recipes",
-    "LMN": "nn.lmn", "LMNCell": "nn.lmn", "UnrolledNet": "nn.lmn",
+    "LMN": "nn.lmn", "LMNCell": "nn.lmn", "UnrolledNet": "nn.ulm",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -35,14 +35,22 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from linmem._check import check_fields, check_int, option
+from linmem._check import check_fields, check_int
 from linmem.data import N_KEYS, Batch, iterate_batches
 from linmem.metrics import expected_accuracy_from_sums, masked_nll, sample_ratio_sums
+from linmem.model_options import (
+    ModelOptions,
+    NADEOptions,
+    PretrainOptions,
+    RBMOptions,
+    TransferOptions,
+)
 from linmem.nn.diagnostics import memory_radii_of
-from linmem.nn.lmn import LMN, NONLINEARITIES, UnrolledNet
+from linmem.nn.lmn import LMN, NONLINEARITIES
 from linmem.nn.nade import NADE
 from linmem.nn.rnnrbm import PREDICTIONS, RNNRBM, sequence_keys
 from linmem.nn.rnns import GRU, LSTM, RNN
+from linmem.nn.ulm import UnrolledNet
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -350,92 +358,6 @@ def expected_accuracy(model: nn.Module, sequences: list, n_samples: int = 100, s
 
 
 # ---------------------------------------------------------------------------------- registry
-
-
-@dataclass
-class ModelOptions:
-    """What every model is built from (:attr:`ModelSpec.options` names a subclass that adds a
-    model's own options). Each field is declared once (:func:`linmem._check.option`): its
-    default, its ``--help`` and its valid values, from which ``linmem train`` makes its option;
-    :class:`linmem.TrainConfig` holds them all, flat, as its ``config.json`` does."""
-
-    hidden: int = option(100, "Hidden units (LMN: functional units).")
-    memory: int | None = option(100, "LMN memory units (ignored by rnn, lstm, gru).",
-                                none_ok=True)
-    num_layers: int = option(1, "Stacked recurrent layers.")
-    dropout: float = option(0.0, "Dropout on the recurrent output before the readout.",
-                            minimum=0.0, below=1.0)
-    nonlinearity: str | None = option(
-        None, "Recurrent activation [default: selu for ulm and pret-lmn-*, else tanh].",
-        kind=str, choices=NONLINEARITIES)
-    seed: int = option(0, "Seed of the initial weights, the batches' order and the sampling.",
-                       minimum=0)
-    # linmem.ops.bound: None is the paper's unconstrained W^mm, which Adam at batch 1 takes past
-    # spectral radius 1 and long sequences then overflow
-    memory_bound: float | None = option(
-        None, "LMN: hold the spectral norm of W^mm to at most R by a reparametrization (below "
-              "1 the memory cannot overflow) [default: none, the paper's unconstrained memory].",
-        kind=float, above=0.0, none_ok=True)
-
-
-@dataclass
-class PretrainOptions(ModelOptions):
-    """ulm, pret-rnn, ``pret-lmn-*``: the unrolled network and the autoencoder of the pretraining
-    (:mod:`linmem.pretrain`)."""
-
-    k: int = option(10, "Pretraining: past blocks of the unrolled network (ulm, pret-lmn-*).")
-    la_window: int | None = option(
-        None, "Pretraining: the linear autoencoder's window [default: k + 1 for pret-lmn-*, full "
-              "length for pret-rnn; 0: full length].", kind=int, minimum=0)
-
-
-@dataclass
-class TransferOptions(PretrainOptions):
-    """``pret-lmn-*``: the unrolled network trained first and its transfer to the LMN
-    (eqs. 12-15)."""
-
-    pretrain_epochs: int | None = option(
-        None, "pret-lmn-*: epoch bound of the unrolled network [default: --epochs].", kind=int)
-    # None: the LMN's (the transfer is then exact); "selu" with nonlinearity "tanh" is the
-    # paper's text (SELU for the unrolled model only): the same weights, an approximate transfer
-    ulm_nonlinearity: str | None = option(
-        None, "pret-lmn-*: the unrolled network's activation [default: the LMN's, an exact "
-              "transfer]; selu with --nonlinearity tanh is the paper's text.",
-        kind=str, choices=NONLINEARITIES)
-    # a grid's memory sizes share one unrolled network (linmem.training.recipes.ulm_key)
-    ulm_cache: str | None = option(
-        None, "pret-lmn-*: a folder of unrolled networks shared between runs (those of one "
-              "grid's memory sizes are the same: trained once) [default: each run trains its own "
-              "in RUN_DIR/ulm; linmem search: OUT/ulm-cache].", kind=str, folder=True)
-
-
-@dataclass
-class RBMOptions(ModelOptions):
-    """rnn-rbm (:mod:`linmem.nn.rnnrbm`): ``hidden`` is the RNN's units."""
-
-    rbm_hidden: int = option(150, "rnn-rbm: hidden units of each step's RBM (--hidden: the "
-                                  "RNN's units).")
-    cd_k: int = option(15, "rnn-rbm: Gibbs steps of contrastive divergence.")
-    rbm_predict: str = option("gibbs", "rnn-rbm: how the key marginals (accuracy) are "
-                                       "estimated.", choices=PREDICTIONS)
-    ais_chains: int = option(100, "rnn-rbm: AIS chains per frame (test NLL).")
-    ais_betas: int = option(1000, "rnn-rbm: AIS temperatures (test NLL).")
-    ais_frames: int | None = option(500, "rnn-rbm: test frames drawn for the AIS NLL.",
-                                    none_ok=True)  # None: every test frame
-    rbm_pretrain_epochs: int = option(0, "rnn-rbm: first train W, b_v, b_h as one RBM on all "
-                                         "frames (CD epochs).", minimum=0)
-    rnn_pretrain_epochs: int = option(0, "rnn-rbm: first train a tanh RNN next-step predictor "
-                                         "(epoch bound) and copy it into the RNN part.",
-                                      minimum=0)
-
-
-@dataclass
-class NADEOptions(ModelOptions):
-    """CORE-nade (:mod:`linmem.nn.nade`): the NADE over the keys."""
-
-    nade_hidden: int = option(150, "*-nade: hidden units of the NADE over the keys.")
-    nade_samples: int = option(100, "*-nade: frames drawn per step for the key marginals and "
-                                    "the expected accuracy.")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The mathematics of pretraining; :mod:`linmem.training.recipes` runs the steps (and keeps each in the
 run directory, so that an interrupted run resumes). pret-LMN, three steps:
 
-1. ``ulm/``: the unrolled network (:class:`linmem.nn.lmn.UnrolledNet`, eqs. 10-11) trained as a
+1. ``ulm/``: the unrolled network (:class:`linmem.nn.ulm.UnrolledNet`, eqs. 10-11) trained as a
    next-step predictor by the normal trainer (Adam, early stopping on validation).
 2. ``memory.npz``: a :class:`~linmem.la.LinearAutoencoder` fitted, without centering, on the ULM's
    functional-state sequences ``h_1 .. h_T`` of the training split, with window ``k + 1`` (the

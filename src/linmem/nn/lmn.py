@@ -21,8 +21,6 @@ PyTorch ops; :func:`use_cpu_kernel` chooses between them. On CUDA the fused Trit
 
 from __future__ import annotations
 
-import functools
-import math
 import warnings
 
 import torch
@@ -30,69 +28,21 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from linmem._check import check_int
+from linmem.nn.recurrent import (
+    check_dtype,
+    in_parameter_precision,
+    init_uniform,
+    no_torchscript,
+)
 from linmem.ops.bound import bounded_memory, check_memory_bound
 from linmem.ops.lmn import NONLINEARITIES, _batch_major, activation_grad, check_nonlinearity, scan
-from linmem.ops.ulm import ulm_states
 
-__all__ = ["LMN", "NONLINEARITIES", "LMNCell", "UnrolledNet", "activation_slope", "lmn_recurrence"]
+__all__ = ["LMN", "NONLINEARITIES", "LMNCell", "activation_slope", "lmn_recurrence"]
 
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}
 _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
 
 State = Tensor | tuple[Tensor | None, Tensor] | None
-
-def _check_dtype(t: Tensor, weight: Tensor, what: str = "input") -> None:
-    """A tensor of the parameters' floating dtype, or one line saying how to get there."""
-    if t.dtype != weight.dtype:
-        how = (f"one of them ({what.split()[-1]}.to({weight.dtype}) or lmn.to({t.dtype}))"
-               if t.is_floating_point() else
-               f"it to a floating dtype ({what.split()[-1]}.to({weight.dtype}))")
-        raise TypeError(f"{what} is {t.dtype}, the LMN's parameters are {weight.dtype}: "
-                        f"convert {how}")
-
-
-def _autocast_enabled(device_type: str) -> bool:
-    """Whether ``torch.autocast`` is on for ``device_type`` ("cpu", "cuda") here; never for a
-    device autocast does not know (``meta``: shape inference, deferred initialisation)."""
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4: no device argument
-        return (torch.is_autocast_enabled() if device_type == "cuda"
-                else torch.is_autocast_cpu_enabled())
-    except RuntimeError:  # "unknown device type for autocast"
-        return False
-
-
-def _to_dtype(value, dtype: torch.dtype):
-    """``value`` (a tensor, a packed sequence, a tuple of them or None) with its floating
-    tensors in ``dtype``."""
-    if value is None:
-        return None
-    if isinstance(value, PackedSequence):  # a tuple too: its data; sizes and indices stay
-        return value.to(dtype)
-    if isinstance(value, tuple | list):
-        return type(value)(_to_dtype(v, dtype) for v in value)
-    return value.to(dtype) if value.is_floating_point() else value
-
-
-def _in_parameter_precision(forward):
-    """Run a recurrent module's ``forward(input, state)`` under ``torch.autocast`` with autocast
-    off and ``input`` and ``state`` cast to the parameters' dtype (their output is then in that
-    dtype; the layers around them follow autocast). A recurrence compounds its rounding over
-    thousands of steps, and nothing bounds the LMN's linear memory: it keeps the parameters'
-    precision, as autocast's float32 operations do. Without autocast this changes nothing."""
-
-    @functools.wraps(forward)
-    def wrapped(self, input, state=None):
-        data = input.data if isinstance(input, PackedSequence) else input
-        if not isinstance(data, Tensor) or not _autocast_enabled(data.device.type):
-            return forward(self, input, state)
-        dtype = next(self.parameters()).dtype
-        with torch.autocast(data.device.type, enabled=False):
-            return forward(self, _to_dtype(input, dtype), _to_dtype(state, dtype))
-
-    return wrapped
-
 
 def _split_state(state: State) -> tuple[Tensor | None, Tensor | None]:
     """``(h, m)`` of a state given as the memory alone or as a ``(h, m)`` pair; only ``m``
@@ -104,19 +54,14 @@ def _split_state(state: State) -> tuple[Tensor | None, Tensor | None]:
     return None, state
 
 
-def _init_uniform(weight: Tensor, fan_in: int) -> None:
-    bound = 1.0 / math.sqrt(fan_in)
-    nn.init.uniform_(weight, -bound, bound)
-
-
 def _reset_layer(weights: dict[str, Tensor | None], input_size: int, hidden_size: int,
                  memory_size: int) -> None:
     """Weights ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, biases zero (see :class:`LMNCell`)."""
     with torch.no_grad():
-        _init_uniform(weights["weight_xh"], input_size)
-        _init_uniform(weights["weight_mh"], memory_size)
-        _init_uniform(weights["weight_hm"], hidden_size)
-        _init_uniform(weights["weight_mm"], memory_size)
+        init_uniform(weights["weight_xh"], input_size)
+        init_uniform(weights["weight_mh"], memory_size)
+        init_uniform(weights["weight_hm"], hidden_size)
+        init_uniform(weights["weight_mm"], memory_size)
         for name in ("bias_h", "bias_m"):
             if weights[name] is not None:
                 nn.init.zeros_(weights[name])
@@ -169,15 +114,6 @@ def lmn_recurrence(
     return hs, ms, hs[last, index], ms[last, index]
 
 
-def _no_torchscript(self: nn.Module) -> nn.Module:
-    """``torch.jit.script``'s hook (``__prepare_scriptable__``): one line that says what to use,
-    where TorchScript would fail deep in its compiler on the Python this module runs."""
-    raise RuntimeError(
-        f"{type(self).__name__} does not support TorchScript (torch.jit.script, deprecated by "
-        "PyTorch): use torch.compile, torch.export.export or torch.onnx.export, which see its "
-        "recurrence as one registered operator")
-
-
 class LMNCell(nn.Module):
     r"""One step of a Linear Memory Network, eqs. (6)-(7).
 
@@ -218,7 +154,7 @@ class LMNCell(nn.Module):
     is a contraction at initialisation and cannot accumulate without bound.
     """
 
-    __prepare_scriptable__ = _no_torchscript
+    __prepare_scriptable__ = no_torchscript
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, bias: bool = True,
                  nonlinearity: str = "tanh", memory_bound: float | None = None, device=None,
@@ -248,13 +184,13 @@ class LMNCell(nn.Module):
         weights = {name: getattr(self, name) for name in _PARAM_NAMES}
         _reset_layer(weights, self.input_size, self.hidden_size, self.memory_size)
 
-    @_in_parameter_precision
+    @in_parameter_precision
     def forward(self, input: Tensor, state: State = None) -> tuple[Tensor, Tensor]:
         batched = input.dim() == 2
         if input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
             raise ValueError(f"LMNCell expects input of shape (B, {self.input_size}) or "
                              f"({self.input_size},), got {tuple(input.shape)}")
-        _check_dtype(input, self.weight_xh)
+        check_dtype(input, self.weight_xh)
         x = input if batched else input.unsqueeze(0)
         h0, m = _split_state(state)
         if m is None:
@@ -267,7 +203,7 @@ class LMNCell(nn.Module):
         expected = (x.shape[0], self.hidden_size) if batched else (self.hidden_size,)
         if h0 is not None and tuple(h0.shape) != expected:
             raise ValueError(f"h_(t-1) must have shape {expected}, got {tuple(h0.shape)}")
-        _check_dtype(m, self.weight_xh, "the memory state")
+        check_dtype(m, self.weight_xh, "the memory state")
         x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
         _, _, h, m_new = lmn_recurrence(x_proj[None], m, self.weight_mh, self.weight_hm,
                                         self.memory_weight(), self.bias_m,
@@ -345,7 +281,7 @@ class LMN(nn.Module):
             reads ``D`` times the output size).
     """
 
-    __prepare_scriptable__ = _no_torchscript
+    __prepare_scriptable__ = no_torchscript
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, num_layers: int = 1,
                  output: str = "memory", bias: bool = True, batch_first: bool = False,
@@ -413,7 +349,7 @@ class LMN(nn.Module):
         into the ball of ``memory_bound``."""
         return bounded_memory(self.layer_weights(k, reverse)["weight_mm"], self.memory_bound)
 
-    @_in_parameter_precision
+    @in_parameter_precision
     def forward(self, input: Tensor | PackedSequence, state: State = None):
         packed = isinstance(input, PackedSequence)
         if packed:
@@ -430,7 +366,7 @@ class LMN(nn.Module):
         if x.shape[-1] != self.input_size:
             raise ValueError(f"input has {x.shape[-1]} features, the LMN expects "
                              f"{self.input_size}")
-        _check_dtype(x, self.weight_xh_l0)
+        check_dtype(x, self.weight_xh_l0)
         steps, batch = x.shape[0], x.shape[1]
         states = len(self._directions()) * self.num_layers
         h0, m0 = _split_state(state)
@@ -446,7 +382,7 @@ class LMN(nn.Module):
                         else (states, batch, self.hidden_size))
             if tuple(h0.shape) != expected:
                 raise ValueError(f"h_0 must have shape {expected}, got {tuple(h0.shape)}")
-        _check_dtype(m0, self.weight_xh_l0, "the memory state")
+        check_dtype(m0, self.weight_xh_l0, "the memory state")
         mask = None
         packed_lengths = lengths
         if lengths is not None and bool((lengths != steps).any()):
@@ -518,99 +454,3 @@ def _reverse_steps(seq: Tensor, lengths: Tensor | None) -> Tensor:
 
 
 activation_slope = activation_grad  # sigma'(a) from h = sigma(a) (linmem.ops.lmn)
-
-
-def _unrolled_states(x_proj: Tensor, past: Tensor, weight_hh: Tensor,
-                     nonlinearity: str) -> Tensor:
-    """Eq. (10)'s states ``(T, B, H)`` (:func:`linmem.ops.ulm.ulm_states`)."""
-    return ulm_states(x_proj, past, weight_hh, nonlinearity)
-
-
-class UnrolledNet(nn.Module):
-    r"""The LMN unrolled for ``k`` steps (ULM, paper eqs. 10-11): the memory is replaced by the
-    last ``k`` functional states, each with its own weight block.
-
-    ::
-
-        h_t = sigma(W^xh x_t + b^h + sum_{i=1..k} W^hh_i h_{t-i})      (10)
-        y_t = sigmoid(sum_{i=0..k} W^o_i h_{t-i} + b^o)                 (11)
-
-    with ``h_{t-i} = 0`` before the start. Convention: ``k`` past blocks feed the functional
-    state, ``k + 1`` blocks (lag 0 included) the output, so the memory that replaces them must
-    reconstruct ``k + 1`` blocks (:mod:`linmem.pretrain` fits it with window ``k + 1``).
-    Training back-propagates through the whole sequence (nothing is detached).
-
-    Args:
-        input_size: the number of features of ``x_t``.
-        hidden_size: the number of functional units ``H``.
-        k: the number of past functional states that feed ``h_t``. Default: 10.
-        nonlinearity: ``"selu"`` (the paper's choice for this model), ``"tanh"`` or
-            ``"relu"``. Default: ``"selu"``.
-        batch_first: if ``True``, input and outputs are batch first. Default: ``False``.
-        device: where to create the parameters. Default: the current default device.
-        dtype: the parameters' dtype. Default: the current default dtype.
-
-    Inputs: input
-        - **input**: ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``).
-
-    Outputs: lagged, hs
-        - **lagged**: ``(T, B, (k + 1) H)``, ``[h_t, h_{t-1}, ..., h_{t-k}]`` at every step (a
-          linear readout of it is eq. 11).
-        - **hs**: ``(T, B, H)``, the functional states.
-
-    Parameters: ``weight_xh`` ``(H, input_size)``, ``bias_h`` ``(H,)``, ``weight_hh``
-    ``(H, k H)`` ``= [W^hh_1 ... W^hh_k]``; initialised like :class:`LMNCell`.
-    """
-
-    __prepare_scriptable__ = _no_torchscript
-
-    def __init__(self, input_size: int, hidden_size: int, k: int = 10,
-                 nonlinearity: str = "selu", batch_first: bool = False, device=None,
-                 dtype=None):
-        super().__init__()
-        for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
-                            ("k", k)):
-            check_int(name, value)
-        check_nonlinearity(nonlinearity)
-        factory = {"device": device, "dtype": dtype}
-        self.input_size, self.hidden_size, self.k = input_size, hidden_size, k
-        self.nonlinearity, self.batch_first = nonlinearity, batch_first
-        self.weight_xh = nn.Parameter(torch.empty(hidden_size, input_size, **factory))
-        self.bias_h = nn.Parameter(torch.zeros(hidden_size, **factory))
-        self.weight_hh = nn.Parameter(torch.empty(hidden_size, k * hidden_size, **factory))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        with torch.no_grad():
-            _init_uniform(self.weight_xh, self.input_size)
-            _init_uniform(self.weight_hh, self.k * self.hidden_size)
-            nn.init.zeros_(self.bias_h)
-
-    @_in_parameter_precision
-    def forward(self, input: Tensor, past: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``past`` ``(B, k H)``: ``[h_0, h_{-1}, ..., h_{1-k}]`` before the first step (default
-        zeros), e.g. ``lagged[:, -1, :k H]`` of a previous call, to continue a sequence."""
-        if input.dim() != 3 or input.shape[-1] != self.input_size:
-            raise ValueError(f"UnrolledNet expects input of shape (T, B, {self.input_size}) "
-                             f"(batch first: (B, T, ...)), got {tuple(input.shape)}")
-        x = input.transpose(0, 1) if self.batch_first else input
-        steps, batch = x.shape[:2]
-        x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
-        if past is None:
-            past = x_proj.new_zeros(batch, self.k * self.hidden_size)
-        if tuple(past.shape) != (batch, self.k * self.hidden_size):
-            raise ValueError(f"past must have shape ({batch}, {self.k * self.hidden_size}), "
-                             f"got {tuple(past.shape)}")
-        before = past.unflatten(1, (self.k, self.hidden_size)).flip(1).transpose(0, 1)
-        hs = (_unrolled_states(x_proj, past, self.weight_hh, self.nonlinearity)
-              if steps else x_proj.new_zeros(0, batch, self.hidden_size))
-        padded = torch.cat([before, hs])  # (k + T, B, H) in time order
-        lagged = torch.cat([padded[self.k - i: self.k - i + steps] for i in range(self.k + 1)],
-                           2)
-        if self.batch_first:
-            return lagged.transpose(0, 1), hs.transpose(0, 1)
-        return lagged, hs
-
-    def extra_repr(self) -> str:
-        return (f"{self.input_size}, hidden_size={self.hidden_size}, k={self.k}, "
-                f"nonlinearity={self.nonlinearity!r}")

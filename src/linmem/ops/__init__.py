@@ -4,6 +4,8 @@
   the per-step reference :func:`~linmem.ops.lmn.lmn_scan_ref`, and the choice of the path that
   runs it (:func:`~linmem.ops.lmn.use_cpu_kernel`, :func:`~linmem.ops.lmn.use_gpu_kernel`);
 - :mod:`linmem.ops.ulm`: the unrolled network's (eq. 10), ``linmem::ulm_scan``;
+- :mod:`linmem.ops.rnns`: the baselines' (``torch.nn.RNN``'s, ``GRU``'s and ``LSTM``'s), with an
+  explicit backward through time;
 - :mod:`linmem.ops.bound`: ``linmem::spectral_norm`` and the bounded memory matrix;
 - :mod:`linmem.ops.cpu`: the compiled CPU kernel (``csrc/``): its build, variants and path;
 - :mod:`linmem.ops.gpu`, :mod:`linmem.ops.triton_lmn`: the fused Triton kernels for CUDA.

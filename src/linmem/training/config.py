@@ -148,11 +148,12 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
     """Everything that defines a training run (saved as ``config.json``, flat).
 
     Its fields are the training settings below, common to every model, and the models' options,
-    each declared once in :mod:`linmem.models` (:class:`~linmem.models.ModelOptions`, the sizes
-    every model has; :class:`~linmem.models.PretrainOptions`,
-    :class:`~linmem.models.TransferOptions`, :class:`~linmem.models.RBMOptions`,
-    :class:`~linmem.models.NADEOptions`, a model's own, :attr:`ModelSpec.options`); every field's
-    help and valid values are in its declaration, from which ``linmem train`` makes its options.
+    each declared once in :mod:`linmem.model_options` (:class:`~linmem.model_options.ModelOptions`,
+    the sizes every model has; :class:`~linmem.model_options.PretrainOptions`,
+    :class:`~linmem.model_options.TransferOptions`, :class:`~linmem.model_options.RBMOptions`,
+    :class:`~linmem.model_options.NADEOptions`, a model's own, :attr:`ModelSpec.options`); every
+    field's help and valid values are in its declaration, from which ``linmem train`` makes its
+    options.
 
     ``protocol`` (:data:`PROTOCOLS`) sets the fields of :data:`PROTOCOL_FIELDS` that are not
     given; a field given explicitly overrides it (``TrainConfig(protocol="paper",
