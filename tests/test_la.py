@@ -6,6 +6,7 @@ import scipy.linalg
 import torch
 
 import linmem.la as la_module
+import linmem.la_solvers as la_solvers
 from linmem.data import load_polyphonic
 from linmem.la import LinearAutoencoder, NotFittedError, build_xi, xi_rows, xi_squared_norm
 
@@ -43,7 +44,7 @@ VARIANTS = {"dense": {"solver": "dense"}, "qr": {"solver": "qr"},
 
 def fit_variant(variant, monkeypatch, n_components, seqs, **kwargs):
     if variant == "mixed-streamed":
-        monkeypatch.setattr(la_module, "_STAGE_B_MAX_BYTES", 0)
+        monkeypatch.setattr(la_solvers, "_STAGE_B_MAX_BYTES", 0)
     la = LinearAutoencoder(n_components, random_state=0, **{**VARIANTS[variant], **kwargs})
     la.fit(seqs)
     if variant.startswith("mixed"):
@@ -145,7 +146,7 @@ def test_sign_convention_is_the_largest_entry_positive():
     rng = np.random.default_rng(8)
     u = rng.standard_normal((40000, 3))  # more rows than one scan block
     u[35000, 0], u[123, 1], u[39999, 2] = -9.0, 9.0, -9.5
-    fixed = la_module._sign_fix(u.copy())
+    fixed = la_solvers.sign_fix(u.copy())
     np.testing.assert_array_equal(fixed, u * np.array([-1.0, 1.0, -1.0]))
 
 

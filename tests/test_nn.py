@@ -18,6 +18,7 @@ from linmem.nn import diagnostics
 from linmem.nn.lmn import lmn_recurrence
 from linmem.ops import cpu as _ext
 from linmem.ops import lmn as lmn_ops
+from linmem.ops import paths as ops_paths
 from linmem.ops.lmn import use_cpu_kernel
 
 
@@ -617,7 +618,7 @@ def test_measurement_times_the_paths_in_turns(monkeypatch):
     recurrence = lmn_ops.lmn_scan
 
     def recorded(*args, **kwargs):
-        order.append(lmn_ops._path_override)
+        order.append(ops_paths._path_override)
         return recurrence(*args, **kwargs)
 
     monkeypatch.setattr(lmn_ops, "lmn_scan", recorded)

@@ -15,6 +15,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from linmem.nn.lmn import LMN
 from linmem.ops import gpu as ops_gpu
 from linmem.ops import lmn as ops
+from linmem.ops import paths as ops_paths
 from linmem.ops.lmn import _backward_buffers, _scan_buffers, lmn_scan_backward_ref, lmn_scan_ref
 
 HAS_CUDA = torch.cuda.is_available()
@@ -163,7 +164,8 @@ def test_choices_are_recorded_and_read_back(tmp_path, monkeypatch):
     back = ops_gpu.read_choices("Some GPU")
     assert list(back) == [key] and back[key]["choice"] == "fused"
     assert ops_gpu.read_choices("Other GPU") == {}
-    assert [ops._size_class(n) for n in (1, 2, 3, 50, 64, 65, 250)] == [1, 2, 4, 64, 64, 128, 256]
+    classes = [ops_paths._size_class(n) for n in (1, 2, 3, 50, 64, 65, 250)]
+    assert classes == [1, 2, 4, 64, 64, 128, 256]
 
 
 def test_tiles_give_a_program_a_row_while_the_programs_fit_the_gpu():

@@ -15,7 +15,7 @@ before the loop, the loop and its backward keep only the products with ``W_hh``,
 gradients are one large product over all steps after it. The loops run in the LMN's compiled
 kernel (``csrc/lmn_kernel.h``: the same register-tiled product over weights packed once per
 call, the gates computed in place) wherever :func:`linmem.ops.cpu.cpu_path` chose one of its
-variants for the LMN, else as a PyTorch loop; ``linmem.ops.lmn.use_cpu_kernel`` and
+variants for the LMN, else as a PyTorch loop; ``linmem.ops.paths.use_cpu_kernel`` and
 ``LINMEM_CPU_KERNEL`` switch both.
 
 Equations (PyTorch's), per step: the RNN ``h_t = sigma(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)``

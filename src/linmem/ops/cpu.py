@@ -14,7 +14,7 @@ forward and backward through every variant the CPU runs and through the PyTorch 
 and a large layer, and picks the fastest path that is not slower than the loop at either size;
 the measurement is recorded beside the build (``choice-<cpu>.json``) and read back afterwards.
 One vocabulary names a path everywhere (:data:`CPU_KERNELS`: ``TrainConfig.cpu_kernel``,
-``--cpu-kernel``, :func:`linmem.ops.lmn.use_cpu_kernel` and ``LINMEM_CPU_KERNEL``): ``auto`` the
+``--cpu-kernel``, :func:`linmem.ops.paths.use_cpu_kernel` and ``LINMEM_CPU_KERNEL``): ``auto`` the
 measured choice, ``best`` the best variant the CPU runs, ``loop`` the PyTorch loop, or a
 variant's name (``avx512``, ``avx2``, ``generic``); :func:`resolve_cpu_kernel` says what a name
 means on this CPU. ``LINMEM_CPU_KERNEL`` forces a path for the whole process (``0`` and ``1``

@@ -23,7 +23,7 @@ Triton is optional (the ``gpu`` extra): :func:`available` says whether the kerne
 The same kernels run on CPU tensors under Triton's interpreter when ``TRITON_INTERPRET=1`` is set
 before Triton is first imported (:func:`interpreting`), which is how they are tested without a
 GPU. Which path a layer takes on a GPU (these kernels or the PyTorch loop) is measured on first
-use: :func:`linmem.ops.lmn.gpu_kernel_path`.
+use: :func:`linmem.ops.paths.gpu_kernel_path`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from torch import Tensor
 from linmem.ops.lmn import (
     _KERNEL_CODES,
     _activate,
-    _kernel_for,
     _lagged_product,
     _rows,
     activation_grad,
@@ -21,6 +20,7 @@ from linmem.ops.lmn import (
     eager_function,
     through_reference,
 )
+from linmem.ops.paths import kernel_for
 
 __all__ = ["gru_recurrence", "gru_scan", "gru_scan_ref", "lstm_recurrence", "lstm_scan",
            "lstm_scan_ref", "rnn_recurrence", "rnn_scan", "rnn_scan_ref"]
@@ -100,7 +100,7 @@ def rnn_scan(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor,
 
 @rnn_scan.register_kernel("cpu")
 def _rnn_scan_cpu(gi, h0, weight_hh, bias_hh, nonlinearity):
-    return _rnn_forward(gi, h0, weight_hh, bias_hh, nonlinearity, _kernel_for(gi))
+    return _rnn_forward(gi, h0, weight_hh, bias_hh, nonlinearity, kernel_for(gi))
 
 
 @rnn_scan.register_fake
@@ -140,7 +140,7 @@ def rnn_scan_backward(grad_hs: Tensor | None, h0: Tensor, hs: Tensor, weight_hh:
 
 @rnn_scan_backward.register_kernel("cpu")
 def _rnn_scan_backward_cpu(grad_hs, h0, hs, weight_hh, nonlinearity):
-    return _rnn_backward(grad_hs, h0, hs, weight_hh, nonlinearity, _kernel_for(hs))
+    return _rnn_backward(grad_hs, h0, hs, weight_hh, nonlinearity, kernel_for(hs))
 
 
 @rnn_scan_backward.register_fake
@@ -224,7 +224,7 @@ def gru_scan(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor
 
 @gru_scan.register_kernel("cpu")
 def _gru_scan_cpu(gi, h0, weight_hh, bias_hh):
-    return _gru_forward(gi, h0, weight_hh, bias_hh, _kernel_for(gi))
+    return _gru_forward(gi, h0, weight_hh, bias_hh, kernel_for(gi))
 
 
 @gru_scan.register_fake
@@ -261,7 +261,7 @@ def gru_scan_backward(grad_hs: Tensor | None, h0: Tensor, hs: Tensor, gates: Ten
 
 @gru_scan_backward.register_kernel("cpu")
 def _gru_scan_backward_cpu(grad_hs, h0, hs, gates, gh, weight_hh):
-    return _gru_backward(grad_hs, h0, hs, gates, gh, weight_hh, _kernel_for(hs))
+    return _gru_backward(grad_hs, h0, hs, gates, gh, weight_hh, kernel_for(hs))
 
 
 @gru_scan_backward.register_fake
@@ -364,7 +364,7 @@ def lstm_scan(gi: Tensor, h0: Tensor, c0: Tensor, weight_hh: Tensor, bias_hh: Te
 
 @lstm_scan.register_kernel("cpu")
 def _lstm_scan_cpu(gi, h0, c0, weight_hh, bias_hh):
-    return _lstm_forward(gi, h0, c0, weight_hh, bias_hh, _kernel_for(gi))
+    return _lstm_forward(gi, h0, c0, weight_hh, bias_hh, kernel_for(gi))
 
 
 @lstm_scan.register_fake
@@ -406,7 +406,7 @@ def lstm_scan_backward(grad_hs: Tensor | None, grad_cn: Tensor | None, h0: Tenso
 @lstm_scan_backward.register_kernel("cpu")
 def _lstm_scan_backward_cpu(grad_hs, grad_cn, h0, c0, hs, cs, tcs, gates, weight_hh):
     return _lstm_backward(grad_hs, grad_cn, h0, c0, hs, cs, tcs, gates, weight_hh,
-                          _kernel_for(hs))
+                          kernel_for(hs))
 
 
 @lstm_scan_backward.register_fake

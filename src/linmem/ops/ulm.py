@@ -14,13 +14,13 @@ from torch import Tensor
 from linmem.ops.lmn import (
     _KERNEL_CODES,
     _activate,
-    _kernel_for,
     _rows,
     activation_grad,
     by_device,
     eager_function,
     through_reference,
 )
+from linmem.ops.paths import kernel_for
 
 __all__ = [
     "ulm_scan",
@@ -90,7 +90,7 @@ def ulm_scan(x_proj: Tensor, past: Tensor, weight_hh: Tensor, nonlinearity: str
 
 @ulm_scan.register_kernel("cpu")
 def _ulm_scan_cpu(x_proj, past, weight_hh, nonlinearity):
-    return _ulm_forward(x_proj, past, weight_hh, nonlinearity, _kernel_for(x_proj))
+    return _ulm_forward(x_proj, past, weight_hh, nonlinearity, kernel_for(x_proj))
 
 
 @ulm_scan.register_fake
@@ -113,7 +113,7 @@ def ulm_scan_backward(grad_hs: Tensor | None, buf: Tensor, weight_hh: Tensor,
 
 @ulm_scan_backward.register_kernel("cpu")
 def _ulm_scan_backward_cpu(grad_hs, buf, weight_hh, nonlinearity):
-    return _ulm_backward(grad_hs, buf, weight_hh, nonlinearity, _kernel_for(buf))
+    return _ulm_backward(grad_hs, buf, weight_hh, nonlinearity, kernel_for(buf))
 
 
 @ulm_scan_backward.register_fake
