@@ -85,13 +85,23 @@ def _top_eigenpair_lapack(gram: Tensor) -> tuple[float, Tensor]:
     scipy's OpenBLAS sizes its thread pool to the machine, not to torch's thread count, and its
     threads spin while they wait: beside one busy process on two cores the pair of a 250 x 250
     matrix took 4.4 ms on its two threads against 1.6 ms on one (and up to 9 ms in a training
-    step), where a quiet machine's second thread saves little on a matrix this small."""
+    step), where a quiet machine's second thread saves little on a matrix this small.
+
+    Where the largest eigenvalues form a tight cluster (a memory put into the ball by
+    :func:`linmem.pretrain.project_memory`: its singular values above the bound all set to it),
+    LAPACK's float32 MRRR can return no pair at all (4 in 40 such 250 x 250 matrices here): the
+    whole spectrum's solver (:func:`_top_eigenpair`, divide and conquer) answers then."""
     import scipy.linalg  # here: importing it costs 0.4 s, and only a bounded memory needs it
 
     n = gram.shape[0]
-    with _blas_controller().limit(limits=1, user_api="blas"):
-        lam, vec = scipy.linalg.eigh(gram.numpy(), subset_by_index=[n - 1, n - 1],
-                                     driver="evr", check_finite=False)
+    try:
+        with _blas_controller().limit(limits=1, user_api="blas"):
+            lam, vec = scipy.linalg.eigh(gram.numpy(), subset_by_index=[n - 1, n - 1],
+                                         driver="evr", check_finite=False)
+    except np.linalg.LinAlgError:
+        lam = ()
+    if len(lam) == 0:  # MRRR can find nothing in a tight cluster: the whole spectrum instead
+        return _top_eigenpair(gram)
     return float(lam[0]), torch.from_numpy(np.ascontiguousarray(vec[:, 0]))
 
 
