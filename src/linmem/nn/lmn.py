@@ -34,10 +34,11 @@ from linmem.nn.recurrent import (
     init_uniform,
     no_torchscript,
 )
+from linmem.nn.ulm import UnrolledNet  # the unrolled network (nn.ulm), named here as before
 from linmem.ops.bound import bounded_memory, check_memory_bound
 from linmem.ops.lmn import NONLINEARITIES, _batch_major, activation_grad, check_nonlinearity, scan
 
-__all__ = ["LMN", "NONLINEARITIES", "LMNCell", "activation_slope", "lmn_recurrence"]
+__all__ = ["LMN", "NONLINEARITIES", "LMNCell", "UnrolledNet", "activation_slope", "lmn_recurrence"]
 
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}
 _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
