@@ -178,3 +178,33 @@ def test_a_saved_config_loads_back_equal(tmp_path):
                          ulm_nonlinearity="tanh", clip=None)
     (tmp_path / "config.json").write_text(json.dumps(asdict(config)))
     assert TrainConfig.from_run(tmp_path) == config
+
+
+def test_the_configuration_is_split_by_concern():
+    """TrainConfig is the training's own settings, those its protocol names (ProtocolSettings:
+    exactly what a Protocol sets, PROTOCOL_FIELDS), where and how it runs (RunSettings, where a
+    resumed run may change what does not alter its numbers), and the models' options; every
+    field belongs to one of them, and config.json stays flat (a saved config loads back)."""
+    from linmem.model_options import ModelOptions
+    from linmem.training.config import (
+        MODEL_OPTION_FIELDS,
+        PLACE_FIELDS,
+        PROTOCOL_FIELDS,
+        Protocol,
+        ProtocolSettings,
+        RunSettings,
+    )
+
+    protocol = {f.name for f in fields(ProtocolSettings)}
+    run = {f.name for f in fields(RunSettings)}
+    assert protocol == set(PROTOCOL_FIELDS) <= {f.name for f in fields(Protocol)}
+    assert {"device", "data_dir"} <= run and set(PLACE_FIELDS) - run == {"ulm_cache"}
+    sizes = {f.name for f in fields(ModelOptions)}
+    own = {"protocol", "data", "model", "weight_decay", "lr", "optimizer", "momentum", "chunk",
+           "epochs", "on_divergence", "transpose"}
+    groups = [protocol, run, sizes, set(MODEL_OPTION_FIELDS), own]
+    every = [f.name for f in fields(TrainConfig)]
+    assert sorted(every) == sorted(n for g in groups for n in g)  # each field in one group
+    config = TrainConfig(protocol="linmem", batch_size=8, device="cpu", hidden=7)
+    assert TrainConfig.from_dict(asdict(config)) == config
+    assert all(not isinstance(v, dict) for v in asdict(config).values())  # flat

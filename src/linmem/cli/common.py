@@ -20,6 +20,8 @@ from linmem.training.config import (
     MODEL_OPTION_FIELDS,
     PROTOCOL_FIELDS,
     PROTOCOLS,
+    ProtocolSettings,
+    RunSettings,
     TrainConfig,
 )
 
@@ -234,12 +236,17 @@ def config_options(*names: str, defaults: dict[str, tuple[Any, str]] | None = No
 
 
 def _train_fields() -> tuple[str, ...]:
-    """Every field of :class:`TrainConfig` in ``linmem train --help``'s order: the protocol, data
-    and model, every model's sizes, the training settings, then each model's own options."""
+    """Every field of :class:`TrainConfig` in ``linmem train --help``'s order, by concern: the
+    protocol, data and model, every model's sizes, the training's own settings, those its
+    protocol names (:class:`ProtocolSettings`), where and how it runs (:class:`RunSettings`),
+    then each model's own options."""
     sizes = [f.name for f in fields(ModelOptions)]
-    training = [f.name for f in fields(TrainConfig)
-                if f.name not in sizes and f.name not in MODEL_OPTION_FIELDS]
-    return (*training[:3], *sizes, *training[3:], *MODEL_OPTION_FIELDS)
+    protocol = [f.name for f in fields(ProtocolSettings)]
+    run = [f.name for f in fields(RunSettings)]
+    first = ["protocol", "data", "model"]
+    own = [f.name for f in fields(TrainConfig) if f.name not in
+           {*first, *sizes, *protocol, *run, *MODEL_OPTION_FIELDS}]
+    return (*first, *sizes, *own, *protocol, *run, *MODEL_OPTION_FIELDS)
 
 
 TRAIN_FIELDS = _train_fields()  # linmem train: all of them

@@ -46,6 +46,8 @@ __all__ = [
     "PROTOCOLS",
     "PROTOCOL_FIELDS",
     "Protocol",
+    "ProtocolSettings",
+    "RunSettings",
     "TrainConfig",
     "check_protocol",
 ]
@@ -129,10 +131,6 @@ def check_protocol(protocol: str) -> str:
     return protocol
 
 
-# the TrainConfig fields a protocol sets (its pruner is the search's)
-PROTOCOL_FIELDS = ("batch_size", "loss_reduction", "clip", "init_bias", "patience", "select")
-
-
 class _FromProtocol:
     """The default of a :data:`PROTOCOL_FIELDS` field: its protocol's value."""
 
@@ -144,10 +142,59 @@ FROM_PROTOCOL: Any = _FromProtocol()
 
 
 @dataclass
-class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
+class ProtocolSettings:
+    """The settings of a training that its protocol names as one unit (:class:`Protocol`,
+    :data:`PROTOCOLS`): each defaults to its protocol's value (:data:`FROM_PROTOCOL`, resolved by
+    :class:`TrainConfig`) and may be given to depart from it."""
+
+    # linmem: batch 4 reaches a given accuracy in ~4x fewer epochs than 8 on JSB's validation
+    # split (results/foundation)
+    batch_size: int = option(FROM_PROTOCOL, "Sequences per update.", kind=int)
+    loss_reduction: str = option(
+        FROM_PROTOCOL, "The training loss: the NLL summed over the keys per frame (frame), or "
+                       "averaged over the keys too (mean: PyTorch's BCE default; --weight-decay "
+                       "and --clip are relative to it).", kind=str, choices=LOSS_REDUCTIONS)
+    clip: float | None = option(FROM_PROTOCOL, "Gradient-norm clipping, or 'none'.", kind=float,
+                                above=0.0, none_ok=True)
+    init_bias: bool = option(FROM_PROTOCOL, "Start the readout bias at the training split's key "
+                                            "rates, or at nn.Linear's default.", kind=bool)
+    patience: int = option(FROM_PROTOCOL, "Epochs without a better validation score.", kind=int)
+    select: str = option(FROM_PROTOCOL, "The validation score that picks the best epoch: global "
+                                        "accuracy, per-frame mean accuracy or NLL.",
+                         kind=str, choices=SELECTIONS)
+
+
+# the TrainConfig fields a protocol sets (its pruner is the search's)
+PROTOCOL_FIELDS = tuple(f.name for f in fields(ProtocolSettings))
+
+
+@dataclass
+class RunSettings:
+    """Where and how a run computes, not what: its device and data folder (a run may go on with
+    others, :data:`PLACE_FIELDS`), its evaluation's batches and its CPU path (the same numbers to
+    rounding)."""
+
+    device: str = option("cpu", "cpu, cuda, cuda:1")
+    data_dir: str | None = option(None, "Folder with the data files (default: $LINMEM_DATA, else "
+                                        "the user cache).", kind=str, folder=True)
+    eval_batch_size: int = option(64, "Sequences per batch of the evaluation.")
+    # every path computes the same function in another order of floating-point operations:
+    # figures agree to rounding, not bit for bit
+    cpu_kernel: str = option(
+        "auto", "The recurrences' CPU path: auto (measured fastest on this machine's first use), "
+                "best (the best variant the CPU runs, not timed: the same numbers for the same "
+                "seed on this machine), loop (PyTorch), or a variant. Paths agree to rounding, "
+                "not bit for bit; metrics.json names the one used.", choices=CPU_KERNELS)
+
+
+@dataclass
+class TrainConfig(NADEOptions, RBMOptions, TransferOptions, ProtocolSettings,
+                  RunSettings):
     """Everything that defines a training run (saved as ``config.json``, flat).
 
-    Its fields are the training settings below, common to every model, and the models' options,
+    Its fields, by concern: the training's own below (its protocol, data, model, optimizer and
+    budget), the settings its protocol names (:class:`ProtocolSettings`), where and how it runs
+    (:class:`RunSettings`), and the models' options,
     each declared once in :mod:`linmem.model_options` (:class:`~linmem.model_options.ModelOptions`,
     the sizes every model has; :class:`~linmem.model_options.PretrainOptions`,
     :class:`~linmem.model_options.TransferOptions`, :class:`~linmem.model_options.RBMOptions`,
@@ -173,45 +220,19 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
     # "adam" is the paper's; "sgd" (with `momentum`) as some baselines used
     optimizer: str = option("adam", "The optimizer.", choices=OPTIMIZERS)
     momentum: float = option(0.0, "SGD momentum.", minimum=0.0, below=1.0)
-    # linmem: batch 4 reaches a given accuracy in ~4x fewer epochs than 8 on JSB's validation
-    # split (results/foundation)
-    batch_size: int = option(FROM_PROTOCOL, "Sequences per update.", kind=int)
     # truncated backpropagation through time: an update per window of `chunk` steps, the state
     # carried (detached) from window to window of a batch; None: one update per whole batch
     chunk: int | None = option(
         None, "Truncated backpropagation through time: an update per window of N steps, the "
               "state carried between windows [default: whole sequences].", kind=int)
     epochs: int = option(1000, "Upper bound on epochs.")  # early stopping ends the run first
-    patience: int = option(FROM_PROTOCOL, "Epochs without a better validation score.", kind=int)
-    select: str = option(FROM_PROTOCOL, "The validation score that picks the best epoch: global "
-                                        "accuracy, per-frame mean accuracy or NLL.",
-                         kind=str, choices=SELECTIONS)
-    clip: float | None = option(FROM_PROTOCOL, "Gradient-norm clipping, or 'none'.", kind=float,
-                                above=0.0, none_ok=True)
-    loss_reduction: str = option(
-        FROM_PROTOCOL, "The training loss: the NLL summed over the keys per frame (frame), or "
-                       "averaged over the keys too (mean: PyTorch's BCE default; --weight-decay "
-                       "and --clip are relative to it).", kind=str, choices=LOSS_REDUCTIONS)
     # a NaN/inf training loss or validation output: "stop" ends the run at its last good epoch
     # with its best checkpoint (as early stopping; Lightning's check_finite), "raise" fails it
     on_divergence: str = option(
         "stop", "A NaN/inf loss or validation output: end the run at its last good epoch with "
                 "its best checkpoint (stop), or fail it (raise).", choices=DIVERGENCE)
-    init_bias: bool = option(FROM_PROTOCOL, "Start the readout bias at the training split's key "
-                                            "rates, or at nn.Linear's default.", kind=bool)
     transpose: int = option(0, "Augmentation: shift each training sequence by up to +-N "
                                "semitones.", minimum=0, below=88)
-    device: str = option("cpu", "cpu, cuda, cuda:1")
-    data_dir: str | None = option(None, "Folder with the data files (default: $LINMEM_DATA, else "
-                                        "the user cache).", kind=str, folder=True)
-    eval_batch_size: int = option(64, "Sequences per batch of the evaluation.")
-    # every path computes the same function in another order of floating-point operations:
-    # figures agree to rounding, not bit for bit
-    cpu_kernel: str = option(
-        "auto", "The recurrences' CPU path: auto (measured fastest on this machine's first use), "
-                "best (the best variant the CPU runs, not timed: the same numbers for the same "
-                "seed on this machine), loop (PyTorch), or a variant. Paths agree to rounding, "
-                "not bit for bit; metrics.json names the one used.", choices=CPU_KERNELS)
 
     def __post_init__(self) -> None:
         check_protocol(self.protocol)  # before its fields are read from it
@@ -277,8 +298,9 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions):
 
 
 # the fields TrainConfig takes from the models' option classes (its bases) but for the sizes
-# every model has (ModelOptions), in its order: each some models' only; linmem train lists them
-# last
-_FROM_OPTIONS = {f.name for base in TrainConfig.__bases__ for f in fields(base)}
+# every model has (ModelOptions), in its order: each some models' only (the bases declared in
+# linmem.model_options; not the protocol's or the run's settings); linmem train lists them last
+_FROM_OPTIONS = {f.name for base in TrainConfig.__bases__
+                 if base.__module__ == ModelOptions.__module__ for f in fields(base)}
 MODEL_OPTION_FIELDS = tuple(f.name for f in fields(TrainConfig) if f.name in _FROM_OPTIONS
                             and f.name not in {g.name for g in fields(ModelOptions)})
