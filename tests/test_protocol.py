@@ -171,7 +171,7 @@ def test_a_search_under_the_paper_protocol_has_its_own_studies_and_no_pruner():
     assert SearchConfig().pruner == "none"
     assert SearchConfig(base=TrainConfig(protocol="linmem")).pruner == "median"
     assert SearchConfig(base=TrainConfig(protocol="paper"), pruner="median").pruner == "median"
-    assert study_name("jsb", "lmn-b", "paper") == "jsb-lmn-b-paper"  # the existing studies
+    assert study_name("jsb", "lmn-b", "paper", "linmem") == "jsb-lmn-b-paper"  # the existing
     assert study_name("jsb", "lmn-b", "paper", "paper") == "jsb-lmn-b-paper@paper"
     assert study_name("piano", "lmn-b", "paper-long", "paper", {"clip": 0.0568}) == \
         "piano-lmn-b-paper-long@paper+clip=0.0568"

@@ -25,6 +25,7 @@ import optuna
 from optuna.trial import TrialState
 
 from linmem.models import get_spec
+from linmem.training.config import LEGACY_PROTOCOL
 
 __all__ = [
     "FINISHED",
@@ -135,15 +136,17 @@ def grid_points(model: str, grid: str | Grid) -> list[Point]:
     return [Point(h, m, wd) for h, m in sizes for wd in g.weight_decay]
 
 
-def study_name(data: str, model: str, grid: str, protocol: str = "linmem",
+def study_name(data: str, model: str, grid: str, protocol: str,
                overrides: dict[str, Any] | None = None) -> str:
-    """``DATA-MODEL-GRID``, ``@PROTOCOL`` after it for a protocol other than linmem's (the
-    studies of both protocols share a storage), and ``+FIELD=VALUE`` for each field in which
-    the study departs from its protocol (``TrainConfig.protocol_overrides``) or bounds the
-    memory (``memory_bound``), so that a study with a departure never takes the name of one
-    without it: ``piano-lmn-b-paper-long@paper+clip=0.0568``,
+    """``DATA-MODEL-GRID``, ``@PROTOCOL`` after it for a protocol other than
+    :data:`~linmem.training.config.LEGACY_PROTOCOL` (whose studies were named before protocols
+    had names; the studies of both protocols share a storage), and ``+FIELD=VALUE`` for each
+    field in which the study departs from its protocol (``TrainConfig.protocol_overrides``) or
+    bounds the memory (``memory_bound``), so that a study with a departure never takes the name
+    of one without it: ``piano-lmn-b-paper-long@paper+clip=0.0568``,
     ``jsb-lmn-a-paper@paper+memory_bound=0.99``."""
-    name = f"{data}-{model}-{grid}" + ("" if protocol == "linmem" else f"@{protocol}")
+    suffix = "" if protocol == LEGACY_PROTOCOL else f"@{protocol}"
+    name = f"{data}-{model}-{grid}{suffix}"
     for field, value in sorted((overrides or {}).items()):
         name += f"+{field}={value:g}" if isinstance(value, float) else f"+{field}={value}"
     return name
