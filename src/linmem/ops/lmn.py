@@ -50,7 +50,9 @@ from linmem.ops.paths import (
 
 __all__ = [
     "FUSED",
+    "KERNEL_CODES",
     "NONLINEARITIES",
+    "activate",
     "activation_grad",
     "by_device",
     "check_nonlinearity",
@@ -58,6 +60,7 @@ __all__ = [
     "eager_function",
     "gpu_kernel_path",
     "gpu_paths_taken",
+    "lagged_product",
     "lmn_scan",
     "lmn_scan_backward",
     "lmn_scan_backward_ref",
@@ -65,6 +68,7 @@ __all__ = [
     "lmn_scan_ref",
     "measure_cpu_paths",
     "measure_gpu_paths",
+    "rows",
     "scan",
     "through_reference",
     "use_cpu_kernel",
@@ -82,7 +86,7 @@ def check_nonlinearity(name: str) -> None:
 
 SELU_SCALE, SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
 
-_KERNEL_CODES = {"tanh": 0, "relu": 1, "selu": 2}  # csrc/lmn_kernel_api.h's Nonlinearity
+KERNEL_CODES = {"tanh": 0, "relu": 1, "selu": 2}  # csrc/lmn_kernel_api.h's Nonlinearity
 
 
 # ------------------------------------------------------------- timing the paths (ops.paths)
@@ -182,25 +186,25 @@ def _cpu_fills(module, variant):
     variant: the path is chosen at every call)."""
 
     def forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity, hs, ms):
-        module.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm,
-                       bias_m.contiguous(), _KERNEL_CODES[nonlinearity], hs, ms, variant)
+        module.forward(rows(x_proj), rows(m0), weight_mh, weight_hm, weight_mm,
+                       bias_m.contiguous(), KERNEL_CODES[nonlinearity], hs, ms, variant)
 
     def backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonlinearity, grads,
                  grad_m0):
-        module.backward(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm, weight_mm,
-                        _KERNEL_CODES[nonlinearity], grads, grad_m0, variant)
+        module.backward(rows(grad_hs), rows(grad_ms), hs, weight_mh, weight_hm, weight_mm,
+                        KERNEL_CODES[nonlinearity], grads, grad_m0, variant)
 
     return forward, backward
 
 
 def _gpu_forward(x_proj, m0, weight_mh, weight_hm, weight_mm, bias_m, nonlinearity, hs, ms):
-    ops_gpu.forward(_rows(x_proj), _rows(m0), weight_mh, weight_hm, weight_mm, bias_m,
+    ops_gpu.forward(rows(x_proj), rows(m0), weight_mh, weight_hm, weight_mm, bias_m,
                     nonlinearity, hs, ms)
 
 
 def _gpu_backward(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonlinearity, grads,
                   grad_m0):
-    ops_gpu.backward_states(_rows(grad_hs), _rows(grad_ms), hs, weight_mh, weight_hm,
+    ops_gpu.backward_states(rows(grad_hs), rows(grad_ms), hs, weight_mh, weight_hm,
                             weight_mm, nonlinearity, grads, grad_m0)
 
 
@@ -219,7 +223,7 @@ def _lmn_fills(x: Tensor, memory: int):
     return _loop_forward, _loop_backward
 
 
-def _rows(t: Tensor | None) -> Tensor | None:
+def rows(t: Tensor | None) -> Tensor | None:
     """``t`` with a contiguous last dimension (the kernel's only layout requirement)."""
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
@@ -243,7 +247,7 @@ def _flat(steps: Tensor, batch_major: bool) -> Tensor:
     return (steps.transpose(0, 1) if batch_major else steps).reshape(-1, steps.shape[2])
 
 
-def _lagged_product(g: Tensor, ms: Tensor, m0: Tensor, batch_major: bool) -> Tensor:
+def lagged_product(g: Tensor, ms: Tensor, m0: Tensor, batch_major: bool) -> Tensor:
     """``sum_t g_t^T m_{t-1}`` with ``m_{-1} = m0``: large products over all steps at once.
 
     In memory order the row before ``(t, b)`` is ``(t - 1, b)`` for time-major buffers (shift by
@@ -322,7 +326,7 @@ def activation_grad(h: Tensor, nonlinearity: str) -> Tensor:
     return torch.where(h > 0, torch.full_like(h, SELU_SCALE), h + SELU_SCALE * SELU_ALPHA)
 
 
-def _activate(a: Tensor, nonlinearity: str) -> Tensor:
+def activate(a: Tensor, nonlinearity: str) -> Tensor:
     return {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}[nonlinearity](a)
 
 
@@ -336,7 +340,7 @@ def lmn_scan_ref(x_proj: Tensor, m0: Tensor, weight_mh: Tensor, weight_hm: Tenso
     ``(T, B, H)`` and ``(T, B, M)``."""
     m, hs, ms = m0, [], []
     for x_t in x_proj.unbind(0):
-        h = _activate(x_t + m @ weight_mh.t(), nonlinearity)          # (6)
+        h = activate(x_t + m @ weight_mh.t(), nonlinearity)          # (6)
         m = bias_m + m @ weight_mm.t() + h @ weight_hm.t()              # (7)
         hs.append(h)
         ms.append(m)
@@ -383,7 +387,7 @@ def lmn_scan_onnx(x_proj: Tensor, m0: Tensor, weight_mh: Tensor, weight_hm: Tens
     from torch._higher_order_ops.scan import scan
 
     def step(m: Tensor, x_t: Tensor):
-        h = _activate(x_t + m @ weight_mh.t(), nonlinearity)           # (6)
+        h = activate(x_t + m @ weight_mh.t(), nonlinearity)           # (6)
         m = bias_m + m @ weight_mm.t() + h @ weight_hm.t()               # (7)
         return m, (h, m.clone())
 
@@ -531,7 +535,7 @@ def _scan_backward(grad_hs, grad_ms, m0, hs, ms, weight_mh, weight_hm, weight_mm
                 torch.zeros_like(weight_mm), weight_mm.new_zeros(memory))
     fill(grad_hs, grad_ms, hs, weight_mh, weight_hm, weight_mm, nonlinearity, grads, grad_m0)
     d_m = _flat(grads, batch_major)[:, hidden:]
-    d_cat = _lagged_product(grads, ms, m0, batch_major)
+    d_cat = lagged_product(grads, ms, m0, batch_major)
     return (grads[..., :hidden], grad_m0, d_cat[:hidden].clone(),
             d_m.t() @ _flat(hs, batch_major), d_cat[hidden:].clone(), d_m.sum(0))
 

@@ -11,13 +11,13 @@ import torch
 from torch import Tensor
 
 from linmem.ops.lmn import (
-    _KERNEL_CODES,
-    _activate,
-    _lagged_product,
-    _rows,
+    KERNEL_CODES,
+    activate,
     activation_grad,
     by_device,
     eager_function,
+    lagged_product,
+    rows,
     through_reference,
 )
 from linmem.ops.paths import kernel_for
@@ -37,7 +37,7 @@ def rnn_scan_ref(gi: Tensor, h0: Tensor, weight_hh: Tensor, bias_hh: Tensor,
     """One RNN layer's states, step by step in differentiable PyTorch ops."""
     h, hs = h0, []
     for g in gi.unbind(0):
-        h = _activate(g + bias_hh + h @ weight_hh.t(), nonlinearity)
+        h = activate(g + bias_hh + h @ weight_hh.t(), nonlinearity)
         hs.append(h)
     return torch.stack(hs) if hs else gi.new_zeros(gi.shape)
 
@@ -77,8 +77,8 @@ def _rnn_forward(gi, h0, weight_hh, bias_hh, nonlinearity, kernel):
         return hs
     if kernel is not None:  # the compiled loop (csrc/lmn_kernel.h), the same equations
         module, variant = kernel
-        module.rnn_forward(_rows(gi), _rows(h0), weight_hh, bias_hh.contiguous(),
-                           _KERNEL_CODES[nonlinearity], hs, variant)
+        module.rnn_forward(rows(gi), rows(h0), weight_hh, bias_hh.contiguous(),
+                           KERNEL_CODES[nonlinearity], hs, variant)
     else:
         w_t, h = weight_hh.t().contiguous(), h0
         for t in range(gi.shape[0]):
@@ -118,7 +118,7 @@ def _rnn_backward(grad_hs, h0, hs, weight_hh, nonlinearity, kernel):
     if kernel is not None:
         module, variant = kernel
         dh = h0.new_empty(h0.shape)
-        module.rnn_backward(_rows(grad_hs), hs, weight_hh, _KERNEL_CODES[nonlinearity], d_a, dh,
+        module.rnn_backward(rows(grad_hs), hs, weight_hh, KERNEL_CODES[nonlinearity], d_a, dh,
                             variant)
     else:
         slope = activation_grad(hs, nonlinearity)
@@ -127,7 +127,7 @@ def _rnn_backward(grad_hs, h0, hs, weight_hh, nonlinearity, kernel):
             if grad_hs is not None:
                 dh += grad_hs[t]
             dh = torch.mm(torch.mul(dh, slope[t], out=d_a[t]), weight_hh)
-    return (d_a, dh, _lagged_product(d_a, hs, h0, batch_major=False),
+    return (d_a, dh, lagged_product(d_a, hs, h0, batch_major=False),
             d_a.reshape(-1, hidden).sum(0))
 
 
@@ -197,7 +197,7 @@ def _gru_forward(gi, h0, weight_hh, bias_hh, kernel):
         return hs, gates, gh
     if kernel is not None:  # the compiled loop (csrc/lmn_kernel.h), the same equations
         module, variant = kernel
-        module.gru_forward(_rows(gi), _rows(h0), weight_hh, bias_hh.contiguous(), hs, gates, gh,
+        module.gru_forward(rows(gi), rows(h0), weight_hh, bias_hh.contiguous(), hs, gates, gh,
                            variant)
     else:
         w_t = weight_hh.t().contiguous()
@@ -242,12 +242,12 @@ def _gru_backward(grad_hs, h0, hs, gates, gh, weight_hh, kernel):
     if kernel is not None:
         module, variant = kernel
         d_gh, d_n, dh = torch.empty_like(gates), torch.empty_like(hs), h0.new_empty(h0.shape)
-        module.gru_backward(_rows(grad_hs), _rows(h0), hs, gates, gh, weight_hh, d_gh, d_n, dh,
+        module.gru_backward(rows(grad_hs), rows(h0), hs, gates, gh, weight_hh, d_gh, d_n, dh,
                             variant)
     else:
         d_gh, d_n, dh = _gru_loop_backward(grad_hs, h0, hs, gates, gh, weight_hh)
     return (torch.cat([d_gh[..., :2 * hidden], d_n], 2), dh,
-            _lagged_product(d_gh, hs, h0, batch_major=False),
+            lagged_product(d_gh, hs, h0, batch_major=False),
             d_gh.reshape(-1, d_gh.shape[2]).sum(0))
 
 
@@ -337,7 +337,7 @@ def _lstm_forward(gi, h0, c0, weight_hh, bias_hh, kernel):
         return hs, c0.clone(), cs, tcs, gates
     if kernel is not None:  # the compiled loop (csrc/lmn_kernel.h), the same equations
         module, variant = kernel
-        module.lstm_forward(_rows(gi), _rows(h0), _rows(c0), weight_hh, bias_hh.contiguous(),
+        module.lstm_forward(rows(gi), rows(h0), rows(c0), weight_hh, bias_hh.contiguous(),
                             hs, cs, tcs, gates, variant)
     else:
         w_t, h, c = weight_hh.t().contiguous(), h0, c0
@@ -386,11 +386,11 @@ def _lstm_backward(grad_hs, grad_cn, h0, c0, hs, cs, tcs, gates, weight_hh, kern
         module, variant = kernel
         d_a = torch.empty_like(gates)
         dh, dc = h0.new_empty(h0.shape), c0.new_empty(c0.shape)
-        module.lstm_backward(_rows(grad_hs), _rows(grad_cn), _rows(c0), cs, tcs, gates,
+        module.lstm_backward(rows(grad_hs), rows(grad_cn), rows(c0), cs, tcs, gates,
                              weight_hh, d_a, dh, dc, variant)
     else:
         d_a, dh, dc = _lstm_loop_backward(grad_hs, grad_cn, c0, cs, tcs, gates, weight_hh)
-    return (d_a, dh, dc, _lagged_product(d_a, hs, h0, batch_major=False),
+    return (d_a, dh, dc, lagged_product(d_a, hs, h0, batch_major=False),
             d_a.reshape(-1, 4 * hidden).sum(0))
 
 

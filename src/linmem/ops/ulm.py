@@ -12,12 +12,12 @@ import torch
 from torch import Tensor
 
 from linmem.ops.lmn import (
-    _KERNEL_CODES,
-    _activate,
-    _rows,
+    KERNEL_CODES,
+    activate,
     activation_grad,
     by_device,
     eager_function,
+    rows,
     through_reference,
 )
 from linmem.ops.paths import kernel_for
@@ -38,7 +38,7 @@ def ulm_scan_ref(x_proj: Tensor, past: Tensor, weight_hh: Tensor, nonlinearity: 
     hidden = x_proj.shape[2]
     window, hs = past, []
     for x_t in x_proj.unbind(0):
-        h = _activate(x_t + window @ weight_hh.t(), nonlinearity)
+        h = activate(x_t + window @ weight_hh.t(), nonlinearity)
         window = torch.cat([h, window[:, :-hidden]], 1) if window.shape[1] > hidden else h
         hs.append(h)
     return torch.stack(hs) if hs else x_proj.new_zeros(x_proj.shape)
@@ -60,7 +60,7 @@ def _ulm_forward(x_proj, past, weight_hh, nonlinearity, kernel):
     w_time = _time_order(weight_hh, hidden)
     if steps and batch and kernel is not None:  # the compiled loop (csrc/lmn_kernel.h)
         module, variant = kernel
-        module.ulm_forward(_rows(x_proj), w_time, _KERNEL_CODES[nonlinearity], buf, variant)
+        module.ulm_forward(rows(x_proj), w_time, KERNEL_CODES[nonlinearity], buf, variant)
     elif steps and batch:
         w_t = w_time.t().contiguous()
         row = (k + steps) * hidden
@@ -135,7 +135,7 @@ def _ulm_backward(grad_hs, buf, weight_hh, nonlinearity, kernel):
     d_a = buf.new_zeros(batch, steps, hidden)  # dL/d(pre-activation), batch-major
     if steps and batch and kernel is not None:
         module, variant = kernel
-        module.ulm_backward(buf, w_time, _KERNEL_CODES[nonlinearity], d_buf, d_a, variant)
+        module.ulm_backward(buf, w_time, KERNEL_CODES[nonlinearity], d_buf, d_a, variant)
     elif steps and batch:
         slope = activation_grad(buf[:, k:], nonlinearity)  # (B, T, H)
         for t in range(steps - 1, -1, -1):
