@@ -290,7 +290,7 @@ results-bound-pilot: install
 # validation (BOUND_BIAS_<model> true: the key-rate bias), in a storage of its own: the long
 # sets' paper-long grid first (where the unbounded LMN-A diverged), then JSB's full paper grid;
 # then seeds 1-3 of each study's configuration
-# selected on the per-frame validation accuracy. The unbounded side is results/paper-protocol.
+# selected on the per-frame validation accuracy, T2_JOBS at a time. The unbounded side is results/paper-protocol.
 # Resumable across machines: each search's finished trials are exported to $(B_STUDIES) and
 # imported first; a seed published in results/bounded-memory/seeds is not run again.
 BOUND_R ?= 0.99
@@ -323,12 +323,14 @@ results-bound-campaign: install
 	$(foreach m,$(B_MODELS),$(B_SEARCH) --data piano --data nottingham --data musedata --model $(m) --grid paper-long $(call B_FLAGS,$(m)) && $(B_EXPORT) &&) true
 	$(foreach m,$(B_MODELS),$(B_SEARCH) --data jsb --model $(m) --grid paper $(call B_FLAGS,$(m)) && $(B_EXPORT) &&) true
 	$(VENV)/bin/linmem report --protocol paper --storage $(B_STORAGE) --grid all --runs-root . --out $(B_DIR)
-	for d in jsb piano nottingham musedata; do for m in $(B_MODELS); do \
+	for part in $$(seq 0 $$(($(T2_JOBS) - 1))); do ( i=0; \
+	  for d in jsb piano nottingham musedata; do for m in $(B_MODELS); do \
 	  sel=$$( [ -d $(B_DIR)/selected/$$d-$$m-per-frame ] && echo $(B_DIR)/selected/$$d-$$m-per-frame || echo $(B_DIR)/selected/$$d-$$m ); \
-	  for s in 1 2 3; do pub=$(B_SEEDS)/$$d-$$m-s$$s; \
+	  for s in 1 2 3; do pub=$(B_SEEDS)/$$d-$$m-s$$s; i=$$((i + 1)); \
+	    [ $$((i % $(T2_JOBS))) = $$part ] || continue; \
 	    if [ -f $$pub/metrics.json ] || [ -f $$pub/diverged.json ]; then continue; fi; \
 	    $(T2_RUN) reseed $$sel --seeds $$s --data-dir $(DATA) --quiet --out runs/bound-seeds/$$d-$$m \
-	      $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); done; done; done
+	      $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); done; done; done ) & done; wait
 	$(VENV)/bin/linmem publish runs/bound-seeds/*/s*/ --to $(B_SEEDS) --name seed
 	$(VENV)/bin/linmem summarize --seeds --valid results/paper-protocol/seeds results/bounded-memory/seeds > results/bounded-memory/seeds/table.md
 B_PLANS = $(foreach m,$(B_MODELS),--plan jsb:$(m):paper --plan-seeds jsb:$(m):paper \
