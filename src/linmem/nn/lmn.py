@@ -127,7 +127,8 @@ class LMNCell(nn.Module):
             ``"selu"``. Default: ``"tanh"``.
         memory_bound: ``r``: eq. (7) runs with ``W^mm = weight_mm * min(1, r / ||weight_mm||_2)``,
             so ``||W^mm||_2 <= r`` whatever the parameter's value (:mod:`linmem.ops.bound`; below 1
-            a tanh layer's memory cannot grow without bound). ``None``: the paper's
+            a tanh layer's memory cannot grow without bound; a relu or selu layer's can, through
+            ``W^mh sigma(W^hm m)``). ``None``: the paper's
             unconstrained memory. Default: ``None``.
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
@@ -246,8 +247,10 @@ class LMN(nn.Module):
             ``False``.
         memory_bound: ``r``: every layer's eq. (7) runs with ``W^mm`` rescaled into the ball
             ``||W^mm||_2 <= r`` (:class:`LMNCell`, :mod:`linmem.ops.bound`; the parameters stay
-            as they are, :meth:`memory_weight` gives the matrix used). ``None``: the paper's
-            unconstrained memory. Default: ``None``.
+            as they are, :meth:`memory_weight` gives the matrix used). Below 1 a tanh layer's
+            memory stays finite for every input; a relu or selu layer's functional part is not
+            bounded, and the loop ``m -> W^mh sigma(W^hm m)`` can still grow ``m``. ``None``: the
+            paper's unconstrained memory. Default: ``None``.
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 

@@ -247,7 +247,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
     ulm, _ = load_run_model(ulm_dir, "best", "cpu")
     ulm = ulm.double()
     memory_path = run_dir / MEMORY
-    if memory_path.is_file():
+    if has(run_dir, MEMORY):
         la = LinearAutoencoder.load(memory_path)
     else:
         la = fit_memory(hidden_states(ulm, data["train"]), config.memory, window, config.seed)
@@ -319,7 +319,7 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
     weights are kept in ``run_dir/init.pt``, what was done in ``run_dir/pretraining.json``."""
     run_dir = Path(run_dir)
     init_path, info_path = run_dir / INIT, run_dir / PRETRAINING
-    if init_path.is_file() and info_path.is_file():
+    if has(run_dir, INIT) and has(run_dir, PRETRAINING):
         model.load_state_dict(torch.load(init_path, weights_only=True))
         return read_json(info_path)
     recipe = get_spec(config.model).recipe

@@ -39,7 +39,6 @@ from linmem._io import (
     command_line,
     git_commit,
     provenance,
-    read_json,
     write_json,
 )
 from linmem.data import (
@@ -75,7 +74,9 @@ from linmem.training.runs import (
     PRETRAINING,
     ULM,
     RunDirClaim,
+    has,
     load_checkpoint,
+    read_record,
     resume_checkpoint,
     save_checkpoint,
     save_last,
@@ -225,7 +226,7 @@ def _check_run_dir(run_dir: Path) -> None:
     there before the run starts (another run's unrolled network ``ulm/`` and memory
     ``memory.npz``: the same initial weights) are ours."""
     others = sorted(p.name for p in run_dir.iterdir() if p.name not in (LOCK, ULM, MEMORY))
-    if others and not (run_dir / CONFIG).is_file():
+    if others and not has(run_dir, CONFIG):
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise ValueError(f"{run_dir} holds files that are not a linmem run ({shown}): choose a "
                          "new or empty folder")
@@ -261,7 +262,7 @@ def _claim_existing(run_dir: Path, claim: RunDirClaim) -> None:
 def _check_resumable(config: TrainConfig, run_dir: Path, resume: bool) -> None:
     """Refuse to write over another run: with ``resume``, a saved config must be ``config``'s
     run (:meth:`TrainConfig.identity`); without it, ``run_dir`` must hold no run."""
-    if resume and (run_dir / CONFIG).is_file():
+    if resume and has(run_dir, CONFIG):
         saved = TrainConfig.from_run(run_dir)
         given = config.identity()
         diff = {k: (v, given[k]) for k, v in saved.identity().items() if given[k] != v}
@@ -291,8 +292,8 @@ def _start_state(config: TrainConfig, run_dir: Path, resume: bool, command: str,
     if state["stop_reason"] is not None:
         if _budget_left(state, config) and not state["stop_reason"].startswith("diverged"):
             state["stop_reason"] = None  # a larger budget: the run goes on
-        elif (run_dir / METRICS).is_file():
-            return state, ckpt, read_json(run_dir / METRICS)
+        elif has(run_dir, METRICS):
+            return state, ckpt, read_record(run_dir, METRICS)
     state["resumed"] = [*state["resumed"], command]
     if progress:
         print(f"linmem: resuming {run_dir} after epoch {state['epoch']}", file=sys.stderr,
@@ -556,8 +557,7 @@ def _run_fields(config: TrainConfig) -> dict[str, Any]:
 
 
 def _pretraining_record(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / PRETRAINING
-    return read_json(path) if path.is_file() else None
+    return read_record(run_dir, PRETRAINING)
 
 
 def with_data_dir(config: TrainConfig) -> TrainConfig:
