@@ -25,7 +25,13 @@ from linmem.models import (
     register,
     unregister,
 )
-from linmem.training.config import PROTOCOL_FIELDS, TrainConfig
+from linmem.training.config import (
+    LEGACY_PROTOCOL,
+    PROTOCOL_FIELDS,
+    PROTOCOLS,
+    TrainConfig,
+    record_protocol,
+)
 
 # one value outside each field's declared range, and the words of the error it must raise
 BAD = {
@@ -178,6 +184,21 @@ def test_a_saved_config_loads_back_equal(tmp_path):
                          ulm_nonlinearity="tanh", clip=None)
     (tmp_path / "config.json").write_text(json.dumps(asdict(config)))
     assert TrainConfig.from_run(tmp_path) == config
+
+
+def test_a_record_from_before_protocols_had_names_is_read_under_the_legacy_protocol():
+    """One reader of a saved record's protocol (config.json, a study's settings, a report row):
+    a record naming none trained under LEGACY_PROTOCOL's settings, whatever today's default."""
+    assert record_protocol({"protocol": "paper"}) == "paper"
+    assert record_protocol({}) == record_protocol({"protocol": None}) == LEGACY_PROTOCOL
+    old = TrainConfig.from_dict({"data": "jsb", "model": "lmn-b", "hidden": 10})
+    assert old.protocol == LEGACY_PROTOCOL
+    assert old.batch_size == PROTOCOLS[LEGACY_PROTOCOL].batch_size
+    assert TrainConfig.from_dict({**asdict(old), "protocol": "paper"}).protocol == "paper"
+    defaults = TrainConfig.legacy_defaults()
+    assert defaults["protocol"] == LEGACY_PROTOCOL
+    assert defaults["batch_size"] == PROTOCOLS[LEGACY_PROTOCOL].batch_size
+    assert defaults["clip"] == PROTOCOLS[LEGACY_PROTOCOL].clip
 
 
 def test_the_configuration_is_split_by_concern():

@@ -32,7 +32,7 @@ from linmem.experiments.both_protocols import (
     pruner_markdown,
 )
 from linmem.experiments.seed_groups import seed_groups
-from linmem.training.config import LEGACY_PROTOCOL, PROTOCOLS
+from linmem.training.config import PROTOCOLS, record_protocol
 from linmem.training.runs import METRICS, collect_metrics, log_rows, read_record
 from linmem.training.selection import selection_score
 
@@ -50,7 +50,7 @@ __all__ = [
 def _point(r: dict) -> tuple:
     """A configuration's identity but for the protocol's fields and the seed."""
     return (r["dataset"], r["model"], r.get("nonlinearity"), r.get("hidden"), r.get("memory"),
-            r.get("weight_decay"), r.get("protocol", LEGACY_PROTOCOL), r.get("memory_bound"))
+            r.get("weight_decay"), record_protocol(r), r.get("memory_bound"))
 
 
 def _overrides(runs: Sequence[dict], what: str) -> dict[str, Any]:

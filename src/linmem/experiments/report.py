@@ -32,7 +32,7 @@ from linmem.experiments.protocol_choice import (
 )
 from linmem.experiments.seed_groups import seed_groups
 from linmem.experiments.table2 import table2_markdown
-from linmem.training.config import LEGACY_PROTOCOL
+from linmem.training.config import record_protocol
 from linmem.training.runs import METRICS, collect_metrics, ended, has, publish, read_record
 
 __all__ = [
@@ -76,11 +76,6 @@ RUN_COLUMNS = (
 )
 
 
-# what a run's record without the field held: a run from before protocols had names trained
-# under linmem's
-RUN_DEFAULTS = {"protocol": LEGACY_PROTOCOL}
-
-
 def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:
     """A markdown table of ``records``, then one line per record with its command and commit."""
     lines = ["| run | " + " | ".join(title for _, title, _ in columns) + " |",
@@ -88,8 +83,7 @@ def markdown_table(records: Sequence[dict], columns=RUN_COLUMNS) -> str:
     for r in records:
         cells = [Path(r["run"]).name]
         for key, _, fmt in columns:
-            value = r.get(key)
-            value = RUN_DEFAULTS.get(key) if value is None else value
+            value = record_protocol(r) if key == "protocol" else r.get(key)
             cells.append("" if value is None else fmt.format(value))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")

@@ -89,7 +89,7 @@ from linmem.experiments.grids import (
 )
 from linmem.experiments.studies import trial_seconds
 from linmem.models import get_spec, option_names
-from linmem.training.config import LEGACY_PROTOCOL, PLACE_FIELDS, PROTOCOLS, TrainConfig
+from linmem.training.config import PLACE_FIELDS, PROTOCOLS, TrainConfig
 from linmem.training.recipes import train as run_training
 from linmem.training.runs import (
     epochs_due_cpu_seconds,
@@ -204,7 +204,7 @@ def _settings_diff(stored: dict[str, Any], attrs: dict[str, Any]) -> list[str]:
     ``stored`` ones differ; a setting added to TrainConfig since the study was made counts at
     its default (a study made before protocols had names: :data:`LEGACY_PROTOCOL`'s)."""
     stored = dict(stored)
-    defaults = asdict(TrainConfig(protocol=LEGACY_PROTOCOL))
+    defaults = TrainConfig.legacy_defaults()
     stored["train"] = {**{k: v for k, v in defaults.items() if k in attrs["train"]},
                        **stored.get("train", {})}
     return [k for k, v in attrs.items() if stored.get(k) != v]

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from linmem._io import PROVENANCE_FIELDS, atomic_write, machine
 from linmem.experiments.grids import FINISHED, grid_points, point_states, trial_point
-from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, TrainConfig
+from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, TrainConfig, record_protocol
 from linmem.training.runs import (
     METRICS,
     expected_fields,
@@ -102,7 +102,7 @@ def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any
 def study_protocol(attrs: dict[str, Any]) -> str:
     """The training protocol of a study from its user attributes (a study made before protocols
     were named trained under linmem's)."""
-    return attrs.get("train", {}).get("protocol", LEGACY_PROTOCOL)
+    return record_protocol(attrs.get("train", {}))
 
 
 def storage_protocol(storage: str, grid: str | None = None) -> str:

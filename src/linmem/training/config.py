@@ -11,6 +11,7 @@ option that is not its own.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = [
     "RunSettings",
     "TrainConfig",
     "check_protocol",
+    "record_protocol",
 ]
 
 
@@ -121,6 +123,13 @@ DEFAULT_PROTOCOL = "paper"
 # the protocol of a saved config or study that names none (made before protocols had names):
 # how such records are read, never a default for new work
 LEGACY_PROTOCOL = "linmem"
+
+
+def record_protocol(record: Mapping[str, Any]) -> str:
+    """The protocol a saved record names (a run's config or record, a study's train settings):
+    one saved before protocols had names trained under :data:`LEGACY_PROTOCOL`'s."""
+    protocol = record.get("protocol")
+    return LEGACY_PROTOCOL if protocol is None else protocol
 
 
 def check_protocol(protocol: str) -> str:
@@ -262,7 +271,13 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions, ProtocolSettings,
         """The config of a dict of fields (``config.json``, a study's settings); one that names
         no protocol was saved before protocols had names: :data:`LEGACY_PROTOCOL`'s."""
         known = {f.name for f in fields(cls)}
-        return cls(**{"protocol": LEGACY_PROTOCOL, **{k: v for k, v in d.items() if k in known}})
+        return cls(**{**{k: v for k, v in d.items() if k in known}, "protocol": record_protocol(d)})
+
+    @classmethod
+    def legacy_defaults(cls) -> dict[str, Any]:
+        """The value of each field in a record saved before the field or protocols' names
+        existed: the defaults under :data:`LEGACY_PROTOCOL`."""
+        return asdict(cls(protocol=LEGACY_PROTOCOL))
 
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, **changes: Any) -> TrainConfig:

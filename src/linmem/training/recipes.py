@@ -41,7 +41,7 @@ from linmem.models import REGISTRY, default_nonlinearity, get_spec
 from linmem.nn.diagnostics import memory_loop_gains
 from linmem.nn.rnnrbm import init_from_rnn, pretrain_rbm
 from linmem.pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
-from linmem.training.config import LEGACY_PROTOCOL, PLACE_FIELDS, TrainConfig
+from linmem.training.config import PLACE_FIELDS, TrainConfig
 from linmem.training.runs import (
     BEST,
     DIVERGED,
@@ -129,7 +129,7 @@ def ulm_key(config: TrainConfig) -> str:
     :data:`~linmem.training.config.LEGACY_PROTOCOL`, as when the names were first made (linmem
     train's default protocol changed since)."""
     ulm = _ulm_named(config)
-    defaults = asdict(type(ulm)(protocol=LEGACY_PROTOCOL))
+    defaults = type(ulm).legacy_defaults()
     fields = {k: v for k, v in asdict(ulm).items() if k not in PLACE_FIELDS and v != defaults[k]}
     return _ulm_name(ulm, fields)
 
