@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -339,6 +339,15 @@ results-progress-bound: install
 	$(VENV)/bin/linmem progress --protocol paper --storage $(B_STORAGE) --runs-root . $(B_PLANS) \
 	  --probe results/paper-protocol/cost-probes $$(ls -d $(B_SEEDS) 2>/dev/null | sed 's/^/--run /') \
 	  --out $(B_RESULTS)/bounded-memory/progress.md
+# the campaign's selections so far, from its committed records alone (the studies' export and
+# the trials' records): what any checkout can regenerate while the campaign still runs; its
+# last step writes the same report from the campaign's own storage
+B_IMPORTED = sqlite:///runs/search-bound-imported/search.db
+results-bound-report: install
+	rm -rf runs/search-bound-imported
+	$(VENV)/bin/linmem search-import $(B_STUDIES) --storage $(B_IMPORTED)
+	$(VENV)/bin/linmem report --protocol paper --storage $(B_IMPORTED) --grid all \
+	  --runs-root $(B_TRIALS) --out $(B_DIR)
 P_LONG = $(foreach d,piano nottingham musedata,$(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--plan $(d):$(m):paper-long))
 results-progress-paper: install
 	$(VENV)/bin/linmem progress --protocol paper --storage sqlite:///runs/search-paper/search.db --runs-root . \
