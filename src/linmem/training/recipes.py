@@ -321,7 +321,7 @@ def pretrain(model: torch.nn.Module, config: TrainConfig, data: Data, run_dir: s
     init_path, info_path = run_dir / INIT, run_dir / PRETRAINING
     if has(run_dir, INIT) and has(run_dir, PRETRAINING):
         model.load_state_dict(torch.load(init_path, weights_only=True))
-        return read_json(info_path)
+        return read_record(run_dir, PRETRAINING)
     recipe = get_spec(config.model).recipe
     if recipe is None:
         raise ValueError(f"{config.model} has no pretraining recipe")
