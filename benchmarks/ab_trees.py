@@ -57,8 +57,14 @@ print(json.dumps(rates))
 
 
 def commit_of(tree: Path) -> str:
-    return subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    """The commit of ``tree``: its ``COMMIT`` file where it has one (a tree exported by ``git
+    archive``, which a checkout around it would otherwise name), else its checkout's HEAD."""
+    named = tree / "COMMIT"
+    if named.is_file():
+        return named.read_text().strip()
+    found = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                           text=True)
+    return found.stdout.strip() if found.returncode == 0 else "unknown (no git checkout)"
 
 
 def main() -> None:

@@ -14,6 +14,15 @@
 #     pretty_midi==0.2.11.post0 mido==1.3.3 importlib_resources
 # and call: device run --carry .gpu --timeout 580 "bash benchmarks/cuda_session.sh"
 # (recheck: --timeout 310 "bash benchmarks/cuda_session.sh recheck")
+#
+# `batch1`: batch 1 on the device machine's CPU, not its GPU (its CPU has AVX-512 where this
+# project's machines may not): LMN-B(250, 250) at batch 1, 4 and 32 through each kernel variant
+# the CPU runs (benchmarks/throughput.py, one thread, a MuseData epoch), then the same training
+# step and inference under the kernel before the batch-1 work (147caa0) and now, interleaved
+# (benchmarks/ab_trees.py). The old tree is carried too, made here once:
+#   mkdir -p .gpu/before && git archive 147caa0 src | tar -x -C .gpu/before
+#   git rev-parse 147caa0 > .gpu/before/COMMIT
+# and call: device run --carry .gpu --timeout 580 "bash benchmarks/cuda_session.sh batch1"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-full}
@@ -37,7 +46,19 @@ library_tests() {
   timeout "$(left "$1")" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py \
     tests/test_nn.py -k "cuda or CUDA" 2>&1 | tee "$OUT/test_cuda.txt"
 }
-if [ "$MODE" = recheck ]; then
+if [ "$MODE" = batch1 ]; then
+  variants="avx2"; grep -q avx512f /proc/cpuinfo && variants="avx512 avx2"
+  for v in $variants; do
+    OMP_NUM_THREADS=1 LINMEM_CPU_KERNEL=$v timeout "$(left 200)" python3 benchmarks/throughput.py \
+      --sizes 250x250 --batches 1 4 32 --rounds 2 --epochs musedata --data-dir .gpu/data \
+      --json "$OUT/batch1-$v.json" 2>&1 | tee "$OUT/batch1-$v.txt"
+  done
+  for v in $variants; do
+    OMP_NUM_THREADS=1 LINMEM_CPU_KERNEL=$v timeout "$(left 100)" python3 benchmarks/ab_trees.py \
+      --trees .gpu/before . --sizes 250x250 --batch 1 --rounds 3 \
+      --json "$OUT/ab_batch1-$v.json" 2>&1 | tee "$OUT/ab_batch1-$v.txt"
+  done
+elif [ "$MODE" = recheck ]; then
   kernel_tests 70
   library_tests 90
   timeout "$(left 80)" python3 benchmarks/cuda_throughput.py --sizes 250x250 50x50 100x100 \

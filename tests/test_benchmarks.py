@@ -130,6 +130,16 @@ def test_baselines_script_runs(tmp_path):
     assert row["ulm_vs_autograd"] > 0
 
 
+def test_ab_trees_names_an_exported_tree_by_its_commit_file(tmp_path):
+    """A tree exported by git archive (the device session's old tree) is named by its COMMIT
+    file, not by a checkout around it; a tree in no checkout is named as unknown."""
+    commit_of = _load("ab_trees").commit_of
+    (tmp_path / "COMMIT").write_text("147caa0a26e023d6d925891d44b44c2f94c457aa\n")
+    assert commit_of(tmp_path) == "147caa0a26e023d6d925891d44b44c2f94c457aa"
+    (tmp_path / "COMMIT").unlink()
+    assert commit_of(tmp_path).startswith("unknown")
+
+
 @pytest.mark.slow
 def test_ab_trees_script_runs(tmp_path):
     """Two trees (here the same one twice) timed in interleaved processes: a rate per tree and
