@@ -384,8 +384,9 @@ def test_train_command_records_the_bound(tmp_path, data_dir, capsys, monkeypatch
 
 def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys):
     """linmem search --memory-bound (and --init-bias, the pilot's other factor): a study named
-    by both beside the unbounded one in a storage, every point of it trained bounded, a model
-    without a memory refused before any study is made."""
+    by both beside the unbounded one in a storage, every point of it trained bounded, a report
+    of both refused (one Table 2 cell each), a model without a memory refused before any study
+    is made."""
     import optuna
 
     from linmem.experiments.studies import search_records
@@ -409,6 +410,12 @@ def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys):
     for t in records["jsb-lmn-b-tiny@paper"]["trials_run"]:
         config = json.loads((out / "jsb-lmn-b-tiny@paper" / t["point"] / "config.json").read_text())
         assert config["memory_bound"] is None and config["init_bias"] is False
+    # Table 2 has one cell per data set and model: a report of both is refused, naming them
+    code, _, err = run_cli("report", "--storage", storage, "--grid", "tiny", "--runs-root",
+                           str(out), "--out", str(tmp_path / "report"), capsys=capsys)
+    assert code != 0 and "several studies of one data set and model" in err
+    assert "jsb-lmn-b-tiny@paper, jsb-lmn-b-tiny@paper+init_bias=True+memory_bound=0.9" in err
+    assert not (tmp_path / "report" / "table2.md").exists()
     code, _, err = run_cli("search", "--grid", "tiny", "--model", "lstm", "--memory-bound", "0.9",
                            "--data-dir", str(data_dir), "--out", str(tmp_path / "x"), "--quiet",
                            capsys=capsys)

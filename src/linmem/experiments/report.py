@@ -322,6 +322,7 @@ def _report_records(storage: str, grid: str | None, runs_root: str | os.PathLike
         raise ValueError(f"no search database at {database} (run `linmem search` first, or "
                          "pass --storage)")
     records = [] if missing else search_records(storage, grid, runs_root, protocol)
+    _one_study_a_cell(records, storage)
     # a study imported from another machine: what its run directories held, from the last report
     records = [with_selected_run_fields(r, Path(out) / "selected") if "test_acc" in r else r
                for r in records]
@@ -342,6 +343,19 @@ def _report_records(storage: str, grid: str | None, runs_root: str | os.PathLike
         have = {(r["dataset"], r["model"]) for r in records}
         records += [r for r in earlier if (r["dataset"], r["model"]) not in have]
     return records
+
+
+def _one_study_a_cell(records: Sequence[dict], storage: str) -> None:
+    """Table 2 has one cell per data set and model: two studies of one (another grid, a bounded
+    memory, a protocol's departure) would leave one of them out unnamed; refuse them instead."""
+    studies: dict[tuple[str, str], list[str]] = {}
+    for r in records:
+        studies.setdefault((r["dataset"], r["model"]), []).append(r["study"])
+    several = [f"{', '.join(sorted(names))}" for names in studies.values() if len(names) > 1]
+    if several:
+        raise ValueError(f"{storage} holds several studies of one data set and model "
+                         f"({'; '.join(several)}): Table 2 has one cell for each; report them "
+                         "from storages of their own, or choose one grid with --grid")
 
 
 def _report_inputs(baseline: str | os.PathLike | None, seed_runs: Sequence[str | os.PathLike],
