@@ -332,7 +332,7 @@ results-bound-campaign: install
 	    $(T2_RUN) reseed $$sel --seeds $$s --data-dir $(DATA) --quiet --out runs/bound-seeds/$$d-$$m \
 	      $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); done; done; done ) & done; wait
 	$(VENV)/bin/linmem publish runs/bound-seeds/*/s*/ --to $(B_SEEDS) --name seed
-	$(VENV)/bin/linmem summarize --seeds --valid results/paper-protocol/seeds results/bounded-memory/seeds > results/bounded-memory/seeds/table.md
+	$(VENV)/bin/linmem summarize --seeds --valid --bound-choice results/paper-protocol/seeds results/bounded-memory/seeds > results/bounded-memory/seeds/table.md
 B_PLANS = $(foreach m,$(B_MODELS),--plan jsb:$(m):paper --plan-seeds jsb:$(m):paper \
 	$(foreach d,piano nottingham musedata,--plan $(d):$(m):paper-long --plan-seeds $(d):$(m):paper-long))
 results-progress-bound: install

@@ -452,3 +452,72 @@ def test_the_norm_of_a_memory_whose_top_singular_values_are_one_cluster(monkeypa
     lam, vec = _top_eigenpair_lapack(gram)
     assert lam == pytest.approx(0.99 ** 2, rel=1e-5)
     torch.testing.assert_close(gram @ vec, lam * vec, rtol=0, atol=1e-4)
+
+
+def _seed_record(dataset, model, seed, bound, acc=None, diverged=False):
+    r = {"run": f"{dataset}-{model}-{bound}-s{seed}", "dataset": dataset, "model": model,
+         "hidden": 50, "memory": 50, "weight_decay": 0.0, "seed": seed, "memory_bound": bound}
+    return {**r, "diverged": "the loss became NaN"} if diverged else {**r, "valid_acc_frame": acc}
+
+
+def test_the_bound_choice_applies_its_rule_on_validation():
+    """linmem.experiments.bound_choice against the rule worked by hand: a failed seed scores 0,
+    a cell whose unbounded seeds failed is not counted, the cost is the counted cells' mean, the
+    decision waits for every data set and 3 seeds a side, then compares the cost with 0.5."""
+    from linmem.experiments.bound_choice import bound_choice, bound_choice_markdown
+    from linmem.experiments.seed_groups import seed_groups
+
+    def cells(accs):  # (data set, model) -> (unbounded seeds, bounded seeds); None: failed
+        return [_seed_record(d, m, s + 1, bound, acc, acc is None)
+                for (d, m), sides in accs.items()
+                for bound, values in zip((None, 0.99), sides, strict=True)
+                for s, acc in enumerate(values)]
+
+    accs = {("jsb", "lmn-b"): ([30.0, 31.0, 32.0], [30.0, 30.5, 31.0]),       # cost 0.5
+            ("piano", "lmn-a"): ([None, None, None], [26.0, 26.0, 26.0]),      # not counted
+            ("nottingham", "lmn-b"): ([70.0, 70.0, 70.0], [70.0, 70.0, None]),  # 70 - 46.67
+            ("musedata", "lmn-b"): ([33.0, 33.0, 33.0], [33.2, 33.2, 33.2])}    # -0.2
+    choice = bound_choice(seed_groups(cells(accs)), list(accs))
+    by = {(c["dataset"], c["model"]): c for c in choice["cells"]}
+    assert by[("nottingham", "lmn-b")]["bounded"]["score"] == pytest.approx(140 / 3)
+    assert not by[("piano", "lmn-a")]["counted"]
+    assert choice["decision"] == "undecided"  # no counted cell on Piano-midi.de
+    assert choice["cost"] == pytest.approx((0.5 + (70 - 140 / 3) - 0.2) / 3)
+    accs[("piano", "lmn-b")] = ([27.0, 27.0, 27.0], [26.9, 26.9, 26.9])        # 0.1
+    accs[("nottingham", "lmn-b")] = ([70.0, 70.0, 70.0], [69.0, 70.0, 71.0])   # 0
+    choice = bound_choice(seed_groups(cells(accs)), list(accs))
+    assert choice["cost"] == pytest.approx((0.5 + 0.0 - 0.2 + 0.1) / 4)
+    assert choice["decision"] == 0.99 and choice["bound"] == 0.99
+    assert "memory_bound=0.99 by default" in bound_choice_markdown(choice)
+    accs[("jsb", "lmn-b")] = ([30.0, 31.0, 32.0], [28.0, 28.0, 28.0])          # 3.0
+    choice = bound_choice(seed_groups(cells(accs)), list(accs))
+    assert choice["cost"] == pytest.approx((3.0 + 0.0 - 0.2 + 0.1) / 4)
+    assert choice["decision"] is None
+    # the default cells are every data set times LMN-A, LMN-B and pret-LMN-B: undecided here
+    assert bound_choice(seed_groups(cells(accs)))["decision"] == "undecided"
+    accs[("musedata", "lmn-a")] = ([], [32.0, 32.0, 32.0])  # no unbounded seeds: shown, not counted
+    choice = bound_choice(seed_groups(cells(accs)), list(accs))
+    muse = next(c for c in choice["cells"] if (c["dataset"], c["model"]) == ("musedata", "lmn-a"))
+    assert muse["unbounded"] is None and not muse["counted"]
+    assert choice["decision"] is None
+    del accs[("jsb", "lmn-b")][1][2]                                            # 2 seeds
+    assert bound_choice(seed_groups(cells(accs)), list(accs))["decision"] == "undecided"
+
+
+def test_summarize_prints_the_bound_choice(tmp_path, capsys):
+    """linmem summarize --bound-choice: the cells of the seeds under the folders given, each side's
+    score, and the decision (here undecided: one data set)."""
+    from tests.test_cli import run_cli
+
+    for bound, accs in ((None, [30.0, 31.0, 32.0]), (0.99, [30.0, 30.5, None])):
+        for seed, acc in enumerate(accs, start=1):
+            record = _seed_record("jsb", "lmn-b", seed, bound, acc, acc is None)
+            folder = tmp_path / f"b{bound}-s{seed}"
+            folder.mkdir()
+            name = "diverged.json" if acc is None else "metrics.json"
+            (folder / name).write_text(json.dumps({**record, "test_acc": acc}))
+    code, out, err = run_cli("summarize", "--bound-choice", str(tmp_path), capsys=capsys)
+    assert code == 0, err
+    assert "| JSB Chorales | LMN-B | 31.00 (3 finished) | 20.17 (2 finished, 1 failed) | 10.83 |" \
+        in out
+    assert "not decided yet" in out

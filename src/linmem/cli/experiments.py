@@ -55,6 +55,7 @@ from linmem.experiments.analyses import (
     patience_records,
     previous_frame_report,
 )
+from linmem.experiments.bound_choice import bound_choice, bound_choice_markdown
 from linmem.experiments.plots import plot_pretraining
 from linmem.experiments.pretraining import analyze_pretraining
 from linmem.experiments.report import markdown_table
@@ -294,10 +295,14 @@ def patience_cmd(paths: tuple[str, ...], values: str, out: str | None) -> None:
 @click.option("--valid", is_flag=True,
               help="Then the same groups' validation accuracies (what a choice between them is "
                    "made on).")
-def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool) -> None:
+@click.option("--bound-choice", "choose_bound", is_flag=True,
+              help="Then the rule that chooses the LMN's default memory bound from the groups "
+                   "with and without one (linmem.experiments.bound_choice).")
+def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool, choose_bound: bool) -> None:
     """Markdown table of the runs (metrics.json files) under PATHS, with their commands."""
     try:
-        records = collect_metrics(paths, diverged=seeds or valid)  # a diverged seed counts
+        # a failed seed counts, in the groups
+        records = collect_metrics(paths, diverged=seeds or valid or choose_bound)
         scored = [r for r in records if "diverged" not in r]
         if not scored:
             raise FileNotFoundError("no metrics.json under " + ", ".join(map(str, paths)))
@@ -306,6 +311,8 @@ def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool) -> None:
             click.echo("\n" + seeds_markdown(seed_groups(records)))
         if valid:
             click.echo("\n" + valid_seeds_markdown(seed_groups(records)))
+        if choose_bound:
+            click.echo("\n" + bound_choice_markdown(bound_choice(seed_groups(records))))
     except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None
 
