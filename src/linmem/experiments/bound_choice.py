@@ -42,8 +42,8 @@ def _sides(groups: Sequence[dict]) -> dict[tuple[str, str], dict[str, dict]]:
     two groups on one side of a cell (two bounds, two sizes) are refused."""
     cells: dict[tuple[str, str], dict[str, dict]] = {}
     for g in groups:
-        default = activation_of({"model": g["model"]})
-        if g["model"] not in MODELS or g.get("nonlinearity") != default:
+        if g["model"] not in MODELS or g.get("nonlinearity") != activation_of(
+                {"model": g["model"]}):
             continue
         side = "unbounded" if g.get("memory_bound") is None else "bounded"
         cell = cells.setdefault((g["dataset"], g["model"]), {})
@@ -66,7 +66,8 @@ def bound_choice(groups: Sequence[dict],
     order = {d: i for i, d in enumerate(DATASETS)}
     cells, counted = [], []
     sides = _sides(groups)
-    for (dataset, model), cell in sorted(sides.items(), key=lambda kv: (order[kv[0][0]], kv[0])):
+    for (dataset, model), cell in sorted(sides.items(),
+                                         key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
         row = {"dataset": dataset, "model": model}
         for side in ("unbounded", "bounded"):
             g = cell.get(side)
@@ -82,7 +83,8 @@ def bound_choice(groups: Sequence[dict],
         cells.append(row)
     bounds = {c["bounded"]["memory_bound"] for c in cells if c["bounded"] is not None}
     if len(bounds) > 1:
-        raise ValueError(f"the bounded seeds hold several bounds ({sorted(bounds)}): one a choice")
+        raise ValueError(f"the bounded seeds hold several bounds ({sorted(bounds)}): the rule "
+                         "compares one bound with none")
     bound = next(iter(bounds), None)
     cost = (sum(c["cost"] for c in counted) / len(counted)) if counted else None
     seeded = {(c["dataset"], c["model"]) for c in cells if c["bounded"] is not None
