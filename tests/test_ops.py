@@ -330,6 +330,9 @@ def test_the_baselines_compile_in_one_graph_with_allow_rnn(name):
     model = build_model(name, 6, None).double()
     if name == "lstm":
         model.core.min_kernel_hidden = 1  # the fast path at this size too
+    # one eager call first: under compile the LSTM takes the path eager mode last found
+    # (linmem.nn.rnns._kernel_available), which otherwise depends on the tests run before
+    model(torch.rand(1, 2, 88, dtype=torch.float64))
     counters = torch._dynamo.utils.counters
     counters.clear()
     with torch._dynamo.config.patch(allow_rnn=True):
