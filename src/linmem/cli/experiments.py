@@ -307,12 +307,13 @@ def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool, choose_bound
         if not scored:
             raise FileNotFoundError("no metrics.json under " + ", ".join(map(str, paths)))
         click.echo(markdown_table(scored), nl=False)
+        groups = seed_groups(records) if seeds or valid or choose_bound else []
         if seeds:
-            click.echo("\n" + seeds_markdown(seed_groups(records)))
+            click.echo("\n" + seeds_markdown(groups))
         if valid:
-            click.echo("\n" + valid_seeds_markdown(seed_groups(records)))
+            click.echo("\n" + valid_seeds_markdown(groups))
         if choose_bound:
-            click.echo("\n" + bound_choice_markdown(bound_choice(seed_groups(records))))
+            click.echo("\n" + bound_choice_markdown(bound_choice(groups)))
     except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None
 

@@ -351,7 +351,7 @@ def _one_study_a_cell(records: Sequence[dict], storage: str) -> None:
     studies: dict[tuple[str, str], list[str]] = {}
     for r in records:
         studies.setdefault((r["dataset"], r["model"]), []).append(r["study"])
-    several = [f"{', '.join(sorted(names))}" for names in studies.values() if len(names) > 1]
+    several = [", ".join(sorted(names)) for names in studies.values() if len(names) > 1]
     if several:
         raise ValueError(f"{storage} holds several studies of one data set and model "
                          f"({'; '.join(several)}): Table 2 has one cell for each; report them "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -53,11 +54,18 @@ def use_cpu_kernel(kernel: str | bool | None = "best") -> Iterator[None]:
         _path_override = previous
 
 
-def cpu_kernel_path() -> str:
-    """The path the recurrences take on the CPU now: a kernel variant's name or ``"loop"``
-    (:func:`use_cpu_kernel`'s choice inside its block, else :func:`linmem.ops.cpu.cpu_path`'s)."""
+def _cpu_choice() -> tuple[str, Any]:
+    """``(path, module)``: the CPU path now (:func:`use_cpu_kernel`'s choice inside its block,
+    else :func:`linmem.ops.cpu.cpu_path`'s) and the compiled kernel that runs it, or ``("loop",
+    None)`` where the choice is the loop or the kernel did not build."""
     path = _path_override or cpu_path(_measures.get("cpu"))
-    return path if path == LOOP or load_cpu_kernel() is not None else LOOP
+    module = load_cpu_kernel() if path != LOOP else None
+    return (LOOP, None) if module is None else (path, module)
+
+
+def cpu_kernel_path() -> str:
+    """The path the recurrences take on the CPU now: a kernel variant's name or ``"loop"``."""
+    return _cpu_choice()[0]
 
 
 def kernel_for(x: Tensor):
@@ -65,8 +73,7 @@ def kernel_for(x: Tensor):
     ``None`` (the PyTorch loop)."""
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
         return None
-    path = _path_override or cpu_path(_measures.get("cpu"))
-    module = load_cpu_kernel() if path != LOOP else None
+    path, module = _cpu_choice()
     return None if module is None else (module, path)
 
 

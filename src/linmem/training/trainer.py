@@ -439,7 +439,7 @@ def _final_metrics(run_dir: Path, config: TrainConfig, state: dict[str, Any],
         "step_seconds": _step_or_none(config),
         # the order of the floating-point operations: a figure depends on it to rounding
         "recurrence_path": _recurrence_path(device),
-        "pretraining": _pretraining_record(run_dir),
+        "pretraining": read_record(run_dir, PRETRAINING),
         "units": "accuracies in percent (Bay et al. 2009, global, threshold 0.5 unless named), "
                  "NLL in nats per time step",
     }
@@ -544,7 +544,7 @@ def _write_diverged(run_dir: Path, config: TrainConfig, state: dict[str, Any], w
         "epochs": state["epoch"],
         **provenance(state["command"], commit, config.seed, _checksum_or_none(config),
                      spent[0], device),
-        "cpu_time_s": spent[1], "pretraining": _pretraining_record(run_dir)})
+        "cpu_time_s": spent[1], "pretraining": read_record(run_dir, PRETRAINING)})
 
 
 def _run_fields(config: TrainConfig) -> dict[str, Any]:
@@ -555,9 +555,6 @@ def _run_fields(config: TrainConfig) -> dict[str, Any]:
             "weight_decay": config.weight_decay, "protocol": config.protocol,
             "protocol_overrides": config.protocol_overrides()}
 
-
-def _pretraining_record(run_dir: Path) -> dict[str, Any] | None:
-    return read_record(run_dir, PRETRAINING)
 
 
 def with_data_dir(config: TrainConfig) -> TrainConfig:
