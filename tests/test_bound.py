@@ -382,7 +382,7 @@ def test_train_command_records_the_bound(tmp_path, data_dir, capsys, monkeypatch
     assert code == 2 and "lstm has no linear memory" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys):
+def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys, monkeypatch):
     """linmem search --memory-bound (and --init-bias, the pilot's other factor): a study named
     by both beside the unbounded one in a storage, every point of it trained bounded, a report
     of both refused (one Table 2 cell each), a model without a memory refused before any study
@@ -392,9 +392,10 @@ def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys):
     from linmem.experiments.studies import search_records
     from tests.test_cli import run_cli
 
+    monkeypatch.chdir(tmp_path)  # the trials' run directories relative to it, as a search's
     out = tmp_path / "s"
     common = ["search", "--grid", "tiny", "--model", "lmn-b", "--subset", "6", "--epochs", "2",
-              "--protocol", "paper", "--data-dir", str(data_dir), "--out", str(out), "--quiet"]
+              "--protocol", "paper", "--data-dir", str(data_dir), "--out", "s", "--quiet"]
     for extra in ([], ["--memory-bound", "0.9", "--init-bias"]):
         code, _, err = run_cli(*common, *extra, capsys=capsys)
         assert code == 0, err
@@ -416,6 +417,41 @@ def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys):
     assert code != 0 and "several studies of one data set and model" in err
     assert "jsb-lmn-b-tiny@paper, jsb-lmn-b-tiny@paper+init_bias=True+memory_bound=0.9" in err
     assert not (tmp_path / "report" / "table2.md").exists()
+    # each record names what sets its study apart: Table 2's row label
+    assert bounded["memory_bound"] == 0.9 and bounded["overrides"] == [("init_bias", True)]
+    unbounded = records["jsb-lmn-b-tiny@paper"]
+    assert unbounded["memory_bound"] is None and unbounded["overrides"] == []
+    # --memory-bound chooses the LMN rows: the other study is left out, named; the selected
+    # run's files come from the second runs root where the first lacks them
+    other_root = tmp_path / "moved"
+    (other_root / "s").mkdir(parents=True)
+    (out / bounded["study"]).rename(other_root / "s" / bounded["study"])
+    for bound, label, kept, left in (
+            ("0.9", "LMN-B (bound 0.9, init_bias true)", bounded, unbounded),
+            ("none", "LMN-B", unbounded, bounded)):
+        report = tmp_path / f"report-{bound}"
+        code, _, err = run_cli("report", "--storage", storage, "--grid", "tiny",
+                               "--runs-root", str(tmp_path), "--runs-root", str(other_root),
+                               "--memory-bound", bound, "--out", str(report), capsys=capsys)
+        assert code == 0, err
+        table = (report / "table2.md").read_text()
+        rows = [line for line in table.splitlines() if line.startswith("| LMN-B")]
+        assert len(rows) == 4 and all(r.startswith(f"| {label} |") for r in rows), rows
+        assert f"({kept['grid']}{', bound 0.9, init_bias true' if kept is bounded else ''}) " \
+               in table
+        assert f"memory bound than their LMN rows' (`linmem report --memory-bound`): " \
+               f"`{left['study']}`." in table
+        summary = json.loads((report / "summary.json").read_text())
+        assert [(r["hidden"], r["memory"], r["weight_decay"], r["test_acc"]) for r in summary] \
+            == [(kept["hidden"], kept["memory"], kept["weight_decay"], kept["test_acc"])]
+        assert summary[0].get("memory_bound") == kept["memory_bound"]
+        assert summary[0].get("overrides", []) == [list(o) for o in kept["overrides"]]
+        selected = json.loads((report / "selected" / "jsb-lmn-b" / "metrics.json").read_text())
+        assert selected["memory_bound"] == kept["memory_bound"]
+        assert selected["test_acc"] == kept["test_acc"]
+    code, _, err = run_cli("report", "--storage", storage, "--grid", "tiny", "--memory-bound",
+                           "-1", "--out", str(tmp_path / "r"), capsys=capsys)
+    assert code == 2 and "--memory-bound: a positive number or 'none', got '-1'" in err
     code, _, err = run_cli("search", "--grid", "tiny", "--model", "lstm", "--memory-bound", "0.9",
                            "--data-dir", str(data_dir), "--out", str(tmp_path / "x"), "--quiet",
                            capsys=capsys)

@@ -831,3 +831,36 @@ def test_the_claims_compare_seeds_under_the_same_bound():
         "- JSB Chorales: LMN-B (bound 0.99) against LSTM: +10.00 points global, the ranges do "
         "not overlap (beyond the spread between seeds); +10.00 points per-frame mean, the "
         "ranges do not overlap (beyond the spread between seeds)."])
+
+
+def test_table2_rows_name_what_sets_their_configurations_apart():
+    """A model's row carries its selections' memory bound and protocol departures (as the seeds'
+    rows do); selections of one model that differ in them between data sets are refused (one row
+    cannot say both), and of_bound keeps one bound's LMNs, naming the others, every other model
+    kept; the table with both protocols names each side's where they differ."""
+    from linmem.experiments.both_protocols import protocols_markdown
+    from linmem.experiments.report import ANY_BOUND, of_bound
+    from linmem.experiments.table2 import table2_markdown
+
+    bounded = {"memory_bound": 0.99, "overrides": [("init_bias", True)]}
+    records = [{**_record("jsb", "lmn-a", 30.0), **bounded},
+               {**_record("piano", "lmn-a", 26.0), **bounded},
+               _record("jsb", "lstm", 31.0)]
+    table = table2_markdown(records)
+    assert table.count("| LMN-A (bound 0.99, init_bias true) | 30.61 | 30.00 |") == 1
+    assert "| LSTM | 32.64 | **31.00** |" in table
+    assert "lmn-a (paper, bound 0.99, init_bias true) 30/30 complete" in table
+    mixed = [*records, _record("musedata", "lmn-a", 33.0)]
+    with pytest.raises(ValueError, match=r"LMN-A's selections differ between the data sets "
+                                         r"\(bound 0.99, init_bias true; the defaults\)"):
+        table2_markdown(mixed)
+    kept, left = of_bound(mixed, 0.99)
+    assert kept == records and left == ["musedata-lmn-a-paper"]
+    kept, left = of_bound(mixed, None)
+    assert [r["dataset"] for r in kept] == ["jsb", "musedata"]
+    assert left == ["jsb-lmn-a-paper", "piano-lmn-a-paper"]
+    assert of_bound(mixed, ANY_BOUND) == (mixed, [])
+    both = protocols_markdown(records, [_record("jsb", "lmn-a", 29.0)])
+    assert ("| JSB Chorales | LMN-A (paper protocol: bound 0.99, init_bias true; linmem "
+            "protocol: the defaults) | 30.61 |") in both
+    assert "| JSB Chorales | LSTM | 32.64 |" in both

@@ -130,3 +130,18 @@ def test_a_ctrl_c_during_a_checkpoint_write_is_an_interrupt_and_keeps_the_file(t
     monkeypatch.undo()
     assert len(writes) == 2 and load_checkpoint(path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left
+
+
+def test_run_under_looks_in_each_root_in_order(tmp_path):
+    """A trial's run directory under one runs root or several: the first that holds it, else
+    the first root's path; no root at all is refused."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    (second / "runs" / "x").mkdir(parents=True)
+    assert runs.run_under(first, "runs/x") == first / "runs" / "x"
+    assert runs.run_under([first, second], "runs/x") == second / "runs" / "x"
+    (first / "runs" / "x").mkdir(parents=True)
+    assert runs.run_under([first, second], "runs/x") == first / "runs" / "x"
+    assert runs.run_under([first, second], "runs/y") == first / "runs" / "y"
+    assert runs.run_under(str(second), "runs/x") == second / "runs" / "x"
+    with pytest.raises(ValueError, match="no runs root"):
+        runs.run_under([], "runs/x")

@@ -28,7 +28,7 @@ from linmem.cli.common import (
     stopped,
 )
 from linmem.data import DataError
-from linmem.experiments.report import build_report, summary_file_records
+from linmem.experiments.report import ANY_BOUND, build_report, summary_file_records
 from linmem.training.config import TrainConfig
 
 __all__ = ["progress_cmd", "report_cmd", "search_cmd", "search_export_cmd", "search_import_cmd"]
@@ -145,7 +145,14 @@ def _summary_files(paths: tuple[str, ...]) -> list[list[dict]]:
 @_storage_option
 @click.option("--grid", default="paper", show_default=True,
               help="Report the studies of this grid ('all': every grid).")
-@_runs_root_option
+@click.option("--runs-root", "runs_roots", multiple=True, type=click.Path(file_okay=False),
+              help="Folder the trials' run directories are relative to (where search ran); "
+                   "several: searched in order (studies imported from searches run in different "
+                   "places) [default: .].")
+@click.option("--memory-bound", "memory_bound", default=None, metavar="R|none",
+              help="The LMNs' rows (and seeds) from the studies and runs with this memory bound "
+                   "('none': the paper's unbounded memory); those of another bound are left "
+                   "out and named [default: every study, one a data set and model].")
 @click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
 @click.option("--run", "runs", multiple=True, type=click.Path(exists=True),
               help="Also report single runs (run directories or folders of them) of models "
@@ -172,7 +179,8 @@ def _summary_files(paths: tuple[str, ...]) -> list[list[dict]]:
               help="`linmem ablation`'s ablation.json: which parts of the paper's protocol "
                    "carry its result, in table2.md's section on both protocols (with --compare "
                    "and --compare-seed-runs).")
-def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
+def report_cmd(storage: str | None, grid: str, runs_roots: tuple[str, ...],
+               memory_bound: str | None, out: str,
                runs: tuple[str, ...], summaries: tuple[str, ...], seed_runs: tuple[str, ...],
                baseline: str | None, protocol: str, compare: str | None,
                compare_seed_runs: tuple[str, ...], ablation: str | None) -> None:
@@ -184,10 +192,11 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
     storage = storage or default_storage("runs/search")
     if sqlite_path(storage) is None or sqlite_path(storage).is_file():
         storage = _opened_storage(storage)
+    bound = ANY_BOUND if memory_bound is None else _bound_value(memory_bound)
     try:
-        records = build_report(storage, None if grid == "all" else grid, runs_root, out, runs,
-                               summaries, seed_runs, baseline, protocol, compare, command_line(),
-                               compare_seed_runs, ablation)
+        records = build_report(storage, None if grid == "all" else grid, runs_roots or ".", out,
+                               runs, summaries, seed_runs, baseline, protocol, compare,
+                               command_line(), compare_seed_runs, ablation, bound)
     except (ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     out_dir = Path(out)
@@ -200,6 +209,19 @@ def report_cmd(storage: str | None, grid: str, runs_root: str, out: str,
                  if r["study"] else f"{r['dataset']}-{r['model']}: {r['trials']} single runs")
         click.echo(f"{where}; {sel}")
     click.echo(f"-> {out_dir}/summary.json, table2.md, figure4.png")
+
+
+def _bound_value(text: str) -> float | None:
+    """``--memory-bound``'s value: a positive number, or ``none``."""
+    if text.lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise UsageFailure(f"--memory-bound: a positive number or 'none', got {text!r}")
+    return value
 
 
 @click.command("progress")

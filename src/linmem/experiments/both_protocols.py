@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from linmem._io import made_by
 from linmem.experiments.paper import PAPER_TABLE2, TABLE2_DATASETS, TABLE2_MODELS, TABLE2_TITLES
 from linmem.experiments.protocol_choice import ranges_apart
-from linmem.experiments.seed_groups import failures_text, seeds_lines, spread_text
+from linmem.experiments.seed_groups import failures_text, seeds_lines, spread_text, variant_text
 from linmem.experiments.table2 import FAILED_MARK, FAILED_TEXT, all_failed
 from linmem.models import display_name
 
@@ -51,7 +51,7 @@ def _protocols_lines(paper: Sequence[dict], linmem: Sequence[dict]) -> list[str]
             if (d, m) not in ours and (d, m) not in theirs and (d, m) not in failed:
                 continue
             published = PAPER_TABLE2[m][i] if m in PAPER_TABLE2 else None
-            lines.append(f"| {TABLE2_TITLES[d]} | {display_name(m)} | "
+            lines.append(f"| {TABLE2_TITLES[d]} | {_label(m, paper, linmem, d)} | "
                          + ("–" if published is None else f"{published:.2f}") + " | "
                          + " | ".join(cells(ours.get((d, m)), (d, m) in ours_failed)
                                       + cells(theirs.get((d, m)), (d, m) in theirs_failed))
@@ -66,6 +66,21 @@ def _protocols_lines(paper: Sequence[dict], linmem: Sequence[dict]) -> list[str]
               "from a grid that is not complete yet. " + (FAILED_TEXT + " " if failed else "")
               + "–: not run."]
     return lines
+
+
+def _label(model: str, paper: Sequence[dict], linmem: Sequence[dict], dataset: str) -> str:
+    """The model's name, with what sets each protocol's selection apart (a memory bound, a
+    departure from its protocol: :func:`variant_text`), each side's where they differ."""
+    sides = [(title, next((variant_text(r) for r in records
+                           if (r["dataset"], r["model"]) == (dataset, model)), ""))
+             for title, records in (("paper protocol", paper), ("linmem protocol", linmem))]
+    texts = {text for _, text in sides}
+    if texts == {""}:
+        return display_name(model)
+    if len(texts) == 1:
+        return f"{display_name(model)} ({texts.pop()})"
+    return (f"{display_name(model)} ("
+            + "; ".join(f"{title}: {text or 'the defaults'}" for title, text in sides) + ")")
 
 
 def _ablation_delta(a: dict, key: str) -> str:

@@ -32,17 +32,30 @@ from linmem.experiments.protocol_choice import (
 )
 from linmem.experiments.seed_groups import seed_groups
 from linmem.experiments.table2 import table2_markdown
+from linmem.models import get_spec
 from linmem.training.config import record_protocol
-from linmem.training.runs import METRICS, collect_metrics, ended, has, publish, read_record
+from linmem.training.runs import (
+    METRICS,
+    RunsRoot,
+    collect_metrics,
+    ended,
+    has,
+    publish,
+    read_record,
+    run_under,
+)
 
 __all__ = [
+    "ANY_BOUND",
     "FIGURE4_MODELS",
     "RUN_COLUMNS",
     "SELECTED_RUN_FIELDS",
     "SUMMARY_FIELDS",
+    "VARIANT_FIELDS",
     "build_report",
     "figure4_data",
     "markdown_table",
+    "of_bound",
     "run_records",
     "summary_file_records",
     "summary_records",
@@ -105,16 +118,24 @@ SUMMARY_FIELDS = ("dataset", "model", "hidden", "memory", "weight_decay", "valid
                   "data_sha256", "search_wall_time_s", "run_dir")
 
 
+# of_bound's: every memory bound, a report's default
+ANY_BOUND = "any"
+
+# what sets a study's configuration apart beyond its model (Table 2 labels its row with them)
+VARIANT_FIELDS = ("memory_bound", "overrides")
+
 # scores of a selected run that summary.json files written before them lack
 SELECTED_RUN_FIELDS = ("valid_threshold", "test_acc_at_valid_threshold")
 
 
 def summary_records(records: Sequence[dict]) -> list[dict]:
     """The records of :func:`linmem.experiments.studies.search_records` that have a selected
-    configuration,
-    reduced to the fields of ``results/summary.json``, sorted by data set and model."""
+    configuration, reduced to the fields of ``results/summary.json`` (and the
+    :data:`VARIANT_FIELDS` a record sets), sorted by data set and model."""
     order = {m: i for i, m in enumerate(TABLE2_MODELS)}
-    rows = [{k: r.get(k) for k in SUMMARY_FIELDS} for r in records if "test_acc" in r]
+    rows = [{**{k: r.get(k) for k in SUMMARY_FIELDS},
+             **{k: r[k] for k in VARIANT_FIELDS if r.get(k)}}  # where set: older files lack them
+            for r in records if "test_acc" in r]
     return sorted(rows, key=lambda r: (TABLE2_DATASETS.index(r["dataset"])
                                        if r["dataset"] in TABLE2_DATASETS else 99,
                                        order.get(r["model"], 99), r["model"]))
@@ -149,7 +170,8 @@ def run_records(runs: Sequence[dict]) -> list[dict]:
             "model": model, "grid": "runs", "grid_points": len(rs), "points_done": len(rs),
             "points_failed": 0, "grid_complete": None, "trials": len(rs), "trials_pruned": 0,
             "trials_failed": 0, "run_dir": best["run"], "trials_run": [],
-            "frame_selection": frame})
+            "frame_selection": frame, "memory_bound": best.get("memory_bound"),
+            "overrides": sorted((best.get("protocol_overrides") or {}).items())})
     return records
 
 
@@ -268,20 +290,22 @@ def figure4_data(records: Sequence[dict], dataset: str = "jsb",
 
 
 def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, command: str,
-                        runs_root: str | os.PathLike = ".", baseline: dict | None = None,
-                        seeds: Sequence[dict] = (), protocols: Sequence[str] = ()) -> None:
+                        runs_root: RunsRoot = ".", baseline: dict | None = None,
+                        seeds: Sequence[dict] = (), protocols: Sequence[str] = (),
+                        left_out: Sequence[str] = ()) -> None:
     """``out_dir``: ``summary.json``, ``table2.md``, ``figure4.json`` (and ``.png`` when it has a
     curve; JSB Chorales, as the paper's; ``figure4-DATA.json``/``.png`` for each other data set
     with a curve), ``search_trials.json`` (no test scores) and, under ``selected/``, the files
     of each selected run found (search runs under ``runs_root``, single runs where they are):
     ``DATA-MODEL`` the global column's, ``DATA-MODEL-per-frame`` the per-frame column's where
-    that is another run. ``protocols``: table2.md's section on both training protocols."""
+    that is another run. ``protocols``: table2.md's section on both training protocols;
+    ``left_out``: the studies of another memory bound than the tables' (:func:`build_report`)."""
 
     out_dir = Path(out_dir)
     summary = summary_records(records)
     write_json(out_dir / "summary.json", summary)
     with atomic_write(out_dir / "table2.md", "w") as f:
-        f.write(table2_markdown(records, command, baseline, seeds, protocols))
+        f.write(table2_markdown(records, command, baseline, seeds, protocols, left_out))
     if seeds:
         write_json(out_dir / "seeds.json", list(seeds))
     for dataset in TABLE2_DATASETS:  # JSB: figure4.png (the paper's); the others beside it
@@ -303,16 +327,19 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
         for run_dir, suffix in ((r["run_dir"], ""), (frame_run, "-per-frame")):
             if run_dir is None or (suffix and run_dir == r["run_dir"]):
                 continue
-            run = Path(run_dir) if r["grid"] == "runs" else Path(runs_root) / str(run_dir)
+            run = Path(run_dir) if r["grid"] == "runs" else run_under(runs_root, str(run_dir))
             if ended(run):  # its records, as `linmem publish` keeps them
                 publish(run, out_dir / "selected" / f"{r['dataset']}-{r['model']}{suffix}")
 
 
-def _report_records(storage: str, grid: str | None, runs_root: str | os.PathLike,
+def _report_records(storage: str, grid: str | None, runs_root: RunsRoot,
                     out: str | os.PathLike, runs: Sequence[str | os.PathLike],
-                    summaries: Sequence[str | os.PathLike], protocol: str | None) -> list[dict]:
+                    summaries: Sequence[str | os.PathLike], protocol: str | None,
+                    memory_bound: float | str | None = ANY_BOUND
+                    ) -> tuple[list[dict], list[str]]:
     """The selections a report tables: the studies' in ``storage``, the single ``runs``' and
-    those of earlier ``summaries`` that neither has (:func:`build_report`)."""
+    those of earlier ``summaries`` that neither has, those with a memory of another
+    ``memory_bound`` left out (:func:`of_bound`); and what was left out (:func:`build_report`)."""
     from linmem.experiments.grids import sqlite_path  # optuna: slow to import
     from linmem.experiments.studies import search_records, storage_grids
 
@@ -321,7 +348,8 @@ def _report_records(storage: str, grid: str | None, runs_root: str | os.PathLike
     if missing and not (summaries or runs):
         raise ValueError(f"no search database at {database} (run `linmem search` first, or "
                          "pass --storage)")
-    records = [] if missing else search_records(storage, grid, runs_root, protocol)
+    records, left_out = of_bound(
+        [] if missing else search_records(storage, grid, runs_root, protocol), memory_bound)
     _one_study_a_cell(records, storage)
     # a study imported from another machine: what its run directories held, from the last report
     records = [with_selected_run_fields(r, Path(out) / "selected") if "test_acc" in r else r
@@ -333,7 +361,7 @@ def _report_records(storage: str, grid: str | None, runs_root: str | os.PathLike
         raise ValueError(f"no study of grid {grid or 'all'!r} in {storage}{hint}")
     if runs:
         searched = {(r["dataset"], r["model"]) for r in records}
-        singles = run_records(collect_metrics(runs))
+        singles, _ = of_bound(run_records(collect_metrics(runs)), memory_bound)
         clash = [f"{r['dataset']}/{r['model']}" for r in singles
                  if (r["dataset"], r["model"]) in searched]
         if clash:
@@ -341,8 +369,26 @@ def _report_records(storage: str, grid: str | None, runs_root: str | os.PathLike
         records += singles
     for earlier in map(summary_file_records, summaries):
         have = {(r["dataset"], r["model"]) for r in records}
-        records += [r for r in earlier if (r["dataset"], r["model"]) not in have]
-    return records
+        records += [r for r in of_bound(earlier, memory_bound)[0]
+                    if (r["dataset"], r["model"]) not in have]
+    return records, left_out
+
+
+def of_bound(records: Sequence[dict], memory_bound: float | str | None = ANY_BOUND
+             ) -> tuple[list[dict], list[str]]:
+    """``(kept, left out)``: the records of the models with a linear memory whose bound
+    (``memory_bound``, ``None`` the paper's unbounded memory) is another than ``memory_bound``
+    are left out (their study's name, else data set and model), every other record kept;
+    :data:`ANY_BOUND` keeps them all."""
+    if memory_bound == ANY_BOUND:
+        return list(records), []
+    kept, left_out = [], []
+    for r in records:
+        if get_spec(r["model"]).has_memory and r.get("memory_bound") != memory_bound:
+            left_out.append(r.get("study") or f"{r['dataset']}-{r['model']}")
+        else:
+            kept.append(r)
+    return kept, left_out
 
 
 def _one_study_a_cell(records: Sequence[dict], storage: str) -> None:
@@ -360,10 +406,12 @@ def _one_study_a_cell(records: Sequence[dict], storage: str) -> None:
 
 def _report_inputs(baseline: str | os.PathLike | None, seed_runs: Sequence[str | os.PathLike],
                    compare_seed_runs: Sequence[str | os.PathLike],
-                   ablation: str | os.PathLike | None
+                   ablation: str | os.PathLike | None,
+                   memory_bound: float | str | None = ANY_BOUND
                    ) -> tuple[dict | None, list[dict], list[dict], dict | None]:
     """``(baseline, seed groups, the other protocol's seed groups, ablation record)`` read
-    from :func:`build_report`'s files, a ``ValueError`` naming the option of a bad one."""
+    from :func:`build_report`'s files (the seeds of another ``memory_bound`` left out,
+    :func:`of_bound`), a ``ValueError`` naming the option of a bad one."""
     try:
         calibration = read_json(baseline) if baseline is not None else None
         if calibration is not None and "scores" not in calibration:
@@ -371,7 +419,8 @@ def _report_inputs(baseline: str | os.PathLike | None, seed_runs: Sequence[str |
     except ValueError as err:  # JSONDecodeError is one
         raise ValueError(f"--baseline {baseline}: not a baseline file ({err})") from None
     try:
-        seeds = seed_groups(collect_metrics(seed_runs, diverged=True)) if seed_runs else []
+        seeds = (seed_groups(of_bound(collect_metrics(seed_runs, diverged=True),
+                                      memory_bound)[0]) if seed_runs else [])
     except (ValueError, FileNotFoundError) as err:
         raise ValueError(f"--seed-runs: {err}") from None
     try:
@@ -390,7 +439,7 @@ def _report_inputs(baseline: str | os.PathLike | None, seed_runs: Sequence[str |
     return calibration, seeds, other_seeds, ablation_record
 
 
-def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
+def build_report(storage: str, grid: str | None, runs_root: RunsRoot,
                  out: str | os.PathLike, runs: Sequence[str | os.PathLike] = (),
                  summaries: Sequence[str | os.PathLike] = (),
                  seed_runs: Sequence[str | os.PathLike] = (),
@@ -398,7 +447,8 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
                  compare: str | os.PathLike | None = None,
                  command: str | None = None,
                  compare_seed_runs: Sequence[str | os.PathLike] = (),
-                 ablation: str | os.PathLike | None = None) -> list[dict]:
+                 ablation: str | os.PathLike | None = None,
+                 memory_bound: float | str | None = ANY_BOUND) -> list[dict]:
     """``linmem report``: select each (data set, model) of the studies of ``grid`` (None: all)
     in ``storage`` trained under ``protocol`` (None: the one they were trained under,
     :func:`linmem.experiments.studies.storage_protocol`) on validation
@@ -411,15 +461,19 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
     ``protocol-choice.md``/``.json``: :mod:`linmem.experiments.protocol_choice`; either, or
     ``ablation``,
     ``linmem ablation``'s ``ablation.json``, adds the section on both protocols to
-    ``table2.md``: :func:`both_protocols_lines`). Returns the selections; ``ValueError`` names
-    a bad input."""
+    ``table2.md``: :func:`both_protocols_lines`). ``memory_bound``: the LMNs' rows and seeds
+    from the studies and runs of this bound (``None``: the paper's unbounded memory), the others
+    left out and named (:func:`of_bound`; :data:`ANY_BOUND`: all, one study a cell). ``runs_root``:
+    where the search ran, or several such folders searched in order. Returns the selections;
+    ``ValueError`` names a bad input."""
     if protocol is None:
         from linmem.experiments.studies import storage_protocol  # optuna: slow to import
 
         protocol = storage_protocol(storage, grid)
-    records = _report_records(storage, grid, runs_root, out, runs, summaries, protocol)
+    records, left_out = _report_records(storage, grid, runs_root, out, runs, summaries,
+                                        protocol, memory_bound)
     calibration, seeds, other_seeds, ablation_record = _report_inputs(
-        baseline, seed_runs, compare_seed_runs, ablation)
+        baseline, seed_runs, compare_seed_runs, ablation, memory_bound)
     other = summary_file_records(compare) if compare is not None else []
     paper, linmem = (records, other) if protocol == "paper" else (other, records)
     protocols = []
@@ -430,7 +484,8 @@ def build_report(storage: str, grid: str | None, runs_root: str | os.PathLike,
         protocols = both_protocols_lines(paper, linmem, protocol, other_seeds,
                                          ablation_record, sources)
     command = command or command_line()
-    write_search_report(records, Path(out), command, runs_root, calibration, seeds, protocols)
+    write_search_report(records, Path(out), command, runs_root, calibration, seeds, protocols,
+                        left_out)
     if compare is not None:  # the other protocol's selections beside these
         with atomic_write(Path(out) / "protocols.md", "w") as f:
             f.write(protocols_markdown(paper, linmem, command))

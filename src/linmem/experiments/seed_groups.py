@@ -19,8 +19,8 @@ from linmem.experiments.paper import (
 from linmem.models import activation_of, display_name
 from linmem.training.runs import failed_on
 
-__all__ = ["MIN_CLAIM_SEEDS", "SEED_METRICS", "failures_text", "seed_groups", "seeds_lines",
-           "seeds_markdown", "spread_text", "valid_seeds_markdown"]
+__all__ = ["MIN_CLAIM_SEEDS", "SEED_METRICS", "failures_text", "row_label", "seed_groups",
+           "seeds_lines", "seeds_markdown", "spread_text", "valid_seeds_markdown", "variant_text"]
 
 SEED_METRICS = ("test_acc", "test_acc_frame", "test_nll", "valid_acc", "valid_acc_frame")
 
@@ -31,14 +31,21 @@ def _otheractivation_of(group: dict) -> str | None:
     return None if act == activation_of({"model": group["model"]}) else act
 
 
-def _label(group: dict) -> str:
-    """The model's display name, with its activation when not the model's default, its memory
-    bound and the protocol fields its seeds depart from (``init_bias true``), where any."""
+def variant_text(group: dict) -> str:
+    """What sets a seed group's or a selection's configuration apart beyond its model: its
+    activation when not the model's default, its memory bound and the protocol fields it
+    departs from (``"bound 0.99, init_bias true"``); empty where none."""
     parts = [_otheractivation_of(group)]
     if group.get("memory_bound") is not None:
         parts.append(f"bound {group['memory_bound']:g}")
-    parts += [f"{k} {json.dumps(v)}" for k, v in group.get("overrides", ())]
-    extra = ", ".join(p for p in parts if p)
+    parts += [f"{k} {json.dumps(v)}" for k, v in group.get("overrides") or ()]
+    return ", ".join(p for p in parts if p)
+
+
+def row_label(group: dict) -> str:
+    """The model's display name with :func:`variant_text` in parentheses, where any: how the
+    tables of seeds and Table 2 name a row."""
+    extra = variant_text(group)
     return display_name(group["model"]) + (f" ({extra})" if extra else "")
 
 
@@ -79,7 +86,7 @@ def seed_groups(runs: Sequence[dict]) -> list[dict]:
                               "min": float(values.min()), "max": float(values.max()),
                               "n": len(values)}
         out.append(group)
-    return sorted(out, key=lambda g: (g["dataset"], g["model"], _label(g)))
+    return sorted(out, key=lambda g: (g["dataset"], g["model"], row_label(g)))
 
 
 MIN_CLAIM_SEEDS = 3  # seeds per model before the seeds' table says whether a claim holds
@@ -107,7 +114,7 @@ def _group_row(group: dict, keys: Sequence[str]) -> str:
     failures = failures_text(group)
     seeds = " ".join(filter(None, [", ".join(map(str, group["seeds"])),
                                    f"({failures})" if failures else ""]))
-    cells = [TABLE2_TITLES.get(group["dataset"], group["dataset"]), _label(group), size,
+    cells = [TABLE2_TITLES.get(group["dataset"], group["dataset"]), row_label(group), size,
              f"{group['weight_decay']:g}", seeds, *(spread_text(group, k) for k in keys)]
     return "| " + " | ".join(cells) + " |"
 
@@ -211,7 +218,7 @@ def _reached_line(group: dict) -> str | None:
         return None
     if _otheractivation_of(group) not in (None, PAPER_ACTIVATION):
         return None
-    head = f"- {TABLE2_TITLES[group['dataset']]}, {_label(group)}: the paper's {figure:.2f}"
+    head = f"- {TABLE2_TITLES[group['dataset']]}, {row_label(group)}: the paper's {figure:.2f}"
     ran, finished = _seeds_run(group), len(group["seeds"])
     if ran < MIN_CLAIM_SEEDS:
         return (f"{head}; {ran} seed(s) run, {finished} finished; no verdict until "
@@ -242,12 +249,12 @@ def _reached_line(group: dict) -> str | None:
 
 def _claim_line(title: str, b: dict, a: dict) -> str:
     """One of the paper's claims on one data set: seed group ``b`` against ``a``."""
-    head = f"- {title}: {_label(b)} against {_label(a)}: "
+    head = f"- {title}: {row_label(b)} against {row_label(a)}: "
     ran = {id(g): _seeds_run(g) for g in (a, b)}
     if min(ran.values()) < MIN_CLAIM_SEEDS:
-        return (f"{head}{ran[id(b)]} seed(s) of {_label(b)} and {ran[id(a)]} of "
-                f"{_label(a)} so far; no verdict under {MIN_CLAIM_SEEDS} each.")
-    failed = [f"{_label(g)}'s {failures_text(g)}" for g in (b, a) if g.get("diverged_seeds")]
+        return (f"{head}{ran[id(b)]} seed(s) of {row_label(b)} and {ran[id(a)]} of "
+                f"{row_label(a)} so far; no verdict under {MIN_CLAIM_SEEDS} each.")
+    failed = [f"{row_label(g)}'s {failures_text(g)}" for g in (b, a) if g.get("diverged_seeds")]
     note = (f" ({'; '.join(failed)}: no score, counted below every score in the ranges; the "
             "means are over the seeds that finished)" if failed else "")
     if not (a["seeds"] or b["seeds"]):
@@ -260,7 +267,7 @@ def _claim_line(title: str, b: dict, a: dict) -> str:
         apart = b_high < a_low or a_high < b_low
         few = [g for g in (b, a) if len(g["seeds"]) < 2]
         diff = (f"{b[key]['mean'] - a[key]['mean']:+.2f} points {metric}" if not few else
-                f"{metric}: " + ", ".join(f"{_label(g)} {_finished_text(g, key)}" for g in few))
+                f"{metric}: " + ", ".join(f"{row_label(g)} {_finished_text(g, key)}" for g in few))
         parts.append(f"{diff}, the ranges "
                      + ("do not overlap (beyond the spread between seeds)" if apart
                         else "overlap (within the spread between seeds)"))

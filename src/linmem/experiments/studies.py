@@ -22,11 +22,13 @@ from linmem.experiments.grids import FINISHED, grid_points, point_states, trial_
 from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, TrainConfig, record_protocol
 from linmem.training.runs import (
     METRICS,
+    RunsRoot,
     expected_fields,
     has,
     read_record,
     run_cpu_seconds,
     run_machine,
+    run_under,
 )
 
 __all__ = [
@@ -71,7 +73,7 @@ def _trial_counts(trials: list, complete: list) -> dict[str, int]:
                            and "error" in t.user_attrs})}
 
 
-def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any] | None:
+def select_per_frame(study, runs_root: RunsRoot = ".") -> dict[str, Any] | None:
     """The complete trial with the best validation accuracy under the per-frame mean (ties: the
     lower trial number) and its scores under that definition, for the per-frame column of
     Table 2, with its run's provenance (:data:`linmem._io.PROVENANCE_FIELDS`); None when a
@@ -84,7 +86,7 @@ def select_per_frame(study, runs_root: str | os.PathLike = ".") -> dict[str, Any
             continue
         u = dict(t.user_attrs)
         if "valid_acc_frame" not in u:
-            metrics = read_record(Path(runs_root) / str(u.get("run_dir")), METRICS)
+            metrics = read_record(run_under(runs_root, str(u.get("run_dir"))), METRICS)
             if metrics is None:
                 return None
             u = {**metrics, **u}
@@ -204,14 +206,14 @@ def _trial_rows(study, selects: str) -> list[dict[str, Any]]:
     return trials
 
 
-def _selected_fields(best, counts: dict[str, int], runs_root: str | os.PathLike,
+def _selected_fields(best, counts: dict[str, int], runs_root: RunsRoot,
                      trials: list[dict[str, Any]]) -> dict[str, Any]:
     """The selected trial's configuration, scores and provenance (read from its run's
     ``metrics.json`` under ``runs_root`` where the trial did not store a field), and the
     study's trial counts."""
     p = trial_point(best)
     u = dict(best.user_attrs)
-    run = Path(runs_root) / str(u.get("run_dir"))
+    run = run_under(runs_root, str(u.get("run_dir")))
     if has(run, METRICS):  # fields a trial did not store (older trials: command)
         u = {**read_record(run, METRICS), **expected_fields(run), **u}
     return {
@@ -236,16 +238,19 @@ def _selected_fields(best, counts: dict[str, int], runs_root: str | os.PathLike,
 
 
 def search_records(storage: str, grid: str | None = None,
-                   runs_root: str | os.PathLike = ".", protocol: str | None = None
+                   runs_root: RunsRoot = ".", protocol: str | None = None
                    ) -> list[dict[str, Any]]:
     """One record per study in ``storage`` (of ``grid``, or every grid; trained under
     ``protocol``, None: any): the configuration selected on validation with its test scores, the
     coverage of the grid, and every trial that was run (points, states and validation
     accuracies only: no test score but the selected one). Fields a trial did not store
     (``command``, the per-frame accuracies) are read from its run's ``metrics.json`` under
-    ``runs_root`` when that is there. A study whose runs select their epoch on the per-frame
-    accuracy (the ``paper`` protocol) has its global column selected on the global validation
-    accuracy all the same, and its per-frame column (``frame_selection``) on the per-frame.
+    ``runs_root`` (a folder, or several searched in order) when that is there. Each record
+    names its study's memory bound (``memory_bound``) and the protocol fields its study departs
+    from (``overrides``: name and value pairs), which Table 2's rows show. A study whose runs
+    select their epoch on the per-frame accuracy (the ``paper`` protocol) has its global column
+    selected on the global validation accuracy all the same, and its per-frame column
+    (``frame_selection``) on the per-frame.
     """
 
     records = []
@@ -263,6 +268,8 @@ def search_records(storage: str, grid: str | None = None,
             "selected_on": "valid nll" if selects == "nll" else "valid acc",
             **({"protocol": study_protocol(attrs)} if study_protocol(attrs) != LEGACY_PROTOCOL
                else {}),
+            "memory_bound": attrs.get("train", {}).get("memory_bound"),
+            "overrides": _overrides(attrs),
             "grid_points": len(points), "points_done": sum(s == "done" for s in states.values()),
             "points_failed": sum(s == "failed" for s in states.values()),
             "grid_complete": all(s in ("done", "failed") for s in states.values()),
@@ -274,6 +281,17 @@ def search_records(storage: str, grid: str | None = None,
             record.update(_selected_fields(*chosen, runs_root, trials))
         records.append(record)
     return records
+
+
+def _overrides(attrs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The protocol fields a study's runs depart from (``linmem search --init-bias`` under
+    ``paper``, say), sorted: name and value pairs."""
+    train = attrs.get("train", {})
+    if not train:
+        return []
+    config = TrainConfig.from_dict({**train, "data": attrs["data"], "model": attrs["model"],
+                                    "protocol": study_protocol(attrs)})
+    return sorted(config.protocol_overrides().items())
 
 
 def _reductions(attrs: dict[str, Any]) -> list[str]:

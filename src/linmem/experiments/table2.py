@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from linmem.experiments.paper import PAPER_TABLE2, TABLE2_DATASETS, TABLE2_MODELS, TABLE2_TITLES
-from linmem.experiments.seed_groups import seeds_lines
+from linmem.experiments.seed_groups import seeds_lines, variant_text
 from linmem.metrics import THRESHOLD_GRID
 from linmem.models import display_name
 
@@ -63,6 +63,22 @@ def _cell_mark(r: dict | None, key: str) -> str:
     return mark
 
 
+def _row_labels(records: Sequence[dict], models: Sequence[str]) -> dict[str, str]:
+    """Each model's row label: its name, with what sets its configurations apart (a memory
+    bound, a protocol departure: :func:`variant_text`), which every data set's must share."""
+    labels = {}
+    for m in models:
+        variants = {variant_text(r) for r in records if r["model"] == m}
+        if len(variants) > 1:
+            raise ValueError(
+                f"{display_name(m)}'s selections differ between the data sets ("
+                + "; ".join(sorted(v or "the defaults" for v in variants)) + "): Table 2 has "
+                "one row for it; choose one memory bound (--memory-bound), or report them apart")
+        extra = next(iter(variants), "")
+        labels[m] = display_name(m) + (f" ({extra})" if extra else "")
+    return labels
+
+
 class _Table2:
     """What Table 2's tables share: our records by (data set, model), the grids where every
     point failed, the models in the table's order, the published figures and the
@@ -74,6 +90,7 @@ class _Table2:
         models = [m for m in TABLE2_MODELS
                   if m in PAPER_TABLE2 or any(k[1] == m for k in self.ours)]
         self.models = models + sorted({m for _, m in self.ours} - set(models))
+        self.labels = _row_labels(records, self.models)
         self.published = {d: {m: PAPER_TABLE2[m][i] if m in PAPER_TABLE2 else None
                               for m in self.models} for i, d in enumerate(TABLE2_DATASETS)}
         self.baseline = baseline
@@ -100,7 +117,7 @@ class _Table2:
                     cells.append(_cell(self.published[d][m], top_pub[d]))
                 cells.append(FAILED_MARK if r is None and (d, m) in self.failed else
                              _cell(measured[d][m], top_ours[d], _cell_mark(r, key)))
-            rows.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
+            rows.append(f"| {self.labels[m]} | " + " | ".join(cells) + " |")
         if self.baseline is not None and key in ("test_acc", "test_acc_frame",
                                                  "test_acc_at_valid_threshold"):
             field = "acc_frame" if key == "test_acc_frame" else "acc"  # 0/1: any threshold
@@ -168,7 +185,7 @@ class _Table2:
                 cells.append("–" if quoted is None else f"{quoted:.2f}")
                 cells.append("–" if r.get("test_acc_expected") is None else
                              f"{r['test_acc_expected']:.2f} ± {r['test_acc_expected_se']:.2f}")
-            lines.append(f"| {display_name(m)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {self.labels[m]} | " + " | ".join(cells) + " |")
         return lines
 
     def threshold_lines(self) -> list[str]:
@@ -202,7 +219,8 @@ def _coverage_lines(records: Sequence[dict]) -> list[str]:
             continue
         parts = [f"{r['model']} ({r['trials']} single run{'s' if r['trials'] > 1 else ''}, "
                  f"selected `{r['run_dir']}`)" if r["grid"] == "runs" else
-                 f"{r['model']} ({r['grid']}) {r['points_done']}/{r['grid_points']}"
+                 f"{r['model']} ({', '.join(filter(None, [r['grid'], variant_text(r)]))}) "
+                 f"{r['points_done']}/{r['grid_points']}"
                  + (" complete" if r["grid_complete"] else "")
                  + (f", {r['trials_pruned']} pruned" if r.get("trials_pruned") else "")
                  + (f", {r['points_failed']} failed" if r.get("points_failed") else "")
@@ -214,7 +232,7 @@ def _coverage_lines(records: Sequence[dict]) -> list[str]:
 
 def table2_markdown(records: Sequence[dict], command: str | None = None,
                     baseline: dict | None = None, seeds: Sequence[dict] = (),
-                    protocols: Sequence[str] = ()) -> str:
+                    protocols: Sequence[str] = (), left_out: Sequence[str] = ()) -> str:
     """The paper's Table 2 with our test accuracy next to each published figure, under the
     global accuracy and the per-frame mean, each column's configuration selected on validation
     under its own definition; bold marks the best of each column pair's kind (published, ours)
@@ -223,7 +241,8 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
     previous_frame_report`), a row of its own. ``seeds``: :func:`seed_groups` of the selected
     configurations re-run with other seeds, a table of their spread. ``protocols``: the
     section on both training protocols (:func:`both_protocols_lines`), after the grids'
-    coverage."""
+    coverage. ``left_out``: the studies of another memory bound than the LMN rows', named under
+    the coverage."""
     tables = _Table2(records, baseline)
     lines = tables.accuracy_lines() + tables.expected_lines() + tables.threshold_lines()
     lines += ["", "Test NLL in nats per time step of the configurations of the first table "
@@ -234,6 +253,10 @@ def table2_markdown(records: Sequence[dict], command: str | None = None,
                   "other seeds:", ""]
         lines += seeds_lines(seeds)
     lines += _coverage_lines(records)
+    if left_out:
+        lines += ["", "Left out of these tables, as of another memory bound than their LMN rows' "
+                  "(`linmem report --memory-bound`): " + ", ".join(f"`{s}`" for s in left_out)
+                  + "."]
     lines += protocols
     if command:
         lines += ["", f"Generated by `{command}` from the search studies; each selected run's "

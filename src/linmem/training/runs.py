@@ -26,7 +26,7 @@ import pickle
 import platform
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ __all__ = [
     "CheckpointError",
     "RunDirBusy",
     "RunDirClaim",
+    "RunsRoot",
     "collect_metrics",
     "end_record",
     "ended",
@@ -75,6 +76,7 @@ __all__ = [
     "resume_checkpoint",
     "run_cpu_seconds",
     "run_machine",
+    "run_under",
     "save_checkpoint",
     "save_last",
     "scoring_cpu_seconds",
@@ -140,6 +142,20 @@ def read_record(run_dir: str | os.PathLike, name: str, default: Any = None) -> A
     has none: how the modules above read a run's records."""
     path = Path(run_dir) / name
     return read_json(path) if path.is_file() else default
+
+
+RunsRoot = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+def run_under(runs_root: RunsRoot, run_dir: str | os.PathLike) -> Path:
+    """A search trial's run directory ``run_dir`` (relative to where the search ran) under
+    ``runs_root``: one folder, or several (a report of searches that ran in different places)
+    searched in order; the first folder's where none holds it."""
+    roots = [runs_root] if isinstance(runs_root, (str, os.PathLike)) else list(runs_root)
+    if not roots:
+        raise ValueError("no runs root given")
+    paths = [Path(root) / run_dir for root in roots]
+    return next((p for p in paths if p.is_dir()), paths[0])
 
 
 def trained(run_dir: str | os.PathLike) -> bool:
