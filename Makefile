@@ -311,6 +311,8 @@ B_TRIALS = $(B_RESULTS)/bounded-memory/trials
 B_PUBLISH = for st in runs/search-bound/*/; do n=$$(basename $$st); for r in $$st*/; do \
 	  [ -f $$r/config.json ] && { [ -f $$r/metrics.json ] || [ -f $$r/diverged.json ]; } || continue; \
 	  $(VENV)/bin/linmem publish $$r --to $(B_TRIALS)/runs/search-bound/$$n > /dev/null; done; done
+# what names a bounded selection's folder under the report's selected/ (report.selected_name)
+B_NAMED = $(if $(filter true,$(BOUND_BIAS_$(1))),+init_bias=True)+memory_bound=$(BOUND_R)
 B_FLAGS = --protocol paper --memory-bound $(BOUND_R) $(if $(filter true,$(BOUND_BIAS_$(1))),--init-bias,--no-init-bias)
 # B_RETRY=--retry-failed: each point a trial's error failed gets one more trial (after a fix:
 # a pretraining failed for its unrolled network's test score alone, before 2026-12-05)
@@ -325,7 +327,8 @@ results-bound-campaign: install
 	$(VENV)/bin/linmem report --protocol paper --storage $(B_STORAGE) --grid all --runs-root . --out $(B_DIR)
 	for part in $$(seq 0 $$(($(T2_JOBS) - 1))); do ( i=0; \
 	  for d in jsb piano nottingham musedata; do for m in $(B_MODELS); do \
-	  sel=$$( [ -d $(B_DIR)/selected/$$d-$$m-per-frame ] && echo $(B_DIR)/selected/$$d-$$m-per-frame || echo $(B_DIR)/selected/$$d-$$m ); \
+	  sel=$(B_DIR)/selected/$$d-$$m$$(case $$m in lmn-a) echo "$(call B_NAMED,lmn-a)";; lmn-b) echo "$(call B_NAMED,lmn-b)";; *) echo "$(call B_NAMED,pret-lmn-b)";; esac); \
+	  [ ! -d $$sel-per-frame ] || sel=$$sel-per-frame; \
 	  for s in 1 2 3; do pub=$(B_SEEDS)/$$d-$$m-s$$s; i=$$((i + 1)); \
 	    [ $$((i % $(T2_JOBS))) = $$part ] || continue; \
 	    if [ -f $$pub/metrics.json ] || [ -f $$pub/diverged.json ]; then continue; fi; \

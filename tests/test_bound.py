@@ -446,7 +446,9 @@ def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys, monk
             == [(kept["hidden"], kept["memory"], kept["weight_decay"], kept["test_acc"])]
         assert summary[0].get("memory_bound") == kept["memory_bound"]
         assert summary[0].get("overrides", []) == [list(o) for o in kept["overrides"]]
-        selected = json.loads((report / "selected" / "jsb-lmn-b" / "metrics.json").read_text())
+        folder = "jsb-lmn-b" + ("+init_bias=True+memory_bound=0.9" if kept is bounded else "")
+        assert [p.name for p in (report / "selected").iterdir()] == [folder]
+        selected = json.loads((report / "selected" / folder / "metrics.json").read_text())
         assert selected["memory_bound"] == kept["memory_bound"]
         assert selected["test_acc"] == kept["test_acc"]
     code, _, err = run_cli("report", "--storage", storage, "--grid", "tiny", "--memory-bound",

@@ -864,3 +864,20 @@ def test_table2_rows_name_what_sets_their_configurations_apart():
     assert ("| JSB Chorales | LMN-A (paper protocol: bound 0.99, init_bias true; linmem "
             "protocol: the defaults) | 30.61 |") in both
     assert "| JSB Chorales | LSTM | 32.64 |" in both
+
+
+def test_a_selection_with_a_bound_or_a_departure_has_a_folder_of_its_own():
+    """selected_name: a bounded or departing selection's copy never takes the folder of one
+    without them (a report of bounded LMN rows into the unbounded report's folder keeps both),
+    named as the study is (the same +FIELD=VALUE text)."""
+    from linmem.experiments.grids import study_name
+    from linmem.experiments.report import selected_name
+
+    plain = _record("jsb", "lmn-a", 30.0)
+    bounded = {**plain, "memory_bound": 0.99, "overrides": [("init_bias", True)]}
+    assert selected_name(plain) == "jsb-lmn-a"
+    assert selected_name(plain, per_frame=True) == "jsb-lmn-a-per-frame"
+    assert selected_name(bounded) == "jsb-lmn-a+init_bias=True+memory_bound=0.99"
+    assert selected_name(bounded, per_frame=True).endswith("+memory_bound=0.99-per-frame")
+    assert study_name("jsb", "lmn-a", "paper", "paper", {"init_bias": True, "memory_bound": 0.99}
+                      ).endswith(selected_name(bounded).removeprefix("jsb-lmn-a"))

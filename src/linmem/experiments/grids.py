@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import TrialState
 
 from linmem.models import get_spec
-from linmem.training.config import LEGACY_PROTOCOL
+from linmem.training.config import LEGACY_PROTOCOL, departures_text
 
 __all__ = [
     "FINISHED",
@@ -146,10 +146,7 @@ def study_name(data: str, model: str, grid: str, protocol: str,
     of one without it: ``piano-lmn-b-paper-long@paper+clip=0.0568``,
     ``jsb-lmn-a-paper@paper+memory_bound=0.99``."""
     suffix = "" if protocol == LEGACY_PROTOCOL else f"@{protocol}"
-    name = f"{data}-{model}-{grid}{suffix}"
-    for field, value in sorted((overrides or {}).items()):
-        name += f"+{field}={value:g}" if isinstance(value, float) else f"+{field}={value}"
-    return name
+    return f"{data}-{model}-{grid}{suffix}" + departures_text(overrides or {})
 
 
 def default_storage(out_dir: str | os.PathLike) -> str:

@@ -33,7 +33,7 @@ from linmem.experiments.protocol_choice import (
 from linmem.experiments.seed_groups import seed_groups
 from linmem.experiments.table2 import table2_markdown
 from linmem.models import get_spec
-from linmem.training.config import record_protocol
+from linmem.training.config import departures_text, record_protocol
 from linmem.training.runs import (
     METRICS,
     RunsRoot,
@@ -57,6 +57,7 @@ __all__ = [
     "markdown_table",
     "of_bound",
     "run_records",
+    "selected_name",
     "summary_file_records",
     "summary_records",
     "with_selected_run_fields",
@@ -175,12 +176,25 @@ def run_records(runs: Sequence[dict]) -> list[dict]:
     return records
 
 
+def selected_name(record: dict, per_frame: bool = False) -> str:
+    """The folder under a report's ``selected/`` that holds a copy of ``record``'s selected run:
+    ``DATA-MODEL``, then ``+FIELD=VALUE`` for its memory bound and each protocol field it departs
+    from (:func:`linmem.training.config.departures_text`: a bounded selection never takes an
+    unbounded one's folder), then ``-per-frame`` for the per-frame column's own selection."""
+    departures = dict(record.get("overrides") or ())
+    if record.get("memory_bound") is not None:
+        departures["memory_bound"] = record["memory_bound"]
+    return (f"{record['dataset']}-{record['model']}{departures_text(departures)}"
+            + ("-per-frame" if per_frame else ""))
+
+
 def with_selected_run_fields(record: dict, selected: str | os.PathLike) -> dict:
     """``record`` with the scores it lacks (:data:`SELECTED_RUN_FIELDS`) read from the
-    ``metrics.json`` that an earlier report copied to ``selected/DATA-MODEL``, when that run is
-    the record's configuration (the same sizes, weight decay and scores): an older
-    ``summary.json``, or a study imported from a machine where its run directories stayed."""
-    m = read_record(Path(selected) / f"{record['dataset']}-{record['model']}", METRICS)
+    ``metrics.json`` that an earlier report copied to ``selected/`` (:func:`selected_name`),
+    when that run is the record's configuration (the same sizes, weight decay and scores): an
+    older ``summary.json``, or a study imported from a machine where its run directories
+    stayed."""
+    m = read_record(Path(selected) / selected_name(record), METRICS)
     if all(record.get(k) is not None for k in SELECTED_RUN_FIELDS) or m is None:
         return record
     if any(m.get(k) != record.get(k) for k in ("hidden", "memory", "weight_decay", "valid_acc",
@@ -193,13 +207,14 @@ def traceable_frame_selection(record: dict, selected: str | os.PathLike) -> dict
     """``record`` without its per-frame selection (``frame_selection``) where that is another
     run than the global one whose provenance (:data:`linmem._io.PROVENANCE_FIELDS`)
     neither the selection records nor a copy of the run's files beside the summary does
-    (``selected/DATA-MODEL-per-frame/metrics.json``): a score that no committed file traces is
-    not shown, and the per-frame cell falls back to the global selection's, marked."""
+    (``selected/DATA-MODEL-per-frame/metrics.json``, :func:`selected_name`): a score that no
+    committed file traces is not shown, and the per-frame cell falls back to the global
+    selection's, marked."""
     frame = record.get("frame_selection")
     if (not frame or frame.get("run_dir") == record.get("run_dir")
             or all(frame.get(k) is not None for k in PROVENANCE_FIELDS)):
         return record
-    copy = Path(selected) / f"{record['dataset']}-{record['model']}-per-frame"
+    copy = Path(selected) / selected_name(record, per_frame=True)
     return record if has(copy, METRICS) else {**record, "frame_selection": None}
 
 
@@ -298,7 +313,8 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
     with a curve), ``search_trials.json`` (no test scores) and, under ``selected/``, the files
     of each selected run found (search runs under ``runs_root``, single runs where they are):
     ``DATA-MODEL`` the global column's, ``DATA-MODEL-per-frame`` the per-frame column's where
-    that is another run. ``protocols``: table2.md's section on both training protocols;
+    that is another run, with the selection's bound and departures between
+    (:func:`selected_name`). ``protocols``: table2.md's section on both training protocols;
     ``left_out``: the studies of another memory bound than the tables' (:func:`build_report`)."""
 
     out_dir = Path(out_dir)
@@ -324,12 +340,12 @@ def write_search_report(records: Sequence[dict], out_dir: str | os.PathLike, com
     for r in summary:
         # the global column's selection, and the per-frame column's where it is another run
         frame_run = (r.get("frame_selection") or {}).get("run_dir")
-        for run_dir, suffix in ((r["run_dir"], ""), (frame_run, "-per-frame")):
-            if run_dir is None or (suffix and run_dir == r["run_dir"]):
+        for run_dir, per_frame in ((r["run_dir"], False), (frame_run, True)):
+            if run_dir is None or (per_frame and run_dir == r["run_dir"]):
                 continue
             run = Path(run_dir) if r["grid"] == "runs" else run_under(runs_root, str(run_dir))
             if ended(run):  # its records, as `linmem publish` keeps them
-                publish(run, out_dir / "selected" / f"{r['dataset']}-{r['model']}{suffix}")
+                publish(run, out_dir / "selected" / selected_name(r, per_frame))
 
 
 def _report_records(storage: str, grid: str | None, runs_root: RunsRoot,

@@ -51,6 +51,7 @@ __all__ = [
     "RunSettings",
     "TrainConfig",
     "check_protocol",
+    "departures_text",
     "record_protocol",
 ]
 
@@ -319,3 +320,12 @@ _FROM_OPTIONS = {f.name for base in TrainConfig.__bases__
                  if base.__module__ == ModelOptions.__module__ for f in fields(base)}
 MODEL_OPTION_FIELDS = tuple(f.name for f in fields(TrainConfig) if f.name in _FROM_OPTIONS
                             and f.name not in {g.name for g in fields(ModelOptions)})
+
+
+def departures_text(departures: dict[str, Any]) -> str:
+    """``+FIELD=VALUE`` for each of ``departures`` (the protocol fields a study or run departs
+    from, its memory bound), sorted by field: what names a study of them
+    (:func:`linmem.experiments.grids.study_name`) and a report's copy of its selected run
+    apart from those without them."""
+    return "".join(f"+{field}={value:g}" if isinstance(value, float) else f"+{field}={value}"
+                   for field, value in sorted(departures.items()))
