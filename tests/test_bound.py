@@ -543,8 +543,8 @@ def test_the_bound_choice_applies_its_rule_on_validation():
 
 
 def test_summarize_prints_the_bound_choice(tmp_path, capsys):
-    """linmem summarize --bound-choice: the cells of the seeds under the folders given, each side's
-    score, and the decision (here undecided: one data set)."""
+    """linmem summarize --bound-choice: the bounded and unbounded seeds side by side on test, then
+    the cells of the rule, each side's score, and the decision (here undecided: one data set)."""
     from tests.test_cli import run_cli
 
     for bound, accs in ((None, [30.0, 31.0, 32.0]), (0.99, [30.0, 30.5, None])):
@@ -559,3 +559,41 @@ def test_summarize_prints_the_bound_choice(tmp_path, capsys):
     assert "| JSB Chorales | LMN-B | 31.00 (3 finished) | 20.17 (2 finished, 1 failed) | 10.83 |" \
         in out
     assert "not decided yet" in out
+    # the test split side by side before the choice: the failed seed named, the change of means
+    assert ("| JSB Chorales | LMN-B (bound 0.99) | bounded (0.99) | 50, 50, 0 | 1, 2 (seed 3 "
+            "diverged) | – | 30.25 ± 0.35 (30.00-30.50) | – | -0.75 global |") in out
+    assert out.index("bounded − unbounded") < out.index("not decided yet")
+
+
+def test_the_bound_comparison_sets_each_side_beside_the_other():
+    """bound_comparison_markdown against figures worked by hand: per cell the unbounded row, then
+    the bounded one with the change of the finished seeds' means (per-frame, global), a failed
+    seed named, a side without seeds said so, a tanh group (not the model's default) left out."""
+    from linmem.experiments.bound_comparison import bound_comparison_markdown
+    from linmem.experiments.seed_groups import seed_groups
+
+    def record(dataset, model, seed, bound, frame, glob, nll, **extra):
+        r = _seed_record(dataset, model, seed, bound, diverged=frame is None)
+        return r if frame is None else {**r, "test_acc_frame": frame, "test_acc": glob,
+                                        "test_nll": nll, **extra}
+
+    runs = [record("jsb", "lmn-b", 1, None, 33.0, 29.0, 11.0),
+            record("jsb", "lmn-b", 2, None, 34.0, 30.0, 12.0),
+            record("jsb", "lmn-b", 1, 0.99, 32.0, 28.0, 10.0),
+            record("jsb", "lmn-b", 2, 0.99, None, None, None),
+            record("jsb", "lmn-b", 3, 0.99, 33.0, 29.5, 11.0),
+            record("piano", "lmn-a", 1, 0.99, 26.0, 27.0, 8.0),
+            record("piano", "lmn-a", 2, None, 10.0, 9.0, 9.0, nonlinearity="relu")]
+    table = bound_comparison_markdown(seed_groups(runs), [("jsb", "lmn-b"), ("piano", "lmn-a")])
+    lines = table.splitlines()
+    assert lines[2] == ("| JSB Chorales | LMN-B | unbounded | 50, 50, 0 | 1, 2 | "
+                        "33.50 ± 0.71 (33.00-34.00) | 29.50 ± 0.71 (29.00-30.00) | "
+                        "11.50 ± 0.71 (11.00-12.00) |  |")
+    assert lines[3] == ("| JSB Chorales | LMN-B (bound 0.99) | bounded (0.99) | 50, 50, 0 | "
+                        "1, 3 (seed 2 diverged) | 32.50 ± 0.71 (32.00-33.00) | "
+                        "28.75 ± 1.06 (28.00-29.50) | 10.50 ± 0.71 (10.00-11.00) | "
+                        "-1.00 per-frame, -0.75 global |")
+    assert lines[4] == "| Piano-midi.de | LMN-A | unbounded | – | no seeds | – | – | – | – |"
+    assert lines[5].startswith("| Piano-midi.de | LMN-A (bound 0.99) | bounded (0.99) | 50, 50, "
+                               "0 | 1 | 26.00 (26.00-26.00) |")
+    assert lines[5].endswith("| – |") and len(lines) == 8

@@ -56,6 +56,7 @@ from linmem.experiments.analyses import (
     previous_frame_report,
 )
 from linmem.experiments.bound_choice import bound_choice, bound_choice_markdown
+from linmem.experiments.bound_comparison import bound_comparison_markdown
 from linmem.experiments.plots import plot_pretraining
 from linmem.experiments.pretraining import analyze_pretraining
 from linmem.experiments.report import markdown_table
@@ -296,8 +297,9 @@ def patience_cmd(paths: tuple[str, ...], values: str, out: str | None) -> None:
               help="Then the same groups' validation accuracies (what a choice between them is "
                    "made on).")
 @click.option("--bound-choice", "choose_bound", is_flag=True,
-              help="Then the rule that chooses the LMN's default memory bound from the groups "
-                   "with and without one (linmem.experiments.bound_choice).")
+              help="Then the groups with and without a memory bound side by side on test "
+                   "(linmem.experiments.bound_comparison), and the rule that chooses the LMN's "
+                   "default bound from them on validation (linmem.experiments.bound_choice).")
 def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool, choose_bound: bool) -> None:
     """Markdown table of the runs (metrics.json files) under PATHS, with their commands."""
     try:
@@ -312,7 +314,8 @@ def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool, choose_bound
             click.echo("\n" + seeds_markdown(groups))
         if valid:
             click.echo("\n" + valid_seeds_markdown(groups))
-        if choose_bound:
+        if choose_bound:  # the test side by side, then the choice on validation
+            click.echo("\n" + bound_comparison_markdown(groups))
             click.echo("\n" + bound_choice_markdown(bound_choice(groups)))
     except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None

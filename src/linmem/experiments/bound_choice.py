@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from linmem.data import DATASETS, dataset_title
 from linmem.models import activation_of, display_name
 
-__all__ = ["COST_LIMIT", "MIN_SEEDS", "MODELS", "bound_choice", "bound_choice_markdown"]
+__all__ = ["COST_LIMIT", "MIN_SEEDS", "MODELS", "bound_choice", "bound_choice_markdown",
+           "bound_sides"]
 
 MODELS = ("lmn-a", "lmn-b", "pret-lmn-b")
 MIN_SEEDS = 3
@@ -37,7 +38,7 @@ def _score(group: dict) -> float:
     return finished["mean"] * finished["n"] / max(finished["n"] + len(group["diverged_seeds"]), 1)
 
 
-def _sides(groups: Sequence[dict]) -> dict[tuple[str, str], dict[str, dict]]:
+def bound_sides(groups: Sequence[dict]) -> dict[tuple[str, str], dict[str, dict]]:
     """(data set, model) -> {"unbounded": group, "bounded": group}, at the default activation;
     two groups on one side of a cell (two bounds, two sizes) are refused."""
     cells: dict[tuple[str, str], dict[str, dict]] = {}
@@ -65,7 +66,7 @@ def bound_choice(groups: Sequence[dict],
     expected = [(d, m) for d in DATASETS for m in MODELS] if expected is None else expected
     order = {d: i for i, d in enumerate(DATASETS)}
     cells, counted = [], []
-    sides = _sides(groups)
+    sides = bound_sides(groups)
     for (dataset, model), cell in sorted(sides.items(),
                                          key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
         row = {"dataset": dataset, "model": model}
