@@ -432,8 +432,16 @@ def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys, monk
         report = tmp_path / f"report-{bound}"
         code, _, err = run_cli("report", "--storage", storage, "--grid", "tiny",
                                "--runs-root", str(tmp_path), "--runs-root", str(other_root),
-                               "--memory-bound", bound, "--out", str(report), capsys=capsys)
+                               "--memory-bound", bound, "--out", str(report),
+                               # the trials as seeds: of the kept bound only; as the other
+                               # protocol's, the protocol choice is left alone under a bound
+                               "--seed-runs", str(out), "--seed-runs", str(other_root),
+                               "--compare-seed-runs", str(out), capsys=capsys)
         assert code == 0, err
+        assert (report / "protocol-choice.md").exists() == (kept is unbounded)
+        seeds = json.loads((report / "seeds.json").read_text())
+        assert {g.get("memory_bound") for g in seeds} == {kept["memory_bound"]}
+        assert sum(len(g["seeds"]) + len(g["diverged_seeds"]) for g in seeds) == 4
         table = (report / "table2.md").read_text()
         rows = [line for line in table.splitlines() if line.startswith("| LMN-B")]
         assert len(rows) == 4 and all(r.startswith(f"| {label} |") for r in rows), rows

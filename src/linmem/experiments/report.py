@@ -474,7 +474,8 @@ def build_report(storage: str, grid: str | None, runs_root: RunsRoot,
     ``seed_runs`` and the previous-frame ``baseline``, and write ``out``
     (:func:`write_search_report`; with ``compare``, another protocol's ``summary.json``, also
     ``protocols.md``; with ``compare_seed_runs``, the other protocol's seed runs, also
-    ``protocol-choice.md``/``.json``: :mod:`linmem.experiments.protocol_choice`; either, or
+    ``protocol-choice.md``/``.json`` (not with a ``memory_bound``: the choice compares the
+    paper's memory under both protocols), :mod:`linmem.experiments.protocol_choice`; either, or
     ``ablation``,
     ``linmem ablation``'s ``ablation.json``, adds the section on both protocols to
     ``table2.md``: :func:`both_protocols_lines`). ``memory_bound``: the LMNs' rows and seeds
@@ -505,7 +506,9 @@ def build_report(storage: str, grid: str | None, runs_root: RunsRoot,
     if compare is not None:  # the other protocol's selections beside these
         with atomic_write(Path(out) / "protocols.md", "w") as f:
             f.write(protocols_markdown(paper, linmem, command))
-    if compare_seed_runs:  # which protocol linmem train uses by default
+    # which protocol linmem train uses by default: a choice made on both protocols' seeds of
+    # the paper's memory, never rewritten from one side's bounded seeds
+    if compare_seed_runs and memory_bound in (ANY_BOUND, None):
         paper_seeds, linmem_seeds = ((seeds, other_seeds) if protocol == "paper"
                                      else (other_seeds, seeds))
         choice = {**protocol_choice(paper_seeds, linmem_seeds), "command": command}
