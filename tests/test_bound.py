@@ -376,6 +376,15 @@ def test_train_command_records_the_bound(tmp_path, data_dir, capsys, monkeypatch
     assert metrics["memory_bound"] == 0.5 and "--memory-bound 0.5" in metrics["command"]
     state = torch.load(out / "best.pt", weights_only=True)["model"]
     assert max(memory_radii_of(state, 0.5)) <= 0.5 * (1 + 1e-5)
+    # 'none' asks for the paper's unbounded memory in so many words; a bad value is one line
+    args[args.index("0.5")] = "none"
+    args[args.index(str(out))] = str(tmp_path / "unbounded")
+    code, _, err = run_cli(*args, capsys=capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "unbounded" / "config.json").read_text())["memory_bound"] is None
+    args[args.index("none")] = "0"
+    code, _, err = run_cli(*args, capsys=capsys)
+    assert code == 2 and "must be a positive number or 'none', got '0'" in err
     code, _, err = run_cli("train", "--model", "lstm", "--memory-bound", "0.9",
                            "--data-dir", str(data_dir), "--out", str(tmp_path / "x"),
                            capsys=capsys)
@@ -461,7 +470,7 @@ def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys, monk
         assert selected["test_acc"] == kept["test_acc"]
     code, _, err = run_cli("report", "--storage", storage, "--grid", "tiny", "--memory-bound",
                            "-1", "--out", str(tmp_path / "r"), capsys=capsys)
-    assert code == 2 and "--memory-bound: a positive number or 'none', got '-1'" in err
+    assert code == 2 and "'--memory-bound': must be a positive number or 'none', got '-1'" in err
     code, _, err = run_cli("search", "--grid", "tiny", "--model", "lstm", "--memory-bound", "0.9",
                            "--data-dir", str(data_dir), "--out", str(tmp_path / "x"), "--quiet",
                            capsys=capsys)

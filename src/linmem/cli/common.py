@@ -45,6 +45,7 @@ __all__ = [  # shared by the modules of the commands (linmem.cli.commands, exper
     "_storage_option",
     "_thresholds",
     "_train_options",
+    "bound_value",
     "config_error",
     "config_options",
     "stopped",
@@ -179,6 +180,20 @@ def _clip_value(value: str) -> float | None:
     return clip
 
 
+def bound_value(value: Any) -> float | None:
+    """A ``--memory-bound`` value: a positive number, or None ('none'): the paper's unbounded
+    memory."""
+    if value is None or str(value).lower() == "none":
+        return None
+    try:
+        bound = float(value)
+    except ValueError:
+        raise click.BadParameter(f"must be a positive number or 'none', got {value!r}") from None
+    if not bound > 0:
+        raise click.BadParameter(f"must be a positive number or 'none', got {value!r}")
+    return bound
+
+
 def _clip(ctx, param, value):
     return FROM_PROTOCOL if value is None else _clip_value(value)  # None: not given
 
@@ -192,6 +207,8 @@ def _clips(ctx, param, values):
 _READERS: dict[str, dict[str, Any]] = {
     "model": {"type": _ModelChoice()},
     "clip": {"type": str, "callback": _clip, "metavar": "FLOAT|none"},
+    "memory_bound": {"type": str, "callback": lambda ctx, param, value: bound_value(value),
+                     "metavar": "R|none"},
 }
 
 

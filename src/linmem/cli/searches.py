@@ -23,6 +23,7 @@ from linmem.cli.common import (
     _stop_by,
     _storage_option,
     _train_options,
+    bound_value,
     config_error,
     config_options,
     stopped,
@@ -150,6 +151,7 @@ def _summary_files(paths: tuple[str, ...]) -> list[list[dict]]:
                    "several: searched in order (studies imported from searches run in different "
                    "places) [default: .].")
 @click.option("--memory-bound", "memory_bound", default=None, metavar="R|none",
+              callback=lambda ctx, param, value: ANY_BOUND if value is None else bound_value(value),
               help="The LMNs' rows (and seeds) from the studies and runs with this memory bound "
                    "('none': the paper's unbounded memory); those of another bound are left "
                    "out and named [default: every study, one a data set and model].")
@@ -180,7 +182,7 @@ def _summary_files(paths: tuple[str, ...]) -> list[list[dict]]:
                    "carry its result, in table2.md's section on both protocols (with --compare "
                    "and --compare-seed-runs).")
 def report_cmd(storage: str | None, grid: str, runs_roots: tuple[str, ...],
-               memory_bound: str | None, out: str,
+               memory_bound: float | str | None, out: str,
                runs: tuple[str, ...], summaries: tuple[str, ...], seed_runs: tuple[str, ...],
                baseline: str | None, protocol: str, compare: str | None,
                compare_seed_runs: tuple[str, ...], ablation: str | None) -> None:
@@ -192,11 +194,10 @@ def report_cmd(storage: str | None, grid: str, runs_roots: tuple[str, ...],
     storage = storage or default_storage("runs/search")
     if sqlite_path(storage) is None or sqlite_path(storage).is_file():
         storage = _opened_storage(storage)
-    bound = ANY_BOUND if memory_bound is None else _bound_value(memory_bound)
     try:
         records = build_report(storage, None if grid == "all" else grid, runs_roots or ".", out,
                                runs, summaries, seed_runs, baseline, protocol, compare,
-                               command_line(), compare_seed_runs, ablation, bound)
+                               command_line(), compare_seed_runs, ablation, memory_bound)
     except (ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     out_dir = Path(out)
@@ -209,19 +210,6 @@ def report_cmd(storage: str | None, grid: str, runs_roots: tuple[str, ...],
                  if r["study"] else f"{r['dataset']}-{r['model']}: {r['trials']} single runs")
         click.echo(f"{where}; {sel}")
     click.echo(f"-> {out_dir}/summary.json, table2.md, figure4.png")
-
-
-def _bound_value(text: str) -> float | None:
-    """``--memory-bound``'s value: a positive number, or ``none``."""
-    if text.lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise UsageFailure(f"--memory-bound: a positive number or 'none', got {text!r}")
-    return value
 
 
 @click.command("progress")
