@@ -201,6 +201,19 @@ def test_a_record_from_before_protocols_had_names_is_read_under_the_legacy_proto
     assert defaults["clip"] == PROTOCOLS[LEGACY_PROTOCOL].clip
 
 
+def test_a_record_from_before_the_memory_bound_has_the_unbounded_memory():
+    """A config.json saved before memory_bound existed trained the paper's unbounded memory: it
+    reads as None whatever the field's default (the bound may become the LMN's default); a
+    record that names a bound keeps it."""
+    old = TrainConfig.from_dict({"data": "jsb", "model": "lmn-b", "hidden": 10,
+                                 "protocol": "paper"})
+    assert old.memory_bound is None
+    assert TrainConfig.legacy_defaults()["memory_bound"] is None
+    bounded = TrainConfig.from_dict({"data": "jsb", "model": "lmn-b", "memory_bound": 0.99})
+    assert bounded.memory_bound == 0.99
+    assert TrainConfig.from_dict({"data": "jsb", "model": "lstm"}).memory_bound is None
+
+
 def test_the_configuration_is_split_by_concern():
     """TrainConfig is the training's own settings, those its protocol names (ProtocolSettings:
     exactly what a Protocol sets, PROTOCOL_FIELDS), where and how it runs (RunSettings, where a

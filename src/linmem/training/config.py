@@ -35,6 +35,7 @@ from linmem.training.runs import CONFIG, read_record
 from linmem.training.selection import SELECTIONS
 
 __all__ = [
+    "BEFORE_FIELD",
     "BUDGET_FIELDS",
     "DEFAULT_PROTOCOL",
     "DIVERGENCE",
@@ -57,6 +58,10 @@ __all__ = [
 
 
 OPTIMIZERS = ("adam", "sgd")
+
+# what a record saved before a field existed meant by its absence, for the fields whose default
+# may come to differ from it: a run before memory_bound had the paper's unbounded memory
+BEFORE_FIELD: dict[str, Any] = {"memory_bound": None}
 
 
 # the training loss's normalisation: "frame" sums the Bernoulli NLL over the keys and averages it
@@ -270,15 +275,17 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions, ProtocolSettings,
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """The config of a dict of fields (``config.json``, a study's settings); one that names
-        no protocol was saved before protocols had names: :data:`LEGACY_PROTOCOL`'s."""
+        no protocol was saved before protocols had names: :data:`LEGACY_PROTOCOL`'s, and a field
+        it lacks takes its value from before the field existed (:data:`BEFORE_FIELD`)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{**{k: v for k, v in d.items() if k in known}, "protocol": record_protocol(d)})
+        return cls(**{**BEFORE_FIELD, **{k: v for k, v in d.items() if k in known},
+                      "protocol": record_protocol(d)})
 
     @classmethod
     def legacy_defaults(cls) -> dict[str, Any]:
         """The value of each field in a record saved before the field or protocols' names
-        existed: the defaults under :data:`LEGACY_PROTOCOL`."""
-        return asdict(cls(protocol=LEGACY_PROTOCOL))
+        existed: the defaults under :data:`LEGACY_PROTOCOL`, and :data:`BEFORE_FIELD`'s."""
+        return {**asdict(cls(protocol=LEGACY_PROTOCOL)), **BEFORE_FIELD}
 
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, **changes: Any) -> TrainConfig:
