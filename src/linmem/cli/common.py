@@ -167,31 +167,28 @@ def _protocol_values(field: str) -> str:
     return ", ".join(f"{getattr(p, field)} ({p.name})" for p in PROTOCOLS.values())
 
 
-def _clip_value(value: str) -> float | None:
-    """A ``--clip`` value: a positive number, or None ('none', '0', 'off'): no clipping."""
-    if str(value).lower() in ("none", "0", "off"):
+def _positive_or_none(value: Any, nones: tuple[str, ...] = ("none",)) -> float | None:
+    """A positive number, or None for one of ``nones`` (or no value)."""
+    if value is None or str(value).lower() in nones:
         return None
     try:
-        clip = float(value)
+        number = float(value)
     except ValueError:
         raise click.BadParameter(f"must be a positive number or 'none', got {value!r}") from None
-    if not clip > 0:
+    if not number > 0:
         raise click.BadParameter(f"must be a positive number or 'none', got {value!r}")
-    return clip
+    return number
+
+
+def _clip_value(value: str) -> float | None:
+    """A ``--clip`` value: a positive number, or None ('none', '0', 'off'): no clipping."""
+    return _positive_or_none(value, ("none", "0", "off"))
 
 
 def bound_value(value: Any) -> float | None:
     """A ``--memory-bound`` value: a positive number, or None ('none'): the paper's unbounded
     memory."""
-    if value is None or str(value).lower() == "none":
-        return None
-    try:
-        bound = float(value)
-    except ValueError:
-        raise click.BadParameter(f"must be a positive number or 'none', got {value!r}") from None
-    if not bound > 0:
-        raise click.BadParameter(f"must be a positive number or 'none', got {value!r}")
-    return bound
+    return _positive_or_none(value)
 
 
 def _clip(ctx, param, value):
