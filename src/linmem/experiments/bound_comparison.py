@@ -33,6 +33,7 @@ def _change(bounded: dict, unbounded: dict) -> str:
 
 
 def _row(dataset: str, model: str, side: str, group: dict | None, change: str) -> str:
+    """One side's row of a cell: its seeds (the failed named) and their spread per metric."""
     title = dataset_title(dataset)
     if group is None:
         return f"| {title} | {display_name(model)} | {side} | – | no seeds | – | – | – | – |"
