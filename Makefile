@@ -308,9 +308,11 @@ B_SEEDS = $(B_RESULTS)/bounded-memory/seeds
 # each ended trial's records (config, log, metrics), as runs/ lays them out: a later machine
 # restores them before the report, which selects from them and hands their configs to reseed
 B_TRIALS = $(B_RESULTS)/bounded-memory/trials
-B_PUBLISH = for st in runs/search-bound/*/; do n=$$(basename $$st); for r in $$st*/; do \
-	  [ -f $$r/config.json ] && { [ -f $$r/metrics.json ] || [ -f $$r/diverged.json ]; } || continue; \
-	  $(VENV)/bin/linmem publish $$r --to $(B_TRIALS)/runs/search-bound/$$n > /dev/null; done; done
+# one `linmem publish` a study (a process a run cost a minute a study: a restart of the campaign
+# spent most of an hour publishing); it names the runs that have not ended and leaves them out
+B_PUBLISH = for st in runs/search-bound/*/; do \
+	  $(VENV)/bin/linmem publish $$st*/ --to $(B_TRIALS)/runs/search-bound/$$(basename $$st) \
+	  > /dev/null || exit 1; done
 # what names a bounded selection's folder under the report's selected/ (report.selected_name)
 B_NAMED = $(if $(filter true,$(BOUND_BIAS_$(1))),+init_bias=True)+memory_bound=$(BOUND_R)
 B_FLAGS = --protocol paper --memory-bound $(BOUND_R) $(if $(filter true,$(BOUND_BIAS_$(1))),--init-bias,--no-init-bias)
