@@ -614,3 +614,29 @@ def test_the_bound_comparison_sets_each_side_beside_the_other():
     assert lines[5].startswith("| Piano-midi.de | LMN-A (bound 0.99) | bounded (0.99) | 50, 50, "
                                "0 | 1 | 26.00 (26.00-26.00) |")
     assert lines[5].endswith("| – |") and len(lines) == 8
+
+
+def test_a_default_bound_reaches_the_lmns_alone(monkeypatch):
+    """With a default bound (DEFAULT_MEMORY_BOUND, which the rule on the campaign's seeds may set),
+    an LMN keeps it and a model without a memory takes None (memory_bound_of: TrainConfig and the
+    models), an explicit other bound on such a model is still refused, and None stays the paper's
+    unbounded memory."""
+    import linmem.models as models
+    from linmem.ops.bound import DEFAULT_MEMORY_BOUND
+    from linmem.training.config import TrainConfig
+
+    assert models.memory_bound_of("lstm", DEFAULT_MEMORY_BOUND) is None  # today's default
+    monkeypatch.setattr(models, "DEFAULT_MEMORY_BOUND", 0.99)
+    assert models.memory_bound_of("lmn-b", 0.99) == 0.99
+    assert models.memory_bound_of("pret-lmn-b", None) is None
+    assert models.memory_bound_of("lstm", 0.99) is None
+    with pytest.raises(ValueError, match="lstm has no linear memory"):
+        models.memory_bound_of("lstm", 0.5)
+    assert TrainConfig(model="lstm", memory_bound=0.99).memory_bound is None
+    assert TrainConfig(model="lmn-a", memory_bound=0.99).memory_bound == 0.99
+    with pytest.raises(ValueError, match="gru has no linear memory"):
+        TrainConfig(model="gru", memory_bound=0.5)
+    lstm = models.build_model("lstm", 8, memory_bound=0.99)
+    assert lstm.memory_bound is None
+    lmn = models.build_model("lmn-b", 8, 6, memory_bound=0.99)
+    assert lmn.memory_bound == 0.99 and lmn.core.memory_bound == 0.99

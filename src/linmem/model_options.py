@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from linmem._check import option
 from linmem.nn.lmn import NONLINEARITIES
 from linmem.nn.rnnrbm import PREDICTIONS
+from linmem.ops.bound import DEFAULT_MEMORY_BOUND
 
 __all__ = ["ModelOptions", "NADEOptions", "PretrainOptions", "RBMOptions", "TransferOptions"]
 
@@ -36,8 +37,11 @@ class ModelOptions:
     # linmem.ops.bound: None is the paper's unconstrained W^mm, which Adam at batch 1 takes past
     # spectral radius 1 and long sequences then overflow
     memory_bound: float | None = option(
-        None, "LMN: hold the spectral norm of W^mm to at most R by a reparametrization (below "
-              "1 the memory cannot overflow) [default: none, the paper's unconstrained memory].",
+        DEFAULT_MEMORY_BOUND,
+        "LMN: hold the spectral norm of W^mm to at most R by a reparametrization (below 1 a tanh "
+        "LMN's memory cannot overflow; 'none': the paper's unconstrained memory) [default: "
+        + (f"{DEFAULT_MEMORY_BOUND:g}" if DEFAULT_MEMORY_BOUND is not None
+           else "none, the paper's unconstrained memory") + "].",
         kind=float, above=0.0, none_ok=True)
 
 

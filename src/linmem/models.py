@@ -51,6 +51,7 @@ from linmem.nn.nade import NADE
 from linmem.nn.rnnrbm import PREDICTIONS, RNNRBM, sequence_keys
 from linmem.nn.rnns import GRU, LSTM, RNN
 from linmem.nn.ulm import UnrolledNet
+from linmem.ops.bound import DEFAULT_MEMORY_BOUND
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -74,6 +75,7 @@ __all__ = [
     "display_name",
     "expected_accuracy",
     "get_spec",
+    "memory_bound_of",
     "model_names",
     "model_options",
     "option_names",
@@ -101,9 +103,10 @@ class NextStepPredictor(nn.Module):
     def __init__(self, name: str, input_size: int = N_KEYS, hidden: int = 100,
                  memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
                  nonlinearity: str | None = None, k: int = 10,
-                 memory_bound: float | None = None):
+                 memory_bound: float | None = DEFAULT_MEMORY_BOUND):
         super().__init__()
         nonlinearity = check_options(name, nonlinearity, num_layers, memory_bound=memory_bound)
+        memory_bound = memory_bound_of(name, memory_bound)
         arch = architecture(name)
         for label, value in (("hidden", hidden), ("num_layers", num_layers),
                              ("input_size", input_size)):
@@ -254,7 +257,8 @@ class NADEPredictor(NextStepPredictor):
     def __init__(self, name: str, input_size: int = N_KEYS, hidden: int = 100,
                  memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
                  nonlinearity: str | None = None, k: int = 10, nade_hidden: int = 150,
-                 nade_samples: int = 100, seed: int = 0, memory_bound: float | None = None):
+                 nade_samples: int = 100, seed: int = 0,
+                 memory_bound: float | None = DEFAULT_MEMORY_BOUND):
         super().__init__(name, input_size, hidden, memory, num_layers, dropout, nonlinearity, k,
                          memory_bound)
         self.readout = NADE(input_size, nade_hidden, self.readout.in_features, nade_samples,
@@ -496,11 +500,11 @@ def default_nonlinearity(name: str) -> str:
 
 def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 1,
                   dropout: float = 0.0, memory_bound: float | None = None) -> str:
-    """Validate a model name with its activation, depth, dropout and memory bound, without
-    building anything; returns the activation (``nonlinearity`` or the model's default)."""
+    """Validate a model name with its activation, depth, dropout and memory bound
+    (:func:`memory_bound_of`), without building anything; returns the activation
+    (``nonlinearity`` or the model's default)."""
     spec = get_spec(name)
-    if memory_bound is not None and not spec.has_memory:
-        raise ValueError(f"{name} has no linear memory: memory_bound applies to the LMNs")
+    memory_bound_of(name, memory_bound)
     nonlinearity = nonlinearity or spec.default_nonlinearity
     allowed = spec.nonlinearities
     if nonlinearity not in allowed:
@@ -513,6 +517,18 @@ def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 
     if not spec.dropout and dropout:
         raise ValueError(f"{name} has no dropout option")
     return nonlinearity
+
+
+def memory_bound_of(name: str, memory_bound: float | None) -> float | None:
+    """The memory bound model ``name`` is built with: ``memory_bound`` for a model with a linear
+    memory; for one without, None where ``memory_bound`` is None or the default
+    (:data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND`, which every model is given unless told
+    otherwise), another bound refused in one line."""
+    if get_spec(name).has_memory:
+        return memory_bound  # checked where it is used (TrainConfig's fields, the layer)
+    if memory_bound is None or memory_bound == DEFAULT_MEMORY_BOUND:
+        return None
+    raise ValueError(f"{name} has no linear memory: memory_bound applies to the LMNs")
 
 
 def option_names(name: str) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ from linmem.nn.recurrent import (
     no_torchscript,
 )
 from linmem.nn.ulm import UnrolledNet  # the unrolled network (nn.ulm), named here as before
-from linmem.ops.bound import bounded_memory, check_memory_bound
+from linmem.ops.bound import DEFAULT_MEMORY_BOUND, bounded_memory, check_memory_bound
 from linmem.ops.lmn import NONLINEARITIES, _batch_major, activation_grad, check_nonlinearity, scan
 
 __all__ = ["LMN", "NONLINEARITIES", "LMNCell", "UnrolledNet", "activation_slope", "lmn_recurrence"]
@@ -128,8 +128,8 @@ class LMNCell(nn.Module):
         memory_bound: ``r``: eq. (7) runs with ``W^mm = weight_mm * min(1, r / ||weight_mm||_2)``,
             so ``||W^mm||_2 <= r`` whatever the parameter's value (:mod:`linmem.ops.bound`; below 1
             a tanh layer's memory cannot grow without bound; a relu or selu layer's can, through
-            ``W^mh sigma(W^hm m)``). ``None``: the paper's
-            unconstrained memory. Default: ``None``.
+            ``W^mh sigma(W^hm m)``). ``None``: the paper's unconstrained memory. Default:
+            :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND` (``None``).
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
@@ -159,8 +159,8 @@ class LMNCell(nn.Module):
     __prepare_scriptable__ = no_torchscript
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, bias: bool = True,
-                 nonlinearity: str = "tanh", memory_bound: float | None = None, device=None,
-                 dtype=None):
+                 nonlinearity: str = "tanh",
+                 memory_bound: float | None = DEFAULT_MEMORY_BOUND, device=None, dtype=None):
         super().__init__()
         for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
                             ("memory_size", memory_size)):
@@ -250,7 +250,8 @@ class LMN(nn.Module):
             as they are, :meth:`memory_weight` gives the matrix used). Below 1 a tanh layer's
             memory stays finite for every input; a relu or selu layer's functional part is not
             bounded, and the loop ``m -> W^mh sigma(W^hm m)`` can still grow ``m``. ``None``: the
-            paper's unconstrained memory. Default: ``None``.
+            paper's unconstrained memory. Default: :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND`
+            (``None``).
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
@@ -290,7 +291,7 @@ class LMN(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, num_layers: int = 1,
                  output: str = "memory", bias: bool = True, batch_first: bool = False,
                  nonlinearity: str = "tanh", dropout: float = 0.0, bidirectional: bool = False,
-                 memory_bound: float | None = None, device=None, dtype=None):
+                 memory_bound: float | None = DEFAULT_MEMORY_BOUND, device=None, dtype=None):
         super().__init__()
         if output not in ("memory", "hidden"):
             raise ValueError(f"output must be 'memory' (LMN-B) or 'hidden' (LMN-A), got {output!r}")

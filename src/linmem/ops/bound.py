@@ -36,10 +36,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["bounded_memory", "check_memory_bound", "memory_norm_bound", "schatten_norm",
-           "spectral_norm"]
+__all__ = ["DEFAULT_MEMORY_BOUND", "bounded_memory", "check_memory_bound", "memory_norm_bound",
+           "schatten_norm", "spectral_norm"]
 
 _SQUARINGS = 20  # p = 2^20 in the ONNX path's Schatten norm
+
+# the bound an LMN takes when none is given (the layers, the models, linmem train): None, the
+# paper's unconstrained memory, until the rule of results/bounded-memory/README.md decides on the
+# bounded campaign's seeds; a model without a memory takes None whatever this is
+DEFAULT_MEMORY_BOUND: float | None = None
 
 
 def check_memory_bound(bound: float | None) -> float | None:

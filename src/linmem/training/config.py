@@ -26,6 +26,7 @@ from linmem.models import (
     check_options,
     default_nonlinearity,
     get_spec,
+    memory_bound_of,
     model_names,
     model_options,
     option_names,
@@ -259,6 +260,7 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions, ProtocolSettings,
         # the model with its activation, depth and dropout: fail now, not after hours of pretraining
         check_options(self.model, self.nonlinearity, self.num_layers, self.dropout,
                       self.memory_bound)
+        self.memory_bound = memory_bound_of(self.model, self.memory_bound)
         spec = get_spec(self.model)
         if not spec.has_memory:
             self.memory = None
