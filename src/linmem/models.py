@@ -29,7 +29,7 @@ calls it), see there.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -52,6 +52,7 @@ from linmem.nn.rnnrbm import PREDICTIONS, RNNRBM, sequence_keys
 from linmem.nn.rnns import GRU, LSTM, RNN
 from linmem.nn.ulm import UnrolledNet
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND
+from linmem.registry import REGISTRY, ModelSpec, get_spec, model_names, register, unregister
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -361,74 +362,7 @@ def expected_accuracy(model: nn.Module, sequences: list, n_samples: int = 100, s
     return expected_accuracy_from_sums(sums, counts)
 
 
-# ---------------------------------------------------------------------------------- registry
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One model that the trainer, the search, the report and the command line know.
-
-    Attributes:
-        name: the registry name (``--model``).
-        display: the name in tables (Table 2's row label).
-        architecture: the network behind it (``pret-lmn-b`` is an ``lmn-b``).
-        build: ``build(input_size, options)`` -> the model, ``options`` an instance of
-            :attr:`options` (see :func:`build_model`); the model must implement the trainer's
-            protocol (see :class:`NextStepPredictor`).
-        options: its options: :class:`ModelOptions` or a subclass with its own fields (those of
-            :class:`~linmem.training.config.TrainConfig` it reads; a field of another model's class
-            whose default is ``None`` is refused when set).
-        has_memory: takes a memory size (the LMNs); ``memory`` is ``None`` for the others.
-        nonlinearities: the activations it accepts.
-        default_nonlinearity: the one it uses unless told otherwise.
-        single_layer: accepts ``num_layers = 1`` only.
-        dropout: accepts dropout.
-        recipe: the name of its initialisation in :data:`linmem.training.recipes.RECIPES`
-        (pretraining),
-            or ``None``.
-    """
-
-    name: str
-    display: str
-    architecture: str
-    build: Callable[[int, Any], nn.Module]
-    options: type[ModelOptions] = ModelOptions
-    has_memory: bool = False
-    nonlinearities: tuple[str, ...] = ("tanh",)
-    default_nonlinearity: str = "tanh"
-    single_layer: bool = False
-    dropout: bool = True
-    recipe: str | None = None
-
-
-REGISTRY: dict[str, ModelSpec] = {}
-
-
-def register(spec: ModelSpec, replace: bool = False) -> ModelSpec:
-    """Add ``spec`` to the registry (``replace`` an existing entry of that name)."""
-    if spec.name in REGISTRY and not replace:
-        raise ValueError(f"a model named {spec.name!r} is registered already")
-    REGISTRY[spec.name] = spec
-    return spec
-
-
-def unregister(name: str) -> None:
-    """Remove a model from the registry (a test's temporary model, say)."""
-    REGISTRY.pop(name, None)
-
-
-def get_spec(name: str) -> ModelSpec:
-    """The registry entry of ``name``; ``ValueError`` naming the choices if there is none."""
-    try:
-        return REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown model {name!r}: choose one of "
-                         f"{', '.join(REGISTRY)}") from None
-
-
-def model_names() -> tuple[str, ...]:
-    """Every registered model, in registration order."""
-    return tuple(REGISTRY)
+# ------------------------------------------------- the built-in models (linmem.registry)
 
 
 def _predictor(name: str) -> Callable[[int, Any], nn.Module]:
