@@ -45,6 +45,14 @@ def reference_lmn(x, weights, m0=None):
     return torch.stack(hs), torch.stack(ms)
 
 
+def weights_used(lmn, k=0, reverse=False):
+    """Layer ``k``'s parameters as eq. (7) uses them: ``W^mm`` through the layer's memory bound
+    (the parameter itself when it has none), so that the references hold whatever the default
+    bound (``linmem.ops.bound.DEFAULT_MEMORY_BOUND``); a gradient through it reaches the
+    parameter."""
+    return {**lmn.layer_weights(k, reverse), "weight_mm": lmn.memory_weight(k, reverse)}
+
+
 def randomise(module, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -60,7 +68,7 @@ def test_layer_matches_explicit_loop(output):
     x = torch.randn(9, 3, 5)
     out, (h_n, m_n) = lmn(x)
     for b in range(3):
-        hs, ms = reference_lmn(x[:, b], lmn.layer_weights(0))
+        hs, ms = reference_lmn(x[:, b], weights_used(lmn))
         expected = ms if output == "memory" else hs
         torch.testing.assert_close(out[:, b], expected, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(h_n[0, b], hs[-1])
@@ -76,7 +84,7 @@ def test_batch_first_unbatched_and_initial_state():
     lmn_bf = randomise(LMN(4, 6, 5, batch_first=True), 1)
     out_bf, _ = lmn_bf(x.transpose(0, 1), (torch.zeros(1, 2, 6), m0))  # h_0 is accepted, unused
     torch.testing.assert_close(out_bf.transpose(0, 1), out)
-    _, ms = reference_lmn(x[:, 1], lmn.layer_weights(0), m0[0, 1])
+    _, ms = reference_lmn(x[:, 1], weights_used(lmn), m0[0, 1])
     torch.testing.assert_close(out[:, 1], ms)
     out_u, (h_u, m_u) = lmn(x[:, 1], m0[:, 1])
     torch.testing.assert_close(out_u, ms)
@@ -94,8 +102,8 @@ def test_multilayer_reads_previous_output():
     out, (h_n, m_n) = lmn(x)
     assert h_n.shape == (2, 2, 5) and m_n.shape == (2, 2, 4)
     for b in range(2):
-        w0 = lmn.layer_weights(0)
-        w1 = lmn.layer_weights(1)
+        w0 = weights_used(lmn, 0)
+        w1 = weights_used(lmn, 1)
         hs0, _ = reference_lmn(x[:, b], w0)
         hs1, ms1 = reference_lmn(hs0, w1)
         torch.testing.assert_close(out[:, b], hs1)
@@ -148,7 +156,7 @@ def reference_bidirectional(seq, lmn, m0=None):
         for d, reverse in enumerate((False, True)):
             start = None if m0 is None else m0[2 * k + d]
             run = layer_in.flip(0) if reverse else layer_in
-            hs, ms = reference_lmn(run, lmn.layer_weights(k, reverse), start)
+            hs, ms = reference_lmn(run, weights_used(lmn, k, reverse), start)
             h_n.append(hs[-1])
             m_n.append(ms[-1])
             out = ms if lmn.output == "memory" else hs
@@ -353,7 +361,7 @@ def test_fast_path_equals_straightforward_loop(device, nonlinearity, batch_first
             out = out.transpose(0, 1)
         else:
             out, (h_n, m_n) = lmn(x, m0)
-        hs, ms = autograd_loop(x, lmn.layer_weights(0), m0[0], nonlinearity)
+        hs, ms = autograd_loop(x, weights_used(lmn), m0[0], nonlinearity)
         if dtype is torch.float32:
             tol *= max(1.0, float(ms.detach().abs().max()), float(hs.detach().abs().max()))
         torch.testing.assert_close(out, ms, rtol=0, atol=tol)
@@ -381,7 +389,7 @@ def test_fast_path_hidden_output_gradients(batch_first, kernel):
         out = lmn(x.transpose(0, 1).contiguous())[0].transpose(0, 1)
     else:
         out, _ = lmn(x)
-    hs, _ = autograd_loop(x, lmn.layer_weights(0), torch.zeros(3, 5))
+    hs, _ = autograd_loop(x, weights_used(lmn), torch.zeros(3, 5))
     inputs = (x, *lmn.parameters())
     fast = torch.autograd.grad(out.sin().sum(), inputs)
     ref = torch.autograd.grad(hs.sin().sum(), inputs)

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["DEFAULT_MEMORY_BOUND", "bounded_memory", "check_memory_bound", "memory_norm_bound",
-           "schatten_norm", "spectral_norm"]
+           "schatten_norm", "spectral_norm", "spectral_norm_ref"]
 
 _SQUARINGS = 20  # p = 2^20 in the ONNX path's Schatten norm
 
@@ -168,14 +168,24 @@ def _spectral_norm_backward(ctx, grad_sigma, grad_u, grad_v):
 _spectral_norm.register_autograd(_spectral_norm_backward, setup_context=_spectral_norm_setup)
 
 
+def spectral_norm_ref(weight: Tensor) -> Tensor:
+    """The reference of :func:`spectral_norm`: PyTorch's ``matrix_norm(weight, 2)`` (a full
+    SVD), which torch.func's transforms differentiate and map over (an operator's registered
+    autograd is not theirs)."""
+    return torch.linalg.matrix_norm(weight, 2)
+
+
 def spectral_norm(weight: Tensor) -> Tensor:
     """``||W||_2`` of a matrix, exactly (to its dtype's rounding), differentiable; under
-    ``torch.onnx.export`` the upper bound :func:`schatten_norm` (ONNX has no eigensolver)."""
+    ``torch.onnx.export`` the upper bound :func:`schatten_norm` (ONNX has no eigensolver), under
+    torch.func's transforms (``grad``, ``vmap``, ``jacrev``) :func:`spectral_norm_ref`."""
     if weight.dim() != 2:
         raise ValueError(f"spectral_norm takes a matrix, got a tensor of shape "
                          f"{tuple(weight.shape)}")
     if torch.onnx.is_in_onnx_export():
         return schatten_norm(weight)
+    if torch._C._are_functorch_transforms_active():
+        return spectral_norm_ref(weight)
     return torch.ops.linmem.spectral_norm(weight)[0]
 
 
