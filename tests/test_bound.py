@@ -283,46 +283,6 @@ def test_a_bounded_layer_equals_an_unbounded_one_with_the_rescaled_matrix():
     assert "memory_bound=0.3" in repr(bounded) and "memory_bound=0.3" in repr(cell)
 
 
-def test_a_bounded_layer_runs_under_torch_func():
-    """torch.func with an active bound (the norm's reference, PyTorch's SVD, under the
-    transforms): grad over the parameters against plain autograd, vmap over an ensemble of
-    parameter sets against each model, jacrev against autograd's jacobian."""
-    from torch.func import functional_call, grad, jacrev, stack_module_state, vmap
-
-    def bounded(seed):
-        torch.manual_seed(seed)
-        model = build_model("lmn-b", 6, 5, memory_bound=0.4).double()
-        with torch.no_grad():
-            model.core.weight_mm_l0.mul_(5)  # well outside the ball: the bound acts
-        return model
-
-    model = bounded(0)
-    x = torch.rand(2, 7, 88, dtype=torch.float64)
-    params = {k: v.detach() for k, v in model.named_parameters()}
-
-    def loss(p, x):
-        return functional_call(model, p, (x,)).pow(2).mean()
-
-    got = grad(loss)(params, x)
-    expected = torch.autograd.grad(loss(dict(model.named_parameters()), x),
-                                   list(model.parameters()))
-    for a, b in zip(got.values(), expected, strict=True):
-        torch.testing.assert_close(a, b)
-    models = [bounded(seed) for seed in (1, 2, 3)]
-    stacked, buffers = stack_module_state(models)
-    skeleton = bounded(4).to("meta")
-    out = vmap(lambda p, b, x: functional_call(skeleton, (p, b), (x,)),
-               in_dims=(0, 0, None))(stacked, buffers, x)
-    for i, m in enumerate(models):
-        torch.testing.assert_close(out[i], m(x))
-    lmn = LMN(3, 4, 2, memory_bound=0.5).double()
-    with torch.no_grad():
-        lmn.weight_mm_l0.mul_(10)
-    xs = torch.rand(5, 3, dtype=torch.float64)
-    jac = jacrev(lambda x: lmn(x)[0])(xs)
-    torch.testing.assert_close(jac, torch.autograd.functional.jacobian(lambda x: lmn(x)[0], xs))
-
-
 def test_compile_and_export_with_the_bound(tmp_path):
     """torch.compile(fullgraph=True, dynamic=True) with one graph, torch.export (saved and
     loaded) and ONNX (onnxruntime) give eager's outputs with an active bound."""

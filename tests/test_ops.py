@@ -157,11 +157,23 @@ def test_export_saves_loads_and_runs_at_another_length(tmp_path):
     torch.testing.assert_close(loaded.module()(other), model(other))
 
 
-def test_torch_func_grad_vmap_and_jacrev():
+def _lmn_b(bound):
+    """A float64 LMN-B whose memory, with a ``bound``, lies well outside its ball."""
+    model = build_model("lmn-b", 6, 5, memory_bound=bound).double()
+    if bound is not None:
+        with torch.no_grad():
+            model.core.weight_mm_l0.mul_(5)
+    return model
+
+
+@pytest.mark.parametrize("bound", [None, 0.4])
+def test_torch_func_grad_vmap_and_jacrev(bound):
     """grad of a loss over the parameters, vmap over a stack of parameter sets (an ensemble)
-    and jacrev of the output with respect to the input, each against plain autograd."""
+    and jacrev of the output with respect to the input, each against plain autograd; with a
+    memory bound too (its norm's operator has an autograd the transforms cannot take: under them
+    the norm is its reference)."""
     torch.manual_seed(3)
-    model = build_model("lmn-b", 6, 5).double()
+    model = _lmn_b(bound)
     x = torch.rand(2, 7, 88, dtype=torch.float64)
     params = {k: v.detach() for k, v in model.named_parameters()}
 
@@ -174,15 +186,18 @@ def test_torch_func_grad_vmap_and_jacrev():
     for a, b in zip(got.values(), expected, strict=True):
         torch.testing.assert_close(a, b)
 
-    models = [build_model("lmn-b", 6, 5).double() for _ in range(3)]
+    models = [_lmn_b(bound) for _ in range(3)]
     stacked, buffers = stack_module_state(models)
-    skeleton = build_model("lmn-b", 6, 5).double().to("meta")
+    skeleton = _lmn_b(bound).to("meta")
     out = vmap(lambda p, b, x: functional_call(skeleton, (p, b), (x,)),
                in_dims=(0, 0, None))(stacked, buffers, x)
     for i, m in enumerate(models):
         torch.testing.assert_close(out[i], m(x))
 
-    lmn = LMN(3, 4, 2).double()
+    lmn = LMN(3, 4, 2, memory_bound=bound).double()
+    if bound is not None:
+        with torch.no_grad():
+            lmn.weight_mm_l0.mul_(10)
     xs = torch.rand(5, 3, dtype=torch.float64)
     jac = jacrev(lambda x: lmn(x)[0])(xs)
     torch.testing.assert_close(jac, torch.autograd.functional.jacobian(lambda x: lmn(x)[0], xs))
