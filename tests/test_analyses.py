@@ -197,7 +197,7 @@ def test_replay_epoch_command_and_a_diverging_epoch(tmp_path, jsb, data_dir):
 
     run = tmp_path / "run"
     train_loop(TrainConfig(data="jsb", model="lmn-b", hidden=8, memory=8, batch_size=64, epochs=1,
-                      clip=None), run, progress=False, data=jsb)
+                      clip=None, memory_bound=None), run, progress=False, data=jsb)
     out = tmp_path / "replay"
     main(["replay-epoch", str(run), "--clip", "none", "--clip", "2", "--data-dir",
           str(data_dir), "--out", str(out)])
@@ -234,7 +234,8 @@ def test_first_updates_say_where_the_validation_overflows(tmp_path, jsb):
             "test": jsb["test"][:2]}  # one validation sequence of 1792 steps
     run = tmp_path / "lmna"
     train_loop(TrainConfig(protocol="linmem", data="jsb", model="lmn-a", hidden=4, memory=4,
-                      batch_size=64, epochs=1), run, progress=False, data=long)  # as that run
+                      batch_size=64, epochs=1, memory_bound=None),  # as that run: unbounded
+               run, progress=False, data=long)
     calm, steep = (first_updates(run, updates=1, lrs=[lr], start="random", data=long)
                    for lr in (0.3, 1.0))
     assert calm["replays"][0]["radii"][0] < 1 and calm["replays"][0]["valid_acc"] is not None

@@ -191,7 +191,7 @@ def test_a_20000_step_sequence_stays_within_the_closed_form_bound(output):
     steps): the bounded memory stays finite and within (||W^hm||_2 sqrt(H) + ||b^m||)/(1 - r)."""
     torch.manual_seed(2)
     bounded = LMN(88, 20, 30, output=output, memory_bound=0.99)
-    free = LMN(88, 20, 30, output=output)
+    free = LMN(88, 20, 30, output=output, memory_bound=None)  # the paper's memory
     with torch.no_grad():
         for p in bounded.parameters():
             p.mul_(50)
@@ -336,7 +336,7 @@ def test_an_overflowing_memory_is_named_with_its_radius_step_and_remedy():
     from linmem.data import collate
 
     torch.manual_seed(6)
-    model = build_model("lmn-a", 8, 8)
+    model = build_model("lmn-a", 8, 8, memory_bound=None)  # the paper's memory
     with torch.no_grad():
         model.core.weight_mm_l0.copy_(torch.eye(8) * 1.5)
     batch = collate([torch.ones(40, 88).numpy(), torch.ones(3000, 88).numpy()])
@@ -405,7 +405,7 @@ def test_a_bounded_search_is_a_study_of_its_own(tmp_path, data_dir, capsys, monk
     out = tmp_path / "s"
     common = ["search", "--grid", "tiny", "--model", "lmn-b", "--subset", "6", "--epochs", "2",
               "--protocol", "paper", "--data-dir", str(data_dir), "--out", "s", "--quiet"]
-    for extra in ([], ["--memory-bound", "0.9", "--init-bias"]):
+    for extra in (["--memory-bound", "none"], ["--memory-bound", "0.9", "--init-bias"]):
         code, _, err = run_cli(*common, *extra, capsys=capsys)
         assert code == 0, err
     storage = f"sqlite:///{out / 'search.db'}"

@@ -377,7 +377,8 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
     from linmem.nn.diagnostics import memory_loop_gains
 
     init = torch.load(tmp_path / "a" / "init.pt", weights_only=True)
-    assert infos[0]["lmn_loop_gain"] == memory_loop_gains(init, "selu")
+    bound = json.loads((tmp_path / "a" / "config.json").read_text())["memory_bound"]
+    assert infos[0]["lmn_loop_gain"] == memory_loop_gains(init, "selu", bound)
     assert run_cli("pretrain", *common, "--memory", "12", "--out", str(tmp_path / "own")) == 0
     def scores(log_text):  # a log without its timings
         return [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}
