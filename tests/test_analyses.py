@@ -80,10 +80,19 @@ def test_recurrent_radius_is_numpys_spectral_radius():
     rnn = build_model("rnn", 6, input_size=5)
     expected = np.abs(np.linalg.eigvals(rnn.core.weight_hh_l0.detach().double().numpy())).max()
     assert recurrent_radius(rnn) == pytest.approx(expected, rel=1e-10)
-    lmn = build_model("lmn-b", 4, 7, input_size=5)
+    lmn = build_model("lmn-b", 4, 7, input_size=5, memory_bound=None)
     expected = np.abs(np.linalg.eigvals(lmn.core.weight_mm_l0.detach().double().numpy())).max()
     assert recurrent_radius(lmn) == pytest.approx(expected, rel=1e-10)
     assert recurrent_radius(build_model("lstm", 6, input_size=5)) is None
+    # a bounded memory: the matrix eq. (7) uses, W^mm * 0.5 / ||W^mm||_2, not the parameter
+    bounded = build_model("lmn-b", 4, 7, input_size=5, memory_bound=0.5)
+    with torch.no_grad():
+        bounded.core.weight_mm_l0.mul_(10)
+    raw = bounded.core.weight_mm_l0.detach().double().numpy()
+    used = raw * 0.5 / np.linalg.norm(raw, 2)
+    assert recurrent_radius(bounded) == pytest.approx(np.abs(np.linalg.eigvals(used)).max(),
+                                                      rel=1e-6)
+    assert recurrent_radius(bounded) < 0.5 * (1 + 1e-6) < np.abs(np.linalg.eigvals(raw)).max()
 
 
 def test_relative_change():

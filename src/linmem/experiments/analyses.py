@@ -92,11 +92,12 @@ STARTS = ("init", "random")  # the run's pretrained weights (init.pt), or the tr
 
 
 def recurrent_radius(model: torch.nn.Module) -> float | None:
-    """The spectral radius of the first layer's recurrent matrix: the LMN's memory ``W^mm``
+    """The spectral radius of the first layer's recurrent matrix: the LMN's memory ``W^mm`` as
+    eq. (7) uses it, through the model's memory bound
     (:func:`linmem.nn.diagnostics.memory_radii_of`), the Elman RNN's ``W^hh``; None for a core
     without a square one (LSTM and GRU stack their gates' matrices)."""
     state = {k: v.detach().double().cpu() for k, v in model.state_dict().items()}
-    radii = memory_radii_of(state)
+    radii = memory_radii_of(state, getattr(model, "memory_bound", None))
     if radii:
         return radii[0]
     weight = state.get("core.weight_hh_l0")
