@@ -314,6 +314,7 @@ B_PUBLISH = for st in runs/search-bound/*/; do \
 	  $(VENV)/bin/linmem publish $$st*/ --to $(B_TRIALS)/runs/search-bound/$$(basename $$st) \
 	  > /dev/null || exit 1; done
 # what names a bounded selection's folder under the report's selected/ (report.selected_name)
+rparen := )
 B_NAMED = $(if $(filter true,$(BOUND_BIAS_$(1))),+init_bias=True)+memory_bound=$(BOUND_R)
 B_FLAGS = --protocol paper --memory-bound $(BOUND_R) $(if $(filter true,$(BOUND_BIAS_$(1))),--init-bias,--no-init-bias)
 # B_RETRY=--retry-failed: each point a trial's error failed gets one more trial (after a fix:
@@ -329,7 +330,7 @@ results-bound-campaign: install
 	$(VENV)/bin/linmem report --protocol paper --storage $(B_STORAGE) --grid all --runs-root . --out $(B_DIR)
 	for part in $$(seq 0 $$(($(T2_JOBS) - 1))); do ( i=0; \
 	  for d in jsb piano nottingham musedata; do for m in $(B_MODELS); do \
-	  sel=$(B_DIR)/selected/$$d-$$m$$(case $$m in lmn-a) echo "$(call B_NAMED,lmn-a)";; lmn-b) echo "$(call B_NAMED,lmn-b)";; *) echo "$(call B_NAMED,pret-lmn-b)";; esac); \
+	  sel=$(B_DIR)/selected/$$d-$$m$$(case $$m in $(foreach x,$(B_MODELS),$(x)$(rparen) echo "$(call B_NAMED,$(x))";;) esac); \
 	  [ ! -d $$sel-per-frame ] || sel=$$sel-per-frame; \
 	  for s in 1 2 3; do pub=$(B_SEEDS)/$$d-$$m-s$$s; i=$$((i + 1)); \
 	    [ $$((i % $(T2_JOBS))) = $$part ] || continue; \

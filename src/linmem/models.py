@@ -107,7 +107,6 @@ class NextStepPredictor(nn.Module):
                  memory_bound: float | None = DEFAULT_MEMORY_BOUND):
         super().__init__()
         nonlinearity = check_options(name, nonlinearity, num_layers, memory_bound=memory_bound)
-        memory_bound = memory_bound_of(name, memory_bound)
         arch = architecture(name)
         for label, value in (("hidden", hidden), ("num_layers", num_layers),
                              ("input_size", input_size)):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from linmem.data import DATASETS, dataset_title
 from linmem.experiments.bound_choice import MODELS, bound_sides
-from linmem.experiments.seed_groups import failures_text, row_label, spread_text
+from linmem.experiments.seed_groups import row_label, seeds_text, size_text, spread_text
 from linmem.models import display_name
 
 __all__ = ["bound_comparison_markdown"]
@@ -37,13 +37,9 @@ def _row(dataset: str, model: str, side: str, group: dict | None, change: str) -
     title = dataset_title(dataset)
     if group is None:
         return f"| {title} | {display_name(model)} | {side} | – | no seeds | – | – | – | – |"
-    size = f"{group['hidden']}" + (f", {group['memory']}" if group.get("memory") else "")
-    failures = failures_text(group)
-    seeds = " ".join(filter(None, [", ".join(map(str, group["seeds"])),
-                                   f"({failures})" if failures else ""]))
-    return (f"| {title} | {row_label(group)} | {side} | {size}, {group['weight_decay']:g} | "
-            f"{seeds} | " + " | ".join(spread_text(group, k) for k in _METRICS)
-            + f" | {change} |")
+    return (f"| {title} | {row_label(group)} | {side} | {size_text(group)}, "
+            f"{group['weight_decay']:g} | {seeds_text(group)} | "
+            + " | ".join(spread_text(group, k) for k in _METRICS) + f" | {change} |")
 
 
 def bound_comparison_markdown(groups: Sequence[dict],

@@ -20,7 +20,8 @@ from linmem.models import activation_of, display_name
 from linmem.training.runs import failed_on
 
 __all__ = ["MIN_CLAIM_SEEDS", "SEED_METRICS", "failures_text", "row_label", "seed_groups",
-           "seeds_lines", "seeds_markdown", "spread_text", "valid_seeds_markdown", "variant_text"]
+           "seeds_lines", "seeds_markdown", "seeds_text", "size_text", "spread_text",
+           "valid_seeds_markdown", "variant_text"]
 
 SEED_METRICS = ("test_acc", "test_acc_frame", "test_nll", "valid_acc", "valid_acc_frame")
 
@@ -107,15 +108,25 @@ def valid_seeds_markdown(groups: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def size_text(group: dict) -> str:
+    """A seed group's sizes: "250, 500" (an LMN's functional and memory units), "750"."""
+    return f"{group['hidden']}" + (f", {group['memory']}" if group.get("memory") else "")
+
+
+def seeds_text(group: dict) -> str:
+    """A seed group's seeds, those that finished, then the failed named: "1, 3 (seed 2
+    diverged)"."""
+    failures = failures_text(group)
+    return " ".join(filter(None, [", ".join(map(str, group["seeds"])),
+                                  f"({failures})" if failures else ""]))
+
+
 def _group_row(group: dict, keys: Sequence[str]) -> str:
     """A seed group's row: data set, label, size, decay, seeds (the failed named), then
     ``spread_text`` of each of ``keys``."""
-    size = f"{group['hidden']}" + (f", {group['memory']}" if group.get("memory") else "")
-    failures = failures_text(group)
-    seeds = " ".join(filter(None, [", ".join(map(str, group["seeds"])),
-                                   f"({failures})" if failures else ""]))
-    cells = [TABLE2_TITLES.get(group["dataset"], group["dataset"]), row_label(group), size,
-             f"{group['weight_decay']:g}", seeds, *(spread_text(group, k) for k in keys)]
+    cells = [TABLE2_TITLES.get(group["dataset"], group["dataset"]), row_label(group),
+             size_text(group), f"{group['weight_decay']:g}", seeds_text(group),
+             *(spread_text(group, k) for k in keys)]
     return "| " + " | ".join(cells) + " |"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from linmem.experiments.paper import PAPER_TABLE2, TABLE2_DATASETS, TABLE2_MODELS, TABLE2_TITLES
-from linmem.experiments.seed_groups import seeds_lines, variant_text
+from linmem.experiments.seed_groups import row_label, seeds_lines, variant_text
 from linmem.metrics import THRESHOLD_GRID
 from linmem.models import display_name
 
@@ -68,14 +68,14 @@ def _row_labels(records: Sequence[dict], models: Sequence[str]) -> dict[str, str
     bound, a protocol departure: :func:`variant_text`), which every data set's must share."""
     labels = {}
     for m in models:
-        variants = {variant_text(r) for r in records if r["model"] == m}
+        own = [r for r in records if r["model"] == m]
+        variants = {variant_text(r) for r in own}
         if len(variants) > 1:
             raise ValueError(
                 f"{display_name(m)}'s selections differ between the data sets ("
                 + "; ".join(sorted(v or "the defaults" for v in variants)) + "): Table 2 has "
                 "one row for it; choose one memory bound (--memory-bound), or report them apart")
-        extra = next(iter(variants), "")
-        labels[m] = display_name(m) + (f" ({extra})" if extra else "")
+        labels[m] = row_label(own[0]) if own else display_name(m)
     return labels
 
 
