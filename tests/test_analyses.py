@@ -233,6 +233,59 @@ def test_replay_epoch_command_and_a_diverging_epoch(tmp_path, jsb, data_dir):
         epoch_replay(tmp_path / "nothing", data=jsb)
 
 
+def test_replay_epoch_leaves_out_an_update_and_probes_the_functional_units(tmp_path, jsb,
+                                                                            data_dir):
+    """With update 1 left out, update 2 starts from last.pt's model: its loss and saturated
+    units are those computed by hand on the second batch. Without it, the loop gain after
+    update 1 is that of the model one Adam step taken by hand leaves."""
+    from linmem.experiments.analyses import epoch_replay, epoch_replay_markdown
+    from linmem.nn.diagnostics import memory_loop_gains, saturated_fraction
+    from linmem.training.runs import LAST, load_checkpoint
+    from linmem.training.trainer import batch_updates, make_optimizer
+
+    config = TrainConfig(data="jsb", model="lmn-a", hidden=6, memory=5, batch_size=32,
+                         epochs=1, protocol="paper", loss_reduction="mean")
+    run = tmp_path / "run"
+    train_loop(config, run, progress=False, data=jsb)
+    seqs = [s for s in jsb["train"] if len(s) >= 2]
+    batches, shifts = epoch_plan(config, [len(s) for s in seqs], 2)
+    first, second = (training_batch(seqs, b, shifts, config) for b in batches[:2])
+
+    left_out = epoch_replay(run, data=jsb, skip=[1])
+    (replay,) = left_out["replays"]
+    rows = replay["updates"]
+    assert replay["finite"] and replay["skipped"] == [1] and len(rows) == len(batches)
+    assert rows[0] == {"update": 1, "skipped": True, "steps": int(first.mask.sum(1).max()),
+                       "frames": int(first.mask.sum())}
+    model, _ = load_run_model(run, "last")
+    model.train()
+    with torch.no_grad():
+        loss = float(model.training_loss(second))
+    assert rows[1]["loss"] == pytest.approx(loss, rel=1e-6)
+    saturated = saturated_fraction(model.core, second.inputs, second.mask)
+    assert rows[1]["saturated"] == pytest.approx(saturated, abs=1e-12)
+
+    optimizer = make_optimizer(model.parameters(), config)
+    optimizer.load_state_dict(load_checkpoint(run / LAST, "cpu")["optimizer"])
+    list(batch_updates(model, optimizer, first, config))
+    gain = memory_loop_gains(model.state_dict(), "tanh", model.memory_bound)[0]
+    taken = epoch_replay(run, data=jsb)["replays"][0]["updates"]
+    assert "skipped" not in taken[0] and taken[0]["loop_gain"] == pytest.approx(gain, rel=1e-9)
+    assert taken[1]["loss"] != pytest.approx(rows[1]["loss"], rel=1e-6)
+    text = epoch_replay_markdown([left_out])
+    assert "(update 1 left out)" in text and "%" in text
+
+    with pytest.raises(ValueError, match=r"epoch 2 has \d+ updates, not 99"):
+        epoch_replay(run, data=jsb, skip=[99])
+    chunked = tmp_path / "chunked"
+    train_loop(TrainConfig(**{**config.__dict__, "chunk": 50}), chunked, progress=False, data=jsb)
+    with pytest.raises(ValueError, match="one update per batch"):
+        epoch_replay(chunked, data=jsb, skip=[1])
+    with pytest.raises(SystemExit) as exit_:
+        main(["replay-epoch", str(run), "--skip-update", "0", "--data-dir", str(data_dir)])
+    assert exit_.value.code == 2
+
+
 def test_first_updates_say_where_the_validation_overflows(tmp_path, jsb):
     """Piano-midi.de's LMN-A diverged in its first epoch: replayed, its memory's radius passes 1
     and the validation's long sequences overflow. The scores are then None and the table says

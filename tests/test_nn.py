@@ -680,6 +680,41 @@ def test_memory_loop_gain_is_the_growth_rate_of_the_state(nonlinearity, slope):
     assert diagnostics.memory_loop_gains(bounded.state_dict(), "tanh")[0] > 1
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_saturated_fraction_counts_flat_tanh_units_over_valid_steps(batch_first):
+    """The fraction of |h_t| > 0.99 over the valid steps, against eqs. (6)-(7) run by hand on a
+    bounded layer with large weights (so that some units saturate and some do not); padding
+    steps and a relu layer do not count."""
+    torch.manual_seed(5)
+    lmn = LMN(3, 6, 4, memory_bound=0.9, batch_first=batch_first).double()
+    with torch.no_grad():
+        for p in lmn.parameters():
+            p.mul_(4)
+    x = torch.randn(7, 2, 3, dtype=torch.float64)
+    mask = torch.ones(7, 2, dtype=torch.bool)
+    mask[5:, 1] = False
+    w = {k: v.detach() for k, v in lmn.state_dict().items()}
+    w_mm = w["weight_mm_l0"] * min(1.0, 0.9 / float(torch.linalg.matrix_norm(w["weight_mm_l0"], 2)))
+    flat = valid = 0
+    for b in range(2):
+        m = torch.zeros(4, dtype=torch.float64)
+        for t in range(7):
+            h = torch.tanh(w["weight_xh_l0"] @ x[t, b] + w["bias_h_l0"] + w["weight_mh_l0"] @ m)
+            m = w["weight_hm_l0"] @ h + w_mm @ m + w["bias_m_l0"]
+            if mask[t, b]:
+                flat += int((h.abs() > 0.99).sum())
+                valid += 6
+    assert 0 < flat < valid
+    inputs, m_in = (x.transpose(0, 1), mask.t()) if batch_first else (x, mask)
+    assert diagnostics.saturated_fraction(lmn, inputs, m_in) == pytest.approx(flat / valid,
+                                                                               abs=1e-12)
+    everything = diagnostics.saturated_fraction(lmn, inputs)
+    assert everything != pytest.approx(flat / valid) and 0 < everything < 1
+    relu = LMN(3, 6, 4, nonlinearity="relu")
+    assert diagnostics.saturated_fraction(relu, torch.randn(7, 2, 3)) is None
+    assert diagnostics.saturated_fraction(torch.nn.RNN(3, 4), torch.randn(7, 2, 3)) is None
+
+
 def test_memory_loop_gains_per_layer_of_a_model_state():
     from linmem.models import build_model
 

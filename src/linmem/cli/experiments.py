@@ -157,17 +157,22 @@ def _emit(results: list[dict], text: str, out: str | None, name: str) -> None:
                    "[default: each run's own].")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--skip-update", "skip", multiple=True, type=click.IntRange(min=1), metavar="N",
+              help="Leave out the epoch's update N, its batch unseen (repeatable): whether one "
+                   "outlying update set off what followed.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Also write OUT/replay-epoch.json (every update) and OUT/replay-epoch.md.")
 def replay_epoch_cmd(run_dirs: tuple[str, ...], clips: tuple[float | None, ...],
-                     data_dir: str | None, device: str, out: str | None) -> None:
-    """Where a run diverged: replays the epoch after each run's last checkpoint (for a diverged
-    run, the epoch it stopped in) update by update, and prints how it ended and the largest
-    gradient norms before clipping, once per --clip."""
+                     data_dir: str | None, device: str, skip: tuple[int, ...],
+                     out: str | None) -> None:
+    """Where a run diverged or collapsed: replays the epoch after each run's last checkpoint
+    (for a diverged run, the epoch it stopped in) update by update, and prints how it ended,
+    the largest gradient norms before clipping and, for a tanh LMN, its saturated units and
+    loop gain at the end, once per --clip."""
     command = command_line()
     try:
-        results = [epoch_replay(run, clips, data_dir=data_dir, device=device, command=command)
-                   for run in run_dirs]
+        results = [epoch_replay(run, clips, data_dir=data_dir, device=device, command=command,
+                                skip=skip) for run in run_dirs]
     except (DataError, ValueError, FileNotFoundError) as err:
         raise UsageFailure(str(err)) from None
     _emit(results, epoch_replay_markdown(results, command), out, "replay-epoch")

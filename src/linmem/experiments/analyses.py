@@ -48,7 +48,8 @@ from linmem._io import command_line, git_commit, made_by, provenance
 from linmem.data import Batch, data_checksum, load_polyphonic
 from linmem.metrics import previous_frame_scores
 from linmem.models import activation_of
-from linmem.nn.diagnostics import memory_loop_gains, memory_radii_of
+from linmem.nn.diagnostics import memory_loop_gains, memory_radii_of, saturated_fraction
+from linmem.nn.lmn import LMN
 from linmem.training.config import TrainConfig
 from linmem.training.runs import (
     BEST,
@@ -222,19 +223,24 @@ def first_updates(run_dir: str | Path, updates: int = 20, lrs: Sequence[float] =
 
 def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
                  data: dict[str, list[np.ndarray]] | None = None, data_dir: str | None = None,
-                 device: str | torch.device = "cpu", command: str | None = None
-                 ) -> dict[str, Any]:
+                 device: str | torch.device = "cpu", command: str | None = None,
+                 skip: Sequence[int] = ()) -> dict[str, Any]:
     """Replay the epoch after the one ``run_dir``'s ``last.pt`` holds, from its weights and
     optimizer state, with the trainer's batches in the trainer's order, once per gradient-norm
     clip of ``clips`` (None: no clipping; none given: the run's own). For a run that stopped
-    diverged this is the epoch it diverged in.
+    diverged this is the epoch it diverged in. ``skip``: updates (numbered from 1 in the epoch)
+    not taken, their batches left out (the counterfactual of one outlying update); only for a
+    training with one update per batch (``chunk`` None).
 
     Returns for each clip every update's training loss (nats per step, unscaled; None where it
     was not finite), the gradient's norm before clipping (of the loss that is minimised), the
     recurrent radius after the update (:func:`recurrent_radius`), the longest sequence of its
-    batch and the frames the loss averaged over; a replay stops at the first non-finite loss
-    or gradient (training stops at the first; the second would leave NaN weights). With the
-    provenance.
+    batch and the frames the loss averaged over, and for a tanh LMN the fraction of its first
+    layer's functional units saturated on the batch before the update
+    (:func:`~linmem.nn.diagnostics.saturated_fraction`) and the memory's loop gain after it
+    (:func:`~linmem.nn.diagnostics.memory_loop_gains`: ``rho(W^mm + W^hm W^mh)``); a skipped
+    update's row says ``skipped``. A replay stops at the first non-finite loss or gradient
+    (training stops at the first; the second would leave NaN weights). With the provenance.
     """
     started = time.perf_counter()
     run_dir, device = Path(run_dir), check_device(device)
@@ -243,6 +249,10 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
     config = TrainConfig.from_run(run_dir)
     if any(c is not None and not c > 0 for c in clips):
         raise ValueError(f"clips must be positive (or None: no clipping): {list(clips)}")
+    skip = sorted(set(skip))
+    if skip and config.chunk is not None:
+        raise ValueError(f"skip names updates of a training with one update per batch; this run "
+                         f"takes one per window of {config.chunk} steps (chunk)")
     checkpoint = load_checkpoint(run_dir / LAST, device)
     epoch = checkpoint["state"]["epoch"] + 1
     root = data_dir or config.data_dir
@@ -251,8 +261,17 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
         data = load_polyphonic(config.data, root=root, progress=False)
     train_seqs = [s for s in data["train"] if len(s) >= 2]
     batches, shifts = epoch_plan(config, [len(s) for s in train_seqs], epoch)
+    if skip and skip[-1] > len(batches):
+        raise ValueError(f"skip: epoch {epoch} has {len(batches)} updates, not {skip[-1]}")
     model = load_run_model(run_dir, "last", device)[0]
     model.train()
+    core = getattr(model, "core", None)
+    tanh_lmn = isinstance(core, LMN) and core.nonlinearity == "tanh"
+
+    def loop_gain() -> float | None:
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+        gains = memory_loop_gains(state, "tanh", getattr(model, "memory_bound", None))
+        return gains[0] if gains else None
 
     def updates(run_config: TrainConfig) -> Iterator[dict[str, Any]]:
         """The epoch's updates from last.pt's weights and Adam's state, one row each."""
@@ -261,13 +280,21 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
         # a copy: Adam's moments would be the checkpoint's own tensors, updated in place
         optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))
         torch.manual_seed(config.seed + epoch)  # dropout draws repeat from replay to replay
-        for idx in batches:
+        for number, idx in enumerate(batches, 1):
             batch = training_batch(train_seqs, idx, shifts, run_config).to(device)
+            sizes = {"steps": int(batch.mask.sum(1).max()), "frames": int(batch.mask.sum())}
+            if number in skip:
+                yield {**sizes, "skipped": True}
+                continue
+            probe = {}
+            if tanh_lmn:
+                probe["saturated"] = saturated_fraction(core, batch.inputs, batch.mask)
             norms: list[float] = []
             for loss, part in batch_updates(model, optimizer, batch, run_config, norms):
                 yield {"steps": int(part.mask.sum(1).max()), "frames": int(part.mask.sum()),
                        "loss": loss, "grad_norm": None if loss is None else norms[-1],
-                       "radius": recurrent_radius(model)}
+                       "radius": recurrent_radius(model), **probe,
+                       **({"loop_gain": loop_gain()} if tanh_lmn else {})}
 
     replays = []
     for clip in clips or (config.clip,):
@@ -275,10 +302,13 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
         finite = True
         for number, row in enumerate(updates(replace(config, clip=clip)), 1):
             rows.append({"update": number, **row})
+            if row.get("skipped"):
+                continue
             if row["loss"] is None or not np.isfinite(row["grad_norm"]):
                 finite = False
                 break
-        replays.append({"clip": clip, "updates": rows, "finite": finite and bool(rows)})
+        replays.append({"clip": clip, "skipped": skip, "updates": rows,
+                        "finite": finite and bool(rows)})
     checksum = data_checksum(config.data, root) if from_file else None
     record = provenance(command or command_line(), git_commit(), config.seed, checksum,
                         time.perf_counter() - started, device)
@@ -288,19 +318,24 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
             "replays": replays, **record,
             "units": "loss: the training loss of each update in nats per step (summed over the "
                      "keys); grad_norm: the norm of the gradient of the loss that is minimised "
-                     "(loss_reduction), before clipping; steps: the batch's longest sequence"}
+                     "(loss_reduction), before clipping; steps: the batch's longest sequence; "
+                     "saturated: the fraction of the first layer's functional units with "
+                     "|h| > 0.99 on the batch before the update (a tanh LMN's); loop gain: "
+                     "rho(W^mm + W^hm W^mh) after the update"}
 
 
 def epoch_replay_markdown(results: Sequence[dict], command: str | None = None,
-                          spikes: int = 5) -> str:
-    """:func:`epoch_replay`'s results: per run and clip, how the epoch ended, and the updates
-    with the ``spikes`` largest gradient norms, in order."""
+                          spikes: int = 5, tail: int = 20) -> str:
+    """:func:`epoch_replay`'s results: per run and clip, how the epoch ended, the updates with
+    the ``spikes`` largest gradient norms, in order, and the last ``tail`` updates' mean loss,
+    saturated units and loop gain."""
     lines = ["| run | epoch | clip | updates | ended | largest gradient norms (update: "
-             "steps, loss, norm, radius after) |", "|---|---:|---:|---:|---|---|"]
+             "steps, loss, norm, radius after) | last updates: loss, saturated, loop gain |",
+             "|---|---:|---:|---:|---|---|---|"]
     for r in results:
         for rep in r["replays"]:
             rows = rep["updates"]
-            ok = [u for u in rows if u["grad_norm"] is not None]
+            ok = [u for u in rows if u.get("grad_norm") is not None]
             top = sorted(sorted(ok, key=lambda u: -u["grad_norm"])[:spikes],
                          key=lambda u: u["update"])
             cells = "; ".join(
@@ -311,11 +346,27 @@ def epoch_replay_markdown(results: Sequence[dict], command: str | None = None,
                      f"not finite at update {last['update']} ({last['steps']} steps: "
                      + ("loss" if last["loss"] is None else "gradient") + ")")
             clip = "none" if rep["clip"] is None else f"{rep['clip']:g}"
+            if rep.get("skipped"):
+                clip += f" (update{'s' * (len(rep['skipped']) > 1)} " + ", ".join(
+                    map(str, rep["skipped"])) + " left out)"
             lines.append(f"| {r['run_dir']} | {r['epoch']} | {clip} | {len(rows)} | {ended} | "
-                         f"{cells} |")
+                         f"{cells} | {_tail_text(ok[-tail:])} |")
     if results:
         lines += ["", f"{results[0]['units']}."]
     return "\n".join(lines + made_by(command)) + "\n"
+
+
+def _tail_text(rows: Sequence[dict]) -> str:
+    """The mean loss (frame-weighted), saturated fraction and loop gain of updates; – where the
+    model has none."""
+    if not rows:
+        return "–"
+    loss = sum(u["loss"] * u["frames"] for u in rows) / sum(u["frames"] for u in rows)
+    parts = [f"{loss:.3g}"]
+    for key, fmt in (("saturated", "{:.1%}"), ("loop_gain", "{:.2f}")):
+        values = [u[key] for u in rows if u.get(key) is not None]
+        parts.append(fmt.format(sum(values) / len(values)) if values else "–")
+    return ", ".join(parts)
 
 
 def _checkpoint_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -1,7 +1,10 @@
 """Diagnostics of an LMN's linear memory from a ``state_dict``: what keeps eq. (7) finite.
 
 :func:`memory_radii_of` is the spectral radius of ``W^mm`` per layer, :func:`memory_loop_gains`
-that of the memory's linearised loop through the functional part (eqs. 6-7).
+that of the memory's linearised loop through the functional part (eqs. 6-7);
+:func:`saturated_fraction`, from a layer and its input, how much of that part sits where tanh is
+flat (a loop gain grown past one can drive it there and hold it: the functional units then pass
+neither the input nor a gradient).
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ import re
 import torch
 from torch import Tensor
 
+from linmem.nn.lmn import LMN, lmn_recurrence
 from linmem.ops.bound import bounded_memory
 from linmem.ops.lmn import SELU_SCALE, check_nonlinearity
 
-__all__ = ["memory_loop_gains", "memory_radii_of"]
+__all__ = ["memory_loop_gains", "memory_radii_of", "saturated_fraction"]
+
+SATURATED = 0.99  # |h| above it: tanh's slope 1 - h^2 below 0.02
 
 
 def _lmn_layers(state: dict[str, Tensor], memory_bound: float | None = None
@@ -64,3 +70,26 @@ def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str,
     slope = SELU_SCALE if nonlinearity == "selu" else 1.0
     return [_spectral_radius(w["weight_mm"] + slope * w["weight_hm"] @ w["weight_mh"])
             for w in _lmn_layers(state, memory_bound)]
+
+
+@torch.no_grad()
+def saturated_fraction(layer: torch.nn.Module, input: Tensor, mask: Tensor | None = None,
+                       level: float = SATURATED) -> float | None:
+    """The fraction of the first layer's functional activations ``h_t`` (eq. 6) with
+    ``|h_t| > level`` over the valid steps of ``input`` (``mask``: ``(B, T)`` with
+    ``batch_first``, else ``(T, B)``; None: every step), run from a zero memory; None for a layer
+    that is not a tanh LMN (relu and selu have no flat side at both ends)."""
+    if not isinstance(layer, LMN) or layer.nonlinearity != "tanh":
+        return None
+    x = input.transpose(0, 1) if layer.batch_first else input
+    w = layer.layer_weights(0)
+    x_proj = x @ w["weight_xh"].t() + (0 if w["bias_h"] is None else w["bias_h"])
+    m0 = x.new_zeros(x.shape[1], layer.memory_size)
+    hs = lmn_recurrence(x_proj, m0, w["weight_mh"], w["weight_hm"], layer.memory_weight(0),
+                        w["bias_m"], "tanh")[0]
+    flat = hs.abs() > level
+    if mask is None:
+        return float(flat.float().mean())
+    valid = (mask.transpose(0, 1) if layer.batch_first else mask).to(hs.device)
+    count = int(valid.sum()) * hs.shape[-1]
+    return float(flat[valid].sum()) / count if count else None
