@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded results-bound-collapse
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -338,7 +338,26 @@ results-bound-campaign: install
 	    $(T2_RUN) reseed $$sel --seeds $$s --data-dir $(DATA) --quiet --out runs/bound-seeds/$$d-$$m \
 	      $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); done; done; done ) & done; wait
 	$(VENV)/bin/linmem publish runs/bound-seeds/*/s*/ --to $(B_SEEDS) --name seed
-	$(VENV)/bin/linmem summarize --seeds --valid --bound-choice results/paper-protocol/seeds results/bounded-memory/seeds > results/bounded-memory/seeds/table.md
+	$(VENV)/bin/linmem summarize --seeds --valid --bound-choice $(B_RESULTS)/paper-protocol/seeds $(B_SEEDS) > $(B_SEEDS)/table.md
+# results/bounded-memory/collapse: the bounded JSB LMN-A seeds' training collapses (its loss
+# jumps to the level of predicting no key). Each seed is trained again to the epoch before
+# (SEED:EPOCHS; its weights to the digit), then that epoch is replayed update by update: with the
+# seed's clip (10), 1, 0.5 and 0.2, and with its outlying updates left out (SEED:UPDATES, read off
+# the first replay)
+B_COLLAPSE = 0:152 1:16 2:19 3:133
+B_COLLAPSE_SKIP = 0:55 1:161 2:85,90 3:158
+B_COLLAPSE_RUN = runs/collapse/s$$s-e$$e/s$$s
+results-bound-collapse: install
+	sel='$(B_DIR)/selected/jsb-lmn-a$(call B_NAMED,lmn-a)-per-frame'; for c in $(B_COLLAPSE); do \
+	  s=$${c%%:*}; e=$${c##*:}; out=$(B_RESULTS)/bounded-memory/collapse/s$$s-epoch$$((e + 1)); \
+	  $(T2_RUN) reseed "$$sel" --seeds $$s --set epochs=$$e --data-dir $(DATA) --quiet \
+	    --out runs/collapse/s$$s-e$$e && \
+	  $(T2_RUN) replay-epoch $(B_COLLAPSE_RUN) --clip 10 --clip 1 --clip 0.5 --clip 0.2 \
+	    --data-dir $(DATA) --out $$out > /dev/null && \
+	  skip=$$(for k in $(B_COLLAPSE_SKIP); do [ $${k%%:*} != $$s ] || echo $${k##*:}; done) && \
+	  { [ -z "$$skip" ] || $(T2_RUN) replay-epoch $(B_COLLAPSE_RUN) \
+	    $$(echo $$skip | tr , '\n' | sed 's/^/--skip-update /') --data-dir $(DATA) \
+	    --out $$out-left-out > /dev/null; } || exit 1; done
 B_PLANS = $(foreach m,$(B_MODELS),--plan jsb:$(m):paper --plan-seeds jsb:$(m):paper \
 	$(foreach d,piano nottingham musedata,--plan $(d):$(m):paper-long --plan-seeds $(d):$(m):paper-long))
 results-progress-bound: install
