@@ -244,7 +244,7 @@ def test_replay_epoch_leaves_out_an_update_and_probes_the_functional_units(tmp_p
     from linmem.training.trainer import batch_updates, make_optimizer
 
     config = TrainConfig(data="jsb", model="lmn-a", hidden=6, memory=5, batch_size=32,
-                         epochs=1, protocol="paper", loss_reduction="mean")
+                         epochs=1, protocol="paper", loss_reduction="mean", memory_bound=0.5)
     run = tmp_path / "run"
     train_loop(config, run, progress=False, data=jsb)
     seqs = [s for s in jsb["train"] if len(s) >= 2]
@@ -268,7 +268,8 @@ def test_replay_epoch_leaves_out_an_update_and_probes_the_functional_units(tmp_p
     optimizer = make_optimizer(model.parameters(), config)
     optimizer.load_state_dict(load_checkpoint(run / LAST, "cpu")["optimizer"])
     list(batch_updates(model, optimizer, first, config))
-    gain = memory_loop_gains(model.state_dict(), "tanh", model.memory_bound)[0]
+    gain = memory_loop_gains(model.state_dict(), "tanh", 0.5)[0]
+    assert gain != pytest.approx(memory_loop_gains(model.state_dict(), "tanh")[0], rel=1e-3)
     taken = epoch_replay(run, data=jsb)["replays"][0]["updates"]
     assert "skipped" not in taken[0] and taken[0]["loop_gain"] == pytest.approx(gain, rel=1e-9)
     assert taken[1]["loss"] != pytest.approx(rows[1]["loss"], rel=1e-6)
