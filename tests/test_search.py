@@ -59,10 +59,13 @@ def test_bad_search_settings():
 
 
 def _config(tmp_path, data_dir, storage=None, **kw) -> SearchConfig:
-    # the protocol of linmem search's studies by default (linmem train's is the paper's)
+    # the protocol of linmem search's studies by default (linmem train's is the paper's); the
+    # memory unbounded whatever the layer's default (DEFAULT_MEMORY_BOUND), so that the study
+    # names these tests pin are the search's mechanics, not that default's
     base = TrainConfig(epochs=kw.pop("epochs", 2), patience=kw.pop("patience", 50),
                        cd_k=kw.pop("base_cd_k", 15), data_dir=str(data_dir),
-                       protocol=kw.pop("protocol", LEGACY_PROTOCOL))
+                       protocol=kw.pop("protocol", LEGACY_PROTOCOL),
+                       memory_bound=kw.pop("memory_bound", None))
     return SearchConfig(data=["jsb"], models=kw.pop("models", ["lmn-b"]), grid="tiny",
                         out_dir=str(tmp_path / "runs"), storage=storage, base=base, subset=6,
                         heartbeat_interval=1, grace_period=3, poll_s=0.2, progress=False, **kw)

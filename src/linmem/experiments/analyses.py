@@ -221,6 +221,35 @@ def first_updates(run_dir: str | Path, updates: int = 20, lrs: Sequence[float] =
                      "each update (nats per step)"}
 
 
+REPLAY_UNITS = (
+    "loss: the training loss of each update in nats per step (summed over the keys); grad_norm: "
+    "the norm of the gradient of the loss that is minimised (loss_reduction), before clipping; "
+    "steps: the batch's longest sequence; saturated: the fraction of the first layer's "
+    "functional units with |h| > 0.99 on the batch before the update (a tanh LMN's); loop gain: "
+    "rho(W^mm + W^hm W^mh) after the update")
+
+
+class _UpdateProbe:
+    """What :func:`epoch_replay` records of a tanh LMN around each update: its first layer's
+    saturated functional units on the batch before it, the memory's loop gain after it; nothing
+    for another model."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, core = model, getattr(model, "core", None)
+        self.core = core if isinstance(core, LMN) and core.nonlinearity == "tanh" else None
+
+    def before(self, batch: Batch) -> dict[str, float | None]:
+        if self.core is None:
+            return {}
+        return {"saturated": saturated_fraction(self.core, batch.inputs, batch.mask)}
+
+    def after(self) -> dict[str, float | None]:
+        if self.core is None:
+            return {}
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        return {"loop_gain": memory_loop_gains(state, "tanh", self.core.memory_bound)[0]}
+
+
 def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
                  data: dict[str, list[np.ndarray]] | None = None, data_dir: str | None = None,
                  device: str | torch.device = "cpu", command: str | None = None,
@@ -251,7 +280,7 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
         raise ValueError(f"clips must be positive (or None: no clipping): {list(clips)}")
     skip = sorted(set(skip))
     if skip and config.chunk is not None:
-        raise ValueError(f"skip names updates of a training with one update per batch; this run "
+        raise ValueError("skip names updates of a training with one update per batch; this run "
                          f"takes one per window of {config.chunk} steps (chunk)")
     checkpoint = load_checkpoint(run_dir / LAST, device)
     epoch = checkpoint["state"]["epoch"] + 1
@@ -265,13 +294,7 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
         raise ValueError(f"skip: epoch {epoch} has {len(batches)} updates, not {skip[-1]}")
     model = load_run_model(run_dir, "last", device)[0]
     model.train()
-    core = getattr(model, "core", None)
-    tanh_lmn = isinstance(core, LMN) and core.nonlinearity == "tanh"
-
-    def loop_gain() -> float | None:
-        state = {k: v.detach() for k, v in model.state_dict().items()}
-        gains = memory_loop_gains(state, "tanh", getattr(model, "memory_bound", None))
-        return gains[0] if gains else None
+    probe = _UpdateProbe(model)
 
     def updates(run_config: TrainConfig) -> Iterator[dict[str, Any]]:
         """The epoch's updates from last.pt's weights and Adam's state, one row each."""
@@ -282,46 +305,38 @@ def epoch_replay(run_dir: str | Path, clips: Sequence[float | None] = (),
         torch.manual_seed(config.seed + epoch)  # dropout draws repeat from replay to replay
         for number, idx in enumerate(batches, 1):
             batch = training_batch(train_seqs, idx, shifts, run_config).to(device)
-            sizes = {"steps": int(batch.mask.sum(1).max()), "frames": int(batch.mask.sum())}
             if number in skip:
-                yield {**sizes, "skipped": True}
+                yield {"steps": int(batch.mask.sum(1).max()), "frames": int(batch.mask.sum()),
+                       "skipped": True}
                 continue
-            probe = {}
-            if tanh_lmn:
-                probe["saturated"] = saturated_fraction(core, batch.inputs, batch.mask)
+            before = probe.before(batch)
             norms: list[float] = []
             for loss, part in batch_updates(model, optimizer, batch, run_config, norms):
                 yield {"steps": int(part.mask.sum(1).max()), "frames": int(part.mask.sum()),
                        "loss": loss, "grad_norm": None if loss is None else norms[-1],
-                       "radius": recurrent_radius(model), **probe,
-                       **({"loop_gain": loop_gain()} if tanh_lmn else {})}
+                       "radius": recurrent_radius(model), **before, **probe.after()}
 
-    replays = []
-    for clip in clips or (config.clip,):
-        rows: list[dict[str, Any]] = []
-        finite = True
-        for number, row in enumerate(updates(replace(config, clip=clip)), 1):
-            rows.append({"update": number, **row})
-            if row.get("skipped"):
-                continue
-            if row["loss"] is None or not np.isfinite(row["grad_norm"]):
-                finite = False
-                break
-        replays.append({"clip": clip, "skipped": skip, "updates": rows,
-                        "finite": finite and bool(rows)})
+    replays = [{"clip": clip, "skipped": skip,
+                **_rows_until_not_finite(updates(replace(config, clip=clip)))}
+               for clip in clips or (config.clip,)]
     checksum = data_checksum(config.data, root) if from_file else None
     record = provenance(command or command_line(), git_commit(), config.seed, checksum,
                         time.perf_counter() - started, device)
     return {"run_dir": str(run_dir), "dataset": config.data, "model": config.model,
             "hidden": config.hidden, "memory": config.memory, "epoch": epoch,
             "run_clip": config.clip, "loss_reduction": config.loss_reduction,
-            "replays": replays, **record,
-            "units": "loss: the training loss of each update in nats per step (summed over the "
-                     "keys); grad_norm: the norm of the gradient of the loss that is minimised "
-                     "(loss_reduction), before clipping; steps: the batch's longest sequence; "
-                     "saturated: the fraction of the first layer's functional units with "
-                     "|h| > 0.99 on the batch before the update (a tanh LMN's); loop gain: "
-                     "rho(W^mm + W^hm W^mh) after the update"}
+            "replays": replays, **record, "units": REPLAY_UNITS}
+
+
+def _rows_until_not_finite(updates: Iterator[dict[str, Any]]) -> dict[str, Any]:
+    """A replay's rows, numbered, up to its first non-finite loss or gradient (a skipped
+    update's row aside), and whether it stayed finite."""
+    rows: list[dict[str, Any]] = []
+    for number, row in enumerate(updates, 1):
+        rows.append({"update": number, **row})
+        if not row.get("skipped") and (row["loss"] is None or not np.isfinite(row["grad_norm"])):
+            return {"updates": rows, "finite": False}
+    return {"updates": rows, "finite": bool(rows)}
 
 
 def epoch_replay_markdown(results: Sequence[dict], command: str | None = None,
