@@ -190,8 +190,8 @@ def test_paper_protocol_studies_are_reported_apart_and_selected_per_column(tmp_p
     out = tmp_path / "s"
     for protocol in ("linmem", "paper"):
         main(["search", "--grid", "tiny", "--model", "lmn-b", "--subset", "6", "--epochs", "3",
-              "--protocol", protocol, "--data-dir", str(data_dir), "--out", str(out),
-              "--quiet"])
+              "--protocol", protocol, "--memory-bound", "none", "--data-dir", str(data_dir),
+              "--out", str(out), "--quiet"])  # unbounded whatever the layer's default
     capsys.readouterr()
     storage = f"sqlite:///{out / 'search.db'}"
     ours, = search_records(storage, "tiny", protocol="linmem")

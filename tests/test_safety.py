@@ -593,8 +593,8 @@ def test_a_reduced_search_is_marked_and_another_grid_is_suggested(tmp_path, data
     holds."""
     out = tmp_path / "s"
     code, _, err = run_cli("search", "--grid", "tiny", "--model", "lmn-b", "--subset", "6",
-                           "--epochs", "2", "--data-dir", data_dir, "--out", out, "--quiet",
-                           capsys=capsys)
+                           "--epochs", "2", "--memory-bound", "none", "--data-dir", data_dir,
+                           "--out", out, "--quiet", capsys=capsys)  # the row's label: unbounded
     assert code == 0, err
     storage = f"sqlite:///{out / 'search.db'}"
     code, _, err = run_cli("report", "--storage", storage, "--out", tmp_path / "r",
