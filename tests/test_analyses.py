@@ -273,8 +273,13 @@ def test_replay_epoch_leaves_out_an_update_and_probes_the_functional_units(tmp_p
     taken = epoch_replay(run, data=jsb)["replays"][0]["updates"]
     assert "skipped" not in taken[0] and taken[0]["loop_gain"] == pytest.approx(gain, rel=1e-9)
     assert taken[1]["loss"] != pytest.approx(rows[1]["loss"], rel=1e-6)
-    text = epoch_replay_markdown([left_out])
-    assert "(update 1 left out)" in text and "%" in text
+    text = epoch_replay_markdown([left_out], tail=3)
+    assert "(update 1 left out)" in text
+    median = np.median([u["grad_norm"] for u in rows[1:]])
+    first = rows[1:4]  # the first three updates taken: frame-weighted loss, mean saturation
+    loss = sum(u["loss"] * u["frames"] for u in first) / sum(u["frames"] for u in first)
+    saturated = sum(u["saturated"] for u in first) / 3
+    assert f"| {median:.3g} |" in text and f"| {loss:.3g}, {saturated:.1%}, " in text
 
     with pytest.raises(ValueError, match=r"epoch 2 has \d+ updates, not 99"):
         epoch_replay(run, data=jsb, skip=[99])

@@ -341,12 +341,13 @@ def _rows_until_not_finite(updates: Iterator[dict[str, Any]]) -> dict[str, Any]:
 
 def epoch_replay_markdown(results: Sequence[dict], command: str | None = None,
                           spikes: int = 5, tail: int = 20) -> str:
-    """:func:`epoch_replay`'s results: per run and clip, how the epoch ended, the updates with
-    the ``spikes`` largest gradient norms, in order, and the last ``tail`` updates' mean loss,
-    saturated units and loop gain."""
-    lines = ["| run | epoch | clip | updates | ended | largest gradient norms (update: "
-             "steps, loss, norm, radius after) | last updates: loss, saturated, loop gain |",
-             "|---|---:|---:|---:|---|---|---|"]
+    """:func:`epoch_replay`'s results: per run and clip, how the epoch ended, the median
+    gradient norm and the updates with the ``spikes`` largest, in order, and the first and the
+    last ``tail`` updates' mean loss, saturated units and loop gain."""
+    lines = ["| run | epoch | clip | updates | ended | median gradient norm | largest gradient "
+             "norms (update: steps, loss, norm, radius after) | first updates: loss, saturated, "
+             "loop gain | last updates: loss, saturated, loop gain |",
+             "|---|---:|---:|---:|---|---:|---|---|---|"]
     for r in results:
         for rep in r["replays"]:
             rows = rep["updates"]
@@ -364,8 +365,10 @@ def epoch_replay_markdown(results: Sequence[dict], command: str | None = None,
             if rep.get("skipped"):
                 clip += f" (update{'s' * (len(rep['skipped']) > 1)} " + ", ".join(
                     map(str, rep["skipped"])) + " left out)"
+            median = f"{np.median([u['grad_norm'] for u in ok]):.3g}" if ok else "–"
             lines.append(f"| {r['run_dir']} | {r['epoch']} | {clip} | {len(rows)} | {ended} | "
-                         f"{cells} | {_tail_text(ok[-tail:])} |")
+                         f"{median} | {cells} | {_tail_text(ok[:tail])} | "
+                         f"{_tail_text(ok[-tail:])} |")
     if results:
         lines += ["", f"{results[0]['units']}."]
     return "\n".join(lines + made_by(command)) + "\n"
