@@ -340,7 +340,8 @@ results-bound-campaign: install
 	$(VENV)/bin/linmem publish runs/bound-seeds/*/s*/ --to $(B_SEEDS) --name seed
 	$(VENV)/bin/linmem summarize --seeds --valid --bound-choice $(B_RESULTS)/paper-protocol/seeds $(B_SEEDS) > $(B_SEEDS)/table.md
 # results/bounded-memory/collapse: the bounded JSB LMN-A seeds' training collapses (its loss
-# jumps to the level of predicting no key). Each seed is trained again to the epoch before
+# jumps to about 11 nats per step, the functional units saturated). Each seed is trained again
+# to the epoch before
 # (SEED:EPOCHS; its weights to the digit), then that epoch is replayed update by update: with the
 # seed's clip (10), 1, 0.5 and 0.2, and with its outlying updates left out (SEED:UPDATES, read off
 # the first replay)
