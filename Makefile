@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded results-bound-collapse
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded results-bound-collapse results-bound-collapse-clip
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -359,6 +359,12 @@ results-bound-collapse: install
 	  { [ -z "$$skip" ] || $(T2_RUN) replay-epoch $(B_COLLAPSE_RUN) \
 	    $$(echo $$skip | tr , '\n' | sed 's/^/--skip-update /') --data-dir $(DATA) \
 	    --out $$out-left-out > /dev/null; } || exit 1; done
+# whether a tighter clip, which stopped every replayed collapse, trains the same selection to its
+# end: seeds 1-3 again with the clip at 0.5 (outside the paper's protocol: a diagnosis, not a row)
+results-bound-collapse-clip: install
+	$(T2_RUN) reseed '$(B_DIR)/selected/jsb-lmn-a$(call B_NAMED,lmn-a)-per-frame' --seeds 1,2,3 \
+	  --set clip=0.5 --data-dir $(DATA) --quiet --out runs/collapse/clip0.5
+	$(VENV)/bin/linmem publish runs/collapse/clip0.5/s*/ --to $(B_RESULTS)/bounded-memory/collapse/clip0.5 --name seed
 B_PLANS = $(foreach m,$(B_MODELS),--plan jsb:$(m):paper --plan-seeds jsb:$(m):paper \
 	$(foreach d,piano nottingham musedata,--plan $(d):$(m):paper-long --plan-seeds $(d):$(m):paper-long))
 results-progress-bound: install
