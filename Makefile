@@ -341,10 +341,9 @@ results-bound-campaign: install
 	$(VENV)/bin/linmem summarize --seeds --valid --bound-choice $(B_RESULTS)/paper-protocol/seeds $(B_SEEDS) > $(B_SEEDS)/table.md
 # results/bounded-memory/collapse: the bounded JSB LMN-A seeds' training collapses (its loss
 # jumps to about 11 nats per step, the functional units saturated). Each seed is trained again
-# to the epoch before
-# (SEED:EPOCHS; its weights to the digit), then that epoch is replayed update by update: with the
-# seed's clip (10), 1, 0.5 and 0.2, and with its outlying updates left out (SEED:UPDATES, read off
-# the first replay)
+# to the epoch before (SEED:EPOCHS; its weights to the digit), then that epoch is replayed
+# update by update: with the seed's clip (10), 1, 0.5 and 0.2, and with its outlying updates
+# left out (SEED:UPDATES, read off the first replay)
 B_COLLAPSE = 0:152 1:16 2:19 3:133
 B_COLLAPSE_SKIP = 0:55 1:161 2:85,90 3:158
 B_COLLAPSE_RUN = runs/collapse/s$$s-e$$e/s$$s

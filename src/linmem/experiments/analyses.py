@@ -367,16 +367,16 @@ def epoch_replay_markdown(results: Sequence[dict], command: str | None = None,
                     map(str, rep["skipped"])) + " left out)"
             median = f"{np.median([u['grad_norm'] for u in ok]):.3g}" if ok else "–"
             lines.append(f"| {r['run_dir']} | {r['epoch']} | {clip} | {len(rows)} | {ended} | "
-                         f"{median} | {cells} | {_tail_text(ok[:tail])} | "
-                         f"{_tail_text(ok[-tail:])} |")
+                         f"{median} | {cells} | {_updates_text(ok[:tail])} | "
+                         f"{_updates_text(ok[-tail:])} |")
     if results:
         lines += ["", f"{results[0]['units']}."]
     return "\n".join(lines + made_by(command)) + "\n"
 
 
-def _tail_text(rows: Sequence[dict]) -> str:
-    """The mean loss (frame-weighted), saturated fraction and loop gain of updates; – where the
-    model has none."""
+def _updates_text(rows: Sequence[dict]) -> str:
+    """The mean loss (frame-weighted), saturated fraction and loop gain of some updates (the
+    first or the last of a replay); – where the model has none."""
     if not rows:
         return "–"
     loss = sum(u["loss"] * u["frames"] for u in rows) / sum(u["frames"] for u in rows)

@@ -14,7 +14,7 @@ import re
 import torch
 from torch import Tensor
 
-from linmem.nn.lmn import LMN, lmn_recurrence
+from linmem.nn.lmn import LMN, _time_major_linear, lmn_recurrence
 from linmem.ops.bound import bounded_memory
 from linmem.ops.lmn import SELU_SCALE, check_nonlinearity
 
@@ -83,7 +83,7 @@ def saturated_fraction(layer: torch.nn.Module, input: Tensor, mask: Tensor | Non
         return None
     x = input.transpose(0, 1) if layer.batch_first else input
     w = layer.layer_weights(0)
-    x_proj = x @ w["weight_xh"].t() + (0 if w["bias_h"] is None else w["bias_h"])
+    x_proj = _time_major_linear(x, w["weight_xh"], w["bias_h"])  # as LMN.forward, eq. (6)
     m0 = x.new_zeros(x.shape[1], layer.memory_size)
     hs = lmn_recurrence(x_proj, m0, w["weight_mh"], w["weight_hm"], layer.memory_weight(0),
                         w["bias_m"], "tanh")[0]
