@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded results-bound-collapse results-bound-collapse-clip
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded results-table2-paper-unbounded results-bound-collapse results-bound-collapse-clip
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,26 +49,30 @@ clean:
 # remake them name it; linmem report and progress read the protocol their storage's studies
 # were trained under
 OURS = --protocol linmem
+# the paper's unconstrained memory, named: the LMN runs these targets remake were trained before
+# the bounded memory became the LMN's default (memory_bound 0.99, results/bounded-memory/README.md);
+# linmem reseed and evaluate read it from each run's config.json
+UNBOUNDED = --memory-bound none
 
 # The foundation's committed results (results/foundation): LMN-B and LSTM on JSB Chorales with the
 # default settings, and the LSTM with transposition. Each run's metrics.json carries its command.
 results-foundation: install
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 100 --memory 100 --out runs/foundation/jsb-lmn-b-h100-m100 --resume --quiet
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lstm --hidden 200 --out runs/foundation/jsb-lstm-h200 --resume --quiet
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lstm --hidden 200 --transpose 6 --out runs/foundation/jsb-lstm-h200-transpose6 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) $(UNBOUNDED) --data jsb --model lmn-b --hidden 100 --memory 100 --out runs/foundation/jsb-lmn-b-h100-m100 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) $(UNBOUNDED) --data jsb --model lstm --hidden 200 --out runs/foundation/jsb-lstm-h200 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) $(UNBOUNDED) --data jsb --model lstm --hidden 200 --transpose 6 --out runs/foundation/jsb-lstm-h200-transpose6 --resume --quiet
 	# the sizes and weight decay (1e-5, the default) that the paper grid selected on validation
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 250 --memory 250 --out runs/foundation/jsb-lmn-b-h250-m250 --resume --quiet
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lstm --hidden 750 --out runs/foundation/jsb-lstm-h750 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) $(UNBOUNDED) --data jsb --model lmn-b --hidden 250 --memory 250 --out runs/foundation/jsb-lmn-b-h250-m250 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) $(UNBOUNDED) --data jsb --model lstm --hidden 750 --out runs/foundation/jsb-lstm-h750 --resume --quiet
 	# larger, and with transposition: accuracy at threshold 0.5 against validation NLL
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 500 --memory 500 --out runs/foundation/jsb-lmn-b-h500-m500 --resume --quiet
-	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 250 --memory 250 --transpose 6 --out runs/foundation/jsb-lmn-b-h250-m250-transpose6 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) $(UNBOUNDED) --data jsb --model lmn-b --hidden 500 --memory 500 --out runs/foundation/jsb-lmn-b-h500-m500 --resume --quiet
+	LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) $(UNBOUNDED) --data jsb --model lmn-b --hidden 250 --memory 250 --transpose 6 --out runs/foundation/jsb-lmn-b-h250-m250-transpose6 --resume --quiet
 	$(VENV)/bin/linmem publish runs/foundation/*/ --to results/foundation
 	$(VENV)/bin/linmem summarize results/foundation > results/foundation/table.md
 
 # pret-LMN-B against a randomly initialised LMN-B, same sizes and training settings
 # (the defaults: early stopping, patience 50; the ULM is trained with the same settings),
 # three seeds (two processes, one thread each), then the Figure 5 analysis on seed 0's ULM.
-PRET = $(OURS) --data jsb --hidden 50 --memory 100 --resume --quiet
+PRET = $(OURS) $(UNBOUNDED) --data jsb --hidden 50 --memory 100 --resume --quiet
 pretraining-compare-pret: install
 	for s in 0 1 2; do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem pretrain $(PRET) --seed $$s --out runs/pret-compare/pret-lmn-b-s$$s; done
 pretraining-compare-random: install
@@ -123,7 +127,7 @@ results-pretraining-divergence: install
 SEARCH_DATA ?= jsb
 SEARCH_MODELS ?= lmn-b lstm rnn pret-lmn-b lmn-a gru
 results-search: install
-	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search $(OURS) $(foreach d,$(SEARCH_DATA),--data $(d)) $(foreach m,$(SEARCH_MODELS),--model $(m)) --grid paper --jobs 2 --out runs/search --quiet
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search $(OURS) $(UNBOUNDED) $(foreach d,$(SEARCH_DATA),--data $(d)) $(foreach m,$(SEARCH_MODELS),--model $(m)) --grid paper --jobs 2 --out runs/search --quiet
 	$(VENV)/bin/linmem report --out results --run results/rnn-rbm/jsb-rnn-rbm-h100-r150 --run results/rnn-rbm/jsb-rnn-rbm-h100-r150-pretrained
 
 # the RNN-RBM on JSB Chorales (RNN 100, RBM 150 hidden, CD-15), randomly initialised and
@@ -131,7 +135,7 @@ results-search: install
 RBM = $(OURS) --data jsb --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200
 # results/chunking: batch size and truncated BPTT chosen on validation for
 # LMN-B (250,250) on the two long data sets; one thread per run; resumable.
-CHUNKING = $(OURS) --model lmn-b --hidden 250 --memory 250 --weight-decay 1e-5 --epochs 200 --patience 50 --seed 0 --resume --quiet
+CHUNKING = $(OURS) $(UNBOUNDED) --model lmn-b --hidden 250 --memory 250 --weight-decay 1e-5 --epochs 200 --patience 50 --seed 0 --resume --quiet
 results-chunking: install
 	for d in muse piano; do \
 	  OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train --data $$d $(CHUNKING) --batch-size 4 --out runs/chunking/$$d-lmn-b-h250-m250-wd1e-05-b4; \
@@ -158,7 +162,7 @@ T2_JOBS ?= 2
 T2_STOP_BY ?=
 T2_RUN = OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem
 T2_MODELS = lmn-b lstm lmn-a gru rnn pret-lmn-b pret-rnn
-T2_SEARCH = $(T2_RUN) search $(OURS) $(foreach m,$(T2_MODELS),--model $(m)) --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
+T2_SEARCH = $(T2_RUN) search $(OURS) $(UNBOUNDED) $(foreach m,$(T2_MODELS),--model $(m)) --grid reduced --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 RBM_ALL = $(OURS) --model rnn-rbm --hidden 100 --rbm-hidden 150 --cd-k 15 --patience 20 --epochs 200 --resume --quiet
 STUDIES = results/search-studies.jsonl
 JSB_RERUN = results/search-studies-jsb-rerun.jsonl
@@ -167,7 +171,7 @@ results-table2: install
 	[ ! -f $(STUDIES) ] || $(T2_RUN) search-import $(STUDIES)
 	[ ! -f $(JSB_RERUN) ] || $(T2_RUN) search-import $(JSB_RERUN)
 	for d in nottingham piano muse; do $(T2_SEARCH) --data $$d && $(T2_RUN) search-export $(STUDIES); done
-	$(T2_RUN) search $(OURS) --data jsb $(foreach m,$(T2_JSB_MODELS),--model $(m)) --grid paper --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
+	$(T2_RUN) search $(OURS) $(UNBOUNDED) --data jsb $(foreach m,$(T2_JSB_MODELS),--model $(m)) --grid paper --jobs $(T2_JOBS) --out runs/search --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 	$(T2_RUN) search-export $(STUDIES)
 	for d in nottingham piano musedata; do $(T2_RUN) train --data $$d $(RBM_ALL) --out runs/rnn-rbm/$$d-rnn-rbm-h100-r150; done
 	# Nottingham's did not settle at Adam's 1e-3 (results/rnn-rbm): a second run at 3e-4; the
@@ -184,14 +188,15 @@ results-table2: install
 	# a seed that ended, scored (metrics.json) or diverged (diverged.json: it counts as run)
 	$(VENV)/bin/linmem publish runs/seeds/*/s*/ --to results/seeds --name seed
 	$(MAKE) results-report results-progress
-# table2.md ends with both protocols side by side (issue 43): the paper protocol's selections,
-# seeds and ablation from results/paper-protocol, where its report and ablation have run
+# table2.md ends with both protocols side by side (issue 43): the paper protocol's selections
+# (of the paper's unbounded memory, as these studies' are), seeds and ablation from
+# results/paper-protocol, where its report and ablation have run
 P_DIR = results/paper-protocol
 results-report: install
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search/search.db --grid all --runs-root . \
 	  --summary results/summary.json --baseline results/baseline.json --run results/rnn-rbm \
 	  $$(ls -d results/seeds 2>/dev/null | sed 's/^/--seed-runs /') \
-	  $$(ls $(P_DIR)/summary.json 2>/dev/null | sed 's/^/--compare /') \
+	  $$(ls $(P_DIR)/unbounded/summary.json 2>/dev/null | sed 's/^/--compare /') \
 	  $$(ls -d $(P_DIR)/seeds 2>/dev/null | sed 's/^/--compare-seed-runs /') \
 	  $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /') --out results
 # every search of Table 2, those not started yet too (projected, see `linmem progress --plan`)
@@ -213,7 +218,7 @@ results-progress: install
 # cheapest set first. Resumable: the finished trials are exported to
 # results/search-studies-paper.jsonl and imported first.
 P_STUDIES = results/search-studies-paper.jsonl
-P_SEARCH = $(T2_RUN) search --protocol paper --jobs $(T2_JOBS) --out runs/search-paper --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
+P_SEARCH = $(T2_RUN) search --protocol paper $(UNBOUNDED) --jobs $(T2_JOBS) --out runs/search-paper --quiet $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY))
 results-table2-paper: install
 	[ ! -f $(P_STUDIES) ] || $(T2_RUN) search-import $(P_STUDIES) --storage sqlite:///runs/search-paper/search.db
 	$(P_SEARCH) --data jsb $(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--model $(m)) --grid paper
@@ -389,6 +394,18 @@ results-table2-paper-bounded: install
 	  --seed-runs results/paper-protocol/seeds $$(ls -d $(B_SEEDS) 2>/dev/null | sed 's/^/--seed-runs /') \
 	  --compare-seed-runs results/seeds $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /') \
 	  --out results/paper-protocol
+# the same report of the paper's unbounded memory alone (--memory-bound none) in
+# results/paper-protocol/unbounded: Table 2 under the paper protocol as it stood before the bound
+# became the LMN's default, and the selections results/table2.md sets beside its own (no
+# --compare-seed-runs: protocol-choice.md stays results/paper-protocol's)
+P_UNBOUNDED = sqlite:///runs/search-paper-unbounded/search.db
+results-table2-paper-unbounded: install
+	rm -rf runs/search-paper-unbounded
+	$(VENV)/bin/linmem search-import $(P_STUDIES) --storage $(P_UNBOUNDED)
+	$(VENV)/bin/linmem report --protocol paper --storage $(P_UNBOUNDED) --grid all --memory-bound none \
+	  --runs-root . --baseline results/baseline.json --compare results/summary.json \
+	  --seed-runs results/paper-protocol/seeds $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /') \
+	  --out $(P_DIR)/unbounded
 results-bound-report: install
 	rm -rf runs/search-bound-imported
 	$(VENV)/bin/linmem search-import $(B_STUDIES) --storage $(B_IMPORTED)
@@ -403,13 +420,13 @@ results-progress-paper: install
 
 # results/nade: the NADE models on JSB Chorales, grid 'nade' selected on validation
 # NLL, then the regularisation of LMN-B-NADE's selected point; resumable.
-NADE2 = $(OURS) --data jsb --model lmn-b-nade --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --nade-samples 50 --resume --quiet
+NADE2 = $(OURS) $(UNBOUNDED) --data jsb --model lmn-b-nade --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --nade-samples 50 --resume --quiet
 results-nade: install
-	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search $(OURS) --data jsb --model lmn-b-nade --model lstm-nade --model rnn-nade --grid nade --select nll --patience 20 --nade-samples 50 --pruner none --jobs 2 --out runs/search-nade --quiet
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem search $(OURS) $(UNBOUNDED) --data jsb --model lmn-b-nade --model lstm-nade --model rnn-nade --grid nade --select nll --patience 20 --nade-samples 50 --pruner none --jobs 2 --out runs/search-nade --quiet
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --dropout 0.3 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-d0.3
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-t6
 	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(NADE2) --dropout 0.3 --transpose 6 --out runs/nade-stage2/jsb-lmn-b-nade-h150-m300-wd1e-05-d0.3-t6
-	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) --data jsb --model lmn-b --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --resume --quiet --out runs/nade-stage2/jsb-lmn-b-h150-m300-wd1e-05
+	OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train $(OURS) $(UNBOUNDED) --data jsb --model lmn-b --hidden 150 --memory 300 --weight-decay 1e-5 --select nll --patience 20 --resume --quiet --out runs/nade-stage2/jsb-lmn-b-h150-m300-wd1e-05
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search-nade/search.db --grid nade --out results/nade
 	$(VENV)/bin/linmem publish runs/nade-stage2/*/ --to results/nade/stage2
 	$(VENV)/bin/linmem summarize results/nade/selected results/nade/stage2 > results/nade/table.md
@@ -427,7 +444,7 @@ results-rnn-rbm: install
 SAMPLE_SETS ?= jsb nottingham musedata piano
 results-samples: install
 	for d in $(SAMPLE_SETS); do OMP_NUM_THREADS=1 LINMEM_DATA=$(DATA) $(VENV)/bin/linmem train \
-	  $(OURS) --data $$d --model lmn-b --hidden 100 --memory 100 --epochs 150 --patience 20 \
+	  $(OURS) $(UNBOUNDED) --data $$d --model lmn-b --hidden 100 --memory 100 --epochs 150 --patience 20 \
 	  --out runs/samples/$$d-lmn-b-h100-m100 --resume --quiet; \
 	  $(VENV)/bin/linmem publish runs/samples/$$d-lmn-b-h100-m100 --to results/samples --checkpoint; \
 	  LINMEM_DATA=$(DATA) $(VENV)/bin/linmem generate results/samples/$$d-lmn-b-h100-m100 \

@@ -141,13 +141,13 @@ def bench_sizes(args, device: torch.device) -> list[dict]:
             models = {}
             for name in LMN_PATHS:
                 torch.manual_seed(0)
-                models[name] = (build_model("lmn-b", f, m).to(device), device)
+                models[name] = (build_model("lmn-b", f, m, memory_bound=None).to(device), device)
             if args.naive:
                 models["naive-loop"] = (NaiveLMN(models["lmn"][0]).to(device), device)
             models.update({name: (model.to(device), device)  # cuDNN's on CUDA
                            for name, model in torch_rnns(f + m).items()})
             if batch_size <= args.cpu_max_batch:
-                models["lmn-cpu"] = (build_model("lmn-b", f, m), cpu)
+                models["lmn-cpu"] = (build_model("lmn-b", f, m, memory_bound=None), cpu)
             runs = {name: [] for name in models}
             for _ in range(args.rounds):  # interleaved rounds: drift hits every model alike
                 for name, (model, where) in models.items():
@@ -200,7 +200,7 @@ def bench_tiles(args, device: torch.device) -> list[dict]:
                                               ops_gpu._multiprocessors(device))}
             for tiles in args.tile_sweep:
                 torch.manual_seed(0)
-                model = build_model("lmn-b", f, m).to(device)
+                model = build_model("lmn-b", f, m, memory_bound=None).to(device)
                 with _tiles(tiles):
                     rate, _ = measure(model, batch.to(device), args.min_time, device, "lmn-fused")
                 row[f"train_fps[{tiles}]"] = rate

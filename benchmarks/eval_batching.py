@@ -57,7 +57,7 @@ def main() -> None:
         for label in args.models:
             model_name, hidden, memory = MODELS[label]
             torch.manual_seed(0)
-            model = build_model(model_name, hidden, memory=memory)
+            model = build_model(model_name, hidden, memory=memory, memory_bound=None)
             ratios: list[float | None] = [None, *args.ratios]
             times: dict[float | None, list[float]] = {r: [] for r in ratios}
             scores = {}

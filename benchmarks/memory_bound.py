@@ -76,7 +76,7 @@ def cost(sizes: list[int], lengths: list[int], repeats: int) -> list[dict]:
     rows = []
     for m, steps in ((m, steps) for m in sizes for steps in lengths):
         torch.manual_seed(0)
-        model = build_model("lmn-b", m, m)
+        model = build_model("lmn-b", m, m, memory_bound=None)
         x = (torch.rand(1, steps, 88) < 0.05).float()
         u = torch.nn.functional.normalize(torch.randn(m), dim=0)
         torch.manual_seed(0)

@@ -101,7 +101,7 @@ def main() -> None:
         for label in args.models:
             model_name, hidden, memory = MODELS[label]
             torch.manual_seed(0)
-            model = build_model(model_name, hidden, memory=memory)
+            model = build_model(model_name, hidden, memory=memory, memory_bound=None)
             times: dict[str, list[float]] = {way: [] for way in ways}
             scores = {}
             for _ in range(args.rounds):

@@ -234,7 +234,7 @@ def bench_sizes(args) -> list[dict]:
         for batch_size in args.batches:
             batch = random_batch(batch_size, args.steps)
             torch.manual_seed(0)
-            lmn = build_model("lmn-b", f, m)
+            lmn = build_model("lmn-b", f, m, memory_bound=None)
             models = {"lmn": lmn, **{f"lmn-{v}": PathLMN(lmn, v) for v in args.variants},
                       "torch-loop": PathLMN(lmn, False), "naive-loop": NaiveLMN(lmn),
                       **torch_rnns(f + m)}
@@ -378,7 +378,7 @@ def profile(args) -> str:
 
     batch = random_batch(32, args.steps)
     torch.manual_seed(0)
-    lmn = build_model("lmn-b", 250, 250)
+    lmn = build_model("lmn-b", 250, 250, memory_bound=None)
     out = []
     for label, model in (("straightforward per-step loop", NaiveLMN(lmn)),
                          ("fast path, PyTorch loop (kernel off)", PathLMN(lmn, False)),

@@ -559,6 +559,36 @@ def test_the_bound_choice_applies_its_rule_on_validation():
     assert bound_choice(seed_groups(cells(accs)), list(accs))["decision"] == "undecided"
 
 
+def test_the_default_bound_is_the_rules_decision_on_the_committed_seeds():
+    """The layer's, the models' and ``linmem train``'s default memory bound is what the rule
+    decides on the committed seeds (results/paper-protocol/seeds unbounded,
+    results/bounded-memory/seeds bounded): the day the seeds decide otherwise, this fails until
+    the default follows; and the table says whether it does."""
+    from pathlib import Path
+
+    from linmem.experiments.bound_choice import bound_choice, bound_choice_markdown
+    from linmem.experiments.seed_groups import seed_groups
+    from linmem.ops.bound import DEFAULT_MEMORY_BOUND
+    from linmem.training.config import TrainConfig
+    from linmem.training.runs import collect_metrics
+
+    results = Path(__file__).parent.parent / "results"
+    records = collect_metrics([results / "paper-protocol" / "seeds",
+                               results / "bounded-memory" / "seeds"], diverged=True)
+    choice = bound_choice(seed_groups(records))
+    assert choice["decision"] != "undecided", choice["reason"]
+    assert choice["decision"] == DEFAULT_MEMORY_BOUND
+    assert TrainConfig().memory_bound == DEFAULT_MEMORY_BOUND
+    assert LMN(4, 3, 2).memory_bound == LMNCell(4, 3, 2).memory_bound == DEFAULT_MEMORY_BOUND
+    assert build_model("lmn-a", 3, 2).memory_bound == DEFAULT_MEMORY_BOUND
+    assert getattr(build_model("lstm", 3), "memory_bound", None) is None  # no memory to bound
+    assert bound_choice_markdown(choice).rstrip().endswith(
+        f"(`linmem.ops.bound.DEFAULT_MEMORY_BOUND`): {DEFAULT_MEMORY_BOUND}.")
+    other = {**choice, "decision": None if DEFAULT_MEMORY_BOUND is not None else 0.99}
+    assert bound_choice_markdown(other).rstrip().endswith(
+        f"not yet the decision's {other['decision']}.")
+
+
 def test_summarize_prints_the_bound_choice(tmp_path, capsys):
     """linmem summarize --bound-choice: the bounded and unbounded seeds side by side on test, then
     the cells of the rule, each side's score, and the decision (here undecided: one data set)."""

@@ -861,8 +861,12 @@ def test_table2_rows_name_what_sets_their_configurations_apart():
     assert left == ["jsb-lmn-a-paper", "piano-lmn-a-paper"]
     assert of_bound(mixed, ANY_BOUND) == (mixed, [])
     both = protocols_markdown(records, [_record("jsb", "lmn-a", 29.0)])
+    # the side without a bound is the paper's unbounded memory, not the layer's default
     assert ("| JSB Chorales | LMN-A (paper protocol: bound 0.99, init_bias true; linmem "
-            "protocol: the defaults) | 30.61 |") in both
+            "protocol: unbounded) | 30.61 |") in both
+    departs = [{**r, "memory_bound": None} for r in records]
+    assert ("| JSB Chorales | LMN-A (paper protocol: init_bias true; linmem protocol: the "
+            "defaults) | 30.61 |") in protocols_markdown(departs, [_record("jsb", "lmn-a", 29.0)])
     assert "| JSB Chorales | LSTM | 32.64 |" in both
 
 

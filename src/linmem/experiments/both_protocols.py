@@ -79,8 +79,11 @@ def _label(model: str, paper: Sequence[dict], linmem: Sequence[dict], dataset: s
         return display_name(model)
     if len(texts) == 1:
         return f"{display_name(model)} ({texts.pop()})"
+    # a side without a bound, beside one with it, is the paper's unbounded memory (no longer the
+    # LMN's default since the bound became it)
+    plain = "unbounded" if any("bound " in text for text in texts) else "the defaults"
     return (f"{display_name(model)} ("
-            + "; ".join(f"{title}: {text or 'the defaults'}" for title, text in sides) + ")")
+            + "; ".join(f"{title}: {text or plain}" for title, text in sides) + ")")
 
 
 def _ablation_delta(a: dict, key: str) -> str:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from linmem.data import DATASETS, dataset_title
 from linmem.models import activation_of, display_name
+from linmem.ops.bound import DEFAULT_MEMORY_BOUND
 
 __all__ = ["COST_LIMIT", "MIN_SEEDS", "MODELS", "bound_choice", "bound_choice_markdown",
            "bound_sides"]
@@ -134,4 +135,8 @@ def bound_choice_markdown(choice: dict) -> str:
     lines += ["", f"Mean per-frame validation accuracy of each side's seeds (a failed seed 0); "
               f"the cost is counted where every unbounded seed finished. Decision: **{verdict}**"
               f" ({choice['reason']}; `linmem.experiments.bound_choice`)."]
+    default = ("The layer's default (`linmem.ops.bound.DEFAULT_MEMORY_BOUND`): "
+               f"{DEFAULT_MEMORY_BOUND}")
+    lines += ["", default + ("." if decision in ("undecided", DEFAULT_MEMORY_BOUND) else
+                             f", not yet the decision's {decision}.")]
     return "\n".join(lines) + "\n"

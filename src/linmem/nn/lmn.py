@@ -129,7 +129,7 @@ class LMNCell(nn.Module):
             so ``||W^mm||_2 <= r`` whatever the parameter's value (:mod:`linmem.ops.bound`; below 1
             a tanh layer's memory cannot grow without bound; a relu or selu layer's can, through
             ``W^mh sigma(W^hm m)``). ``None``: the paper's unconstrained memory. Default:
-            :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND` (``None``).
+            :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND` (0.99).
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
@@ -251,7 +251,7 @@ class LMN(nn.Module):
             memory stays finite for every input; a relu or selu layer's functional part is not
             bounded, and the loop ``m -> W^mh sigma(W^hm m)`` can still grow ``m``. ``None``: the
             paper's unconstrained memory. Default: :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND`
-            (``None``).
+            (0.99).
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
