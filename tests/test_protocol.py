@@ -175,6 +175,9 @@ def test_a_search_under_the_paper_protocol_has_its_own_studies_and_no_pruner():
     assert study_name("jsb", "lmn-b", "paper", "paper") == "jsb-lmn-b-paper@paper"
     assert study_name("piano", "lmn-b", "paper-long", "paper", {"clip": 0.0568}) == \
         "piano-lmn-b-paper-long@paper+clip=0.0568"
+    assert study_name("piano", "lmn-b", "paper-long", "paper",  # the guide's, with the bound
+                      {"clip": 0.0568, "memory_bound": 0.99}) == \
+        "piano-lmn-b-paper-long@paper+clip=0.0568+memory_bound=0.99"
     assert study_name("jsb", "lstm", "paper", "paper", {"select": "nll", "batch_size": 4}) == \
         "jsb-lstm-paper@paper+batch_size=4+select=nll"
 

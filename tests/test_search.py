@@ -891,8 +891,9 @@ WORKER_STUDY = "jsb-lmn-b-tiny+patience=120"  # _worker's study: its patience de
 
 
 def _worker(storage: str, out: Path, data_dir: Path) -> subprocess.Popen:
+    # the paper's memory named (the default's bound would name the study too)
     cmd = [sys.executable, "-m", "linmem", "search", "--protocol", "linmem", "--data", "jsb",
-           "--model", "lmn-b",
+           "--model", "lmn-b", "--memory-bound", "none",
            "--grid", "tiny", "--subset", "6", "--epochs", "120", "--patience", "120",
            "--pruner", "none", "--storage", storage, "--out", str(out), "--heartbeat", "1",
            "--grace", "3", "--poll", "0.3", "--data-dir", str(data_dir), "--quiet"]
