@@ -192,13 +192,15 @@ results-table2: install
 # (of the paper's unbounded memory, as these studies' are), seeds and ablation from
 # results/paper-protocol, where its report and ablation have run
 P_DIR = results/paper-protocol
+# the paper protocol's ablation (results-ablation-paper), where it has run
+P_ABLATION = $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /')
 results-report: install
 	$(VENV)/bin/linmem report --storage sqlite:///runs/search/search.db --grid all --runs-root . \
 	  --summary results/summary.json --baseline results/baseline.json --run results/rnn-rbm \
 	  $$(ls -d results/seeds 2>/dev/null | sed 's/^/--seed-runs /') \
 	  $$(ls $(P_DIR)/unbounded/summary.json 2>/dev/null | sed 's/^/--compare /') \
 	  $$(ls -d $(P_DIR)/seeds 2>/dev/null | sed 's/^/--compare-seed-runs /') \
-	  $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /') --out results
+	  $(P_ABLATION) --out results
 # every search of Table 2, those not started yet too (projected, see `linmem progress --plan`)
 T2_PLAN = $(foreach d,nottingham piano musedata,$(foreach m,$(T2_MODELS),--plan $(d):$(m):reduced)) \
 	$(foreach m,$(T2_JSB_MODELS),--plan jsb:$(m):paper) \
@@ -227,7 +229,7 @@ results-table2-paper: install
 	$(VENV)/bin/linmem report --protocol paper --storage sqlite:///runs/search-paper/search.db --grid all \
 	  --runs-root . --baseline results/baseline.json --compare results/summary.json \
 	  $$(ls -d results/paper-protocol/seeds 2>/dev/null | sed 's/^/--seed-runs /') \
-	  --compare-seed-runs results/seeds $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /') \
+	  --compare-seed-runs results/seeds $(P_ABLATION) \
 	  --out results/paper-protocol
 	$(MAKE) results-progress-paper
 # JSB: seeds 1-3 of the configurations selected on the per-frame
@@ -392,7 +394,7 @@ results-table2-paper-bounded: install
 	$(VENV)/bin/linmem report --protocol paper --storage $(P_BOUNDED) --grid all --memory-bound $(BOUND_R) \
 	  --runs-root . --runs-root $(B_TRIALS) --baseline results/baseline.json --compare results/summary.json \
 	  --seed-runs results/paper-protocol/seeds $$(ls -d $(B_SEEDS) 2>/dev/null | sed 's/^/--seed-runs /') \
-	  --compare-seed-runs results/seeds $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /') \
+	  --compare-seed-runs results/seeds $(P_ABLATION) \
 	  --out results/paper-protocol
 # the same report of the paper's unbounded memory alone (--memory-bound none) in
 # results/paper-protocol/unbounded: Table 2 under the paper protocol as it stood before the bound
@@ -404,7 +406,7 @@ results-table2-paper-unbounded: install
 	$(VENV)/bin/linmem search-import $(P_STUDIES) --storage $(P_UNBOUNDED)
 	$(VENV)/bin/linmem report --protocol paper --storage $(P_UNBOUNDED) --grid all --memory-bound none \
 	  --runs-root . --baseline results/baseline.json --compare results/summary.json \
-	  --seed-runs results/paper-protocol/seeds $$(ls $(P_DIR)/ablation.json 2>/dev/null | sed 's/^/--ablation /') \
+	  --seed-runs results/paper-protocol/seeds $(P_ABLATION) \
 	  --out $(P_DIR)/unbounded
 results-bound-report: install
 	rm -rf runs/search-bound-imported

@@ -71,9 +71,10 @@ def _protocols_lines(paper: Sequence[dict], linmem: Sequence[dict]) -> list[str]
 def _label(model: str, paper: Sequence[dict], linmem: Sequence[dict], dataset: str) -> str:
     """The model's name, with what sets each protocol's selection apart (a memory bound, a
     departure from its protocol: :func:`variant_text`), each side's where they differ."""
-    sides = [(title, next((variant_text(r) for r in records
-                           if (r["dataset"], r["model"]) == (dataset, model)), ""))
-             for title, records in (("paper protocol", paper), ("linmem protocol", linmem))]
+    chosen = [(title, next((r for r in records
+                            if (r["dataset"], r["model"]) == (dataset, model)), {}))
+              for title, records in (("paper protocol", paper), ("linmem protocol", linmem))]
+    sides = [(title, variant_text(r) if r else "") for title, r in chosen]
     texts = {text for _, text in sides}
     if texts == {""}:
         return display_name(model)
@@ -81,7 +82,8 @@ def _label(model: str, paper: Sequence[dict], linmem: Sequence[dict], dataset: s
         return f"{display_name(model)} ({texts.pop()})"
     # a side without a bound, beside one with it, is the paper's unbounded memory (no longer the
     # LMN's default since the bound became it)
-    plain = "unbounded" if any("bound " in text for text in texts) else "the defaults"
+    bounded = any(r.get("memory_bound") is not None for _, r in chosen)
+    plain = "unbounded" if bounded else "the defaults"
     return (f"{display_name(model)} ("
             + "; ".join(f"{title}: {text or plain}" for title, text in sides) + ")")
 
