@@ -2,14 +2,17 @@
 the bound does to the pretraining's closed-form memory.
 
 ``--part cost``: per forward and backward of a batch-1 training step of LMN-B(M, M), side by
-side in one run: the step with no bound, then the time each parametrization adds (the layer's
-own ``LMN(memory_bound=0.99)``, end to end; then the norm alone, rescaling the unbounded
-layer's matrix: the one linmem uses, exact, the largest eigenpair of ``V^T V``
-(:func:`linmem.ops.bound.spectral_norm`); the exact norm by a full SVD,
-``torch.linalg.matrix_norm(V, 2)``; the Schatten 2^q-norm by q
-squarings, an upper bound; one warm-started power iteration, as
-``torch.nn.utils.parametrizations.spectral_norm``, which holds the bound only approximately).
-Run it with nothing else busy, one thread.
+side in one run (the columns interleaved, ``--rounds`` times, the median): the step with no
+bound, then the time each parametrization adds: the layer's own ``LMN(memory_bound=0.99)``
+end to end (the certified norm, :mod:`linmem.ops.certified_norm`), and the same layer by the
+exact norm it used before (:func:`linmem.ops.bound.bounded_memory_ref`); the same for a whole
+update (forward, backward and Adam's step, so that the weights and the certified norm's warm
+start move as in training); then the norm alone, rescaling the unbounded layer's matrix: the
+certified norm (warm-started), the exact largest eigenpair of ``V^T V``
+(:func:`linmem.ops.bound.spectral_norm`), the exact norm by a full SVD
+(``torch.linalg.matrix_norm(V, 2)``), the Schatten 2^20-norm (the ONNX export's upper bound),
+and one warm-started power iteration, as ``torch.nn.utils.parametrizations.spectral_norm``,
+which holds the bound only approximately. Run it with nothing else busy, one thread.
 
 ``--part norms``: ||B||_2 of the linear autoencoder of each data set's training split (window
 11, no centering, as the transfer fits it on the ULM's states; here on the piano rolls), and
@@ -22,6 +25,7 @@ the relative change ``||W - B||_F / ||B||_F`` of the nearest matrix of the ball 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -54,9 +58,12 @@ def _time(fn, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-def _step(model, x: torch.Tensor, norm=None) -> None:
-    """One forward and backward of ``model`` on ``x``, ``W^mm`` rescaled by ``norm`` (a
-    function of the raw matrix) as the bound does, or as it is (``None``)."""
+def _step(model, x: torch.Tensor, norm=None, optimizer=None) -> None:
+    """One forward and backward of ``model`` on ``x`` (the sum of its outputs), ``W^mm``
+    rescaled by ``norm`` (a function of the raw matrix) as the bound does, or as it is
+    (``None``); with an ``optimizer``, a whole training update instead: the next-frame
+    cross-entropy's forward and backward and the optimizer's step (the weights move, and the
+    certified norm's warm start with them)."""
     model.zero_grad()
     if norm is None:
         out = model(x)
@@ -66,35 +73,103 @@ def _step(model, x: torch.Tensor, norm=None) -> None:
         with torch.nn.utils.stateless._reparametrize_module(model,
                                                             {"core.weight_mm_l0": v * scale}):
             out = model(x)
-    out.sum().backward()
+    if optimizer is None:
+        out.sum().backward()
+        return
+    torch.nn.functional.binary_cross_entropy_with_logits(out[:, :-1], x[:, 1:]).backward()
+    optimizer.step()
 
 
-def cost(sizes: list[int], lengths: list[int], repeats: int) -> list[dict]:
+@contextlib.contextmanager
+def _reference_bound():
+    """The layer's bound by the exact norm (:func:`linmem.ops.bound.bounded_memory_ref`, the
+    layer's path before the certified norm) while the block runs."""
+    import linmem.nn.lmn as lmn
+    from linmem.ops.bound import bounded_memory_ref
+
+    before = lmn.bounded_memory
+    lmn.bounded_memory = lambda weight, bound, *args, **kwargs: bounded_memory_ref(weight, bound)
+    try:
+        yield
+    finally:
+        lmn.bounded_memory = before
+
+
+def _columns(m: int, steps: int):
+    """``{column: (function, baseline)}`` of one size: each function times one step; the
+    baseline is the column whose time it adds to (None: a step's own time)."""
     from linmem.models import build_model
     from linmem.ops.bound import schatten_norm, spectral_norm
+    from linmem.ops.certified_norm import certified_norm
 
+    def model(bound):
+        torch.manual_seed(0)
+        return build_model("lmn-b", m, m, memory_bound=bound)
+
+    x = (torch.rand(1, steps, 88, generator=torch.Generator().manual_seed(m + steps)) < 0.05
+         ).float()
+    plain, bounded, reference = model(None), model(0.99), model(0.99)
+    u = torch.nn.functional.normalize(torch.randn(m), dim=0)
+    start = torch.zeros(m)
+
+    def certified(w):
+        s, vector = certified_norm(w, start)
+        start.copy_(vector.detach())
+        return s
+
+    def in_reference(fn):
+        def call():
+            with _reference_bound():
+                fn()
+        return call
+
+    # whole updates (Adam, the paper's learning rate): the weights move between steps
+    moving = {name: (mod, torch.optim.Adam(mod.parameters(), lr=1e-3))
+              for name, mod in (("plain", model(None)), ("bounded", model(0.99)))}
+    return {
+        "step_s": (functools.partial(_step, plain, x), None),
+        "layer memory_bound=0.99": (functools.partial(_step, bounded, x), "step_s"),
+        "layer, exact eigenpair (before)": (in_reference(functools.partial(_step, reference, x)),
+                                            "step_s"),
+        "update_s": (functools.partial(_step, *moving["plain"][:1], x,
+                                       optimizer=moving["plain"][1]), None),
+        "update: layer memory_bound=0.99": (functools.partial(
+            _step, moving["bounded"][0], x, optimizer=moving["bounded"][1]), "update_s"),
+        "certified (linmem)": (functools.partial(_step, plain, x, certified), "step_s"),
+        "exact, one eigenpair": (functools.partial(_step, plain, x, spectral_norm), "step_s"),
+        "exact, SVD (matrix_norm)": (functools.partial(
+            _step, plain, x, lambda w: torch.linalg.matrix_norm(w, 2)), "step_s"),
+        "schatten q=20 (onnx)": (functools.partial(_step, plain, x, schatten_norm), "step_s"),
+        "power iteration x1": (functools.partial(
+            _step, plain, x, functools.partial(power_iteration_norm, u=u)), "step_s"),
+    }
+
+
+def cost(sizes: list[int], lengths: list[int], repeats: int, rounds: int) -> list[dict]:
+    """Per size, each column's time, ``rounds`` times in turn (the columns interleaved, so
+    that a drift of the machine's speed reaches all of them); a column's figure is the median
+    over the rounds of what it added to its baseline in the same round (a baseline's own
+    figure: the median of its times)."""
     rows = []
     for m, steps in ((m, steps) for m in sizes for steps in lengths):
-        torch.manual_seed(0)
-        model = build_model("lmn-b", m, m, memory_bound=None)
-        x = (torch.rand(1, steps, 88) < 0.05).float()
-        u = torch.nn.functional.normalize(torch.randn(m), dim=0)
-        torch.manual_seed(0)
-        bounded = build_model("lmn-b", m, m, memory_bound=0.99)
-        base = _time(functools.partial(_step, model, x), repeats)
-        row = {"memory": m, "steps": steps, "step_s": base,
-               "layer memory_bound=0.99": _time(functools.partial(_step, bounded, x), repeats)
-               - base}
-        for name, norm in (("exact, one eigenpair (linmem)", spectral_norm),
-                           ("exact, SVD (matrix_norm)", lambda w: torch.linalg.matrix_norm(w, 2)),
-                           ("schatten q=20 (onnx)", schatten_norm),
-                           ("schatten q=6", lambda w: schatten_norm(w, 6)),
-                           ("power iteration x1", functools.partial(power_iteration_norm, u=u))):
-            row[name] = _time(functools.partial(_step, model, x, norm), repeats) - base
+        columns = _columns(m, steps)
+        times = {name: [] for name in columns}
+        for _ in range(rounds):
+            for name, (fn, _) in columns.items():
+                times[name].append(_time(fn, repeats))
+        row = {"memory": m, "steps": steps}
+        for name, (_, base) in columns.items():
+            row[name] = float(np.median(times[name] if base is None else
+                                        np.subtract(times[name], times[base])))
         rows.append(row)
-        print(f"LMN-B({m}, {m}) batch 1, {steps} steps: step {1e3 * base:.2f} ms; added: "
-              + ", ".join(f"{k} {1e3 * row[k]:+.2f} ms ({100 * row[k] / base:+.0f} %)"
-                          for k in row if k not in ("memory", "steps", "step_s")), flush=True)
+        added = [k for k in row if k not in ("memory", "steps", "step_s", "update_s")]
+
+        share = {k: 100 * row[k] / row["update_s" if k.startswith("update") else "step_s"]
+                 for k in added}
+        print(f"LMN-B({m}, {m}) batch 1, {steps} steps: step {1e3 * row['step_s']:.2f} ms, "
+              f"update (with Adam) {1e3 * row['update_s']:.2f} ms; added: "
+              + ", ".join(f"{k} {1e3 * row[k]:+.2f} ms ({share[k]:+.0f} %)" for k in added),
+              flush=True)
     return rows
 
 
@@ -126,7 +201,9 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 250, 500])
     p.add_argument("--steps", type=int, nargs="+", default=[60, 200],
                    help="sequence lengths (JSB Chorales' sequences are about 60 steps long)")
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=20, help="steps timed in a row")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="each column timed this many times, interleaved; the median is given")
     p.add_argument("--components", type=int, nargs="+", default=[50, 250])
     p.add_argument("--bounds", type=float, nargs="+", default=[0.9, 0.99, 1.0])
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
@@ -135,7 +212,7 @@ def main() -> None:
     started = time.perf_counter()
     out = {}
     if args.part in ("cost", "all"):
-        out["cost"] = cost(args.sizes, args.steps, args.repeats)
+        out["cost"] = cost(args.sizes, args.steps, args.repeats, args.rounds)
     if args.part in ("norms", "all"):
         out["norms"] = norms(args.data_dir, args.components, args.bounds)
     if args.json:

@@ -309,7 +309,8 @@ def test_memory_bound_benchmark_runs_and_its_power_iteration_is_a_lower_bound():
     estimates = [float(bench.power_iteration_norm(w, u)) for _ in range(500)]
     assert max(estimates) <= exact * (1 + 1e-12)
     assert estimates[-1] == pytest.approx(exact, rel=1e-6)
-    rows = bench.cost([6], [4, 5], repeats=1)
+    rows = bench.cost([6], [4, 5], repeats=1, rounds=2)
     assert [(r["memory"], r["steps"]) for r in rows] == [(6, 4), (6, 5)]
-    assert {"layer memory_bound=0.99", "exact, one eigenpair (linmem)",
+    assert {"layer memory_bound=0.99", "layer, exact eigenpair (before)", "certified (linmem)",
+            "update: layer memory_bound=0.99", "exact, one eigenpair",
             "exact, SVD (matrix_norm)"} <= set(rows[0])

@@ -45,6 +45,23 @@ _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "b
 
 State = Tensor | tuple[Tensor | None, Tensor] | None
 
+# a bounded layer's buffer: the top right singular vector of its W^mm at the last training
+# update, where the certified norm's power iteration starts (linmem.ops.certified_norm); in the
+# state dict, so that a resumed run continues exactly as an uninterrupted one
+_BOUND_VECTOR = "bound_vector"
+
+
+def _bound_vectors_as_expected(module: nn.Module, state_dict: dict, prefix: str) -> None:
+    """A state dict written without the bound's vectors (an unbounded layer's, or one saved
+    before the certified norm) leaves the module's as they are (zeros: a cold start); one with
+    vectors that the module has no bound for drops them. Changes ``state_dict`` in place."""
+    own = {n for n, _ in module.named_buffers(recurse=False) if n.startswith(_BOUND_VECTOR)}
+    for key in [k for k in state_dict if k.startswith(prefix + _BOUND_VECTOR)]:
+        if key[len(prefix):] not in own:
+            del state_dict[key]
+    for name in own:
+        state_dict.setdefault(prefix + name, getattr(module, name))
+
 def _split_state(state: State) -> tuple[Tensor | None, Tensor | None]:
     """``(h, m)`` of a state given as the memory alone or as a ``(h, m)`` pair; only ``m``
     carries information (``h`` is checked for shape by the callers)."""
@@ -180,7 +197,13 @@ class LMNCell(nn.Module):
         else:
             self.register_parameter("bias_h", None)
             self.register_parameter("bias_m", None)
+        if self.memory_bound is not None:
+            self.register_buffer(_BOUND_VECTOR, torch.zeros(memory_size, **factory))
         self.reset_parameters()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        _bound_vectors_as_expected(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reset_parameters(self) -> None:
         weights = {name: getattr(self, name) for name in _PARAM_NAMES}
@@ -208,14 +231,19 @@ class LMNCell(nn.Module):
         check_dtype(m, self.weight_xh, "the memory state")
         x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
         _, _, h, m_new = lmn_recurrence(x_proj[None], m, self.weight_mh, self.weight_hm,
-                                        self.memory_weight(), self.bias_m,
+                                        self._memory_weight(), self.bias_m,
                                         self.nonlinearity)  # 1 step
         return (h, m_new) if batched else (h.squeeze(0), m_new.squeeze(0))
 
     def memory_weight(self) -> Tensor:
         """``W^mm`` as eq. (7) uses it: ``weight_mm`` itself, or rescaled into the ball of
         ``memory_bound``."""
-        return bounded_memory(self.weight_mm, self.memory_bound)
+        return bounded_memory(self.weight_mm, self.memory_bound, getattr(self, _BOUND_VECTOR, None))
+
+    def _memory_weight(self) -> Tensor:
+        """:meth:`memory_weight`, in training mode moving the power iteration's start on."""
+        return bounded_memory(self.weight_mm, self.memory_bound, getattr(self, _BOUND_VECTOR, None),
+                              update=self.training)
 
     def extra_repr(self) -> str:
         s = (f"{self.input_size}, hidden_size={self.hidden_size}, "
@@ -310,9 +338,15 @@ class LMN(nn.Module):
         for k in range(num_layers):
             for reverse in self._directions():
                 cell = LMNCell(self._layer_input_size(k), hidden_size, memory_size, bias,
-                               nonlinearity, device=device, dtype=dtype)
+                               nonlinearity, self.memory_bound, device=device, dtype=dtype)
                 for name, param in cell.named_parameters():
                     self.register_parameter(f"{name}_l{k}{'_reverse' * reverse}", param)
+                for name, buffer in cell.named_buffers():
+                    self.register_buffer(f"{name}_l{k}{'_reverse' * reverse}", buffer)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        _bound_vectors_as_expected(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _directions(self) -> tuple[bool, ...]:
         """``reverse`` of each direction of a layer, in the order of the outputs and states."""
@@ -352,7 +386,14 @@ class LMN(nn.Module):
     def memory_weight(self, k: int = 0, reverse: bool = False) -> Tensor:
         """Layer ``k``'s ``W^mm`` as eq. (7) uses it: ``weight_mm_l{k}`` itself, or rescaled
         into the ball of ``memory_bound``."""
-        return bounded_memory(self.layer_weights(k, reverse)["weight_mm"], self.memory_bound)
+        return self._memory_weight(k, reverse, update=False)
+
+    def _memory_weight(self, k: int, reverse: bool, update: bool) -> Tensor:
+        """:meth:`memory_weight`; with ``update``, the power iteration's start (the buffer
+        ``bound_vector_l{k}``) moved on to this call's top singular vector."""
+        suffix = "_reverse" if reverse else ""
+        return bounded_memory(self.layer_weights(k, reverse)["weight_mm"], self.memory_bound,
+                              getattr(self, f"{_BOUND_VECTOR}_l{k}{suffix}", None), update)
 
     @in_parameter_precision
     def forward(self, input: Tensor | PackedSequence, state: State = None):
@@ -404,7 +445,8 @@ class LMN(nn.Module):
                 x_proj = _time_major_linear(seq, w["weight_xh"], w["bias_h"])
                 hs, ms, h_last, m_last = lmn_recurrence(
                     x_proj, m0[len(h_n)], w["weight_mh"], w["weight_hm"],
-                    self.memory_weight(k, reverse), w["bias_m"], self.nonlinearity, lengths)
+                    self._memory_weight(k, reverse, self.training), w["bias_m"],
+                    self.nonlinearity, lengths)
                 h_n.append(h_last)
                 m_n.append(m_last)
                 out = ms if self.output == "memory" else hs

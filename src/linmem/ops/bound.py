@@ -29,15 +29,16 @@ equal eager's to float32 rounding.
 
 from __future__ import annotations
 
-import functools
 import math
 
-import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_MEMORY_BOUND", "bounded_memory", "check_memory_bound", "memory_norm_bound",
-           "schatten_norm", "spectral_norm", "spectral_norm_ref"]
+from linmem.ops.certified_norm import bounded_weight, on_the_ball, widened
+from linmem.ops.eigen import top_eigenpair, top_eigenpair_lapack
+
+__all__ = ["DEFAULT_MEMORY_BOUND", "bounded_memory", "bounded_memory_ref", "check_memory_bound",
+           "memory_norm_bound", "schatten_norm", "spectral_norm", "spectral_norm_ref"]
 
 _SQUARINGS = 20  # p = 2^20 in the ONNX path's Schatten norm
 
@@ -75,49 +76,6 @@ def schatten_norm(weight: Tensor, squarings: int = _SQUARINGS) -> Tensor:
     return torch.exp(log_norm / 2)
 
 
-@functools.cache
-def _blas_controller():
-    """threadpoolctl's handle on the BLAS libraries loaded once scipy's LAPACK is (made once: it
-    scans the process's libraries)."""
-    import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS, which the controller then sees)
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
-
-
-def _top_eigenpair_lapack(gram: Tensor) -> tuple[float, Tensor]:
-    """The largest eigenvalue of a symmetric CPU matrix and a unit eigenvector: that pair alone
-    (LAPACK's ``syevr`` by index), not the whole spectrum, on one BLAS thread.
-
-    scipy's OpenBLAS sizes its thread pool to the machine, not to torch's thread count, and its
-    threads spin while they wait: beside one busy process on two cores the pair of a 250 x 250
-    matrix took 4.4 ms on its two threads against 1.6 ms on one (and up to 9 ms in a training
-    step), where a quiet machine's second thread saves little on a matrix this small.
-
-    Where the largest eigenvalues form a tight cluster (a memory put into the ball by
-    :func:`linmem.pretrain.project_memory`: its singular values above the bound all set to it),
-    LAPACK's float32 MRRR can return no pair at all (4 in 40 such 250 x 250 matrices here): the
-    whole spectrum's solver (:func:`_top_eigenpair`, divide and conquer) answers then."""
-    import scipy.linalg  # here: importing it costs 0.4 s, and only a bounded memory needs it
-
-    n = gram.shape[0]
-    try:
-        with _blas_controller().limit(limits=1, user_api="blas"):
-            lam, vec = scipy.linalg.eigh(gram.numpy(), subset_by_index=[n - 1, n - 1],
-                                         driver="evr", check_finite=False)
-    except np.linalg.LinAlgError:
-        lam = ()
-    if len(lam) == 0:  # MRRR can find nothing in a tight cluster: the whole spectrum instead
-        return _top_eigenpair(gram)
-    return float(lam[0]), torch.from_numpy(np.ascontiguousarray(vec[:, 0]))
-
-
-def _top_eigenpair(gram: Tensor) -> tuple[float, Tensor]:
-    """The same pair from the whole spectrum (``torch.linalg.eigh``), on any device."""
-    values, vectors = torch.linalg.eigh(gram)
-    return float(values[-1]), vectors[:, -1]
-
-
 @torch.library.custom_op("linmem::spectral_norm", mutates_args=())
 def _spectral_norm(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(sigma_1, u_1, v_1)`` of a matrix: its largest singular value and a unit pair of
@@ -138,7 +96,7 @@ def _spectral_norm(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return weight.new_zeros(()), weight.new_zeros(rows), weight.new_zeros(cols)
     w = w / scale
     gram = w.T @ w if tall else w @ w.T
-    lam, vec = (_top_eigenpair_lapack if gram.device.type == "cpu" else _top_eigenpair)(gram)
+    lam, vec = (top_eigenpair_lapack if gram.device.type == "cpu" else top_eigenpair)(gram)
     sigma = math.sqrt(max(lam, 0.0))
     other = (w @ vec if tall else w.T @ vec) / sigma
     u, v = (other, vec) if tall else (vec, other)
@@ -191,15 +149,45 @@ def spectral_norm(weight: Tensor) -> Tensor:
     return torch.ops.linmem.spectral_norm(weight)[0]
 
 
-def bounded_memory(weight: Tensor, bound: float | None) -> Tensor:
+def _inside(norm: Tensor, bound: float, dtype: torch.dtype) -> tuple[Tensor, float]:
+    """Whether ``norm`` is on or inside the ball, and the largest norm that counts as on it: a
+    norm within a few units of rounding of the bound is on it, and the matrix is kept as it is
+    (a memory projected onto the ball, or B with ||B||_2 = 1, transfers exactly)."""
+    limit = bound * (1 + 8 * torch.finfo(dtype).eps)
+    return norm <= limit, limit
+
+
+def bounded_memory(weight: Tensor, bound: float | None, start: Tensor | None = None,
+                   update: bool = False) -> Tensor:
     """The memory matrix eq. (7) runs with: ``weight`` itself without a bound, else ``weight``
-    rescaled into the ball ``||W||_2 <= bound`` (unchanged inside it)."""
+    rescaled into the ball ``||W||_2 <= bound`` (unchanged inside it) by an upper bound of its
+    norm certified by :func:`linmem.ops.certified_norm.certified_norm` (never below the norm, at
+    most ``SLACK`` and the Gram matrix's rounding above it). ``start``: the previous call's top
+    singular vector (a layer's buffer), which the power iteration starts from; with ``update``
+    it is overwritten with this call's (a layer in training mode). :func:`bounded_memory_ref`
+    is the same with the exact norm."""
+    if bound is None:
+        return weight
+    if torch._C._are_functorch_transforms_active():
+        norm = spectral_norm_ref(weight)
+    elif torch.onnx.is_in_onnx_export():
+        norm = schatten_norm(weight)
+    else:
+        return bounded_weight(weight, start, bound, update)
+    # as the certified norm: the matrix kept within rounding of the ball, else rescaled by the
+    # norm widened by the certificate's d
+    inside = norm <= on_the_ball(bound, weight)
+    return weight * torch.where(inside, torch.ones_like(norm), bound / widened(norm, weight))
+
+
+def bounded_memory_ref(weight: Tensor, bound: float | None) -> Tensor:
+    """The reference of :func:`bounded_memory`: the same rescaling by the exact norm
+    (:func:`spectral_norm`, LAPACK's top eigenpair of the Gram matrix), as every bounded run
+    before the certified norm was trained."""
     if bound is None:
         return weight
     norm = spectral_norm(weight)
-    # a norm within a few units of rounding of the bound is on it: the matrix is kept as it is
-    # (a memory projected onto the ball, or B with ||B||_2 = 1, transfers exactly)
-    inside = norm <= bound * (1 + 8 * torch.finfo(weight.dtype).eps)
+    inside, _ = _inside(norm, bound, weight.dtype)
     return weight * torch.where(inside, torch.ones_like(norm), bound / norm)
 
 
