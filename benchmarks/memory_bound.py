@@ -7,7 +7,8 @@ bound, then the time each parametrization adds: the layer's own ``LMN(memory_bou
 end to end (the certified norm, :mod:`linmem.ops.certified_norm`), and the same layer by the
 exact norm it used before (:func:`linmem.ops.bound.bounded_memory_ref`); the same for a whole
 update (forward, backward and Adam's step, so that the weights and the certified norm's warm
-start move as in training); then the norm alone, rescaling the unbounded layer's matrix: the
+start move as in training: updates on JSB Chorales' training windows, after ``--warmup`` of
+them); then the norm alone, rescaling the unbounded layer's matrix: the
 certified norm (warm-started), the exact largest eigenpair of ``V^T V``
 (:func:`linmem.ops.bound.spectral_norm`), the exact norm by a full SVD
 (``torch.linalg.matrix_norm(V, 2)``), the Schatten 2^20-norm (the ONNX export's upper bound),
@@ -20,6 +21,7 @@ the relative change ``||W - B||_F / ||B||_F`` of the nearest matrix of the ball 
 (:func:`linmem.pretrain.project_memory`): 0 where ``||B||_2 <= r``, the transfer exact.
 
     OMP_NUM_THREADS=1 python benchmarks/memory_bound.py --part cost|norms|all [--json OUT]
+    python benchmarks/memory_bound.py --table OUT
 """
 
 from __future__ import annotations
@@ -58,12 +60,40 @@ def _time(fn, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-def _step(model, x: torch.Tensor, norm=None, optimizer=None) -> None:
+def _windows(data_dir: Path, steps: int) -> list[torch.Tensor]:
+    """JSB Chorales' training split, its sequences end to end, cut into ``(1, steps, 88)``
+    windows: the whole updates' data (real piano rolls, as in training, at a fixed length)."""
+    from linmem.data import load_polyphonic
+
+    train = load_polyphonic("jsb", root=data_dir, progress=False)["train"]
+    roll = torch.cat([torch.as_tensor(np.asarray(s), dtype=torch.float32) for s in train])
+    return [roll[i:i + steps][None] for i in range(0, len(roll) - steps + 1, steps)]
+
+
+class _Stream:
+    """The next window at every call (cycling): an update on each in turn."""
+
+    def __init__(self, windows: list[torch.Tensor]):
+        self.windows, self.i = windows, 0
+
+    def __call__(self) -> torch.Tensor:
+        self.i = (self.i + 1) % len(self.windows)
+        return self.windows[self.i]
+
+
+def _update(model, stream: _Stream, optimizer) -> None:
+    """One training update on the stream's next window: the next-frame cross-entropy's forward
+    and backward, then the optimizer's step."""
+    x = stream()
+    model.zero_grad()
+    torch.nn.functional.binary_cross_entropy_with_logits(model(x[:, :-1]), x[:, 1:]).backward()
+    optimizer.step()
+
+
+def _step(model, x: torch.Tensor, norm=None) -> None:
     """One forward and backward of ``model`` on ``x`` (the sum of its outputs), ``W^mm``
     rescaled by ``norm`` (a function of the raw matrix) as the bound does, or as it is
-    (``None``); with an ``optimizer``, a whole training update instead: the next-frame
-    cross-entropy's forward and backward and the optimizer's step (the weights move, and the
-    certified norm's warm start with them)."""
+    (``None``)."""
     model.zero_grad()
     if norm is None:
         out = model(x)
@@ -73,11 +103,7 @@ def _step(model, x: torch.Tensor, norm=None, optimizer=None) -> None:
         with torch.nn.utils.stateless._reparametrize_module(model,
                                                             {"core.weight_mm_l0": v * scale}):
             out = model(x)
-    if optimizer is None:
-        out.sum().backward()
-        return
-    torch.nn.functional.binary_cross_entropy_with_logits(out[:, :-1], x[:, 1:]).backward()
-    optimizer.step()
+    out.sum().backward()
 
 
 @contextlib.contextmanager
@@ -95,7 +121,7 @@ def _reference_bound():
         lmn.bounded_memory = before
 
 
-def _columns(m: int, steps: int):
+def _columns(m: int, steps: int, windows: list[torch.Tensor], warmup: int = 0):
     """``{column: (function, baseline)}`` of one size: each function times one step; the
     baseline is the column whose time it adds to (None: a step's own time)."""
     from linmem.models import build_model
@@ -123,18 +149,25 @@ def _columns(m: int, steps: int):
                 fn()
         return call
 
-    # whole updates (Adam, the paper's learning rate): the weights move between steps
-    moving = {name: (mod, torch.optim.Adam(mod.parameters(), lr=1e-3))
-              for name, mod in (("plain", model(None)), ("bounded", model(0.99)))}
+    # whole updates (Adam, the paper's learning rate) on JSB Chorales' windows: the weights
+    # move between steps, after ``warmup`` updates (a training run's steady state)
+    moving = {name: (mod, _Stream(windows), torch.optim.Adam(mod.parameters(), lr=1e-3))
+              for name, mod in (("plain", model(None)), ("bounded", model(0.99)),
+                                ("reference", model(0.99)))}
+    for name, (mod, stream, optimizer) in moving.items():
+        with _reference_bound() if name == "reference" else contextlib.nullcontext():
+            for _ in range(warmup):
+                _update(mod, stream, optimizer)
     return {
         "step_s": (functools.partial(_step, plain, x), None),
         "layer memory_bound=0.99": (functools.partial(_step, bounded, x), "step_s"),
         "layer, exact eigenpair (before)": (in_reference(functools.partial(_step, reference, x)),
                                             "step_s"),
-        "update_s": (functools.partial(_step, *moving["plain"][:1], x,
-                                       optimizer=moving["plain"][1]), None),
-        "update: layer memory_bound=0.99": (functools.partial(
-            _step, moving["bounded"][0], x, optimizer=moving["bounded"][1]), "update_s"),
+        "update_s": (functools.partial(_update, *moving["plain"]), None),
+        "update: layer memory_bound=0.99": (functools.partial(_update, *moving["bounded"]),
+                                            "update_s"),
+        "update: layer, exact eigenpair (before)": (
+            in_reference(functools.partial(_update, *moving["reference"])), "update_s"),
         "certified (linmem)": (functools.partial(_step, plain, x, certified), "step_s"),
         "exact, one eigenpair": (functools.partial(_step, plain, x, spectral_norm), "step_s"),
         "exact, SVD (matrix_norm)": (functools.partial(
@@ -145,14 +178,15 @@ def _columns(m: int, steps: int):
     }
 
 
-def cost(sizes: list[int], lengths: list[int], repeats: int, rounds: int) -> list[dict]:
+def cost(sizes: list[int], lengths: list[int], repeats: int, rounds: int, data_dir: Path,
+         warmup: int = 0) -> list[dict]:
     """Per size, each column's time, ``rounds`` times in turn (the columns interleaved, so
     that a drift of the machine's speed reaches all of them); a column's figure is the median
     over the rounds of what it added to its baseline in the same round (a baseline's own
     figure: the median of its times)."""
     rows = []
     for m, steps in ((m, steps) for m in sizes for steps in lengths):
-        columns = _columns(m, steps)
+        columns = _columns(m, steps, _windows(data_dir, steps), warmup)
         times = {name: [] for name in columns}
         for _ in range(rounds):
             for name, (fn, _) in columns.items():
@@ -195,6 +229,25 @@ def norms(data_dir: Path, components: list[int], bounds: list[float]) -> list[di
     return rows
 
 
+def table(path: Path) -> str:
+    """The cost part of a ``--json`` file as a markdown table: ms added, and the share of the
+    step (or of the update) in brackets."""
+    data = json.loads(Path(path).read_text())
+    columns = [("layer memory_bound=0.99", "step_s", "the layer's bound"),
+               ("layer, exact eigenpair (before)", "step_s", "before (exact eigenpair)"),
+               ("update: layer memory_bound=0.99", "update_s", "the layer's bound"),
+               ("update: layer, exact eigenpair (before)", "update_s", "before")]
+    lines = ["| M | steps | step, no bound (ms) | " + " | ".join(c[2] for c in columns[:2])
+             + " | update, no bound (ms) | " + " | ".join(c[2] for c in columns[2:]) + " |",
+             "|---" * 8 + "|"]
+    for r in data["cost"]:
+        cells = [f"{1e3 * r[k]:+.2f} ({100 * r[k] / r[base]:+.0f} %)" for k, base, _ in columns]
+        lines.append(f"| {r['memory']} | {r['steps']} | {1e3 * r['step_s']:.2f} | "
+                     f"{cells[0]} | {cells[1]} | {1e3 * r['update_s']:.2f} | {cells[2]} | "
+                     f"{cells[3]} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--part", choices=("cost", "norms", "all"), default="all")
@@ -202,25 +255,34 @@ def main() -> None:
     p.add_argument("--steps", type=int, nargs="+", default=[60, 200],
                    help="sequence lengths (JSB Chorales' sequences are about 60 steps long)")
     p.add_argument("--repeats", type=int, default=20, help="steps timed in a row")
+    p.add_argument("--warmup", type=int, default=200,
+                   help="updates before the whole updates are timed (a training run's steady "
+                        "state: JSB Chorales' first epoch is 229 updates at batch 1)")
     p.add_argument("--rounds", type=int, default=5,
                    help="each column timed this many times, interleaved; the median is given")
     p.add_argument("--components", type=int, nargs="+", default=[50, 250])
     p.add_argument("--bounds", type=float, nargs="+", default=[0.9, 0.99, 1.0])
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     p.add_argument("--json", default=None)
+    p.add_argument("--table", type=Path, default=None, metavar="JSON",
+                   help="print the cost part of a --json file as a markdown table, and stop")
     args = p.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
     started = time.perf_counter()
     out = {}
     if args.part in ("cost", "all"):
-        out["cost"] = cost(args.sizes, args.steps, args.repeats, args.rounds)
+        out["cost"] = cost(args.sizes, args.steps, args.repeats, args.rounds, args.data_dir,
+                           args.warmup)
     if args.part in ("norms", "all"):
         out["norms"] = norms(args.data_dir, args.components, args.bounds)
     if args.json:
         from linmem.data import data_checksum
 
-        sums = ({n: data_checksum(n, args.data_dir) for n in ("jsb", "nottingham", "musedata",
-                                                              "piano")}
-                if "norms" in out else None)
+        sums = {n: data_checksum(n, args.data_dir)
+                for n in (("jsb", "nottingham", "musedata", "piano") if "norms" in out
+                          else ("jsb",))}
         write_json(args.json, {**out, **provenance(command_line(), git_commit(), 0, sums,
                                                     time.perf_counter() - started)})
     print(json.dumps({"wall_time_s": round(time.perf_counter() - started, 1)}))

@@ -298,7 +298,7 @@ def test_paper_long_cost_projects_the_jsb_points_by_the_probes(tmp_path):
     assert f"grids: {grids:.0f} CPU h" in out
 
 
-def test_memory_bound_benchmark_runs_and_its_power_iteration_is_a_lower_bound():
+def test_memory_bound_benchmark_runs_and_its_power_iteration_is_a_lower_bound(data_dir):
     """The candidates it times compute norms of the right kind: the power iteration's estimate
     is below ||W||_2 and converges to it; one small size of the cost part runs."""
     bench = _load("memory_bound")
@@ -309,7 +309,7 @@ def test_memory_bound_benchmark_runs_and_its_power_iteration_is_a_lower_bound():
     estimates = [float(bench.power_iteration_norm(w, u)) for _ in range(500)]
     assert max(estimates) <= exact * (1 + 1e-12)
     assert estimates[-1] == pytest.approx(exact, rel=1e-6)
-    rows = bench.cost([6], [4, 5], repeats=1, rounds=2)
+    rows = bench.cost([6], [4, 5], repeats=1, rounds=2, data_dir=data_dir, warmup=2)
     assert [(r["memory"], r["steps"]) for r in rows] == [(6, 4), (6, 5)]
     assert {"layer memory_bound=0.99", "layer, exact eigenpair (before)", "certified (linmem)",
             "update: layer memory_bound=0.99", "exact, one eigenpair",

@@ -36,6 +36,7 @@ from linmem.nn.recurrent import (
 )
 from linmem.nn.ulm import UnrolledNet  # the unrolled network (nn.ulm), named here as before
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND, bounded_memory, check_memory_bound
+from linmem.ops.certified_norm import STATE
 from linmem.ops.lmn import NONLINEARITIES, _batch_major, activation_grad, check_nonlinearity, scan
 
 __all__ = ["LMN", "NONLINEARITIES", "LMNCell", "UnrolledNet", "activation_slope", "lmn_recurrence"]
@@ -45,18 +46,34 @@ _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "b
 
 State = Tensor | tuple[Tensor | None, Tensor] | None
 
-# a bounded layer's buffer: the top right singular vector of its W^mm at the last training
-# update, where the certified norm's power iteration starts (linmem.ops.certified_norm); in the
-# state dict, so that a resumed run continues exactly as an uninterrupted one
-_BOUND_VECTOR = "bound_vector"
+# a bounded layer's buffers (bound_vector, bound_anchor, bound_certificate): the certified
+# norm's state at the last training update (linmem.ops.certified_norm.STATE: the power
+# iteration's start, the matrix of the last full certificate and its bounds); in the state dict,
+# so that a resumed run continues exactly as an uninterrupted one
+_BOUND = "bound_"
+
+
+def _bound_buffers(module: nn.Module, memory_size: int, factory: dict) -> None:
+    """Register the certified norm's buffers of an ``M x M`` memory matrix on ``module``."""
+    for name, shape in STATE.items():
+        dtype = torch.float64 if name == "certificate" else factory["dtype"]
+        module.register_buffer(_BOUND + name, torch.zeros(shape(memory_size, memory_size),
+                                                          device=factory["device"], dtype=dtype))
+
+
+def _bound_state(module: nn.Module, suffix: str = "") -> tuple | None:
+    """The buffers of :func:`_bound_buffers` (``suffix``: a layer's, ``_l0``), or None."""
+    if not hasattr(module, f"{_BOUND}vector{suffix}"):
+        return None
+    return tuple(getattr(module, f"{_BOUND}{name}{suffix}") for name in STATE)
 
 
 def _bound_vectors_as_expected(module: nn.Module, state_dict: dict, prefix: str) -> None:
-    """A state dict written without the bound's vectors (an unbounded layer's, or one saved
+    """A state dict written without the bound's buffers (an unbounded layer's, or one saved
     before the certified norm) leaves the module's as they are (zeros: a cold start); one with
-    vectors that the module has no bound for drops them. Changes ``state_dict`` in place."""
-    own = {n for n, _ in module.named_buffers(recurse=False) if n.startswith(_BOUND_VECTOR)}
-    for key in [k for k in state_dict if k.startswith(prefix + _BOUND_VECTOR)]:
+    buffers that the module has no bound for drops them. Changes ``state_dict`` in place."""
+    own = {n for n, _ in module.named_buffers(recurse=False) if n.startswith(_BOUND)}
+    for key in [k for k in state_dict if k.startswith(prefix + _BOUND)]:
         if key[len(prefix):] not in own:
             del state_dict[key]
     for name in own:
@@ -142,11 +159,13 @@ class LMNCell(nn.Module):
         bias: if ``False``, no ``b^h`` and ``b^m``. Default: ``True``.
         nonlinearity: the activation of eq. (6), ``"tanh"`` (the paper's), ``"relu"`` or
             ``"selu"``. Default: ``"tanh"``.
-        memory_bound: ``r``: eq. (7) runs with ``W^mm = weight_mm * min(1, r / ||weight_mm||_2)``,
-            so ``||W^mm||_2 <= r`` whatever the parameter's value (:mod:`linmem.ops.bound`; below 1
+        memory_bound: ``r``: eq. (7) runs with ``W^mm = weight_mm * min(1, r / s)``, ``s`` a
+            certified upper bound of ``||weight_mm||_2`` (:mod:`linmem.ops.certified_norm`), so
+            ``||W^mm||_2 <= r`` whatever the parameter's value (:mod:`linmem.ops.bound`; below 1
             a tanh layer's memory cannot grow without bound; a relu or selu layer's can, through
-            ``W^mh sigma(W^hm m)``). ``None``: the paper's unconstrained memory. Default:
-            :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND` (0.99).
+            ``W^mh sigma(W^hm m)``); its state is the buffers ``bound_vector``, ``bound_anchor``
+            and ``bound_certificate``, moved on in training mode. ``None``: the paper's
+            unconstrained memory. Default: :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND` (0.99).
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
@@ -198,7 +217,7 @@ class LMNCell(nn.Module):
             self.register_parameter("bias_h", None)
             self.register_parameter("bias_m", None)
         if self.memory_bound is not None:
-            self.register_buffer(_BOUND_VECTOR, torch.zeros(memory_size, **factory))
+            _bound_buffers(self, memory_size, factory)
         self.reset_parameters()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -238,11 +257,11 @@ class LMNCell(nn.Module):
     def memory_weight(self) -> Tensor:
         """``W^mm`` as eq. (7) uses it: ``weight_mm`` itself, or rescaled into the ball of
         ``memory_bound``."""
-        return bounded_memory(self.weight_mm, self.memory_bound, getattr(self, _BOUND_VECTOR, None))
+        return bounded_memory(self.weight_mm, self.memory_bound, _bound_state(self))
 
     def _memory_weight(self) -> Tensor:
-        """:meth:`memory_weight`, in training mode moving the power iteration's start on."""
-        return bounded_memory(self.weight_mm, self.memory_bound, getattr(self, _BOUND_VECTOR, None),
+        """:meth:`memory_weight`, in training mode moving the certified norm's state on."""
+        return bounded_memory(self.weight_mm, self.memory_bound, _bound_state(self),
                               update=self.training)
 
     def extra_repr(self) -> str:
@@ -312,6 +331,9 @@ class LMN(nn.Module):
             bias_m_l{k}: layer ``k``'s parameters, shaped and initialised as in
             :class:`LMNCell` (the reverse direction's end in ``_reverse``; layer ``k > 0``
             reads ``D`` times the output size).
+        bound_vector_l{k}, bound_anchor_l{k}, bound_certificate_l{k}: with a bound, the
+            certified norm's state (:data:`linmem.ops.certified_norm.STATE`), buffers in the
+            state dict (zeros: a cold start, as a state dict without them loads).
     """
 
     __prepare_scriptable__ = no_torchscript
@@ -389,11 +411,11 @@ class LMN(nn.Module):
         return self._memory_weight(k, reverse, update=False)
 
     def _memory_weight(self, k: int, reverse: bool, update: bool) -> Tensor:
-        """:meth:`memory_weight`; with ``update``, the power iteration's start (the buffer
-        ``bound_vector_l{k}``) moved on to this call's top singular vector."""
-        suffix = "_reverse" if reverse else ""
+        """:meth:`memory_weight`; with ``update``, the certified norm's state (the buffers
+        ``bound_*_l{k}``) moved on to this call's."""
+        suffix = f"_l{k}" + ("_reverse" if reverse else "")
         return bounded_memory(self.layer_weights(k, reverse)["weight_mm"], self.memory_bound,
-                              getattr(self, f"{_BOUND_VECTOR}_l{k}{suffix}", None), update)
+                              _bound_state(self, suffix), update)
 
     @in_parameter_precision
     def forward(self, input: Tensor | PackedSequence, state: State = None):

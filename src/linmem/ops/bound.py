@@ -14,17 +14,22 @@ rescaled matrix. With ``r < 1`` and a bounded activation (``|h| <= 1``, tanh) th
 contractive: ``||m_t|| <= (||W^hm||_2 sqrt(H) + ||b^m||) / (1 - r)`` for every input and every
 ``t`` (:func:`memory_norm_bound`).
 
-``||V||_2`` is computed once per forward (not per step), exactly, by the operator
-``linmem::spectral_norm`` (:func:`spectral_norm`): the largest eigenpair alone of the Gram
-matrix ``V^T V`` (LAPACK's ``syevr`` for one eigenvalue on the CPU, ``eigh`` elsewhere), its
-gradient ``u_1 v_1^T`` from the singular vectors that the forward found. At ``M = 250`` it adds
-a third of what ``torch.linalg.matrix_norm(V, 2)`` (a full SVD, forward and backward) adds to a
-batch-1 training step, as accurately (``benchmarks/memory_bound.py --part cost``,
-``results/bounded-memory/cost.json``). ONNX has no eigensolver: under ``torch.onnx.export``
-the norm is the Schatten ``2p``-norm ``tr((V^T V)^p)^(1/2p)`` by repeated squaring
-(:func:`schatten_norm`), never below ``||V||_2`` and above it by at most ``M^(1/2p)``
-(``p = 2^20``: ``1 + 3e-6`` at ``M = 1000``), so the exported bound holds too and the outputs
-equal eager's to float32 rounding.
+``||V||_2`` is computed once per forward (not per step), from above: ``s >= ||V||_2``, proven
+in exact arithmetic, equal to it to about ``1e-7`` where the top singular value stands apart
+(Temple's bound, as training makes it) and at most ``1 + d`` times it elsewhere (``d`` about
+``5e-4``) (:mod:`linmem.ops.certified_norm`, the operator ``linmem::bounded_scale``; a layer's
+buffers carry its state from one update to the next, so that most updates need only a few
+matrix-vector products). So the bounded matrix is inside the ball to float32's rounding, and
+at most ``d`` inside its surface. :func:`bounded_memory_ref` is the same rescaling by the
+exact norm of the operator ``linmem::spectral_norm`` (:func:`spectral_norm`: the largest
+eigenpair alone of ``V^T V``, LAPACK's ``syevr`` on the CPU, ``eigh`` elsewhere), the path of
+every bounded run trained before 2026-12-07, and the certified norm's reference in the tests;
+``benchmarks/memory_bound.py --part cost`` times both (``results/bounded-memory/cost.json``).
+ONNX has no eigensolver: under ``torch.onnx.export`` the norm is the Schatten ``2p``-norm
+``tr((V^T V)^p)^(1/2p)`` by repeated squaring (:func:`schatten_norm`), never below ``||V||_2``
+and above it by at most ``M^(1/2p)`` (``p = 2^20``: ``1 + 3e-6`` at ``M = 1000``), so the
+exported bound holds too, and the outputs equal eager's to float32 rounding where eager's is
+Temple's.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ import math
 import torch
 from torch import Tensor
 
-from linmem.ops.certified_norm import bounded_weight, on_the_ball, widened
+from linmem.ops.certificates import on_the_ball
+from linmem.ops.certified_norm import bounded_weight
 from linmem.ops.eigen import top_eigenpair, top_eigenpair_lapack
 
 __all__ = ["DEFAULT_MEMORY_BOUND", "bounded_memory", "bounded_memory_ref", "check_memory_bound",
@@ -157,13 +163,14 @@ def _inside(norm: Tensor, bound: float, dtype: torch.dtype) -> tuple[Tensor, flo
     return norm <= limit, limit
 
 
-def bounded_memory(weight: Tensor, bound: float | None, start: Tensor | None = None,
+def bounded_memory(weight: Tensor, bound: float | None, state: tuple | None = None,
                    update: bool = False) -> Tensor:
     """The memory matrix eq. (7) runs with: ``weight`` itself without a bound, else ``weight``
     rescaled into the ball ``||W||_2 <= bound`` (unchanged inside it) by an upper bound of its
     norm certified by :func:`linmem.ops.certified_norm.certified_norm` (never below the norm, at
-    most ``SLACK`` and the Gram matrix's rounding above it). ``start``: the previous call's top
-    singular vector (a layer's buffer), which the power iteration starts from; with ``update``
+    most ``SLACK`` and the Gram matrix's rounding above it). ``state``: a layer's buffers (the
+    power iteration's start and the last full certificate, :func:`linmem.ops.certified_norm.
+    bounded_weight`), which make most calls cheap; with ``update``
     it is overwritten with this call's (a layer in training mode). :func:`bounded_memory_ref`
     is the same with the exact norm."""
     if bound is None:
@@ -173,11 +180,11 @@ def bounded_memory(weight: Tensor, bound: float | None, start: Tensor | None = N
     elif torch.onnx.is_in_onnx_export():
         norm = schatten_norm(weight)
     else:
-        return bounded_weight(weight, start, bound, update)
-    # as the certified norm: the matrix kept within rounding of the ball, else rescaled by the
-    # norm widened by the certificate's d
+        return bounded_weight(weight, state, bound, update)
+    # as the certified norm: the matrix kept within rounding of the ball, else rescaled (by a
+    # norm as tight as the certified one where the top singular value stands apart, Temple's)
     inside = norm <= on_the_ball(bound, weight)
-    return weight * torch.where(inside, torch.ones_like(norm), bound / widened(norm, weight))
+    return weight * torch.where(inside, torch.ones_like(norm), bound / norm)
 
 
 def bounded_memory_ref(weight: Tensor, bound: float | None) -> Tensor:

@@ -1,254 +1,71 @@
-"""``||V||_2`` from above, certified, at the cost of a Gram matrix and one Cholesky factorisation.
+"""``||V||_2`` from above, certified, and at most updates for a few matrix-vector products.
 
 The bounded memory (:mod:`linmem.ops.bound`) runs eq. (7) with ``W^mm = V min(1, r / s)``; it
 holds ``||W^mm||_2 <= r`` whenever ``s >= ||V||_2``. An exact ``s`` (the top eigenpair of
 ``V^T V`` by LAPACK, :func:`linmem.ops.bound.spectral_norm`) costs a tridiagonal reduction per
 update, more than a batch-1 training step of LMN-B(250, 250) on JSB's 60-step sequences. Here
-``s`` is found in three steps, each cheaper than the last one it avoids:
+``G`` is the Gram matrix of ``V``'s smaller side, ``lambda_1 >= lambda_2 >= ...`` its
+eigenvalues, and ``s`` comes from the cheapest of three certificates that holds:
 
-1. the Gram matrix ``G = V^T V`` (of the smaller side; BLAS ``syrk``, one triangle) and a power
-   iteration on it, warm-started from the previous update's top right singular vector
-   ``start`` (a layer keeps it as a buffer): ``lambda = x^T G x``, a *lower* bound of
-   ``||V||_2^2``, usually within ``1e-4`` after a few products;
-2. the certificate: ``c = sqrt(lambda) (1 + d)`` is an *upper* bound of ``||V||_2`` exactly when
-   ``c^2 I - G`` is positive definite, which a Cholesky factorisation (float64, LAPACK
-   ``potrf``) decides. The rounding of ``G`` (``|fl(G) - G| <= n u |V|^T |V|``, ``n`` the
-   inner dimension, ``u`` the unit roundoff; Jeannerod & Rump 2013, any summation order) and of
-   the factorisation (Demmel 1989; Rump 2006) are subtracted from the shift first, so a success
-   proves ``||V||_2 < c`` in real arithmetic. ``d = SLACK + eta / (2 lambda)``, ``eta`` that
-   rounding bound: ``c`` exceeds the norm by at most ``SLACK`` relative plus the rounding's own
-   width (float32, ``M = 250``: about ``5e-4``);
-3. only where the certificate fails (a cold start, the top pair moved): the eigensolver's pair,
-   then the certificate again; as the last resort ``||V||_F``, which is always above.
+1. **Temple's bound** (Temple 1928, Kato 1949): for a unit ``x`` with Rayleigh quotient
+   ``rho = x^T G x`` and residual ``eps = ||G x - rho x||``, and any ``alpha`` with
+   ``lambda_2 <= alpha < rho``, ``lambda_1 <= rho + eps^2 / (rho - alpha)``. ``x`` is a float64
+   power iteration's (``G x`` as two products with ``V``, the Gram matrix never formed),
+   warm-started from the last update's vector (a layer's buffer), run until ``eps <= RESIDUAL
+   rho``; the bound is then the exact norm to about ``RESIDUAL^2``. ``alpha`` is carried from an
+   *anchor*, an earlier matrix ``V0`` with certified ``alpha0 >= lambda_2(G0)`` and
+   ``c0 >= ||V0||_2``, by Weyl's inequality: ``lambda_2(G) <= alpha0 + (2 c0 + delta) delta``,
+   ``delta = ||V - V0||_F``. Training makes this the common case: the bound leaves the loss blind
+   to the raw matrix's scale, Adam grows its top direction, and the top singular value stands
+   apart (LMN-B(250, 250) on JSB Chorales: 2.7 against 1.1 after an epoch).
+2. **A new anchor**, where the old one has drifted too far (or there is none): ``alpha`` for this
+   matrix by Cauchy's interlacing, ``lambda_2(G) <= lambda_1(P G P)`` for ``P = I - x x^T``,
+   which a float64 Cholesky factorisation of ``alpha I - P G P`` certifies (``G`` by BLAS
+   ``syrk``), then Temple's bound.
+3. **The direct certificate**, where the top of the spectrum is not separated (at
+   initialisation, a cluster): ``c = sqrt(rho) (1 + d)`` is above ``||V||_2`` exactly when
+   ``c^2 I - G`` has a Cholesky factor; ``d = SLACK + eta / (2 rho)``, ``eta`` the Gram matrix's
+   rounding; the eigensolver's pair where the quotient is too low for it, ``||V||_F`` as the
+   last resort. After a failed anchor, ``WAIT`` updates pass before one is tried again.
 
-So ``||V||_2 <= s <= ||V||_2 (1 + d)``, never below. Where the estimate is below the bound
-and ``s`` would be above it, the certificate is tried at the bound itself (:func:`on_the_ball`:
-within rounding), in float64, so that a matrix on the ball (a pretrained memory projected onto
-it) is recognised as inside and kept exactly, not rescaled by ``1 / (1 + d)``. The
-gradient is ``(s / sqrt(lambda)) u v^T`` from the estimate's singular pair, the gradient of
-``||V||_2 (1 + d)``.
+Every rounding is accounted for: the Gram matrix's (``|fl(G) - G| <= n u |V|^T |V|``, ``n`` the
+inner dimension, any summation order: Jeannerod & Rump 2013), the products' in float64
+(:mod:`linmem.ops.certificates`) and the factorisations' (Demmel 1989; Rump 2006), each subtracted
+before a test, so that every ``s`` is proven ``>= ||V||_2`` in exact arithmetic, and at most
+``||V||_2 (1 + d)`` (certificate 3) or the exact norm to rounding (1 and 2). A state that does
+not belong together (loaded from elsewhere, a matrix replaced, a certificate cast from float64)
+is sealed against (the anchor's ``||V0||_F^2``) and ignored, never believed. Where the estimate
+is below the bound and ``s`` would be above it, the bound itself is certified in float64
+(:func:`~linmem.ops.certificates.on_the_ball`), so that a matrix on the ball (a pretrained
+memory projected onto it) is kept exactly. The gradient is ``(s / sqrt(rho)) u v^T`` from the
+iteration's singular pair.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from linmem.ops.eigen import blas_controller, top_eigenpair, top_eigenpair_lapack
+from linmem.ops.certificates import (
+    KEEP,
+    NO_CERTIFICATE,
+    WAIT,
+    Float64Products,
+    OneBlasThread,
+    certify_norm,
+    frobenius2_above,
+    left_gram,
+    on_the_ball,
+)
 
-__all__ = ["SLACK", "bounded_scale", "bounded_weight", "certified_norm", "on_the_ball", "widened"]
+__all__ = ["STATE", "bounded_scale", "bounded_weight", "certified_norm"]
 
-SLACK = 5e-4  # how far above the power iteration's estimate the certificate is tried
-# the power iteration's residual ||G x - lam x|| / lam at which its vector is taken (float32,
-# float64): the gradient u v^T is then that accurate over the relative spectral gap
-RESIDUAL = {True: 1e-5, False: 1e-10}
-_MIN_ITERATIONS, _MAX_ITERATIONS = 2, 30
-
-
-@functools.cache
-def _scipy_blas():
-    """scipy's BLAS and LAPACK wrappers, and threadpoolctl's handles on the BLAS libraries
-    loaded (made once: importing scipy costs 0.4 s, and only a bounded memory needs it)."""
-    import scipy.linalg.blas
-    import scipy.linalg.lapack
-
-    # scipy's own BLAS (its wheels ship one beside numpy's); every BLAS where that is not told
-    libs = blas_controller().lib_controllers
-    own = [lib for lib in libs if "scipy.libs" in lib.filepath or "scipy/.libs" in lib.filepath]
-    return scipy.linalg.blas, scipy.linalg.lapack, own or libs
-
-
-class _OneBlasThread:
-    """scipy's BLAS on one thread for a block, then as it was: scipy's OpenBLAS sizes its pool
-    to the machine and its threads spin while they wait, which beside a busy process costs more
-    than a second thread saves on matrices this small (a few us, where threadpoolctl's
-    ``limit`` takes 45)."""
-
-    def __enter__(self):
-        self.before = [(lib, n) for lib in _scipy_blas()[2] if (n := lib.get_num_threads()) != 1]
-        for lib, _ in self.before:
-            lib.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        for lib, n in self.before:
-            lib.set_num_threads(n)
-
-
-class _Numpy:
-    """The three steps on the CPU: scipy's BLAS ``syrk``/``symv`` and LAPACK ``potrf``/``syevr``
-    on one BLAS thread (scipy's OpenBLAS spins its threads, :func:`linmem.ops.eigen.
-    top_eigenpair_lapack`)."""
-
-    def __init__(self, a: np.ndarray):
-        self.blas, self.lapack, _ = _scipy_blas()
-        self.dot = self.blas.sdot if a.dtype == np.float32 else self.blas.ddot
-        self.single = a.dtype == np.float32
-        syrk = self.blas.ssyrk if self.single else self.blas.dsyrk
-        # a.T is a's Fortran view: syrk(a.T, trans=1) = a a^T (the faster: dot products of
-        # contiguous rows), syrk(a.T) = a^T a (no copy either way); the upper triangle only
-        self.gram = syrk(1.0, a.T, trans=int(_left(a)))
-        self.symv = self.blas.ssymv if self.single else self.blas.dsymv
-
-    def matvec(self, x: np.ndarray) -> np.ndarray:
-        return self.symv(1.0, self.gram, x)
-
-    def positive_definite(self, shift: float) -> bool:
-        """Whether ``shift I - G`` (float64) has a Cholesky factor."""
-        # in Fortran order, as syrk wrote G: potrf copies nothing
-        a = np.negative(self.gram, dtype=np.float64, order="F")
-        a.ravel(order="K")[::a.shape[0] + 1] += shift
-        _, info = self.lapack.dpotrf(a, lower=0, clean=0, overwrite_a=1)
-        return info == 0
-
-    def top_pair(self) -> tuple[float, np.ndarray]:
-        g = torch.from_numpy(np.triu(self.gram) + np.triu(self.gram, 1).T)
-        lam, vec = top_eigenpair_lapack(g)
-        return lam, vec.numpy()
-
-
-class _Torch:
-    """The same steps with PyTorch's operations, on any device (CUDA: cuBLAS and cuSOLVER)."""
-
-    def __init__(self, w: Tensor):
-        self.gram = w @ w.T if _left(w) else w.T @ w
-        self.single = w.dtype == torch.float32
-
-    def matvec(self, x: Tensor) -> Tensor:
-        return self.gram @ x
-
-    @staticmethod
-    def dot(x: Tensor, y: Tensor) -> float:
-        return float(x @ y)
-
-    def positive_definite(self, shift: float) -> bool:
-        a = -self.gram.double()
-        a.diagonal().add_(shift)
-        return int(torch.linalg.cholesky_ex(a).info) == 0
-
-    def top_pair(self) -> tuple[float, Tensor]:
-        return top_eigenpair(self.gram)
-
-
-def _left(w) -> bool:
-    """Whether the Gram matrix is ``w w^T`` (its eigenvector the left singular vector ``u``;
-    a square or wide matrix) rather than ``w^T w`` (a tall one): the smaller, and for a square
-    matrix the one whose BLAS product reads contiguous rows."""
-    return w.shape[0] <= w.shape[1]
-
-
-def _power(ops, x, slack: float) -> tuple[float, object, bool]:
-    """Power iteration on the Gram matrix from ``x``: the Rayleigh quotient ``lam`` (a lower
-    bound of its largest eigenvalue, non-decreasing), the unit iterate, and whether it
-    converged: the quotient gains less than a tenth of ``slack`` relative and the residual
-    ``||G x - lam x||`` is below ``RESIDUAL`` of ``lam`` (the vector, and with it the gradient
-    ``u v^T``, accurate to about that over the spectral gap), at most thirty products."""
-    tol = RESIDUAL[ops.single]
-    norm = ops.dot(x, x) ** 0.5
-    if not norm > 0 or not math.isfinite(norm):  # no warm start: a fixed start, the Gram's
-        x = ops.matvec(x * 0 + 1)                 # image of the ones vector
-        norm = ops.dot(x, x) ** 0.5
-    x = x / norm
-    lam = 0.0
-    for i in range(_MAX_ITERATIONS):
-        y = ops.matvec(x)
-        new = ops.dot(x, y)
-        y2 = ops.dot(y, y)
-        if not y2 > 0:
-            return max(new, 0.0), x, True
-        done = i + 1 >= _MIN_ITERATIONS and new - lam <= 0.1 * slack * new
-        if done:
-            r = y - new * x
-            done = ops.dot(r, r) <= (tol * new) ** 2  # ||G x - lam x|| <= tol lam
-        x = y / y2 ** 0.5
-        if done:
-            return new, x, True
-        lam = new
-    return lam, x, False
-
-
-def _certify(ops, upper: float, eta: float, n: int) -> bool:
-    """Whether ``||V||_2 < upper`` is proven: ``upper^2 I - G`` less the rounding of ``G``
-    (``eta``) and of a float64 Cholesky factorisation of an ``n x n`` matrix (``4 (n + 1) n u
-    upper^2`` bounds it: Rump 2006, Thm 2.3, with the trace ``<= n upper^2``) has a factor."""
-    mu = upper * upper
-    shift = mu - eta - 4 * (n + 1) * n * 2.0 ** -53 * mu
-    return shift > 0 and ops.positive_definite(shift)
-
-
-def _frobenius2(a) -> float:
-    """``||a||_F^2`` (a numpy array or a tensor), its rounding (at most ``size * u`` relative)
-    added: never below the exact value."""
-    flat = a.reshape(-1)
-    single = a.dtype in (np.float32, torch.float32)
-    if isinstance(a, np.ndarray):
-        blas = _scipy_blas()[0]
-        total = float((blas.sdot if single else blas.ddot)(flat, flat))
-    else:
-        total = float(flat @ flat)
-    return total * (1 + 2 * flat.shape[0] * (2.0 ** -24 if single else 2.0 ** -53))
-
-
-def _on_the_ball(ops, w, floor: float, frobenius2: float) -> bool:
-    """Whether ``||w||_2 <= floor`` is proven, in float64 throughout (a float32 matrix's Gram
-    matrix formed again in float64, where its products are exact): near the ball's surface the
-    float32 Gram matrix's rounding would hide the answer."""
-    n, inner = min(w.shape), max(w.shape)
-    if ops.single:
-        ops = _Numpy(w.astype(np.float64)) if isinstance(w, np.ndarray) else _Torch(w.double())
-    return _certify(ops, floor, inner * 2.0 ** -53 * frobenius2, n)
-
-
-def on_the_ball(bound: float, weight: Tensor) -> float:
-    """The largest certified norm that counts as on the ball of radius ``bound`` (the matrix
-    then kept as it is: a memory projected onto the ball, or ``B`` with ``||B||_2 = 1``,
-    transfers exactly): ``bound`` times one plus 8 units of rounding of ``weight``'s dtype, or
-    the float64 certificate's own rounding if that is wider."""
-    n = min(weight.shape)
-    return bound * (1 + max(8 * torch.finfo(weight.dtype).eps,
-                            (4 * (n + 1) * n + 2 * max(weight.shape) * n) * 2.0 ** -53))
-
-
-def widened(norm: Tensor, weight: Tensor) -> Tensor:
-    """``norm (1 + d)``, ``d`` the certified norm's width for ``weight`` (``SLACK`` and the
-    Gram matrix's rounding), from tensor operations alone: the ONNX export and torch.func's
-    transforms run the bound with the Schatten and the SVD's norm widened so, as eager's
-    certified norm is (to within the Schatten norm's factor)."""
-    unit = 2.0 ** -24 if weight.dtype != torch.float64 else 2.0 ** -53
-    eta = max(weight.shape) * unit * weight.pow(2).sum()
-    return norm * (1 + SLACK + eta / (2 * norm * norm))
-
-
-def _upper_bound(w, start, floor: float, frobenius2: float) -> tuple[float, float, object]:
-    """``(s, lam, x)`` for the matrix ``w`` (a numpy array on the CPU, else a tensor; scaled so
-    that its Gram matrix neither overflows nor underflows) of squared Frobenius norm
-    ``frobenius2`` (from above): the certified ``s``, the estimate ``lam`` of ``||w||_2^2`` and
-    its unit vector ``x`` (steps 1-3 of the module); ``start``, the power iteration's start."""
-    ops = _Numpy(w) if isinstance(w, np.ndarray) else _Torch(w)
-    n, inner = min(w.shape), max(w.shape)
-    unit = 2.0 ** -24 if ops.single else 2.0 ** -53
-    eta = inner * unit * frobenius2  # ||fl(G) - G||_2 <= n u || |V| ||_F^2
-    lam, x, converged = _power(ops, start, SLACK)
-    for attempt in range(0 if converged else 1, 2):
-        if attempt:  # no convergence, or an estimate too low to certify: the eigensolver's pair
-            lam, x = ops.top_pair()
-        lam = max(lam, 0.0)
-        d = SLACK + (eta / (2 * lam) if lam > 0 else 0.0)
-        estimate = math.sqrt(lam)
-        if estimate <= floor < estimate * (1 + d) and _on_the_ball(ops, w, floor, frobenius2):
-            return floor, lam, x
-        upper = estimate * (1 + d)
-        if upper > 0 and _certify(ops, upper, eta, n):
-            return upper, lam, x
-    # the slack 4, 16, ... times as wide, then ||V||_F, which is never below ||V||_2
-    for k in range(1, 6):
-        upper = math.sqrt(lam) * (1 + d * 4 ** k)
-        if upper > 0 and _certify(ops, upper, eta, n):
-            return upper, lam, x
-    return math.sqrt(frobenius2 + eta) * (1 + 1e-6), lam, x
+# a layer's buffers for its bounded matrix: name -> shape (n = min(rows, cols))
+STATE = {"vector": lambda rows, cols: (min(rows, cols),), "anchor": lambda rows, cols: (rows, cols),
+         "certificate": lambda rows, cols: (3,)}
 
 
 def _round_up(value: float, dtype: torch.dtype) -> float:
@@ -263,11 +80,16 @@ def _round_up(value: float, dtype: torch.dtype) -> float:
     return float(t)
 
 
-def _solve(weight: Tensor, start: Tensor, bound: float) -> tuple[float, float, Tensor, Tensor,
-                                                                  float]:
-    """``(scale, s, u, v, factor)`` of :func:`_bounded_scale` as floats and vectors."""
+def _solve(weight: Tensor, start: Tensor, bound: float, anchor: Tensor | None = None,
+           certificate: Tensor | None = None) -> tuple[float, float, Tensor, Tensor, float,
+                                                       object]:
+    """``(scale, s, u, v, factor, anchored)`` of :func:`_bounded_scale` as floats and vectors;
+    ``anchor`` and ``certificate`` (``[alpha0, c0, seal]``; ``c0 = 0``: none; ``c0 < 0``:
+    ``alpha0`` updates to wait before trying the second eigenvalue again) the state of the last
+    full certificate, and ``anchored`` what becomes of it (:func:`certify_norm`: ``KEEP``, a new
+    ``(alpha, c)`` in ``weight``'s units, or None)."""
     rows, cols = weight.shape
-    left = _left(weight)
+    left = left_gram(weight)
     n = min(rows, cols)
     w = weight.detach()
     if w.dtype not in (torch.float32, torch.float64):
@@ -275,38 +97,57 @@ def _solve(weight: Tensor, start: Tensor, bound: float) -> tuple[float, float, T
     cpu = w.device.type == "cpu"
     a = np.ascontiguousarray(w.numpy()) if cpu else w.contiguous()
     if n == 0:
-        return 0.0, 0.0, w.new_zeros(rows), w.new_zeros(cols), 0.0
+        return 0.0, 0.0, w.new_zeros(rows), w.new_zeros(cols), 0.0, NO_CERTIFICATE
     limit = on_the_ball(bound, weight) if math.isfinite(bound) else bound
-    frobenius2 = _frobenius2(a)
+    frobenius2 = seal = frobenius2_above(a)  # the seal of an anchor made of this matrix
     scale = 1.0
     if not 1e-20 < frobenius2 < 1e20:  # NaN, inf, or a Gram matrix that could under- or
         scale = float(max(a.max(), -a.min()) if cpu else a.abs().max())  # overflow: rescaled
         if not math.isfinite(scale):
             return math.nan, math.nan, w.new_full((rows,), math.nan), \
-                w.new_full((cols,), math.nan), math.nan
+                w.new_full((cols,), math.nan), math.nan, NO_CERTIFICATE
         if scale == 0:
-            return 1.0, 0.0, w.new_zeros(rows), w.new_zeros(cols), 1.0
+            return 1.0, 0.0, w.new_zeros(rows), w.new_zeros(cols), 1.0, NO_CERTIFICATE
         a = a / (a.dtype.type(scale) if cpu else scale)
-        frobenius2 = _frobenius2(a)
+        frobenius2 = frobenius2_above(a)
+    held, wait = None, 0
+    # a certificate cast from float64 (module.float(), .half()) may belong to a rounded anchor
+    if certificate is not None and certificate.dtype == torch.float64:
+        alpha0, c0, sealed = certificate.tolist()
+        if c0 > 0 and anchor is not None and anchor.shape == weight.shape:
+            w0 = anchor.detach().to(w.dtype)
+            w0 = np.ascontiguousarray(w0.numpy()) if cpu else w0
+            # the seal: the anchor's squared Frobenius norm when it was certified; a state
+            # loaded or set from elsewhere whose anchor is not the certified matrix is ignored
+            if abs(frobenius2_above(w0) - sealed) <= 1e-9 * sealed:
+                held = (w0 / (w0.dtype.type(scale) if cpu else scale) if scale != 1.0 else w0,
+                        alpha0 / scale ** 2, c0 / scale)
+        elif c0 < 0:  # [k, -1]: the second eigenvalue's certificate failed, k updates to wait
+            wait = int(alpha0)
     if cpu:
-        x0 = start.detach().numpy() if start.shape == (n,) else np.zeros(n, a.dtype)
-        with _OneBlasThread():
-            upper, lam, x = _upper_bound(a, x0.astype(a.dtype, copy=False), limit / scale,
-                                         frobenius2)
+        x0 = start.detach().numpy() if start.shape == (n,) else np.zeros(n)
+        with OneBlasThread():
+            upper, lam, x, anchored = certify_norm(a, x0, limit / scale, frobenius2, held,
+                                                   wait == 0)
         sigma = math.sqrt(lam)
-        other = (a.T @ x if left else a @ x) / sigma if sigma > 0 else np.zeros(max(rows, cols),
-                                                                                 a.dtype)
-        x, other = torch.from_numpy(np.asarray(x, a.dtype)), torch.from_numpy(np.asarray(other))
+        other = (Float64Products.other_of(a, left, x) / sigma if sigma > 0
+                 else np.zeros(max(rows, cols)))
+        x, other = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(other))
     else:
-        x0 = start.detach().to(a.dtype) if start.shape == (n,) else a.new_zeros(n)
-        upper, lam, x = _upper_bound(a, x0, limit / scale, frobenius2)
+        x0 = start.detach().double() if start.shape == (n,) else a.new_zeros(n, dtype=torch.float64)
+        upper, lam, x, anchored = certify_norm(a, x0, limit / scale, frobenius2, held, wait == 0)
         sigma = math.sqrt(lam)
-        other = (a.T @ x if left else a @ x) / sigma if sigma > 0 else a.new_zeros(max(rows, cols))
+        other = Float64Products.other_of(a, left, x) / sigma if sigma > 0 else \
+            a.new_zeros(max(rows, cols), dtype=torch.float64)
     u, v = (x, other) if left else (other, x)
     s = _round_up(math.nextafter(upper * scale, math.inf), weight.dtype)
     factor = upper / sigma if sigma > 0 else 1.0
+    if isinstance(anchored, tuple):
+        anchored = (anchored[0] * scale ** 2, anchored[1] * scale, seal)
+    elif anchored is None:  # wait before trying the second eigenvalue's certificate again
+        anchored = (float(max(wait - 1, 0) if wait else WAIT), -1.0, 0.0)
     inside = upper <= limit / scale  # certified at or inside the ball's surface (in w's units)
-    return (1.0 if inside else bound / s), s, u, v, factor
+    return (1.0 if inside else bound / s), s, u, v, factor, anchored
 
 
 @torch.library.custom_op("linmem::bounded_scale", mutates_args=())
@@ -324,7 +165,7 @@ def _bounded_scale(weight: Tensor, start: Tensor, bound: float
 def _bounded_scale_impl(weight: Tensor, start: Tensor, bound: float
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The operator's outputs (``scale``, ``s`` and the coefficients: views of one tensor)."""
-    scale, s, u, v, factor = _solve(weight, start, bound)
+    scale, s, u, v, factor, _ = _solve(weight, start, bound)
     dscale = -bound * factor / (s * s) if scale != 1.0 and s > 0 else 0.0
     if not math.isfinite(s):
         dscale = math.nan
@@ -384,10 +225,15 @@ class _EagerBoundedWeight(torch.autograd.Function):
     ``update``."""
 
     @staticmethod
-    def forward(ctx, weight, start, bound, update):
-        scale, s, u, v, factor = _solve(weight, start, bound)
+    def forward(ctx, weight, state, bound, update):
+        start, anchor, certificate = state
+        scale, s, u, v, factor, anchored = _solve(weight, start, bound, anchor, certificate)
         if update:
-            start.copy_(u if _left(weight) else v)
+            start.copy_(u if left_gram(weight) else v)
+            if certificate is not None and anchored != KEEP:
+                if anchored[1] > 0:  # a new anchor: this matrix (sealed by _solve)
+                    anchor.copy_(weight.detach())
+                certificate.copy_(torch.tensor(anchored, dtype=torch.float64))
         ctx.scale, ctx.bound, ctx.factor = scale, bound, factor
         ctx.dscale = -bound * factor / (s * s) if scale != 1.0 and s > 0 else 0.0
         ctx.save_for_backward(weight, u.to(weight), v.to(weight))
@@ -411,19 +257,24 @@ class _EagerBoundedWeight(torch.autograd.Function):
         return torch.addr(grad, u, v, beta=ctx.scale, alpha=alpha), None, None, None
 
 
-def bounded_weight(weight: Tensor, start: Tensor | None, bound: float,
+def bounded_weight(weight: Tensor, state: tuple | None, bound: float,
                    update: bool = False) -> Tensor:
     """``weight * min(1, bound / s)``, ``s`` the certified norm of :func:`bounded_scale`:
-    the matrix of the ball that :func:`linmem.ops.bound.bounded_memory` runs eq. (7) with;
-    with ``update``, ``start`` overwritten with this call's vector."""
+    the matrix of the ball that :func:`linmem.ops.bound.bounded_memory` runs eq. (7) with.
+    ``state``: a layer's buffers ``(vector, anchor, certificate)`` (:data:`STATE`: the power
+    iteration's start; the matrix of the last full certificate and ``[alpha, c]``, its Gram
+    matrix's second eigenvalue and its norm bounded from above, ``c = 0`` for none), or None;
+    with ``update``, overwritten with this call's. Traced (torch.compile, torch.export) or on
+    the ``meta`` device, the registered operator runs, from the vector alone."""
+    start = None if state is None else state[0]
     if torch.compiler.is_compiling() or weight.device.type == "meta":  # the operator: traced,
         scale, _, vector = bounded_scale(weight, start, bound)       # or its fake on meta
         if update and start is not None:
             start.copy_(vector)  # not differentiable: no grad mode to set (export refuses one)
         return weight * scale
-    if start is None:
-        start, update = weight.new_zeros(min(weight.shape)), False
-    return _EagerBoundedWeight.apply(weight, start, float(bound), update)
+    if state is None:
+        state, update = (weight.new_zeros(min(weight.shape)), None, None), False
+    return _EagerBoundedWeight.apply(weight, state, float(bound), update)
 
 
 def bounded_scale(weight: Tensor, start: Tensor | None, bound: float
@@ -441,7 +292,7 @@ def bounded_scale(weight: Tensor, start: Tensor | None, bound: float
         scale, s, u, v, _ = torch.ops.linmem.bounded_scale(weight, start, float(bound))
     else:
         scale, s, u, v, _ = _EagerBoundedScale.apply(weight, start, float(bound))
-    return scale, s, (u if _left(weight) else v)
+    return scale, s, (u if left_gram(weight) else v)
 
 
 def certified_norm(weight: Tensor, start: Tensor | None = None) -> tuple[Tensor, Tensor]:
