@@ -15,12 +15,16 @@ certified norm (warm-started), the exact largest eigenpair of ``V^T V``
 and one warm-started power iteration, as ``torch.nn.utils.parametrizations.spectral_norm``,
 which holds the bound only approximately. Run it with nothing else busy, one thread.
 
+``--part epochs``: whole epochs of the default LMN-B(250, 250) under the paper's protocol
+through linmem's trainer (JSB Chorales and MuseData), with the certified norm and with the
+exact one, alternated.
+
 ``--part norms``: ||B||_2 of the linear autoencoder of each data set's training split (window
 11, no centering, as the transfer fits it on the ULM's states; here on the piano rolls), and
 the relative change ``||W - B||_F / ||B||_F`` of the nearest matrix of the ball for each r
 (:func:`linmem.pretrain.project_memory`): 0 where ``||B||_2 <= r``, the transfer exact.
 
-    OMP_NUM_THREADS=1 python benchmarks/memory_bound.py --part cost|norms|all [--json OUT]
+    OMP_NUM_THREADS=1 python benchmarks/memory_bound.py --part cost|epochs|norms|all [--json OUT]
     python benchmarks/memory_bound.py --table OUT
 """
 
@@ -207,6 +211,41 @@ def cost(sizes: list[int], lengths: list[int], repeats: int, rounds: int, data_d
     return rows
 
 
+def epochs(data_dir: Path, names: list[str], count: int, rounds: int) -> list[dict]:
+    """Whole epochs of the default LMN-B(250, 250) under the paper's protocol (``linmem train``'s
+    defaults: batch 1, Adam, the default bound), through linmem's trainer: each epoch's time
+    (training and the validation pass, ``log.jsonl``'s ``epoch_time_s``) with the certified
+    norm and with the exact one before it, the two runs alternated ``rounds`` times."""
+    import tempfile
+
+    from linmem.data import load_polyphonic
+    from linmem.training.config import TrainConfig
+    from linmem.training.trainer import train_loop
+
+    rows = []
+    for name in names:
+        data = load_polyphonic(name, root=data_dir, progress=False)
+        times = {"certified": [], "exact (before)": []}
+        for _ in range(rounds):
+            for variant in times:
+                config = TrainConfig(data=name, model="lmn-b", hidden=250, memory=250,
+                                     protocol="paper", epochs=count, seed=0)
+                with tempfile.TemporaryDirectory() as tmp, (
+                        _reference_bound() if variant != "certified"
+                        else contextlib.nullcontext()):
+                    train_loop(config, Path(tmp) / "run", progress=False, data=data)
+                    log = (Path(tmp) / "run" / "log.jsonl").read_text().splitlines()
+                times[variant] += [json.loads(line)["epoch_time_s"] for line in log]
+        row = {"data": name, "epochs": count, "rounds": rounds,
+               **{f"epoch_s {k}": float(np.median(v)) for k, v in times.items()},
+               **{f"all {k}": v for k, v in times.items()}}
+        rows.append(row)
+        print(f"{name}: an epoch of LMN-B(250, 250), paper protocol: "
+              + ", ".join(f"{k} {row[f'epoch_s {k}']:.2f} s" for k in times)
+              + f" (medians of {count * rounds})", flush=True)
+    return rows
+
+
 def norms(data_dir: Path, components: list[int], bounds: list[float]) -> list[dict]:
     from linmem.data import load_polyphonic
     from linmem.la import LinearAutoencoder
@@ -250,11 +289,15 @@ def table(path: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--part", choices=("cost", "norms", "all"), default="all")
+    p.add_argument("--part", choices=("cost", "norms", "epochs", "all"), default="all")
+    p.add_argument("--epoch-data", nargs="+", default=["jsb", "musedata"],
+                   help="the data sets of --part epochs")
     p.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 250, 500])
     p.add_argument("--steps", type=int, nargs="+", default=[60, 200],
                    help="sequence lengths (JSB Chorales' sequences are about 60 steps long)")
     p.add_argument("--repeats", type=int, default=20, help="steps timed in a row")
+    p.add_argument("--epoch-rounds", type=int, default=2,
+                   help="--part epochs: runs of two epochs each way, alternated")
     p.add_argument("--warmup", type=int, default=200,
                    help="updates before the whole updates are timed (a training run's steady "
                         "state: JSB Chorales' first epoch is 229 updates at batch 1)")
@@ -277,12 +320,14 @@ def main() -> None:
                            args.warmup)
     if args.part in ("norms", "all"):
         out["norms"] = norms(args.data_dir, args.components, args.bounds)
+    if args.part in ("epochs", "all"):
+        out["epochs"] = epochs(args.data_dir, args.epoch_data, 2, args.epoch_rounds)
     if args.json:
         from linmem.data import data_checksum
 
-        sums = {n: data_checksum(n, args.data_dir)
-                for n in (("jsb", "nottingham", "musedata", "piano") if "norms" in out
-                          else ("jsb",))}
+        used = set(("jsb", "nottingham", "musedata", "piano") if "norms" in out else ("jsb",))
+        used |= set(args.epoch_data) if "epochs" in out else set()
+        sums = {n: data_checksum(n, args.data_dir) for n in sorted(used)}
         write_json(args.json, {**out, **provenance(command_line(), git_commit(), 0, sums,
                                                     time.perf_counter() - started)})
     print(json.dumps({"wall_time_s": round(time.perf_counter() - started, 1)}))
