@@ -262,8 +262,9 @@ def bounded_weight(weight: Tensor, state: tuple | None, bound: float,
     """``weight * min(1, bound / s)``, ``s`` the certified norm of :func:`bounded_scale`:
     the matrix of the ball that :func:`linmem.ops.bound.bounded_memory` runs eq. (7) with.
     ``state``: a layer's buffers ``(vector, anchor, certificate)`` (:data:`STATE`: the power
-    iteration's start; the matrix of the last full certificate and ``[alpha, c]``, its Gram
-    matrix's second eigenvalue and its norm bounded from above, ``c = 0`` for none), or None;
+    iteration's start; the matrix of the last full certificate and ``[alpha, c, seal]``, its
+    Gram matrix's second eigenvalue and its norm bounded from above and its squared Frobenius
+    norm, ``c = 0`` for none), or None;
     with ``update``, overwritten with this call's. Traced (torch.compile, torch.export) or on
     the ``meta`` device, the registered operator runs, from the vector alone."""
     start = None if state is None else state[0]
@@ -296,9 +297,9 @@ def bounded_scale(weight: Tensor, start: Tensor | None, bound: float
 
 
 def certified_norm(weight: Tensor, start: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """``(s, vector)``: ``s``, an upper bound of ``||weight||_2`` certified by a Cholesky
-    factorisation and within ``SLACK`` (plus the Gram matrix's rounding) of it, differentiable;
-    ``vector``, the Gram matrix's unit eigenvector the power iteration ended on, to pass as the
-    next call's ``start``."""
+    """``(s, vector)``: ``s``, an upper bound of ``||weight||_2`` (certified as the module says:
+    Temple's bound where the top singular value stands apart, else within ``SLACK`` and the Gram
+    matrix's rounding), differentiable; ``vector``, the Gram matrix's unit eigenvector the power
+    iteration ended on, to pass as the next call's ``start``."""
     _, s, vector = bounded_scale(weight, start, math.inf)
     return s, vector
