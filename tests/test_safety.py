@@ -185,6 +185,22 @@ def test_generated_outputs_are_never_overwritten_silently(tmp_path, finished_run
     assert other.with_suffix(".json").read_text() == "mine" and not other.exists()
 
 
+def test_an_output_in_a_missing_folder_is_refused_and_no_folder_is_made(tmp_path, finished_run,
+                                                                        capsys):
+    """generate and plot write into folders that exist, as train --out does: a mistyped path is
+    one line and exit 2, and no folder appears anywhere."""
+    missing = tmp_path / "no" / "such" / "dir"
+    base = ("generate", finished_run, "--prime", "test:0", "--prime-steps", "4", "--steps", "3")
+    for args in ((*base, "--out", missing / "x.mid"),
+                 (*base, "--out", tmp_path / "x.mid", "--png", missing / "x.png"),
+                 ("plot", finished_run, "--out", missing / "curves.png")):
+        code, _, err = run_cli(*args, capsys=capsys)
+        one_line(code, err, 2, str(missing), "does not exist")
+        assert not (tmp_path / "no").exists() and not (tmp_path / "x.mid").exists()
+    code, out, _ = run_cli("generate", "--help", capsys=capsys)
+    assert code == 0 and "--out a.mid writes a.json" in " ".join(out.split())
+
+
 def _midi_folder(folder: Path, rolls) -> Path:
     from linmem.midi import roll_to_midi
 
@@ -624,6 +640,7 @@ def test_a_read_only_folder_is_one_line_for_every_command(tmp_path, finished_run
     shutil.copytree(finished_run, run)
     folder = _midi_folder(tmp_path / "mine", jsb["train"][:4]) if command == "import-midi" else None
     target = tmp_path / "ro"
+    target.mkdir()  # there, but refusing writes (a missing folder is refused before: above)
     real = tempfile.mkstemp
 
     def refuse(*args, dir=None, **kwargs):

@@ -24,8 +24,10 @@ __all__ = ["PROVENANCE_FIELDS", "atomic_write", "check_outputs", "command_line",
 
 def check_outputs(outputs: dict[str, str | os.PathLike | None], force: bool = False) -> None:
     """Before anything is written: ``ValueError`` when two of ``outputs`` (a name, such as an
-    option, per file; None: not written) are the same file, and ``FileExistsError`` when one
-    exists already and ``force`` is not set (a result is never overwritten silently)."""
+    option, per file; None: not written) are the same file, ``FileNotFoundError`` when one's
+    folder does not exist (a mistyped path creates no folders anywhere on the disk), and
+    ``FileExistsError`` when one exists already and ``force`` is not set (a result is never
+    overwritten silently)."""
     seen: dict[Path, str] = {}
     for name, path in outputs.items():
         if path is None:
@@ -36,6 +38,9 @@ def check_outputs(outputs: dict[str, str | os.PathLike | None], force: bool = Fa
         seen[resolved] = name
         if Path(path).is_dir():
             raise ValueError(f"{name} {path} is a folder, not a file")
+        if not resolved.parent.is_dir():
+            raise FileNotFoundError(f"{name} {path}: the folder {resolved.parent} does not "
+                                    "exist (create it first)")
     if not force:
         existing = [f"{name} {path}" for name, path in outputs.items()
                     if path is not None and Path(path).exists()]

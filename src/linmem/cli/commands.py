@@ -292,14 +292,15 @@ def import_midi_cmd(folder: str, out: str, step_seconds: float, split: str, seed
 @click.option("--step-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds per frame of the MIDI written and of a .mid prime [default: the "
                    "run's data set's; a data set of your own: the step it was imported at].")
-@click.option("--force", is_flag=True, help="Overwrite OUT, OUT.json, --png and --wav if they "
-                                             "exist.")
+@click.option("--force", is_flag=True, help="Overwrite OUT, its record (OUT with the suffix "
+                                             ".json), --png and --wav if they exist.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
                  temperature: float, seed: int, out: str, png: str | None, wav: str | None,
                  without_prime: bool, step_seconds: float | None, data_dir: str | None,
                  force: bool) -> None:
-    """Continue a prime with the best checkpoint of RUN_DIR: OUT (MIDI) and OUT.json."""
+    """Continue a prime with the best checkpoint of RUN_DIR: OUT (MIDI) and its record beside
+    it (OUT with the suffix .json: --out a.mid writes a.json)."""
     if png is not None:
         _needs_matplotlib("--png")
     try:
