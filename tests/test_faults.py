@@ -33,9 +33,9 @@ def run_cli(*args, capsys):
     return code, out, err
 
 
-def assert_one_line_error(code, err, *words):
+def assert_one_line_error(code, err, *words, exit_code=2):
     lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, err
+    assert code == exit_code, err
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("linmem: error: ")
     for word in words:
@@ -115,7 +115,24 @@ def test_a_damaged_best_checkpoint_is_one_line(tmp_path, finished, how, capsys):
     shutil.copytree(root / "full", run)
     damaged(run / "best.pt", how)
     code, _, err = run_cli("evaluate", run, capsys=capsys)
-    assert_one_line_error(code, err, "best.pt", "unreadable checkpoint")
+    # a fault of the files, not of the command line: exit 1, as the quick start promises
+    assert_one_line_error(code, err, "best.pt", "unreadable checkpoint", exit_code=1)
+
+
+def test_a_checkpoint_that_does_not_fit_its_config_is_one_line(tmp_path, finished, capsys):
+    """evaluate of a run whose config.json describes another model than its checkpoint holds
+    (hidden 7 against a checkpoint of 6): one line naming both files, exit 1, no traceback."""
+    import json
+
+    root, _ = finished
+    run = tmp_path / "run"
+    shutil.copytree(root / "full", run)
+    config = json.loads((run / "config.json").read_text())
+    config["hidden"] += 1
+    (run / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli("evaluate", run, capsys=capsys)
+    assert_one_line_error(code, err, "best.pt", "config.json", "does not fit", "size mismatch",
+                          exit_code=1)
 
 
 @pytest.mark.parametrize("how", ["truncated", "empty", "random", "missing"])
@@ -145,7 +162,7 @@ def test_a_damaged_checkpoint_without_a_previous_one_is_one_line(tmp_path, finis
     (run / "last.prev.pt").unlink()
     damaged(run / "last.pt", "truncated")
     code, _, err = run_cli("train", "--resume", "--out", run, "--epochs", "3", capsys=capsys)
-    assert_one_line_error(code, err, "last.pt", "no earlier checkpoint")
+    assert_one_line_error(code, err, "last.pt", "no earlier checkpoint", exit_code=1)
 
 
 def test_a_malformed_config_names_its_file(tmp_path, finished, capsys):

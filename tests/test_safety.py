@@ -712,7 +712,7 @@ def test_a_newcomers_small_faults_are_one_clear_line(tmp_path, finished_run, dat
     shutil.copytree(finished_run, fake)
     (fake / "best.pt").write_text("hello\n")
     code, _, err = run_cli("evaluate", fake, capsys=capsys)
-    one_line(code, err, 2, "best.pt", "not a PyTorch checkpoint at all", "b'hello")
+    one_line(code, err, 1, "best.pt", "not a PyTorch checkpoint at all", "b'hello")
     assert "could run code" not in err
 
     monkeypatch.setenv("LINMEM_CPU_KERNEL", "bogus")  # read once per process: a new one

@@ -48,7 +48,7 @@ from linmem.models import get_spec
 from linmem.training.config import TrainConfig
 from linmem.training.recipes import pretrained_models
 from linmem.training.recipes import train as run_training
-from linmem.training.runs import CONFIG, METRICS, RunDirBusy, has
+from linmem.training.runs import CONFIG, METRICS, CheckpointError, RunDirBusy, has
 from linmem.training.trainer import TrainingDiverged
 
 __all__ = ["cli", "main"]
@@ -378,6 +378,10 @@ def _main(argv: list[str] | None) -> None:
     except click.ClickException as err:  # one line, whatever the message held
         message = " ".join(line.strip() for line in err.format_message().splitlines())
         click.echo(f"linmem: error: {message}", err=True)
+        # a damaged checkpoint, or one that does not fit its run's config, is a fault of the
+        # files (exit 1, as a full disk), not of the command line, wherever it was caught
+        if isinstance(err.__context__, CheckpointError):
+            sys.exit(1)
         sys.exit(2 if isinstance(err, click.UsageError | UsageFailure) else err.exit_code)
     except RunDirBusy as err:  # another process: the environment, not the command line
         click.echo(f"linmem: error: {err}", err=True)

@@ -18,7 +18,7 @@ from linmem.data import EVAL_MAX_RATIO, Batch, iterate_batches
 from linmem.metrics import THRESHOLD_GRID, FrameScores
 from linmem.models import build_model
 from linmem.training.config import TrainConfig
-from linmem.training.runs import CONFIG, has, load_checkpoint
+from linmem.training.runs import CONFIG, CheckpointError, has, load_checkpoint
 
 __all__ = ["NonFiniteOutputs", "build_run_model", "check_size", "divergence_note", "evaluate",
            "load_run_model", "model_of"]
@@ -88,7 +88,13 @@ def load_run_model(run_dir: str | Path, which: str = "best",
         raise FileNotFoundError(f"{path} does not exist")
     state = load_checkpoint(path, device)
     model = model_of(config)
-    model.load_state_dict(state["model"] if "model" in state else state)
+    try:
+        model.load_state_dict(state["model"] if "model" in state else state)
+    except (RuntimeError, KeyError, TypeError) as err:  # another model's weights
+        why = str(err).strip().splitlines()
+        why = next((line.strip() for line in why[1:] if line.strip()), why[0] if why else "")
+        raise CheckpointError(f"{path} does not fit {run_dir / CONFIG} (the two are of different "
+                              f"runs, or one was edited: {why.rstrip('.')})") from None
     return model.to(device), config
 
 
