@@ -201,6 +201,17 @@ def test_an_output_in_a_missing_folder_is_refused_and_no_folder_is_made(tmp_path
     assert code == 0 and "--out a.mid writes a.json" in " ".join(out.split())
 
 
+def test_the_help_says_what_the_commands_take(capsys):
+    """Issue 91 item 7: plot --prediction names every form it takes; --memory-bound's help
+    gives its default once."""
+    code, out, _ = run_cli("plot", "--help", capsys=capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "[DATA:]SPLIT:INDEX|FILE.mid" in text and "jsb:test:0" in text
+    code, out, _ = run_cli("train", "--help", capsys=capsys)
+    bound = " ".join(out.split()).split("--memory-bound", 1)[1].split(" --", 1)[0]
+    assert bound.count("[default: 0.99]") == 1, bound
+
+
 def _midi_folder(folder: Path, rolls) -> Path:
     from linmem.midi import roll_to_midi
 

@@ -39,9 +39,7 @@ class ModelOptions:
     memory_bound: float | None = option(
         DEFAULT_MEMORY_BOUND,
         "LMN: hold the spectral norm of W^mm to at most R by a reparametrization (below 1 a tanh "
-        "LMN's memory cannot overflow; 'none': the paper's unconstrained memory) [default: "
-        + (f"{DEFAULT_MEMORY_BOUND:g}" if DEFAULT_MEMORY_BOUND is not None
-           else "none, the paper's unconstrained memory") + "].",
+        "LMN's memory cannot overflow; 'none': the paper's unconstrained memory).",
         kind=float, above=0.0, none_ok=True)
 
 

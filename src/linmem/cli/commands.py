@@ -316,9 +316,10 @@ def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
 
 @cli.command("plot")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--prediction", default=None,
-              help="SPLIT:INDEX (test:0): draw the truth and the model's key probabilities for "
-                   "that sequence instead of the training curves.")
+@click.option("--prediction", default=None, metavar="[DATA:]SPLIT:INDEX|FILE.mid",
+              help="SPLIT:INDEX (test:0) of the run's data set, DATA:SPLIT:INDEX of another "
+                   "(jsb:test:0), or a .mid file: draw the truth and the model's key "
+                   "probabilities for that sequence instead of the training curves.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="The PNG [default: RUN_DIR/curves.png, or RUN_DIR/prediction-SPLIT-INDEX.png, "
                    "drawn again each time].")
