@@ -501,3 +501,23 @@ def test_a_long_sequence_keeps_its_components_in_every_precision(data_dir):
         assert la.n_components_ == 50 and la.solver_ == "randomized", dt
         np.testing.assert_allclose(la.singular_values_, reference, rtol=1e-5)
     assert fits[np.uint8].A_.dtype == np.float32  # the attributes in the input's precision
+
+
+def test_load_of_a_file_that_is_not_a_saved_estimator_names_it(tmp_path):
+    """Issue 91 item 4: random bytes, an empty file and a truncated save are one ValueError
+    naming the file, never numpy's advice to load it with allow_pickle."""
+    import os
+
+    la = LinearAutoencoder(3, random_state=0).fit([np.random.default_rng(0).random((20, 5))])
+    la.save(tmp_path / "ok.npz")
+    whole = (tmp_path / "ok.npz").read_bytes()
+    for name, data in (("random", os.urandom(300)), ("empty", b""),
+                       ("truncated", whole[: len(whole) // 2])):
+        path = tmp_path / f"{name}.npz"
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match="cannot load a linear autoencoder") as err:
+            LinearAutoencoder.load(path)
+        assert str(path) in str(err.value) and "allow_pickle" not in str(err.value)
+    with pytest.raises(FileNotFoundError):
+        LinearAutoencoder.load(tmp_path / "missing.npz")
+    np.testing.assert_array_equal(LinearAutoencoder.load(tmp_path / "ok.npz").B_, la.B_)

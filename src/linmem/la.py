@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -466,9 +467,19 @@ class LinearAutoencoder:
     @classmethod
     def load(cls, path: str | os.PathLike) -> LinearAutoencoder:
         """The estimator :meth:`save` wrote (also files of the first format, which kept only the
-        arrays needed to encode and decode)."""
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
+        arrays needed to encode and decode); ``ValueError`` naming the file when it is not one
+        (empty, truncated, another kind of file: never numpy's advice to unpickle it)."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                arrays = {k: f[k] for k in f.files}
+        except FileNotFoundError:
+            raise
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as err:
+            size = os.path.getsize(path) if os.path.isfile(path) else 0
+            why = ("the file is empty" if size == 0 else
+                   "it is not a file LinearAutoencoder.save wrote (an .npz archive of arrays); it "
+                   "may be truncated or damaged" if not isinstance(err, KeyError) else str(err))
+            raise ValueError(f"{path}: cannot load a linear autoencoder: {why}") from None
         if "header_json" not in arrays:
             return cls._load_first_format(arrays)
         header = json.loads(arrays.pop("header_json").item())
