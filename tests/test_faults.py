@@ -117,6 +117,8 @@ def test_a_damaged_best_checkpoint_is_one_line(tmp_path, finished, how, capsys):
     code, _, err = run_cli("evaluate", run, capsys=capsys)
     # a fault of the files, not of the command line: exit 1, as the quick start promises
     assert_one_line_error(code, err, "best.pt", "unreadable checkpoint", exit_code=1)
+    if how == "random":  # random bytes are no checkpoint, not a file that "could run code"
+        assert "not a PyTorch checkpoint at all" in err and "could run code" not in err
 
 
 def test_a_checkpoint_that_does_not_fit_its_config_is_one_line(tmp_path, finished, capsys):

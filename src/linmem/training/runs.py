@@ -475,10 +475,12 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
         return torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise
-    except pickle.UnpicklingError:  # torch's weights-only unpickler refused an object
-        raise CheckpointError(f"{path}: unreadable checkpoint: it holds objects other than "
-                              "tensors, numbers and strings, so it was not written by linmem "
-                              "and is not loaded (that could run code)") from None
+    except pickle.UnpicklingError as err:  # the weights-only unpickler refused something
+        fault = _checkpoint_fault(path, err)
+        if fault.startswith("the file is truncated"):  # a real checkpoint, with objects in it
+            fault = ("it holds objects other than tensors, numbers and strings, so it was not "
+                     "written by linmem and is not loaded (that could run code)")
+        raise CheckpointError(f"{path}: unreadable checkpoint: {fault}") from None
     except Exception as err:  # truncated, empty or damaged files fail in many ways
         raise CheckpointError(f"{path}: unreadable checkpoint: {_checkpoint_fault(path, err)}"
                               ) from None
