@@ -8,7 +8,11 @@
 - :mod:`linmem.ops.ulm`: the unrolled network's (eq. 10), ``linmem::ulm_scan``;
 - :mod:`linmem.ops.rnns`: the baselines' (``torch.nn.RNN``'s, ``GRU``'s and ``LSTM``'s), with an
   explicit backward through time;
-- :mod:`linmem.ops.bound`: ``linmem::spectral_norm`` and the bounded memory matrix;
+- :mod:`linmem.ops.bound`: the bounded memory matrix, and ``linmem::spectral_norm``, the exact
+  norm of its reference;
+- :mod:`linmem.ops.certified_norm`: ``linmem::bounded_scale``, the norm it runs with, certified
+  from above (its certificates: :mod:`linmem.ops.certificates`; the top eigenpair:
+  :mod:`linmem.ops.eigen`);
 - :mod:`linmem.ops.cpu`: the compiled CPU kernel (``csrc/``): its build, variants and path;
 - :mod:`linmem.ops.gpu`, :mod:`linmem.ops.triton_lmn`: the fused Triton kernels for CUDA.
 """
