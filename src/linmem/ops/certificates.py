@@ -71,10 +71,7 @@ class _Numpy:
     def positive_definite(self, shift: float) -> bool:
         """Whether ``shift I - G`` (float64) has a Cholesky factor."""
         # in Fortran order, as syrk wrote G: potrf copies nothing
-        a = np.negative(self.gram, dtype=np.float64, order="F")
-        a.ravel(order="K")[::a.shape[0] + 1] += shift
-        _, info = self.lapack.dpotrf(a, lower=0, clean=0, overwrite_a=1)
-        return info == 0
+        return _has_cholesky(np.negative(self.gram, dtype=np.float64, order="F"), shift)
 
     def top_pair(self) -> tuple[float, np.ndarray]:
         g = torch.from_numpy(np.triu(self.gram) + np.triu(self.gram, 1).T)
@@ -90,12 +87,23 @@ class _Torch:
         self.single = w.dtype == torch.float32
 
     def positive_definite(self, shift: float) -> bool:
-        a = -self.gram.double()
-        a.diagonal().add_(shift)
-        return int(torch.linalg.cholesky_ex(a).info) == 0
+        return _has_cholesky(-self.gram.double(), shift)
 
     def top_pair(self) -> tuple[float, Tensor]:
         return top_eigenpair(self.gram)
+
+
+def _has_cholesky(minus, shift: float, copy: bool = False) -> bool:
+    """Whether ``shift I + minus`` has a Cholesky factor (float64; a numpy array in Fortran
+    order, its upper triangle read, for LAPACK's ``potrf``, or a tensor); ``minus`` itself is
+    overwritten unless ``copy``."""
+    if isinstance(minus, np.ndarray):
+        a = minus.copy(order="F") if copy else minus
+        a.ravel(order="K")[::a.shape[0] + 1] += shift
+        return scipy_blas()[1].dpotrf(a, lower=0, clean=0, overwrite_a=1)[1] == 0
+    a = minus.clone() if copy else minus
+    a.diagonal().add_(shift)
+    return int(torch.linalg.cholesky_ex(a).info) == 0
 
 
 def left_gram(w) -> bool:
@@ -175,11 +183,9 @@ class Float64Products:
     def start(self, x):
         return x.astype(np.float64) if self.cpu else x.double()
 
-    @staticmethod
-    def other_of(w, left: bool, x):
+    def other(self, x):
         """``w^T x`` (left) or ``w x`` in float64: the other singular vector, unnormalised."""
-        w = w.astype(np.float64) if isinstance(w, np.ndarray) else w.double()
-        return (w.T @ x) if left else (w @ x)
+        return (self.a.T @ x) if self.left else (self.a @ x)
 
 
 def _product_error(frobenius2: float, shape: tuple[int, int]) -> float:
@@ -241,7 +247,7 @@ def _second_bound(ops, x, rho: float, eta: float) -> float | None:
     n = ops.gram.shape[0]
     cpu = isinstance(ops.gram, np.ndarray)
     if cpu:  # -P G P = -G + h x^T + x h^T, h = G x - (x^T G x / 2) x: one rank-2 update
-        blas, lapack = scipy_blas()[:2]
+        blas = scipy_blas()[0]
         minus = np.negative(ops.gram, dtype=np.float64, order="F")  # the upper triangle
         g = -blas.dsymv(1.0, minus, x)
         minus = blas.dsyr2(1.0, g - 0.5 * float(x @ g) * x, x, a=minus, overwrite_a=1)
@@ -275,17 +281,7 @@ def _second_bound(ops, x, rho: float, eta: float) -> float | None:
     for alpha in sorted({min(est * 1.1 + 1e-3 * rho, highest), highest}):
         shift = alpha - eta - 64 * (n + 2) * _U64 * max(trace, 0.0) \
             - 4 * (n + 1) * n * _U64 * alpha
-        if not shift > 0:
-            continue
-        if cpu:
-            a = minus.copy(order="F")
-            a.ravel(order="K")[::n + 1] += shift
-            ok = lapack.dpotrf(a, lower=0, clean=0, overwrite_a=1)[1] == 0
-        else:
-            a = minus.clone()
-            a.diagonal().add_(shift)
-            ok = int(torch.linalg.cholesky_ex(a).info) == 0
-        if ok:
+        if shift > 0 and _has_cholesky(minus, shift, copy=True):
             return alpha
     return None
 
@@ -305,8 +301,8 @@ def _drift(w, anchor) -> float:
     return math.sqrt(total * (1 + 4 * d.shape[0] * _U64)) * (1 + 4 * _U64)
 
 
-def certify_norm(w, start, floor: float, frobenius2: float, anchor=None, second: bool = True
-                 ) -> tuple[float, float, object, object]:
+def certify_norm(w, start, floor: float, frobenius2: float, anchor=None, second: bool = True,
+                 products: Float64Products | None = None) -> tuple[float, float, object, object]:
     """``(s, lam, x, anchor)`` for the matrix ``w`` (a numpy array on the CPU, else a tensor;
     scaled so that its Gram matrix neither overflows nor underflows) of squared Frobenius norm
     ``frobenius2`` (from above): the certified ``s``, the estimate ``lam`` of ``||w||_2^2``,
@@ -314,9 +310,10 @@ def certify_norm(w, start, floor: float, frobenius2: float, anchor=None, second:
     anchor ``(w0, alpha0, c0)`` (an earlier matrix, a certified bound of its Gram matrix's
     second eigenvalue and of its norm): ``KEEP``, a new ``(alpha, c)`` for ``w`` itself, or
     None (no anchor: the top of the spectrum is not separated). ``second``: whether to try the
-    second eigenvalue's certificate (no: it failed a few updates ago)."""
+    second eigenvalue's certificate (no: it failed a few updates ago). ``products``: ``w``'s
+    :class:`Float64Products`, where the caller has them already."""
     n, inner = min(w.shape), max(w.shape)
-    products = Float64Products(w)
+    products = products or Float64Products(w)
     tau = _product_error(frobenius2, w.shape)
     single = w.dtype in (np.float32, torch.float32)
     rho, eps, x, converged, separated = _power64(products, products.start(start),
@@ -330,10 +327,11 @@ def certify_norm(w, start, floor: float, frobenius2: float, anchor=None, second:
             return _at_the_floor(math.sqrt(bound), rho, w, floor, frobenius2), rho, x, KEEP
     ops = _Numpy(w) if isinstance(w, np.ndarray) else _Torch(w)
     eta = inner * (2.0 ** -24 if ops.single else _U64) * frobenius2  # ||fl(G) - G||_2
+    eigenpair = None  # the eigensolver's, computed once at most
     if separated and second:
         if not converged:  # the eigensolver's vector, and its quotient and residual in float64
-            _, top = ops.top_pair()
-            rho, eps, x, _, _ = _power64(products, products.start(top), math.inf)
+            eigenpair = ops.top_pair()
+            rho, eps, x, _, _ = _power64(products, products.start(eigenpair[1]), math.inf)
         alpha = _second_bound(ops, x, rho, eta)
         bound = None if alpha is None else _temple(rho, eps, tau, alpha)
         if bound is not None:
@@ -344,7 +342,7 @@ def certify_norm(w, start, floor: float, frobenius2: float, anchor=None, second:
     # also at 4 d: the cluster's width), else the eigensolver's
     for attempt in range(2):
         if attempt:
-            lam, top = ops.top_pair()
+            lam, top = eigenpair or ops.top_pair()
             rho, eps, x, _, _ = _power64(products, products.start(top), math.inf)
             rho = max(rho, lam)
         d = SLACK + (eta / (2 * rho) if rho > 0 else 0.0)

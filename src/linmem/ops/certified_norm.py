@@ -124,21 +124,24 @@ def _solve(weight: Tensor, start: Tensor, bound: float, anchor: Tensor | None = 
                         alpha0 / scale ** 2, c0 / scale)
         elif c0 < 0:  # [k, -1]: the second eigenvalue's certificate failed, k updates to wait
             wait = int(alpha0)
+    products = Float64Products(a)  # a's float64 copy, for the power iteration and below
     if cpu:
         x0 = start.detach().numpy() if start.shape == (n,) else np.zeros(n)
         with OneBlasThread():
             upper, lam, x, anchored = certify_norm(a, x0, limit / scale, frobenius2, held,
-                                                   wait == 0)
-        sigma = math.sqrt(lam)
-        other = (Float64Products.other_of(a, left, x) / sigma if sigma > 0
-                 else np.zeros(max(rows, cols)))
-        x, other = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(other))
+                                                   wait == 0, products)
     else:
         x0 = start.detach().double() if start.shape == (n,) else a.new_zeros(n, dtype=torch.float64)
-        upper, lam, x, anchored = certify_norm(a, x0, limit / scale, frobenius2, held, wait == 0)
-        sigma = math.sqrt(lam)
-        other = Float64Products.other_of(a, left, x) / sigma if sigma > 0 else \
-            a.new_zeros(max(rows, cols), dtype=torch.float64)
+        upper, lam, x, anchored = certify_norm(a, x0, limit / scale, frobenius2, held, wait == 0,
+                                               products)
+    sigma = math.sqrt(lam)
+    if sigma > 0:
+        other = products.other(x) / sigma
+    else:
+        other = np.zeros(max(rows, cols)) if cpu else a.new_zeros(max(rows, cols),
+                                                                   dtype=torch.float64)
+    if cpu:
+        x, other = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(other))
     u, v = (x, other) if left else (other, x)
     s = _round_up(math.nextafter(upper * scale, math.inf), weight.dtype)
     factor = upper / sigma if sigma > 0 else 1.0
@@ -148,6 +151,12 @@ def _solve(weight: Tensor, start: Tensor, bound: float, anchor: Tensor | None = 
         anchored = (float(max(wait - 1, 0) if wait else WAIT), -1.0, 0.0)
     inside = upper <= limit / scale  # certified at or inside the ball's surface (in w's units)
     return (1.0 if inside else bound / s), s, u, v, factor, anchored
+
+
+def _dscale(scale: float, s: float, bound: float, factor: float) -> float:
+    """``d scale / d s`` times the certificate's factor: the coefficient of ``u v^T`` in the
+    scale's gradient (0 inside the ball; a non-finite norm's ``u`` and ``v`` are NaN)."""
+    return -bound * factor / (s * s) if scale != 1.0 and s > 0 else 0.0
 
 
 @torch.library.custom_op("linmem::bounded_scale", mutates_args=())
@@ -166,10 +175,8 @@ def _bounded_scale_impl(weight: Tensor, start: Tensor, bound: float
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The operator's outputs (``scale``, ``s`` and the coefficients: views of one tensor)."""
     scale, s, u, v, factor, _ = _solve(weight, start, bound)
-    dscale = -bound * factor / (s * s) if scale != 1.0 and s > 0 else 0.0
-    if not math.isfinite(s):
-        dscale = math.nan
-    values = torch.tensor([scale, s, factor, dscale], dtype=weight.dtype, device=weight.device)
+    values = torch.tensor([scale, s, factor, _dscale(scale, s, bound, factor)],
+                          dtype=weight.dtype, device=weight.device)
     return values[0], values[1], u.to(weight), v.to(weight), values[2:]
 
 
@@ -235,7 +242,7 @@ class _EagerBoundedWeight(torch.autograd.Function):
                     anchor.copy_(weight.detach())
                 certificate.copy_(torch.tensor(anchored, dtype=torch.float64))
         ctx.scale, ctx.bound, ctx.factor = scale, bound, factor
-        ctx.dscale = -bound * factor / (s * s) if scale != 1.0 and s > 0 else 0.0
+        ctx.dscale = _dscale(scale, s, bound, factor)
         ctx.save_for_backward(weight, u.to(weight), v.to(weight))
         return weight * scale
 
