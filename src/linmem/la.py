@@ -474,11 +474,10 @@ class LinearAutoencoder:
                 arrays = {k: f[k] for k in f.files}
         except FileNotFoundError:
             raise
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as err:
-            size = os.path.getsize(path) if os.path.isfile(path) else 0
-            why = ("the file is empty" if size == 0 else
-                   "it is not a file LinearAutoencoder.save wrote (an .npz archive of arrays); it "
-                   "may be truncated or damaged" if not isinstance(err, KeyError) else str(err))
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError):
+            why = ("the file is empty" if os.path.isfile(path) and os.path.getsize(path) == 0
+                   else "it is not a file LinearAutoencoder.save wrote (an .npz archive of "
+                        "arrays); it may be truncated or damaged")
             raise ValueError(f"{path}: cannot load a linear autoencoder: {why}") from None
         if "header_json" not in arrays:
             return cls._load_first_format(arrays)

@@ -155,24 +155,16 @@ def spectral_norm(weight: Tensor) -> Tensor:
     return torch.ops.linmem.spectral_norm(weight)[0]
 
 
-def _inside(norm: Tensor, bound: float, dtype: torch.dtype) -> tuple[Tensor, float]:
-    """Whether ``norm`` is on or inside the ball, and the largest norm that counts as on it: a
-    norm within a few units of rounding of the bound is on it, and the matrix is kept as it is
-    (a memory projected onto the ball, or B with ||B||_2 = 1, transfers exactly)."""
-    limit = bound * (1 + 8 * torch.finfo(dtype).eps)
-    return norm <= limit, limit
-
-
 def bounded_memory(weight: Tensor, bound: float | None, state: tuple | None = None,
                    update: bool = False) -> Tensor:
     """The memory matrix eq. (7) runs with: ``weight`` itself without a bound, else ``weight``
     rescaled into the ball ``||W||_2 <= bound`` (unchanged inside it) by an upper bound of its
-    norm certified by :func:`linmem.ops.certified_norm.certified_norm` (never below the norm, at
-    most ``SLACK`` and the Gram matrix's rounding above it). ``state``: a layer's buffers (the
-    power iteration's start and the last full certificate, :func:`linmem.ops.certified_norm.
-    bounded_weight`), which make most calls cheap; with ``update``
-    it is overwritten with this call's (a layer in training mode). :func:`bounded_memory_ref`
-    is the same with the exact norm."""
+    norm certified by :mod:`linmem.ops.certified_norm` (never below the norm, at most ``SLACK``
+    and the Gram matrix's rounding above it). ``state``: a layer's buffers (the power
+    iteration's start and the last full certificate, :func:`linmem.ops.certified_norm.
+    bounded_weight`), which make most calls cheap; with ``update`` it is overwritten with this
+    call's (a layer in training mode). :func:`bounded_memory_ref` is the same with the exact
+    norm."""
     if bound is None:
         return weight
     if torch._C._are_functorch_transforms_active():
@@ -194,7 +186,9 @@ def bounded_memory_ref(weight: Tensor, bound: float | None) -> Tensor:
     if bound is None:
         return weight
     norm = spectral_norm(weight)
-    inside, _ = _inside(norm, bound, weight.dtype)
+    # a norm within a few units of rounding of the bound is on it: the matrix is kept as it is
+    # (a memory projected onto the ball, or B with ||B||_2 = 1, transfers exactly)
+    inside = norm <= bound * (1 + 8 * torch.finfo(weight.dtype).eps)
     return weight * torch.where(inside, torch.ones_like(norm), bound / norm)
 
 
