@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded results-table2-paper-unbounded results-bound-collapse results-bound-collapse-clip
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded results-table2-paper-unbounded results-bound-collapse results-bound-collapse-clip results-loop-choice
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -346,6 +346,25 @@ results-bound-campaign: install
 	      $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); done; done; done ) & done; wait
 	$(VENV)/bin/linmem publish runs/bound-seeds/*/s*/ --to $(B_SEEDS) --name seed
 	$(VENV)/bin/linmem summarize --seeds --valid --bound-choice $(B_RESULTS)/paper-protocol/seeds $(B_SEEDS) > $(B_SEEDS)/table.md
+# issue 92's decision (results/bounded-memory/README.md, "The memory loop"): pret-LMN-B's default
+# activation and the weight of r = 1, on validation: the bounded campaign's pret-LMN-B selections
+# of JSB and Piano-midi.de, seeds 1-3 of each candidate NAME:FIELD=VALUE,...; one worker per data
+# set (the seeds outermost), each seed's unrolled network trained once for its three candidates
+# (the selection's ULM cache); resumable, and a seed published in $(L_DIR) is not run again
+LOOP_CANDIDATES = selu-loop:loop_bound=true tanh:nonlinearity=tanh,ulm_nonlinearity=selu \
+	tanh-r1:nonlinearity=tanh,ulm_nonlinearity=selu,memory_bound=1.0
+LOOP_DATA ?= jsb piano
+L_DIR = $(B_RESULTS)/bounded-memory/loop
+results-loop-choice: install
+	for d in $(LOOP_DATA); do ( for s in 1 2 3; do for c in $(LOOP_CANDIDATES); do \
+	  name=$$d-pret-lmn-b-$${c%%:*}; pub=$(L_DIR)/$$name-s$$s; \
+	  if [ -f $$pub/metrics.json ] || [ -f $$pub/diverged.json ]; then continue; fi; \
+	  $(T2_RUN) reseed "$(B_DIR)/selected/$$d-pret-lmn-b+memory_bound=0.99-per-frame" \
+	    --seeds $$s $$(echo $${c#*:} | tr , '\n' | sed 's/^/--set /') --data-dir $(DATA) --quiet \
+	    --out runs/loop-choice/$$name $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); \
+	  done; done ) & done; wait
+	$(VENV)/bin/linmem publish runs/loop-choice/*/s*/ --to $(L_DIR) --name seed
+	$(VENV)/bin/linmem summarize --seeds --valid --loop-choice $(L_DIR) > $(L_DIR)/table.md
 # results/bounded-memory/collapse: the bounded JSB LMN-A seeds' training collapses (its loss
 # jumps to about 11 nats per step, the functional units saturated). Each seed is trained again
 # to the epoch before (SEED:EPOCHS; its weights to the digit), then that epoch is replayed

@@ -73,6 +73,7 @@ BAD = {
     "loss_reduction": ("sum", "loss_reduction must be one of"),
     "on_divergence": ("ignore", "on_divergence must be one of"),
     "init_bias": ("yes", "init_bias must be True or False"),
+    "loop_bound": ("on", "loop_bound must be True, False or None"),
     "transpose": (88, r"transpose must be an integer in \[0, 88\), got 88"),
     "device": ("tpu", "device must be cpu, cuda or cuda:N"),
     "data_dir": (3, "data_dir must be a str or None"),
@@ -99,7 +100,7 @@ def test_every_field_is_declared_once_with_help_and_is_checked():
 def test_the_models_option_classes_partition_the_model_fields():
     sizes = [f.name for f in fields(ModelOptions)]
     assert sizes == ["hidden", "memory", "num_layers", "dropout", "nonlinearity", "seed",
-                     "memory_bound"]
+                     "memory_bound", "loop_bound"]
     assert option_names("lmn-b") == option_names("lstm") == ()
     assert option_names("ulm") == option_names("pret-rnn") == ("k", "la_window")
     assert option_names("pret-lmn-a") == ("k", "la_window", "pretrain_epochs",
@@ -151,6 +152,9 @@ def test_the_command_line_options_are_made_from_the_declarations(capsys):
         assert f.metadata["help"].rstrip(".") in option.help
         if f.name in PROTOCOL_FIELDS:  # unset: the protocol's value
             assert option.default is None and "the protocol's" in option.help
+        elif f.name == "loop_bound":  # None: resolved by the activation, as the config does
+            assert option.default is None and defaults.loop_bound is False
+            assert TrainConfig(model="pret-lmn-b").loop_bound is True
         else:
             assert option.default == getattr(defaults, f.name), f.name
         if f.metadata["choices"] is not None:

@@ -46,11 +46,12 @@ def reference_lmn(x, weights, m0=None):
 
 
 def weights_used(lmn, k=0, reverse=False):
-    """Layer ``k``'s parameters as eq. (7) uses them: ``W^mm`` through the layer's memory bound
-    (the parameter itself when it has none), so that the references hold whatever the default
-    bound (``linmem.ops.bound.DEFAULT_MEMORY_BOUND``); a gradient through it reaches the
-    parameter."""
-    return {**lmn.layer_weights(k, reverse), "weight_mm": lmn.memory_weight(k, reverse)}
+    """Layer ``k``'s parameters as eqs. (6)-(7) use them: ``W^mm`` through the layer's memory
+    bound, and ``W^hm`` too under a loop bound (the parameters themselves without), so that the
+    references hold whatever the default bound (``linmem.ops.bound.DEFAULT_MEMORY_BOUND``); a
+    gradient through them reaches the parameters."""
+    w_mm, w_hm = lmn.recurrent_weights(k, reverse)
+    return {**lmn.layer_weights(k, reverse), "weight_mm": w_mm, "weight_hm": w_hm}
 
 
 def randomise(module, seed=0):
@@ -658,7 +659,8 @@ def test_memory_loop_gain_is_the_growth_rate_of_the_state(nonlinearity, slope):
     the ratio of successive state norms of the layer itself, over many steps, is the loop gain
     (while rho(W^mm) < 1). A tanh layer with the same weights stays bounded."""
     torch.manual_seed(3)
-    lmn = LMN(4, 5, 3, nonlinearity=nonlinearity).double()
+    # without the loop bound, which holds this gain below the memory bound (test_loop_bound)
+    lmn = LMN(4, 5, 3, nonlinearity=nonlinearity, loop_bound=False).double()
     with torch.no_grad():
         for name, p in lmn.named_parameters():
             p.copy_(torch.rand_like(p) * (0.2 if name.startswith("weight_mm") else 0.5))

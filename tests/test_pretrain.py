@@ -118,7 +118,7 @@ def ulm_and_states(k=2, h=3, keys=6, seed=0):
 def transferred_gap(ulm, seqs, states, memory, k, n_components=None, memory_bound=None):
     la = LinearAutoencoder(n_components or memory, window=k + 1).fit(states)
     lmn = build_model("pret-lmn-b", ulm.hidden, memory, input_size=ulm.input_size,
-                      memory_bound=memory_bound)
+                      memory_bound=memory_bound, loop_bound=False)  # the memory bound alone
     torch.manual_seed(1)
     transfer(ulm, la, lmn)
     gap = 0.0
@@ -174,14 +174,16 @@ def test_transfer_into_a_bounded_memory_is_exact_within_the_bound():
     assert 0.5 < norm <= 1 + 1e-12
     gap, _ = transferred_gap(ulm, seqs, states, rank, k, memory_bound=1.0)
     assert gap < 1e-5, gap
-    lmn = build_model("pret-lmn-b", h, rank, input_size=ulm.input_size, memory_bound=1.0)
+    lmn = build_model("pret-lmn-b", h, rank, input_size=ulm.input_size, memory_bound=1.0,
+                      loop_bound=False)
     assert transfer(ulm, la, lmn) == {"memory_norm": pytest.approx(norm), "memory_bound": 1.0,
                                       "memory_change": 0.0}
     np.testing.assert_array_equal(lmn.core.memory_weight().detach().numpy(), la.B_)
     tight = 0.5 * norm
     gap, _ = transferred_gap(ulm, seqs, states, rank, k, memory_bound=tight)
     assert gap > 1e-3
-    lmn = build_model("pret-lmn-b", h, rank, input_size=ulm.input_size, memory_bound=tight)
+    lmn = build_model("pret-lmn-b", h, rank, input_size=ulm.input_size, memory_bound=tight,
+                      loop_bound=False)
     facts = transfer(ulm, la, lmn)
     assert facts["memory_change"] > 0.01
     w = lmn.core.memory_weight().detach().numpy()
@@ -298,8 +300,9 @@ def test_ulm_activation_apart_from_the_lmns(tmp_path, data_dir):
     assert json.loads((tmp_path / "tanh" / "config.json").read_text())["nonlinearity"] == "tanh"
     # the same ULM (same seed, same activation), so the same initial weights
     a, b = (torch.load(tmp_path / n / "init.pt", weights_only=True) for n in ("selu", "tanh"))
-    for key, value in a.items():
-        torch.testing.assert_close(b[key], value, rtol=0, atol=0)
+    assert set(a) - set(b) == {k for k in a if k.startswith(("core.bound_hm_", "core.bound_mh_"))}
+    for key, value in b.items():  # the SELU layer's loop bound has buffers of its own
+        torch.testing.assert_close(a[key], value, rtol=0, atol=0)
     # ... computed with tanh: the fine-tuned LMN of the second run is a tanh LMN
     model, _ = load_run_model(tmp_path / "tanh", "best")
     assert model.nonlinearity == "tanh" and model.core.nonlinearity == "tanh"
@@ -314,7 +317,7 @@ def test_ulm_activation_apart_from_the_lmns(tmp_path, data_dir):
                    "--out", str(copied)) == 0
     assert (copied / "ulm" / "log.jsonl").read_text() == ulm_log  # read, not trained again
     c = torch.load(copied / "init.pt", weights_only=True)
-    for key, value in a.items():
+    for key, value in b.items():
         torch.testing.assert_close(c[key], value, rtol=0, atol=0)
     assert run_cli("train", "--model", "lmn-b", "--ulm-nonlinearity", "selu", *common,
                    "--out", str(tmp_path / "refused")) == 2
@@ -378,7 +381,7 @@ def test_runs_share_their_unrolled_network_through_ulm_cache(tmp_path, data_dir)
 
     init = torch.load(tmp_path / "a" / "init.pt", weights_only=True)
     bound = json.loads((tmp_path / "a" / "config.json").read_text())["memory_bound"]
-    assert infos[0]["lmn_loop_gain"] == memory_loop_gains(init, "selu", bound)
+    assert infos[0]["lmn_loop_gain"] == memory_loop_gains(init, "selu", bound, loop_bound=True)
     assert run_cli("pretrain", *common, "--memory", "12", "--out", str(tmp_path / "own")) == 0
     def scores(log_text):  # a log without its timings
         return [{k: v for k, v in json.loads(line).items() if not k.endswith("_s")}
@@ -492,15 +495,23 @@ def test_analysis_command_writes_json_and_png(tmp_path, data_dir):
 
 def test_pretraining_warns_of_a_memory_loop_gain_above_one(tmp_path, data_dir, monkeypatch):
     """An unbounded activation with a loop gain above 1 (Nottingham's two diverged SELU
-    initialisations had 1.67 and 1.75) is said before fine-tuning starts; tanh is not."""
+    initialisations had 1.67 and 1.75) is said before fine-tuning starts; the defaults (SELU
+    with the loop bound, which holds the gain below the bound) and tanh are not."""
     import linmem.training.recipes
 
-    monkeypatch.setattr(linmem.training.recipes, "memory_loop_gains",
-                        lambda state, act, bound=None: [0.9, 1.7])
     common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "6", "--memory", "5",
               "--k", "3", "--batch-size", "64", "--epochs", "1", "--quiet"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run_cli("pretrain", *common, "--out", str(tmp_path / "default")) == 0
+    assert not [w for w in caught if "loop has gain" in str(w.message)]
+    info = json.loads((tmp_path / "default" / "pretraining.json").read_text())
+    assert info["lmn_nonlinearity"] == "selu" and max(info["lmn_loop_gain"]) <= 0.99 + 1e-9
+    monkeypatch.setattr(linmem.training.recipes, "memory_loop_gains",
+                        lambda state, act, bound=None, loop=False: [0.9, 1.7])
     with pytest.warns(UserWarning, match=r"loop has gain 1\.700 > 1 with selu"):
-        assert run_cli("pretrain", *common, "--out", str(tmp_path / "selu")) == 0
+        assert run_cli("pretrain", *common, "--no-loop-bound", "--out",
+                       str(tmp_path / "selu")) == 0
     info = json.loads((tmp_path / "selu" / "pretraining.json").read_text())
     assert info["lmn_loop_gain"] == [0.9, 1.7]
     with warnings.catch_warnings(record=True) as caught:

@@ -41,6 +41,13 @@ class ModelOptions:
         "LMN: hold the spectral norm of W^mm to at most R by a reparametrization (below 1 a tanh "
         "LMN's memory cannot overflow; 'none': the paper's unconstrained memory).",
         kind=float, above=0.0, none_ok=True)
+    # linmem.ops.loop_bound: relu and selu are not bounded, so W^mm's bound alone leaves the
+    # loop m -> W^hm sigma(W^mh m) free to grow the memory
+    loop_bound: bool | None = option(
+        None, "LMN: hold the memory loop's gain ||W^mm|| + L ||W^hm|| ||W^mh|| (L the "
+              "activation's Lipschitz constant) to the --memory-bound R instead, so that a relu "
+              "or selu LMN's memory cannot overflow either [default: on for relu and selu under "
+              "a bound, off for tanh].", kind=bool)
 
 
 @dataclass

@@ -104,9 +104,11 @@ class NextStepPredictor(nn.Module):
     def __init__(self, name: str, input_size: int = N_KEYS, hidden: int = 100,
                  memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
                  nonlinearity: str | None = None, k: int = 10,
-                 memory_bound: float | None = DEFAULT_MEMORY_BOUND):
+                 memory_bound: float | None = DEFAULT_MEMORY_BOUND,
+                 loop_bound: bool | None = None):
         super().__init__()
-        nonlinearity = check_options(name, nonlinearity, num_layers, memory_bound=memory_bound)
+        nonlinearity = check_options(name, nonlinearity, num_layers, memory_bound=memory_bound,
+                                     loop_bound=loop_bound)
         arch = architecture(name)
         for label, value in (("hidden", hidden), ("num_layers", num_layers),
                              ("input_size", input_size)):
@@ -120,7 +122,7 @@ class NextStepPredictor(nn.Module):
             self.core = LMN(input_size, hidden, memory, num_layers, output=output,
                             batch_first=True, nonlinearity=nonlinearity,
                             dropout=dropout if num_layers > 1 else 0.0,
-                            memory_bound=memory_bound)
+                            memory_bound=memory_bound, loop_bound=loop_bound)
             out_size = hidden if arch == "lmn-a" else memory
         elif arch == "ulm":
             memory, self.k = None, k
@@ -196,6 +198,16 @@ class NextStepPredictor(nn.Module):
         core."""
         return getattr(self.core, "memory_bound", None)
 
+    @property
+    def loop_bound(self) -> bool | None:
+        """Whether the LMN core holds its memory loop's gain to the bound
+        (:mod:`linmem.ops.loop_bound`); None for another core."""
+        return getattr(self.core, "loop_bound", None)
+
+    def _loop(self) -> str | None:
+        """The activation whose loop bound the core holds, or None (the diagnostics' ``loop``)."""
+        return self.core.nonlinearity if self.loop_bound else None
+
     @torch.no_grad()
     def divergence_note(self, inputs: Tensor, mask: Tensor) -> str:
         """What NaN or inf outputs on ``inputs`` ``(B, T, K)`` (valid steps ``mask``) say of an
@@ -207,7 +219,7 @@ class NextStepPredictor(nn.Module):
         weights = [w for layer in self.core.all_weights for w in layer]
         if not all(bool(torch.isfinite(w).all()) for w in weights):
             return "; the LMN's weights are NaN or inf"
-        radius = max(memory_radii_of(self.core.state_dict(), self.memory_bound))
+        radius = max(memory_radii_of(self.core.state_dict(), self.memory_bound, self._loop()))
         if radius <= 1:
             return ""
         bad = ~torch.isfinite(self(inputs)).all(-1) & mask.bool()
@@ -231,7 +243,7 @@ class NextStepPredictor(nn.Module):
         return {"model": self.name, "hidden": self.hidden, "memory": self.memory,
                 "num_layers": self.num_layers, "input_size": self.input_size,
                 "dropout": self.dropout, "nonlinearity": self.nonlinearity, "k": self.k,
-                "memory_bound": self.memory_bound}
+                "memory_bound": self.memory_bound, "loop_bound": self.loop_bound}
 
 
 def _detach(state: Any) -> Any:
@@ -258,9 +270,10 @@ class NADEPredictor(NextStepPredictor):
                  memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
                  nonlinearity: str | None = None, k: int = 10, nade_hidden: int = 150,
                  nade_samples: int = 100, seed: int = 0,
-                 memory_bound: float | None = DEFAULT_MEMORY_BOUND):
+                 memory_bound: float | None = DEFAULT_MEMORY_BOUND,
+                 loop_bound: bool | None = None):
         super().__init__(name, input_size, hidden, memory, num_layers, dropout, nonlinearity, k,
-                         memory_bound)
+                         memory_bound, loop_bound)
         self.readout = NADE(input_size, nade_hidden, self.readout.in_features, nade_samples,
                             seed)
         self.nade_hidden, self.nade_samples, self.seed = nade_hidden, nade_samples, seed
@@ -367,7 +380,8 @@ def expected_accuracy(model: nn.Module, sequences: list, n_samples: int = 100, s
 def _predictor(name: str) -> Callable[[int, Any], nn.Module]:
     def build(input_size: int, o: ModelOptions) -> nn.Module:
         return NextStepPredictor(name, input_size, o.hidden, o.memory, o.num_layers, o.dropout,
-                                 o.nonlinearity, getattr(o, "k", 10), o.memory_bound)
+                                 o.nonlinearity, getattr(o, "k", 10), o.memory_bound,
+                                 o.loop_bound)
     return build
 
 
@@ -375,7 +389,7 @@ def _nade_predictor(name: str) -> Callable[[int, Any], nn.Module]:
     def build(input_size: int, o: NADEOptions) -> nn.Module:
         return NADEPredictor(name, input_size, o.hidden, o.memory, o.num_layers, o.dropout,
                              o.nonlinearity, 10, o.nade_hidden, o.nade_samples, o.seed,
-                             o.memory_bound)
+                             o.memory_bound, o.loop_bound)
     return build
 
 
@@ -432,12 +446,15 @@ def default_nonlinearity(name: str) -> str:
 
 
 def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 1,
-                  dropout: float = 0.0, memory_bound: float | None = None) -> str:
-    """Validate a model name with its activation, depth, dropout and memory bound
-    (:func:`memory_bound_of`), without building anything; returns the activation
+                  dropout: float = 0.0, memory_bound: float | None = None,
+                  loop_bound: bool | None = None) -> str:
+    """Validate a model name with its activation, depth, dropout, memory bound
+    (:func:`memory_bound_of`) and loop bound, without building anything; returns the activation
     (``nonlinearity`` or the model's default)."""
     spec = get_spec(name)
     memory_bound_of(name, memory_bound)
+    if loop_bound and not spec.has_memory:
+        raise ValueError(f"{name} has no linear memory: loop_bound applies to the LMNs")
     nonlinearity = nonlinearity or spec.default_nonlinearity
     allowed = spec.nonlinearities
     if nonlinearity not in allowed:
@@ -481,7 +498,8 @@ def model_options(name: str, **values: Any) -> ModelOptions:
         raise ValueError(f"{name} has no option {', '.join(sorted(unknown))}")
     options = spec.options(**values)
     options.nonlinearity = check_options(name, options.nonlinearity, options.num_layers,
-                                         options.dropout, options.memory_bound)
+                                         options.dropout, options.memory_bound,
+                                         options.loop_bound)
     if not spec.has_memory:
         options.memory = None
     elif options.memory is None:

@@ -57,6 +57,7 @@ from linmem.experiments.analyses import (
 )
 from linmem.experiments.bound_choice import bound_choice, bound_choice_markdown
 from linmem.experiments.bound_comparison import bound_comparison_markdown
+from linmem.experiments.loop_choice import loop_choice, loop_choice_markdown
 from linmem.experiments.plots import plot_pretraining
 from linmem.experiments.pretraining import analyze_pretraining
 from linmem.experiments.report import markdown_table
@@ -305,16 +306,21 @@ def patience_cmd(paths: tuple[str, ...], values: str, out: str | None) -> None:
               help="Then the groups with and without a memory bound side by side on test "
                    "(linmem.experiments.bound_comparison), and the rule that chooses the LMN's "
                    "default bound from them on validation (linmem.experiments.bound_choice).")
-def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool, choose_bound: bool) -> None:
+@click.option("--loop-choice", "choose_loop", is_flag=True,
+              help="Then the rule that chooses pret-LMN-B's default activation and bound from "
+                   "the loop bound's candidates on validation (linmem.experiments.loop_choice).")
+def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool, choose_bound: bool,
+                  choose_loop: bool) -> None:
     """Markdown table of the runs (metrics.json files) under PATHS, with their commands."""
+    grouped = seeds or valid or choose_bound or choose_loop
     try:
         # a failed seed counts, in the groups
-        records = collect_metrics(paths, diverged=seeds or valid or choose_bound)
+        records = collect_metrics(paths, diverged=grouped)
         scored = [r for r in records if "diverged" not in r]
         if not scored:
             raise FileNotFoundError("no metrics.json under " + ", ".join(map(str, paths)))
         click.echo(markdown_table(scored), nl=False)
-        groups = seed_groups(records) if seeds or valid or choose_bound else []
+        groups = seed_groups(records) if grouped else []
         if seeds:
             click.echo("\n" + seeds_markdown(groups))
         if valid:
@@ -322,6 +328,8 @@ def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool, choose_bound
         if choose_bound:  # the test side by side, then the choice on validation
             click.echo("\n" + bound_comparison_markdown(groups))
             click.echo("\n" + bound_choice_markdown(bound_choice(groups)))
+        if choose_loop:
+            click.echo("\n" + loop_choice_markdown(loop_choice(groups)))
     except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None
 

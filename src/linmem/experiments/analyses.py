@@ -98,7 +98,8 @@ def recurrent_radius(model: torch.nn.Module) -> float | None:
     (:func:`linmem.nn.diagnostics.memory_radii_of`), the Elman RNN's ``W^hh``; None for a core
     without a square one (LSTM and GRU stack their gates' matrices)."""
     state = {k: v.detach().double().cpu() for k, v in model.state_dict().items()}
-    radii = memory_radii_of(state, getattr(model, "memory_bound", None))
+    loop = model.core.nonlinearity if getattr(model, "loop_bound", None) else None
+    radii = memory_radii_of(state, getattr(model, "memory_bound", None), loop)
     if radii:
         return radii[0]
     weight = state.get("core.weight_hh_l0")

@@ -25,7 +25,7 @@ from linmem.models import activation_of, display_name
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND
 
 __all__ = ["COST_LIMIT", "MIN_SEEDS", "MODELS", "bound_choice", "bound_choice_markdown",
-           "bound_sides"]
+           "bound_sides", "group_score"]
 
 MODELS = ("lmn-a", "lmn-b", "pret-lmn-b")
 MIN_SEEDS = 3
@@ -33,7 +33,7 @@ COST_LIMIT = 0.5  # points: JSB LMN-B's three bounded seeds' standard deviation 
 METRIC = "valid_acc_frame"
 
 
-def _score(group: dict) -> float:
+def group_score(group: dict) -> float:
     """The mean of a seed group's per-frame validation accuracies, a failed seed counted 0."""
     finished = group.get(METRIC, {"mean": 0.0, "n": 0})
     return finished["mean"] * finished["n"] / max(finished["n"] + len(group["diverged_seeds"]), 1)
@@ -74,7 +74,7 @@ def bound_choice(groups: Sequence[dict],
         for side in ("unbounded", "bounded"):
             g = cell.get(side)
             row[side] = None if g is None else {
-                "score": _score(g), "finished": len(g["seeds"]),
+                "score": group_score(g), "finished": len(g["seeds"]),
                 "failed": len(g["diverged_seeds"]), "memory_bound": g.get("memory_bound")}
         both = row["unbounded"] is not None and row["bounded"] is not None
         row["counted"] = both and row["unbounded"]["failed"] == 0

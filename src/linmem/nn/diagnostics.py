@@ -17,18 +17,21 @@ from torch import Tensor
 from linmem.nn.lmn import LMN, _time_major_linear, lmn_recurrence
 from linmem.ops.bound import bounded_memory
 from linmem.ops.lmn import SELU_SCALE, check_nonlinearity
+from linmem.ops.loop_bound import bounded_loop
 
 __all__ = ["memory_loop_gains", "memory_radii_of", "saturated_fraction"]
 
 SATURATED = 0.99  # |h| above it: tanh's slope 1 - h^2 below 0.02
 
 
-def _lmn_layers(state: dict[str, Tensor], memory_bound: float | None = None
-                ) -> list[dict[str, Tensor]]:
+def _lmn_layers(state: dict[str, Tensor], memory_bound: float | None = None,
+                loop: str | None = None) -> list[dict[str, Tensor]]:
     """The LMN layers' recurrent weights in a ``state_dict`` (keys ending ``weight_mm_lN``,
     ``weight_hm_lN``, ``weight_mh_lN``, any prefix; a reverse direction's ``..._lN_reverse``
-    after its layer's forward one), in layer order, as float64 on the CPU; ``weight_mm`` as eq.
-    (7) uses it under ``memory_bound`` (the layer's, :mod:`linmem.ops.bound`)."""
+    after its layer's forward one), in layer order, as float64 on the CPU; ``weight_mm`` (and
+    ``weight_hm``) as eqs. (6)-(7) use them under ``memory_bound`` (the layer's,
+    :mod:`linmem.ops.bound`), a loop bound where ``loop`` names the layer's activation
+    (:mod:`linmem.ops.loop_bound`)."""
     weights = {k.rsplit(".", 1)[-1]: v for k, v in state.items()}
     layers = sorted((int(m[1]), m[2] or "") for k in weights
                     if (m := re.fullmatch(r"weight_mm_l(\d+)(_reverse)?", k)))
@@ -36,7 +39,11 @@ def _lmn_layers(state: dict[str, Tensor], memory_bound: float | None = None
             for n in ("weight_mm", "weight_hm", "weight_mh")}
            for layer, suffix in layers]
     for w in out:
-        w["weight_mm"] = bounded_memory(w["weight_mm"], memory_bound)
+        if loop is not None and memory_bound is not None:
+            w["weight_mm"], w["weight_hm"] = bounded_loop(
+                w["weight_mm"], w["weight_hm"], w["weight_mh"], memory_bound, loop)
+        else:
+            w["weight_mm"] = bounded_memory(w["weight_mm"], memory_bound)
     return out
 
 
@@ -44,18 +51,21 @@ def _spectral_radius(matrix: Tensor) -> float:
     return float(torch.linalg.eigvals(matrix).abs().max())
 
 
-def memory_radii_of(state: dict[str, Tensor], memory_bound: float | None = None) -> list[float]:
+def memory_radii_of(state: dict[str, Tensor], memory_bound: float | None = None,
+                    loop: str | None = None) -> list[float]:
     """Per LMN layer (and direction) of a ``state_dict``, the spectral radius ``max |eig(W^mm)|``
-    of its memory-to-memory matrix (eq. 7; under the layer's ``memory_bound``, the matrix it
-    runs with); [] for a model without a linear memory. Above 1, the memory's state grows
-    geometrically along a sequence."""
-    return [_spectral_radius(w["weight_mm"]) for w in _lmn_layers(state, memory_bound)]
+    of its memory-to-memory matrix (eq. 7; under the layer's ``memory_bound``, and its loop
+    bound where ``loop`` names its activation, the matrix it runs with); [] for a model without
+    a linear memory. Above 1, the memory's state grows geometrically along a sequence."""
+    return [_spectral_radius(w["weight_mm"]) for w in _lmn_layers(state, memory_bound, loop)]
 
 
 def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str,
-                      memory_bound: float | None = None) -> list[float]:
+                      memory_bound: float | None = None, loop_bound: bool = False
+                      ) -> list[float]:
     """Per LMN layer (and direction) of a ``state_dict`` (keys ending ``weight_mm_lN``,
-    ``weight_hm_lN``, ``weight_mh_lN``, any prefix; ``W^mm`` under ``memory_bound``), the
+    ``weight_hm_lN``, ``weight_mh_lN``, any prefix; ``W^mm`` under ``memory_bound``, and
+    ``W^hm`` too under a ``loop_bound``), the
     spectral radius of the memory's
     linearised recurrence with every functional unit on its unbounded side:
     ``rho(W^mm + s W^hm W^mh)`` (eqs. 6-7: ``m_t`` depends on ``m_{t-1}`` directly and through
@@ -69,7 +79,7 @@ def memory_loop_gains(state: dict[str, Tensor], nonlinearity: str,
     check_nonlinearity(nonlinearity)
     slope = SELU_SCALE if nonlinearity == "selu" else 1.0
     return [_spectral_radius(w["weight_mm"] + slope * w["weight_hm"] @ w["weight_mh"])
-            for w in _lmn_layers(state, memory_bound)]
+            for w in _lmn_layers(state, memory_bound, nonlinearity if loop_bound else None)]
 
 
 @torch.no_grad()

@@ -38,6 +38,7 @@ from linmem.nn.ulm import UnrolledNet  # the unrolled network (nn.ulm), named he
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND, bounded_memory, check_memory_bound
 from linmem.ops.certified_norm import STATE
 from linmem.ops.lmn import NONLINEARITIES, _batch_major, activation_grad, check_nonlinearity, scan
+from linmem.ops.loop_bound import bounded_loop, check_loop_bound
 
 __all__ = ["LMN", "NONLINEARITIES", "LMNCell", "UnrolledNet", "activation_slope", "lmn_recurrence"]
 
@@ -46,26 +47,54 @@ _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "b
 
 State = Tensor | tuple[Tensor | None, Tensor] | None
 
-# a bounded layer's buffers (bound_vector, bound_anchor, bound_certificate): the certified
-# norm's state at the last training update (linmem.ops.certified_norm.STATE: the power
-# iteration's start, the matrix of the last full certificate and its bounds); in the state dict,
-# so that a resumed run continues exactly as an uninterrupted one
+# a bounded layer's buffers (bound_vector, bound_anchor, bound_certificate; with a loop bound
+# also bound_hm_* and bound_mh_*, of W^hm and W^mh): the certified norm's state at the last
+# training update (linmem.ops.certified_norm.STATE: the power iteration's start, the matrix of
+# the last full certificate and its bounds); in the state dict, so that a resumed run continues
+# exactly as an uninterrupted one
 _BOUND = "bound_"
+_LOOP = ("", "hm_", "mh_")  # the buffers' infix of W^mm, W^hm and W^mh
 
 
-def _bound_buffers(module: nn.Module, memory_size: int, factory: dict) -> None:
-    """Register the certified norm's buffers of an ``M x M`` memory matrix on ``module``."""
-    for name, shape in STATE.items():
-        dtype = torch.float64 if name == "certificate" else factory["dtype"]
-        module.register_buffer(_BOUND + name, torch.zeros(shape(memory_size, memory_size),
-                                                          device=factory["device"], dtype=dtype))
+def _bound_buffers(module: nn.Module, shapes: dict[str, tuple[int, int]], factory: dict) -> None:
+    """Register the certified norm's buffers on ``module`` for each matrix of ``shapes``
+    (infix -> ``(rows, cols)``: ``""`` for ``W^mm``)."""
+    for infix, (rows, cols) in shapes.items():
+        for name, shape in STATE.items():
+            dtype = torch.float64 if name == "certificate" else factory["dtype"]
+            module.register_buffer(_BOUND + infix + name, torch.zeros(
+                shape(rows, cols), device=factory["device"], dtype=dtype))
 
 
-def _bound_state(module: nn.Module, suffix: str = "") -> tuple | None:
-    """The buffers of :func:`_bound_buffers` (``suffix``: a layer's, ``_l0``), or None."""
-    if not hasattr(module, f"{_BOUND}vector{suffix}"):
+def _bound_state(module: nn.Module, suffix: str = "", infix: str = "") -> tuple | None:
+    """The buffers of :func:`_bound_buffers` (``suffix``: a layer's, ``_l0``; ``infix``: which
+    matrix's), or None."""
+    if not hasattr(module, f"{_BOUND}{infix}vector{suffix}"):
         return None
-    return tuple(getattr(module, f"{_BOUND}{name}{suffix}") for name in STATE)
+    return tuple(getattr(module, f"{_BOUND}{infix}{name}{suffix}") for name in STATE)
+
+
+def _bound_shapes(loop: bool, hidden_size: int, memory_size: int) -> dict[str, tuple[int, int]]:
+    """The matrices a bounded layer certifies: ``W^mm``, and with a loop bound ``W^hm`` and
+    ``W^mh``."""
+    shapes = {"": (memory_size, memory_size)}
+    if loop:
+        shapes.update({"hm_": (memory_size, hidden_size), "mh_": (hidden_size, memory_size)})
+    return shapes
+
+
+def _recurrent(weights: dict[str, Tensor | None], bound: float | None, loop: bool,
+               nonlinearity: str, module: nn.Module, suffix: str,
+               update: bool) -> tuple[Tensor, Tensor]:
+    """``(W^mm, W^hm)`` as eqs. (6)-(7) run them: the parameters, or under a memory bound
+    ``W^mm`` rescaled into its ball, or under a loop bound both scaled to the loop's gain
+    (:mod:`linmem.ops.loop_bound`); with ``update``, the buffers moved on."""
+    if loop:
+        states = tuple(_bound_state(module, suffix, infix) for infix in _LOOP)
+        return bounded_loop(weights["weight_mm"], weights["weight_hm"], weights["weight_mh"],
+                            bound, nonlinearity, None if None in states else states, update)
+    return (bounded_memory(weights["weight_mm"], bound, _bound_state(module, suffix), update),
+            weights["weight_hm"])
 
 
 def _bound_vectors_as_expected(module: nn.Module, state_dict: dict, prefix: str) -> None:
@@ -162,10 +191,17 @@ class LMNCell(nn.Module):
         memory_bound: ``r``: eq. (7) runs with ``W^mm = weight_mm * min(1, r / s)``, ``s`` a
             certified upper bound of ``||weight_mm||_2`` (:mod:`linmem.ops.certified_norm`), so
             ``||W^mm||_2 <= r`` whatever the parameter's value (:mod:`linmem.ops.bound`; below 1
-            a tanh layer's memory cannot grow without bound; a relu or selu layer's can, through
-            ``W^mh sigma(W^hm m)``); its state is the buffers ``bound_vector``, ``bound_anchor``
-            and ``bound_certificate``, moved on in training mode. ``None``: the paper's
+            a tanh layer's memory cannot grow without bound; a relu or selu layer's could, through
+            ``W^hm sigma(W^mh m)``, which ``loop_bound`` closes); its state is the buffers
+            ``bound_vector``, ``bound_anchor`` and ``bound_certificate``, moved on in training
+            mode. ``None``: the paper's
             unconstrained memory. Default: :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND` (0.99).
+        loop_bound: if ``True``, ``memory_bound`` holds the memory loop's gain
+            ``||W^mm||_2 + L ||W^hm||_2 ||W^mh||_2`` (``L`` the activation's Lipschitz constant)
+            instead: eqs. (6)-(7) run with ``W^mm`` and ``W^hm`` scaled by one factor so that it
+            is at most ``r`` (:mod:`linmem.ops.loop_bound`), and below 1 a relu or selu layer's
+            memory stays finite too; buffers ``bound_hm_*`` and ``bound_mh_*`` besides. ``None``:
+            ``True`` for relu and selu under a memory bound, else ``False``. Default: ``None``.
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
@@ -196,7 +232,8 @@ class LMNCell(nn.Module):
 
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, bias: bool = True,
                  nonlinearity: str = "tanh",
-                 memory_bound: float | None = DEFAULT_MEMORY_BOUND, device=None, dtype=None):
+                 memory_bound: float | None = DEFAULT_MEMORY_BOUND,
+                 loop_bound: bool | None = None, device=None, dtype=None):
         super().__init__()
         for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
                             ("memory_size", memory_size)):
@@ -206,6 +243,7 @@ class LMNCell(nn.Module):
         self.nonlinearity = nonlinearity
         check_nonlinearity(nonlinearity)
         self.memory_bound = check_memory_bound(memory_bound)
+        self.loop_bound = check_loop_bound(loop_bound, nonlinearity, self.memory_bound)
         self.weight_xh = nn.Parameter(torch.empty(hidden_size, input_size, **factory))
         self.weight_mh = nn.Parameter(torch.empty(hidden_size, memory_size, **factory))
         self.weight_hm = nn.Parameter(torch.empty(memory_size, hidden_size, **factory))
@@ -217,7 +255,8 @@ class LMNCell(nn.Module):
             self.register_parameter("bias_h", None)
             self.register_parameter("bias_m", None)
         if self.memory_bound is not None:
-            _bound_buffers(self, memory_size, factory)
+            _bound_buffers(self, _bound_shapes(self.loop_bound, hidden_size, memory_size),
+                           factory)
         self.reset_parameters()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -249,25 +288,28 @@ class LMNCell(nn.Module):
             raise ValueError(f"h_(t-1) must have shape {expected}, got {tuple(h0.shape)}")
         check_dtype(m, self.weight_xh, "the memory state")
         x_proj = nn.functional.linear(x, self.weight_xh, self.bias_h)
-        _, _, h, m_new = lmn_recurrence(x_proj[None], m, self.weight_mh, self.weight_hm,
-                                        self._memory_weight(), self.bias_m,
-                                        self.nonlinearity)  # 1 step
+        w_mm, w_hm = self.recurrent_weights(self.training)
+        _, _, h, m_new = lmn_recurrence(x_proj[None], m, self.weight_mh, w_hm, w_mm,
+                                        self.bias_m, self.nonlinearity)  # 1 step
         return (h, m_new) if batched else (h.squeeze(0), m_new.squeeze(0))
 
     def memory_weight(self) -> Tensor:
         """``W^mm`` as eq. (7) uses it: ``weight_mm`` itself, or rescaled into the ball of
-        ``memory_bound``."""
-        return bounded_memory(self.weight_mm, self.memory_bound, _bound_state(self))
+        ``memory_bound`` (under a loop bound, scaled to the loop's gain)."""
+        return self.recurrent_weights(False)[0]
 
-    def _memory_weight(self) -> Tensor:
-        """:meth:`memory_weight`, in training mode moving the certified norm's state on."""
-        return bounded_memory(self.weight_mm, self.memory_bound, _bound_state(self),
-                              update=self.training)
+    def recurrent_weights(self, update: bool = False) -> tuple[Tensor, Tensor]:
+        """``(W^mm, W^hm)`` as eqs. (6)-(7) run them; with ``update``, the certified norms'
+        state moved on."""
+        weights = {name: getattr(self, name) for name in _PARAM_NAMES}
+        return _recurrent(weights, self.memory_bound, self.loop_bound, self.nonlinearity, self,
+                          "", update)
 
     def extra_repr(self) -> str:
         s = (f"{self.input_size}, hidden_size={self.hidden_size}, "
              f"memory_size={self.memory_size}, nonlinearity={self.nonlinearity!r}")
-        return s + (f", memory_bound={self.memory_bound}" if self.memory_bound is not None else "")
+        s += f", memory_bound={self.memory_bound}" if self.memory_bound is not None else ""
+        return s + (", loop_bound=True" if self.loop_bound else "")
 
 
 class LMN(nn.Module):
@@ -296,9 +338,14 @@ class LMN(nn.Module):
             ``||W^mm||_2 <= r`` (:class:`LMNCell`, :mod:`linmem.ops.bound`; the parameters stay
             as they are, :meth:`memory_weight` gives the matrix used). Below 1 a tanh layer's
             memory stays finite for every input; a relu or selu layer's functional part is not
-            bounded, and the loop ``m -> W^mh sigma(W^hm m)`` can still grow ``m``. ``None``: the
-            paper's unconstrained memory. Default: :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND`
-            (0.99).
+            bounded, and the loop ``m -> W^hm sigma(W^mh m)`` could still grow ``m``: with
+            ``loop_bound`` (their default) ``r`` bounds the loop's gain. ``None``: the
+            paper's unconstrained memory (and no loop bound). Default:
+            :data:`~linmem.ops.bound.DEFAULT_MEMORY_BOUND` (0.99).
+        loop_bound: if ``True``, ``memory_bound`` holds each layer's memory loop gain
+            ``||W^mm||_2 + L ||W^hm||_2 ||W^mh||_2`` to ``r`` instead (:class:`LMNCell`), so that
+            below 1 a relu or selu layer's memory stays finite for every input too. ``None``:
+            ``True`` for relu and selu under a memory bound, else ``False``. Default: ``None``.
         device: where to create the parameters. Default: the current default device.
         dtype: the parameters' dtype. Default: the current default dtype.
 
@@ -333,7 +380,8 @@ class LMN(nn.Module):
             reads ``D`` times the output size).
         bound_vector_l{k}, bound_anchor_l{k}, bound_certificate_l{k}: with a bound, the
             certified norm's state (:data:`linmem.ops.certified_norm.STATE`), buffers in the
-            state dict (zeros: a cold start, as a state dict without them loads).
+            state dict (zeros: a cold start, as a state dict without them loads); with a loop
+            bound ``bound_hm_*_l{k}`` and ``bound_mh_*_l{k}`` too.
     """
 
     __prepare_scriptable__ = no_torchscript
@@ -341,7 +389,8 @@ class LMN(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, memory_size: int, num_layers: int = 1,
                  output: str = "memory", bias: bool = True, batch_first: bool = False,
                  nonlinearity: str = "tanh", dropout: float = 0.0, bidirectional: bool = False,
-                 memory_bound: float | None = DEFAULT_MEMORY_BOUND, device=None, dtype=None):
+                 memory_bound: float | None = DEFAULT_MEMORY_BOUND,
+                 loop_bound: bool | None = None, device=None, dtype=None):
         super().__init__()
         if output not in ("memory", "hidden"):
             raise ValueError(f"output must be 'memory' (LMN-B) or 'hidden' (LMN-A), got {output!r}")
@@ -357,10 +406,12 @@ class LMN(nn.Module):
         self.batch_first, self.nonlinearity, self.dropout = batch_first, nonlinearity, dropout
         self.bidirectional = bool(bidirectional)
         self.memory_bound = check_memory_bound(memory_bound)
+        self.loop_bound = check_loop_bound(loop_bound, nonlinearity, self.memory_bound)
         for k in range(num_layers):
             for reverse in self._directions():
                 cell = LMNCell(self._layer_input_size(k), hidden_size, memory_size, bias,
-                               nonlinearity, self.memory_bound, device=device, dtype=dtype)
+                               nonlinearity, self.memory_bound, self.loop_bound, device=device,
+                               dtype=dtype)
                 for name, param in cell.named_parameters():
                     self.register_parameter(f"{name}_l{k}{'_reverse' * reverse}", param)
                 for name, buffer in cell.named_buffers():
@@ -407,15 +458,17 @@ class LMN(nn.Module):
 
     def memory_weight(self, k: int = 0, reverse: bool = False) -> Tensor:
         """Layer ``k``'s ``W^mm`` as eq. (7) uses it: ``weight_mm_l{k}`` itself, or rescaled
-        into the ball of ``memory_bound``."""
-        return self._memory_weight(k, reverse, update=False)
+        into the ball of ``memory_bound`` (under a loop bound, scaled to the loop's gain)."""
+        return self.recurrent_weights(k, reverse)[0]
 
-    def _memory_weight(self, k: int, reverse: bool, update: bool) -> Tensor:
-        """:meth:`memory_weight`; with ``update``, the certified norm's state (the buffers
-        ``bound_*_l{k}``) moved on to this call's."""
+    def recurrent_weights(self, k: int = 0, reverse: bool = False,
+                          update: bool = False) -> tuple[Tensor, Tensor]:
+        """Layer ``k``'s ``(W^mm, W^hm)`` as eqs. (6)-(7) run them (under a bound, scaled);
+        with ``update``, the certified norms' state (the buffers ``bound_*_l{k}``) moved on to
+        this call's."""
         suffix = f"_l{k}" + ("_reverse" if reverse else "")
-        return bounded_memory(self.layer_weights(k, reverse)["weight_mm"], self.memory_bound,
-                              _bound_state(self, suffix), update)
+        return _recurrent(self.layer_weights(k, reverse), self.memory_bound, self.loop_bound,
+                          self.nonlinearity, self, suffix, update)
 
     @in_parameter_precision
     def forward(self, input: Tensor | PackedSequence, state: State = None):
@@ -465,9 +518,9 @@ class LMN(nn.Module):
                 w = self.layer_weights(k, reverse)
                 seq = _reverse_steps(layer_in, lengths) if reverse else layer_in
                 x_proj = _time_major_linear(seq, w["weight_xh"], w["bias_h"])
+                w_mm, w_hm = self.recurrent_weights(k, reverse, self.training)
                 hs, ms, h_last, m_last = lmn_recurrence(
-                    x_proj, m0[len(h_n)], w["weight_mh"], w["weight_hm"],
-                    self._memory_weight(k, reverse, self.training), w["bias_m"],
+                    x_proj, m0[len(h_n)], w["weight_mh"], w_hm, w_mm, w["bias_m"],
                     self.nonlinearity, lengths)
                 h_n.append(h_last)
                 m_n.append(m_last)
@@ -499,6 +552,8 @@ class LMN(nn.Module):
             s += ", bidirectional=True"
         if self.memory_bound is not None:
             s += f", memory_bound={self.memory_bound}"
+        if self.loop_bound:
+            s += ", loop_bound=True"
         return s
 
 

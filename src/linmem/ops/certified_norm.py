@@ -153,6 +153,22 @@ def _solve(weight: Tensor, start: Tensor, bound: float, anchor: Tensor | None = 
     return (1.0 if inside else bound / s), s, u, v, factor, anchored
 
 
+def solve_state(weight: Tensor, state: tuple, bound: float, update: bool
+                ) -> tuple[float, float, Tensor, Tensor, float]:
+    """``(scale, s, u, v, factor)`` of :func:`_solve` from a layer's buffers ``state``
+    (:data:`STATE`'s, in its order; the anchor and certificate may be None), with ``update``
+    overwritten with this call's (the start, and a new anchor where one was made)."""
+    start, anchor, certificate = state
+    scale, s, u, v, factor, anchored = _solve(weight, start, bound, anchor, certificate)
+    if update:
+        start.copy_(u if left_gram(weight) else v)
+        if certificate is not None and anchored != KEEP:
+            if anchored[1] > 0:  # a new anchor: this matrix (sealed by _solve)
+                anchor.copy_(weight.detach())
+            certificate.copy_(torch.tensor(anchored, dtype=torch.float64))
+    return scale, s, u, v, factor
+
+
 def _dscale(scale: float, s: float, bound: float, factor: float) -> float:
     """``d scale / d s`` times the certificate's factor: the coefficient of ``u v^T`` in the
     scale's gradient (0 inside the ball; a non-finite norm's ``u`` and ``v`` are NaN)."""
@@ -233,14 +249,7 @@ class _EagerBoundedWeight(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight, state, bound, update):
-        start, anchor, certificate = state
-        scale, s, u, v, factor, anchored = _solve(weight, start, bound, anchor, certificate)
-        if update:
-            start.copy_(u if left_gram(weight) else v)
-            if certificate is not None and anchored != KEEP:
-                if anchored[1] > 0:  # a new anchor: this matrix (sealed by _solve)
-                    anchor.copy_(weight.detach())
-                certificate.copy_(torch.tensor(anchored, dtype=torch.float64))
+        scale, s, u, v, factor = solve_state(weight, state, bound, update)
         ctx.scale, ctx.bound, ctx.factor = scale, bound, factor
         ctx.dscale = _dscale(scale, s, bound, factor)
         ctx.save_for_backward(weight, u.to(weight), v.to(weight))

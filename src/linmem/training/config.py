@@ -32,6 +32,7 @@ from linmem.models import (
     option_names,
 )
 from linmem.ops.cpu import CPU_KERNELS
+from linmem.ops.loop_bound import check_loop_bound
 from linmem.training.runs import CONFIG, read_record
 from linmem.training.selection import SELECTIONS
 
@@ -62,7 +63,7 @@ OPTIMIZERS = ("adam", "sgd")
 
 # what a record saved before a field existed meant by its absence, for the fields whose default
 # may come to differ from it: a run before memory_bound had the paper's unbounded memory
-BEFORE_FIELD: dict[str, Any] = {"memory_bound": None}
+BEFORE_FIELD: dict[str, Any] = {"memory_bound": None, "loop_bound": False}
 
 
 # the training loss's normalisation: "frame" sums the Bernoulli NLL over the keys and averages it
@@ -258,12 +259,14 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions, ProtocolSettings,
         self.data = resolve_name(self.data)
         device_form(self.device)
         # the model with its activation, depth and dropout: fail now, not after hours of pretraining
-        check_options(self.model, self.nonlinearity, self.num_layers, self.dropout,
-                      self.memory_bound)
+        activation = check_options(self.model, self.nonlinearity, self.num_layers, self.dropout,
+                                   self.memory_bound, self.loop_bound)
         self.memory_bound = memory_bound_of(self.model, self.memory_bound)
         spec = get_spec(self.model)
-        if not spec.has_memory:
-            self.memory = None
+        if not spec.has_memory:  # no loop to bound (False: as in every record before the field)
+            self.memory, self.loop_bound = None, False
+        else:  # what the layer will do, recorded (None resolves by the activation)
+            self.loop_bound = check_loop_bound(self.loop_bound, activation, self.memory_bound)
         check_fields(self)
         # an option that only some models have, left unset (None) by default: refused elsewhere
         own = option_names(self.model)

@@ -101,7 +101,7 @@ def ulm_config(config: TrainConfig) -> TrainConfig:
     ``memory_bound``: a bounded LMN's memory is put into its ball at the transfer
     (:func:`linmem.pretrain.project_memory`), and its ULM is the unbounded one's (one cache
     entry for both)."""
-    return replace(config, model="ulm", memory=None, memory_bound=None,
+    return replace(config, model="ulm", memory=None, memory_bound=None, loop_bound=False,
                    epochs=config.pretrain_epochs or config.epochs, pretrain_epochs=None,
                    nonlinearity=config.ulm_nonlinearity or config.nonlinearity,
                    ulm_nonlinearity=None, ulm_cache=None)
@@ -253,12 +253,14 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
         la = fit_memory(hidden_states(ulm, data["train"]), config.memory, window, config.seed)
         la.save(memory_path)
     memory_facts = transfer(ulm, la, model)
-    gains = memory_loop_gains(model.state_dict(), model.nonlinearity, model.memory_bound)
+    gains = memory_loop_gains(model.state_dict(), model.nonlinearity, model.memory_bound,
+                              bool(model.loop_bound))
     if model.nonlinearity != "tanh" and max(gains) > 1:
         warnings.warn(f"the pretrained LMN's memory loop has gain {max(gains):.3f} > 1 with "
                       f"{model.nonlinearity}, an unbounded activation: its state may grow along a "
-                      "sequence and the training diverge (a tanh LMN, --nonlinearity tanh, stays "
-                      "bounded)", stacklevel=2)
+                      "sequence and the training diverge (--memory-bound with the loop bound, "
+                      "relu's and selu's default, holds the gain below 1; a tanh LMN, "
+                      "--nonlinearity tanh, stays bounded)", stacklevel=2)
     ulm_metrics = read_json(end_record(ulm_dir))  # metrics.json, or diverged.json on test
     return {"method": "ulm -> linear autoencoder -> lmn (eqs. 10-15)", "k": config.k,
             "la_window": window, "la_components": int(la.n_components_),

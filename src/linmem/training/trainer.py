@@ -551,7 +551,7 @@ def _run_fields(config: TrainConfig) -> dict[str, Any]:
     """What a run's result files say of the configuration first."""
     return {"dataset": config.data, "model": config.model, "hidden": config.hidden,
             "memory": config.memory, "memory_bound": config.memory_bound,
-            "num_layers": config.num_layers,
+            "loop_bound": config.loop_bound, "num_layers": config.num_layers,
             "weight_decay": config.weight_decay, "protocol": config.protocol,
             "protocol_overrides": config.protocol_overrides()}
 
