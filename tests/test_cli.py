@@ -212,6 +212,9 @@ def test_baseline_command(tmp_path, data_dir, capsys):
     assert round(result["scores"]["jsb"]["test"]["acc"], 2) == 22.20
     assert result["data_sha256"]["jsb"].startswith("ac0e6085") and "commit" in result
     assert "jsb: test acc 22.20% (per-frame mean 27.34%)" in stdout
+    fitted = result["per_key_model"]["scores"]["jsb"]
+    assert round(fitted["test"]["nll"], 2) == 10.49 and fitted["valid"]["nll"] > 0
+    assert "the per-key model of the previous frame: test NLL 10.492" in stdout
 
 
 def test_recorded_command_names_the_tool(monkeypatch):

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["FrameScores", "expected_accuracy_from_sums", "expected_frame_accuracy",
-           "frame_accuracy", "frame_counts", "frame_nll", "masked_nll", "previous_frame_scores",
-           "sample_ratio_sums"]
+           "frame_accuracy", "frame_counts", "frame_nll", "masked_nll", "previous_frame_model",
+           "previous_frame_model_scores", "previous_frame_scores", "sample_ratio_sums"]
 
 ArrayLike = np.ndarray | torch.Tensor
 
@@ -168,14 +168,44 @@ def previous_frame_scores(sequences) -> dict[str, float]:
     and ``frames``. It has no likelihood: its predictions are certain, and wrong ones are
     infinitely unlikely.
     """
-    usable = [np.asarray(s) for s in sequences if len(s) >= 2]
-    if not usable:
-        raise ValueError("no sequence of two frames or more to score")
-    probs = torch.from_numpy(np.concatenate([s[:-1] for s in usable]).astype(np.float64))
-    targets = torch.from_numpy(np.concatenate([s[1:] for s in usable]).astype(np.float64))
+    previous, following = _frame_pairs(sequences)
+    probs, targets = torch.from_numpy(previous), torch.from_numpy(following)
     return {"acc": frame_accuracy(probs, targets),
             "acc_frame": frame_accuracy(probs, targets, average="frame"),
             "frames": len(targets)}
+
+
+def _frame_pairs(sequences) -> tuple[np.ndarray, np.ndarray]:
+    """Each frame ``x_t`` beside its successor ``x_{t+1}``, over every sequence of two frames or
+    more: ``(previous, next)``, float64 ``(N, K)`` each."""
+    usable = [np.asarray(s, dtype=np.float64) for s in sequences if len(s) >= 2]
+    if not usable:
+        raise ValueError("no sequence of two frames or more to score")
+    return (np.concatenate([s[:-1] for s in usable]), np.concatenate([s[1:] for s in usable]))
+
+
+def previous_frame_model(sequences, smoothing: float = 1.0) -> np.ndarray:
+    """The per-key model of the previous frame, two parameters a key: ``p[b, k] = P(x_{t+1,k} =
+    1 | x_{t,k} = b)``, fitted on ``sequences`` (a training split) by counting, each count
+    smoothed by ``smoothing`` (add-one: a key never seen on still has a probability); ``(2, K)``.
+    """
+    previous, following = _frame_pairs(sequences)
+    on = np.stack([((1 - previous) * following).sum(0), (previous * following).sum(0)])
+    seen = np.stack([(1 - previous).sum(0), previous.sum(0)])
+    return (on + smoothing) / (seen + 2 * smoothing)
+
+
+def previous_frame_model_scores(model: np.ndarray, sequences) -> dict[str, float]:
+    """:func:`previous_frame_model`'s ``model`` scored on ``sequences`` as every next-step model:
+    ``nll`` (nats per frame, :func:`frame_nll`), ``acc`` and ``acc_frame`` (its probabilities
+    thresholded at 0.5, fractions), and ``frames``."""
+    previous, following = _frame_pairs(sequences)
+    probs = np.where(previous > 0.5, model[1], model[0])
+    logits = torch.from_numpy(np.log(probs) - np.log1p(-probs))
+    targets = torch.from_numpy(following)
+    p = torch.from_numpy(probs)
+    return {"nll": frame_nll(logits, targets), "acc": frame_accuracy(p, targets),
+            "acc_frame": frame_accuracy(p, targets, average="frame"), "frames": len(targets)}
 
 
 def frame_nll(logits: ArrayLike, targets: ArrayLike, mask: ArrayLike | None = None) -> float:

@@ -243,7 +243,9 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
 @click.option("--out", type=click.Path(dir_okay=False), default="results/baseline.json",
               show_default=True)
 def baseline_cmd(datasets: tuple[str, ...], data_dir: str | None, out: str) -> None:
-    """The previous-frame baseline (frame t + 1 = frame t) on every split: OUT (JSON)."""
+    """The calibration rows on the validation and test splits: the previous frame (frame t + 1 =
+    frame t: accuracy) and the per-key model of the previous frame fitted on the training split
+    (NLL and accuracy): OUT (JSON)."""
     if data_dir is not None and not Path(data_dir).is_dir():
         raise UsageFailure(f"--data-dir {data_dir}: no such directory")
     try:
@@ -252,8 +254,10 @@ def baseline_cmd(datasets: tuple[str, ...], data_dir: str | None, out: str) -> N
         raise UsageFailure(str(err)) from None
     write_json(out, result)
     for name, splits in result["scores"].items():
+        fitted = result["per_key_model"]["scores"][name]["test"]
         click.echo(f"{name}: test acc {splits['test']['acc']:.2f}% (per-frame mean "
-                   f"{splits['test']['acc_frame']:.2f}%), valid acc {splits['valid']['acc']:.2f}%")
+                   f"{splits['test']['acc_frame']:.2f}%), valid acc {splits['valid']['acc']:.2f}%;"
+                   f" the per-key model of the previous frame: test NLL {fitted['nll']:.3f}")
     click.echo(f"-> {out}")
 
 

@@ -46,7 +46,7 @@ import torch
 from linmem._check import check_device
 from linmem._io import command_line, git_commit, made_by, provenance
 from linmem.data import Batch, data_checksum, load_polyphonic
-from linmem.metrics import previous_frame_scores
+from linmem.metrics import previous_frame_model, previous_frame_model_scores, previous_frame_scores
 from linmem.models import activation_of
 from linmem.nn.diagnostics import memory_loop_gains, memory_radii_of, saturated_fraction
 from linmem.nn.lmn import LMN
@@ -563,23 +563,33 @@ def patience_markdown(rows: Sequence[dict], command: str | None = None,
 
 def previous_frame_report(datasets: Sequence[str], data_dir: str | None = None,
                           command: str | None = None) -> dict:
-    """Table 2's calibration row: the previous-frame baseline
-    (:func:`linmem.metrics.previous_frame_scores`) on the validation and test splits of each data
-    set, accuracies in percent under both definitions, with provenance."""
+    """Table 2's calibration rows on the validation and test splits of each data set: the
+    previous frame (:func:`linmem.metrics.previous_frame_scores`, accuracies in percent under
+    both definitions) and the per-key model of the previous frame fitted on the training split
+    (:func:`linmem.metrics.previous_frame_model`, its NLL and accuracies), with provenance."""
     started, commit = time.perf_counter(), git_commit()
-    rows = {}
+    rows, per_key = {}, {}
     for name in datasets:
         data = load_polyphonic(name, root=data_dir, progress=False)
-        rows[name] = {}
+        model = previous_frame_model(data["train"])
+        rows[name], per_key[name] = {}, {}
         for split in ("valid", "test"):
             scores = previous_frame_scores(data[split])
             rows[name][split] = {"acc": 100 * scores["acc"],
                                  "acc_frame": 100 * scores["acc_frame"],
                                  "frames": scores["frames"]}
+            fitted = previous_frame_model_scores(model, data[split])
+            per_key[name][split] = {**{k: 100 * fitted[k] for k in ("acc", "acc_frame")},
+                                    "nll": fitted["nll"]}
     checksums = {name: data_checksum(name, data_dir) for name in datasets}
     return {"baseline": "previous frame: frame t + 1 predicted to be frame t (no training)",
             "scores": rows,
+            "per_key_model": {
+                "model": "p(x_{t+1,k} = 1 | x_{t,k}): two probabilities a key, counted on the "
+                         "training split (add-one smoothing); NLL in nats per frame, accuracies "
+                         "at 0.5", "scores": per_key},
             **provenance(command or command_line(), commit, None, checksums,
                          time.perf_counter() - started),
             "units": "accuracy in percent: acc (Bay et al. 2009, global), acc_frame (per-frame "
-                     "mean); no NLL: the predictions are certain"}
+                     "mean); the previous frame has no NLL (its predictions are certain), the "
+                     "per-key model has"}
