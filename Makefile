@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= $(abspath ../shared/data/polyphonic)
 
-.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded results-table2-paper-unbounded results-bound-collapse results-bound-collapse-clip results-loop-choice
+.PHONY: install demo test test-all docs lint clean results-samples results-foundation results-pretraining results-pretraining-activation results-pretraining-divergence pretraining-compare-% results-search results-rnn-rbm results-chunking results-nade results-table2 results-progress results-table2-paper results-progress-paper results-seeds-paper results-seeds-paper-tanh results-ablation-paper results-bound-pilot results-bound-campaign results-progress-bound results-bound-report results-table2-paper-bounded results-table2-paper-unbounded results-bound-collapse results-bound-collapse-clip results-loop-choice results-beyond-ablation
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -365,6 +365,32 @@ results-loop-choice: install
 	  done; done ) & done; wait
 	$(VENV)/bin/linmem publish runs/loop-choice/*/s*/ --to $(L_DIR) --name seed
 	$(VENV)/bin/linmem summarize --seeds --valid --loop-choice $(L_DIR) > $(L_DIR)/table.md
+# issue 89's ablation (results/beyond/README.md, its rule committed before these runs): LMN-B and
+# the LSTM (190 units: LMN-B(250, 250)'s parameter count) on JSB and Piano-midi.de, one factor of
+# each cell's base changed at a time, seeds 1-2; CELL:BASE, and NAME:FIELD=VALUE,... per
+# configuration (transposition on JSB alone); two workers, the seeds outermost; resumable, a
+# seed published in $(BEYOND)/ablation is not run again
+BEYOND = $(B_RESULTS)/beyond
+BEYOND_CELLS = jsb-lmn-b:paper-protocol/selected/jsb-lmn-b+memory_bound=0.99-per-frame \
+	piano-lmn-b:paper-protocol/selected/piano-lmn-b+memory_bound=0.99 \
+	jsb-lstm:paper-protocol/selected/jsb-lstm piano-lstm:paper-protocol/selected/piano-lstm
+BEYOND_LEVELS = base: clip0.5:clip=0.5 clip1:clip=1 gain:input_path=gain skip:input_path=skip \
+	dropout0.3:dropout=0.3 transpose6:transpose=6
+results-beyond-ablation: install
+	for part in 0 1; do ( i=0; for s in 1 2; do for cell in $(BEYOND_CELLS); do \
+	  name=$${cell%%:*}; base=$(B_RESULTS)/$${cell#*:}; \
+	  for level in $(BEYOND_LEVELS); do tag=$${level%%:*}; sets=$${level#*:}; \
+	    case $$name:$$tag in piano-*:transpose6) continue;; esac; \
+	    case $$name in *-lstm) sets="hidden=190$${sets:+,$$sets}";; esac; \
+	    i=$$((i + 1)); [ $$((i % 2)) = $$part ] || continue; \
+	    pub=$(BEYOND)/ablation/$$name-$$tag-s$$s; \
+	    if [ -f $$pub/metrics.json ] || [ -f $$pub/diverged.json ]; then continue; fi; \
+	    $(T2_RUN) reseed "$$base" --seeds $$s $$(echo $$sets | tr , '\n' | sed '/^$$/d; s/^/--set /') \
+	      --data-dir $(DATA) --quiet --out runs/beyond-ablation/$$name-$$tag \
+	      $(if $(T2_STOP_BY),--stop-by $(T2_STOP_BY)); \
+	  done; done; done ) & done; wait
+	$(VENV)/bin/linmem publish runs/beyond-ablation/*/s*/ --to $(BEYOND)/ablation --name seed
+	$(VENV)/bin/linmem summarize --seeds --valid $(BEYOND)/ablation > $(BEYOND)/ablation/table.md
 # results/bounded-memory/collapse: the bounded JSB LMN-A seeds' training collapses (its loss
 # jumps to about 11 nats per step, the functional units saturated). Each seed is trained again
 # to the epoch before (SEED:EPOCHS; its weights to the digit), then that epoch is replayed

@@ -420,3 +420,44 @@ def test_patience_command(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     code, _, err = run_cli("patience", str(tmp_path / "empty"), capsys=capsys)
     assert code == 2 and "no metrics.json" in err
+
+
+def test_the_threshold_chosen_on_validation_is_stored_and_used(tmp_path, data_dir, capsys):
+    """metrics.json stores the threshold chosen on validation with the test accuracies at it
+    (global and per-frame, against a sequence-by-sequence recomputation); linmem evaluate
+    scores every split at it too, and plot --prediction draws the keys at it."""
+    import numpy as np
+
+    from linmem.generate import predict_sequence
+
+    out = tmp_path / "run"
+    code, _, err = run_cli("train", "--data", "jsb", "--data-dir", str(data_dir), "--model",
+                           "lmn-b", "--hidden", "8", "--memory", "6", "--batch-size", "32",
+                           "--epochs", "2", "--out", str(out), "--quiet", capsys=capsys)
+    assert code == 0, err
+    metrics = json.loads((out / "metrics.json").read_text())
+    tuned = metrics["valid_threshold"]
+    assert tuned != 0.5  # two epochs in, the key rates are low: a lower threshold wins
+    model, _ = load_run_model(out)
+    test = load_polyphonic("jsb", root=data_dir)["test"]
+    with torch.no_grad():
+        probs = [torch.sigmoid(model(torch.from_numpy(np.asarray(s[:-1], np.float32))[None]))[0]
+                 for s in test if len(s) >= 2]
+    targets = torch.cat([torch.from_numpy(np.asarray(s[1:], np.float32))
+                         for s in test if len(s) >= 2]).double()
+    probs = torch.cat(probs).double()
+    assert metrics["test_acc_frame_at_valid_threshold"] == pytest.approx(
+        100 * frame_accuracy(probs, targets, threshold=tuned, average="frame"), rel=1e-6)
+    assert metrics["test_acc_at_valid_threshold"] == pytest.approx(
+        100 * frame_accuracy(probs, targets, threshold=tuned), rel=1e-6)
+    code, stdout, err = run_cli("evaluate", str(out), "--data-dir", str(data_dir), "--split",
+                                "test", capsys=capsys)
+    assert code == 0, err
+    scored = json.loads(stdout)
+    assert scored["run_threshold"] == tuned
+    assert scored["test"]["acc_at_run_threshold"] == pytest.approx(
+        metrics["test_acc_at_valid_threshold"], rel=1e-9)
+    assert scored["test"]["acc_frame_at_run_threshold"] == pytest.approx(
+        metrics["test_acc_frame_at_valid_threshold"], rel=1e-9)
+    lines = predict_sequence(out, "test:0", tmp_path / "p.png", str(data_dir))
+    assert any(f"at threshold {tuned:g}" in line for line in lines)

@@ -74,6 +74,7 @@ BAD = {
     "on_divergence": ("ignore", "on_divergence must be one of"),
     "init_bias": ("yes", "init_bias must be True or False"),
     "loop_bound": ("on", "loop_bound must be True, False or None"),
+    "input_path": ("both", "input_path must be one of"),
     "transpose": (88, r"transpose must be an integer in \[0, 88\), got 88"),
     "device": ("tpu", "device must be cpu, cuda or cuda:N"),
     "data_dir": (3, "data_dir must be a str or None"),
@@ -100,7 +101,7 @@ def test_every_field_is_declared_once_with_help_and_is_checked():
 def test_the_models_option_classes_partition_the_model_fields():
     sizes = [f.name for f in fields(ModelOptions)]
     assert sizes == ["hidden", "memory", "num_layers", "dropout", "nonlinearity", "seed",
-                     "memory_bound", "loop_bound"]
+                     "memory_bound", "loop_bound", "input_path"]
     assert option_names("lmn-b") == option_names("lstm") == ()
     assert option_names("ulm") == option_names("pret-rnn") == ("k", "la_window")
     assert option_names("pret-lmn-a") == ("k", "la_window", "pretrain_epochs",

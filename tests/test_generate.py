@@ -186,8 +186,11 @@ def test_import_midi_makes_a_data_set_that_trains(tmp_path, jsb, capsys):
 
 
 def test_plots_of_a_run(tmp_path, data_dir, capsys):
-    """`linmem plot RUN` draws the three training curves; `--prediction test:0` the truth, the
-    probabilities and the outcome of each key, whose counts are those of the metric."""
+    """`linmem plot RUN` draws the three training curves (both accuracies, the one the run
+    selected on named); `--prediction test:0` the truth, the probabilities and the outcome of
+    each key at the run's threshold from validation, whose counts are those of the metric."""
+    import json
+
     from linmem.cli.commands import main
     from linmem.experiments.plots import plot_run
     from linmem.generate import predict_sequence
@@ -201,11 +204,17 @@ def test_plots_of_a_run(tmp_path, data_dir, capsys):
     assert "curves.png" in capsys.readouterr().out
     for name in ("curves.png", "prediction-test-0.png"):
         assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert plot_run(run, tmp_path / "c.png") == [
-        "training nll", "validation NLL (nats per step)", "validation frame accuracy (%)"]
+    assert plot_run(run, tmp_path / "c.png") == [  # the default protocol's selection score
+        "training nll", "validation NLL (nats per step)",
+        "validation accuracy (%), per-frame mean selects"]
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "select": "acc"}))
+    assert plot_run(run, tmp_path / "c.png")[2] == ("validation accuracy (%), global (Bay et "
+                                                    "al.) selects")
     titles = predict_sequence(run, "test:0", tmp_path / "p.png")
     assert titles[0] == "truth (next frames)" and titles[1] == "predicted key probabilities"
-    assert titles[2].startswith("at threshold 0.5: right")
+    tuned = json.loads((run / "metrics.json").read_text())["valid_threshold"]
+    assert titles[2].startswith(f"at threshold {tuned:g}: right")
     with pytest.raises(FileNotFoundError, match=r"log\.jsonl"):
         plot_run(tmp_path, tmp_path / "x.png")
 

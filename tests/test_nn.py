@@ -505,7 +505,7 @@ def test_kernel_variants_differ_only_by_rounding():
         torch.testing.assert_close(out, outs[0], rtol=0, atol=1e-13)
 
 
-def test_kernel_switch_and_fallback(monkeypatch):
+def test_kernel_switch_and_fallback(monkeypatch, tmp_path):
     """``use_cpu_kernel(False)`` runs the PyTorch loop; an unbuildable kernel warns once and
     falls back; ``LINMEM_CPU_KERNEL=0`` disables it."""
     # a build's first use measures every path, the loop's among them: done before counting
@@ -524,6 +524,8 @@ def test_kernel_switch_and_fallback(monkeypatch):
         raise RuntimeError("no compiler")
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    # the failure is remembered beside the build: here, not beside this checkout's real one
+    monkeypatch.setattr(_ext, "_build_directory", lambda name: tmp_path / name)
     _ext.load_cpu_kernel.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="no compiler"):
@@ -539,6 +541,54 @@ def test_kernel_switch_and_fallback(monkeypatch):
         _ext.load_cpu_kernel.cache_clear()
         _ext.cpu_path.cache_clear()
         monkeypatch.undo()
+    assert _ext.load_cpu_kernel() is not None
+
+
+def test_a_failed_build_is_tried_once_per_toolchain_and_said_in_one_line(monkeypatch, tmp_path):
+    """Without a compiler nothing is built and one line says so; a build that fails is
+    remembered beside it with its toolchain, so that the next process does not try again (nor
+    print torch's warnings) until the compiler or ninja changes or the record is deleted."""
+    calls = []
+
+    def broken(**kwargs):
+        calls.append(1)
+        warnings.warn("torch: Error checking compiler version for c++ (six lines)", stacklevel=2)
+        raise RuntimeError("c++: fatal error: no input files\n  compilation terminated.")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", broken)
+    monkeypatch.setattr(_ext, "_build_directory", lambda name: tmp_path / name)
+    monkeypatch.delenv("LINMEM_CPU_KERNEL", raising=False)
+    marker = tmp_path / _ext._build_name() / _ext.FAILED_MARKER
+    try:
+        for attempt in range(2):
+            _ext.load_cpu_kernel.cache_clear()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                assert _ext.load_cpu_kernel() is None
+            assert len(caught) == 1 and caught[0].category is RuntimeWarning, caught
+            text = str(caught[0].message)
+            assert "\n" not in text and "fatal error: no input files compilation" in text
+            assert f"delete {marker}" in text and calls == [1]  # the second: not tried again
+            if attempt:
+                assert "it failed before with this compiler" in text
+        assert json.loads(marker.read_text())["toolchain"] == _ext._toolchain()
+        # another toolchain (a compiler installed since) tries again
+        monkeypatch.setattr(_ext, "_toolchain", lambda: {"c++": ["/new/c++", 1.0]})
+        _ext.load_cpu_kernel.cache_clear()
+        with pytest.warns(RuntimeWarning, match="no input files"):
+            assert _ext.load_cpu_kernel() is None
+        assert calls == [1, 1]
+        # no compiler at all: nothing is run, one line says so
+        monkeypatch.setattr(_ext, "_toolchain", lambda: {"c++": None, "ninja": None})
+        marker.unlink()
+        _ext.load_cpu_kernel.cache_clear()
+        with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler: 'c\\+\\+' is not on PATH"):
+            assert _ext.load_cpu_kernel() is None
+        assert calls == [1, 1]
+    finally:
+        monkeypatch.undo()
+        _ext.load_cpu_kernel.cache_clear()
+        _ext.cpu_path.cache_clear()
     assert _ext.load_cpu_kernel() is not None
 
 

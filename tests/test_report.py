@@ -885,3 +885,25 @@ def test_a_selection_with_a_bound_or_a_departure_has_a_folder_of_its_own():
     assert selected_name(bounded, per_frame=True).endswith("+memory_bound=0.99-per-frame")
     assert study_name("jsb", "lmn-a", "paper", "paper", {"init_bias": True, "memory_bound": 0.99}
                       ).endswith(selected_name(bounded).removeprefix("jsb-lmn-a"))
+
+
+def test_seed_groups_keep_the_ablations_configurations_apart():
+    """Runs that differ in dropout, input path or loop bound (the ablation's and the loop
+    choice's levels) are seed groups of their own, named by what sets them apart; the same
+    configuration's seeds are one group."""
+    from linmem.experiments.seed_groups import row_label, seed_groups
+
+    def run(seed, **extra):
+        return {"run": f"r{seed}{sorted(extra.items())}", "dataset": "jsb", "model": "lmn-b",
+                "hidden": 250, "memory": 250, "weight_decay": 0.0, "memory_bound": 0.99,
+                "seed": seed, "valid_acc_frame": 30.0 + seed, **extra}
+
+    records = [run(s, **extra) for s in (1, 2)
+               for extra in ({}, {"dropout": 0.3}, {"input_path": "gain"}, {"loop_bound": True})]
+    with pytest.raises(ValueError, match="given twice"):  # the defaults spelt out: the same
+        seed_groups([*records, run(1, dropout=0.0, input_path="none", loop_bound=False)])
+    groups = seed_groups(records)
+    assert len(groups) == 4 and all(g["seeds"] == [1, 2] for g in groups)
+    assert sorted(row_label(g) for g in groups) == [
+        "LMN-B (bound 0.99)", "LMN-B (bound 0.99, dropout 0.3)", "LMN-B (bound 0.99, input gain)",
+        "LMN-B (bound 0.99, loop bound)"]

@@ -22,6 +22,7 @@ from scipy.io import wavfile
 from linmem._io import atomic_write, check_outputs, command_line, git_commit, provenance, write_json
 from linmem.data import data_checksum, load_polyphonic, resolve_name, step_seconds
 from linmem.midi import midi_to_roll, read_midi, roll_to_midi
+from linmem.training.evaluation import run_threshold
 from linmem.training.trainer import load_run_model
 
 __all__ = ["continue_run", "generate", "load_prime", "plot_prediction", "plot_roll",
@@ -149,7 +150,8 @@ def predict_sequence(run_dir: str | os.PathLike, which: str, out: str | os.PathL
                      data_dir: str | None = None) -> list[str]:
     """``linmem plot RUN_DIR --prediction SPLIT:INDEX``: the best checkpoint's key
     probabilities for each next frame of that sequence of the run's data set, drawn under the
-    truth (:func:`linmem.generate.plot_prediction`)."""
+    truth (:func:`linmem.generate.plot_prediction`), its keys on and off at the threshold the
+    run chose on validation (0.5 where it recorded none)."""
     model, config = load_run_model(run_dir)
     roll, _ = load_prime(which, config.data, data_dir or config.data_dir, option="--prediction")
     if len(roll) < 2:
@@ -158,8 +160,9 @@ def predict_sequence(run_dir: str | os.PathLike, which: str, out: str | os.PathL
     param = next(model.parameters())
     inputs = torch.as_tensor(roll[:-1], dtype=param.dtype, device=param.device)[None]
     probs = torch.sigmoid(model(inputs))[0].cpu().numpy()
+    threshold = run_threshold(run_dir)
     return plot_prediction(roll[1:], probs, out, f"{config.model} ({Path(run_dir).name}): "
-                           f"{which}")
+                           f"{which}", 0.5 if threshold is None else threshold)
 
 
 def plot_roll(prime: np.ndarray, continuation: np.ndarray, path: str | os.PathLike,

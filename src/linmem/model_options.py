@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from linmem._check import option
 from linmem.nn.lmn import NONLINEARITIES
+from linmem.nn.readout import INPUT_PATHS
 from linmem.nn.rnnrbm import PREDICTIONS
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND
 
@@ -48,6 +49,11 @@ class ModelOptions:
               "activation's Lipschitz constant) to the --memory-bound R instead, so that a relu "
               "or selu LMN's memory cannot overflow either [default: on for relu and selu under "
               "a bound, off for tanh].", kind=bool)
+    # linmem.nn.readout: the logits also from the current frame x_t (zero at the start)
+    input_path: str = option(
+        "none", "Readout: the logits also from the current input frame, 'gain' a per-key gain "
+                "times x_t (the previous-frame path), 'skip' a full linear map of x_t (not the "
+                "*-nade and rnn-rbm readouts).", choices=INPUT_PATHS)
 
 
 @dataclass

@@ -48,6 +48,7 @@ from linmem.model_options import (
 from linmem.nn.diagnostics import memory_radii_of
 from linmem.nn.lmn import LMN, NONLINEARITIES
 from linmem.nn.nade import NADE
+from linmem.nn.readout import InputPath, check_input_path
 from linmem.nn.rnnrbm import PREDICTIONS, RNNRBM, sequence_keys
 from linmem.nn.rnns import GRU, LSTM, RNN
 from linmem.nn.ulm import UnrolledNet
@@ -105,10 +106,10 @@ class NextStepPredictor(nn.Module):
                  memory: int | None = None, num_layers: int = 1, dropout: float = 0.0,
                  nonlinearity: str | None = None, k: int = 10,
                  memory_bound: float | None = DEFAULT_MEMORY_BOUND,
-                 loop_bound: bool | None = None):
+                 loop_bound: bool | None = None, input_path: str = "none"):
         super().__init__()
         nonlinearity = check_options(name, nonlinearity, num_layers, memory_bound=memory_bound,
-                                     loop_bound=loop_bound)
+                                     loop_bound=loop_bound, input_path=input_path)
         arch = architecture(name)
         for label, value in (("hidden", hidden), ("num_layers", num_layers),
                              ("input_size", input_size)):
@@ -139,12 +140,19 @@ class NextStepPredictor(nn.Module):
         self.memory, self.dropout = memory, dropout
         self.drop = nn.Dropout(dropout)
         self.readout = nn.Linear(out_size, input_size)
+        # the logits' term from the current frame (linmem.nn.readout), or None
+        self.input_path = None if input_path == "none" else InputPath(input_path, input_size)
+
+    def _logits(self, out: Tensor, inputs: Tensor) -> Tensor:
+        """The readout of the core's outputs ``out``, plus the input path's term of ``inputs``."""
+        logits = self.readout(self.drop(out))
+        return logits if self.input_path is None else logits + self.input_path(inputs)
 
     def forward(self, inputs: Tensor) -> Tensor:
         """``inputs (B, T, K)`` -> logits ``(B, T, K)``. Padding at the end of a sequence does not
         change the logits of its valid steps (the recurrence is causal)."""
         out, _ = self.core(inputs)
-        return self.readout(self.drop(out))
+        return self._logits(out, inputs)
 
     def step(self, inputs: Tensor, state: Any = None) -> tuple[Tensor, Any]:
         """Continue the recurrence over ``inputs`` ``(B, T, K)`` from ``state`` (``None``: the
@@ -155,7 +163,7 @@ class NextStepPredictor(nn.Module):
             out, state = lagged, lagged[:, -1, : self.core.k * self.hidden]
         else:  # the LMN's (h, m), an RNN's or GRU's h, an LSTM's (h, c)
             out, state = self.core(inputs, state)
-        return self.readout(self.drop(out)), state
+        return self._logits(out, inputs), state
 
     def generation_step(self, frames: Tensor, state: Any = None, temperature: float = 1.0,
                         generator: torch.Generator | None = None
@@ -243,7 +251,8 @@ class NextStepPredictor(nn.Module):
         return {"model": self.name, "hidden": self.hidden, "memory": self.memory,
                 "num_layers": self.num_layers, "input_size": self.input_size,
                 "dropout": self.dropout, "nonlinearity": self.nonlinearity, "k": self.k,
-                "memory_bound": self.memory_bound, "loop_bound": self.loop_bound}
+                "memory_bound": self.memory_bound, "loop_bound": self.loop_bound,
+                "input_path": "none" if self.input_path is None else self.input_path.kind}
 
 
 def _detach(state: Any) -> Any:
@@ -381,7 +390,7 @@ def _predictor(name: str) -> Callable[[int, Any], nn.Module]:
     def build(input_size: int, o: ModelOptions) -> nn.Module:
         return NextStepPredictor(name, input_size, o.hidden, o.memory, o.num_layers, o.dropout,
                                  o.nonlinearity, getattr(o, "k", 10), o.memory_bound,
-                                 o.loop_bound)
+                                 o.loop_bound, o.input_path)
     return build
 
 
@@ -447,14 +456,18 @@ def default_nonlinearity(name: str) -> str:
 
 def check_options(name: str, nonlinearity: str | None = None, num_layers: int = 1,
                   dropout: float = 0.0, memory_bound: float | None = None,
-                  loop_bound: bool | None = None) -> str:
+                  loop_bound: bool | None = None, input_path: str = "none") -> str:
     """Validate a model name with its activation, depth, dropout, memory bound
-    (:func:`memory_bound_of`) and loop bound, without building anything; returns the activation
-    (``nonlinearity`` or the model's default)."""
+    (:func:`memory_bound_of`), loop bound and input path, without building anything; returns
+    the activation (``nonlinearity`` or the model's default)."""
     spec = get_spec(name)
     memory_bound_of(name, memory_bound)
     if loop_bound and not spec.has_memory:
         raise ValueError(f"{name} has no linear memory: loop_bound applies to the LMNs")
+    if check_input_path(input_path) != "none" and issubclass(spec.options,
+                                                             (NADEOptions, RBMOptions)):
+        raise ValueError(f"{name}'s readout is a distribution over the keys: input_path "
+                         "applies to the linear readouts")
     nonlinearity = nonlinearity or spec.default_nonlinearity
     allowed = spec.nonlinearities
     if nonlinearity not in allowed:
@@ -499,7 +512,7 @@ def model_options(name: str, **values: Any) -> ModelOptions:
     options = spec.options(**values)
     options.nonlinearity = check_options(name, options.nonlinearity, options.num_layers,
                                          options.dropout, options.memory_bound,
-                                         options.loop_bound)
+                                         options.loop_bound, options.input_path)
     if not spec.has_memory:
         options.memory = None
     elif options.memory is None:

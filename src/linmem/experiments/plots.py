@@ -12,7 +12,7 @@ from pathlib import Path
 from linmem._io import atomic_write
 from linmem.data import dataset_title
 from linmem.models import display_name
-from linmem.training.runs import LOG, has, log_rows
+from linmem.training.runs import CONFIG, LOG, has, log_rows, read_record
 
 __all__ = ["plot_figure4", "plot_pretraining", "plot_run"]
 
@@ -58,8 +58,10 @@ def plot_pretraining(analysis: dict, path: str | os.PathLike) -> None:
 
 def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
     """A run's training curves from its ``log.jsonl``: the training loss, the validation NLL and
-    (when it was measured) the validation accuracy per epoch, the selected epoch (the one
-    ``best.pt`` holds) marked; a PNG written atomically. Returns the panels' titles."""
+    (when they were measured) the validation accuracies per epoch, global and per-frame mean,
+    the score the run selected on (its ``config.json``'s ``select``) named in the legend or the
+    title, and the selected epoch (the one ``best.pt`` holds) marked; a PNG written atomically.
+    Returns the panels' titles."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,29 +73,38 @@ def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
     rows = log_rows(run_dir)
     if not rows:
         raise ValueError(f"{Path(run_dir) / LOG} holds no epoch")
+    select = read_record(run_dir, CONFIG, {}).get("select", "acc")
     epochs = [r["epoch"] for r in rows]
     loss_key = next(k for k in rows[0] if k.startswith("train_"))
     nll_key = next(k for k in rows[0] if k.startswith("valid_nll"))
     flagged = [r["epoch"] for r in rows if r.get("best")]  # the epochs that made best.pt
     best = flagged[-1] if flagged else max(rows, key=lambda r: r["valid_acc"])["epoch"]
-    panels = [(loss_key, f"training {loss_key.removeprefix('train_').replace('_', ' ')}"),
-              (nll_key, "validation NLL (nats per step)"),
-              ("valid_acc", "validation frame accuracy (%)")]
-    if all(r.get("valid_acc") is None for r in rows):  # selected on NLL, no marginals drawn
-        panels = panels[:2]
+    # each panel: its title and its curves (log key, legend); the selection score is named
+    kinds = {"acc": ("valid_acc", "global (Bay et al.)"),
+             "acc_frame": ("valid_acc_frame", "per-frame mean")}
+    accuracies = [(key, label) for key, label in kinds.values()
+                  if any(r.get(key) is not None for r in rows)]
+    panels = [(f"training {loss_key.removeprefix('train_').replace('_', ' ')}",
+               [(loss_key, None)]),
+              ("validation NLL (nats per step)" + (", selects" if select == "nll" else ""),
+               [(nll_key, None)])]
+    if accuracies:  # none: selected on NLL, no marginals drawn
+        panels.append(("validation accuracy (%)" + (f", {kinds[select][1]} selects"
+                                                     if select in kinds else ""), accuracies))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
-    for ax, (key, title) in zip(axes, panels, strict=True):
-        ax.plot(epochs, [r[key] for r in rows], lw=1.2)
+    for ax, (title, curves) in zip(axes, panels, strict=True):
+        for key, label in curves:
+            ax.plot(epochs, [r.get(key) for r in rows], lw=1.2, label=label)
         ax.axvline(best, color="tab:red", lw=1, ls="--", label=f"selected epoch {best}")
         ax.set_title(title)
         ax.set_xlabel("epoch")
-    axes[-1].legend(fontsize=8)
+        ax.legend(fontsize=8)
     fig.suptitle(str(Path(run_dir).name))
     fig.tight_layout()
     with atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
-    return [title for _, title in panels]
+    return [title for title, _ in panels]
 
 
 def plot_figure4(data: dict, path: str | os.PathLike) -> None:

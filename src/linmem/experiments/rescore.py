@@ -12,6 +12,7 @@ from typing import Any
 from linmem._io import command_line, git_commit, provenance
 from linmem.data import data_checksum, load_polyphonic
 from linmem.models import expected_accuracy
+from linmem.training.evaluation import run_threshold
 from linmem.training.trainer import evaluate, load_run_model
 
 __all__ = ["SPLITS", "score_run"]
@@ -27,6 +28,9 @@ def score_run(run_dir: str | os.PathLike, splits: Sequence[str] = SPLITS, which:
     percent: global and per-frame accuracy, NLL per step, frames scored; ``acc_at`` the global
     accuracy at each of ``thresholds`` and, with the valid split, ``valid_threshold`` (the grid's
     first best there, as training chooses it) and each split's accuracy at it;
+    with the threshold the run chose on validation when it recorded one (``run_threshold``),
+    each split's global and per-frame accuracy at it (``acc_at_run_threshold``,
+    ``acc_frame_at_run_threshold``);
     ``acc_expected`` (± ``acc_expected_se``) over ``expected`` frames drawn per step with
     ``seed`` (``sampling_seed``). With the command, commit, data checksum, wall and CPU time
     of the scoring, and as its ``seed`` the run's own training seed (the model scored: a run
@@ -50,6 +54,12 @@ def score_run(run_dir: str | os.PathLike, splits: Sequence[str] = SPLITS, which:
                         "nll": scores["nll"], "frames": scores["frames"]}
         if thresholds:
             result[name]["acc_at"] = {str(t): 100 * a for t, a in scores["acc_at"].items()}
+        if (tuned := run_threshold(run_dir)) is not None and "acc" in scores:
+            at = scores if tuned == 0.5 else evaluate(model, data[name], config.eval_batch_size,
+                                                      device, thresholds=(), threshold=tuned)
+            result[name].update(acc_at_run_threshold=100 * at["acc"],
+                                acc_frame_at_run_threshold=100 * at["acc_frame"])
+            result["run_threshold"] = tuned
         if expected is not None:
             acc, se = expected_accuracy(model, data[name], expected, seed, device=device)
             result[name].update(acc_expected=100 * acc, acc_expected_se=100 * se,

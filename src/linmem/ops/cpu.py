@@ -18,8 +18,9 @@ One vocabulary names a path everywhere (:data:`CPU_KERNELS`: ``TrainConfig.cpu_k
 measured choice, ``best`` the best variant the CPU runs, ``loop`` the PyTorch loop, or a
 variant's name (``avx512``, ``avx2``, ``generic``); :func:`resolve_cpu_kernel` says what a name
 means on this CPU. ``LINMEM_CPU_KERNEL`` forces a path for the whole process (``0`` and ``1``
-are short for ``loop`` and ``best``). If the build fails, a warning says why and the PyTorch
-loop is used.
+are short for ``loop`` and ``best``). If the build fails (no compiler, say), one warning line
+says why and the PyTorch loop is used; the failure is remembered beside the build, so that
+later processes do not try again until the compiler or ninja changes (or the file is deleted).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 import warnings
@@ -58,6 +60,7 @@ LOOP = "loop"
 VARIANTS = ("avx512", "avx2", "generic")  # the kernel's builds, best first
 CPU_KERNELS = ("auto", "best", LOOP, *VARIANTS)  # the names of a CPU path
 _ENV_SHORT = {"0": LOOP, "1": "best"}
+FAILED_MARKER = "build-failed.json"  # beside the build: the error and the toolchain it had
 
 
 @functools.cache
@@ -131,29 +134,76 @@ def _build_lock(directory: Path | None) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _toolchain() -> dict[str, list | None]:
+    """What a build needs besides the sources: the C++ compiler torch calls (``CXX``, else
+    ``c++``) and ``ninja``, each as its path and modification time (None: not found)."""
+    tools = {}
+    for tool in (os.environ.get("CXX", "c++"), "ninja"):
+        path = shutil.which(tool)
+        tools[tool] = None if path is None else [path, os.stat(path).st_mtime]
+    return tools
+
+
+def _remembered_failure(marker: Path | None, tools: dict) -> str | None:
+    """The error of the last build that failed with this very toolchain (``marker``, written
+    beside the build), or None: a build is tried once per installed copy and toolchain."""
+    if marker is None or not marker.is_file():
+        return None
+    try:
+        failed = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return failed.get("error") if failed.get("toolchain") == tools else None
+
+
+def _kernel_warning(why: str, marker: Path | None) -> None:
+    retry = f"; to try again, delete {marker}" if marker is not None else ""
+    warnings.warn(f"linmem: the compiled LMN kernel is not built here ({why}): the slower "
+                  f"PyTorch loop runs{retry}", RuntimeWarning, stacklevel=3)
+
+
 @functools.cache
 def load_cpu_kernel() -> ModuleType | None:
     """The compiled module (``forward``, ``backward``, ``variants``), or ``None`` when
-    ``LINMEM_CPU_KERNEL=0`` or the build fails (with a warning saying why)."""
+    ``LINMEM_CPU_KERNEL=0`` or the build fails: one warning line says why, and the failure is
+    remembered beside the build (:data:`FAILED_MARKER`), so that later processes do not try
+    again with the same compiler and ninja (a new or changed one, or the file deleted, does)."""
     if _forced() == LOOP:
         return None
+    name = _build_name()
+    _wheel_ninja_first()
+    directory = _build_directory(name)
+    marker = None if directory is None else directory / FAILED_MARKER
+    tools = _toolchain()
+    remembered = _remembered_failure(marker, tools)
+    if remembered is not None:
+        _kernel_warning(f"it failed before with this compiler: {remembered}", marker)
+        return None
+    compiler = os.environ.get("CXX", "c++")
     try:
-        name = _build_name()
-        _wheel_ninja_first()
-        directory = _build_directory(name)
+        if tools[compiler] is None:
+            raise FileNotFoundError(f"no C++ compiler: {compiler!r} is not on PATH")
         if directory is None or not any(directory.glob(f"{name}*.so")):
             print("linmem: building the LMN's CPU kernel (once per machine and installed copy, "
                   "about 15 s)", file=sys.stderr, flush=True)
         from torch.utils import cpp_extension  # here: it imports setuptools (0.2 s)
 
-        with _build_lock(directory):
-            return cpp_extension.load(
+        with _build_lock(directory), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = cpp_extension.load(
                 name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
                 extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as err:  # no compiler, no ninja: fall back, say why
-        warnings.warn(f"linmem: the compiled LMN kernel could not be built, the slower PyTorch "
-                      f"loop is used ({type(err).__name__}: {str(err).strip()[-300:]})",
-                      RuntimeWarning, stacklevel=2)
+        for w in caught:  # a build that worked: torch's warnings as they were
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return module
+    except Exception as err:  # no compiler, no ninja: fall back, say why, remember it
+        why = f"{type(err).__name__}: {' '.join(str(err).split())[-300:]}"
+        if marker is not None:
+            with contextlib.suppress(OSError):
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                write_json(marker, {"error": why, "toolchain": tools,
+                                    "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        _kernel_warning(why, marker)
         return None
 
 

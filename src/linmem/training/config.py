@@ -260,7 +260,7 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions, ProtocolSettings,
         device_form(self.device)
         # the model with its activation, depth and dropout: fail now, not after hours of pretraining
         activation = check_options(self.model, self.nonlinearity, self.num_layers, self.dropout,
-                                   self.memory_bound, self.loop_bound)
+                                   self.memory_bound, self.loop_bound, self.input_path)
         self.memory_bound = memory_bound_of(self.model, self.memory_bound)
         spec = get_spec(self.model)
         if not spec.has_memory:  # no loop to bound (False: as in every record before the field)

@@ -18,10 +18,17 @@ from linmem.data import EVAL_MAX_RATIO, Batch, iterate_batches
 from linmem.metrics import THRESHOLD_GRID, FrameScores
 from linmem.models import build_model
 from linmem.training.config import TrainConfig
-from linmem.training.runs import CONFIG, CheckpointError, has, load_checkpoint
+from linmem.training.runs import (
+    CONFIG,
+    METRICS,
+    CheckpointError,
+    has,
+    load_checkpoint,
+    read_record,
+)
 
 __all__ = ["NonFiniteOutputs", "build_run_model", "check_size", "divergence_note", "evaluate",
-           "load_run_model", "model_of"]
+           "load_run_model", "model_of", "run_threshold"]
 
 
 class NonFiniteOutputs(ValueError):
@@ -33,7 +40,8 @@ class NonFiniteOutputs(ValueError):
 def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size: int = 64,
              device: str | torch.device = "cpu", accuracy: bool = True,
              max_ratio: float | None = EVAL_MAX_RATIO,
-             thresholds: Sequence[float] = THRESHOLD_GRID) -> dict[str, Any]:
+             thresholds: Sequence[float] = THRESHOLD_GRID,
+             threshold: float = 0.5) -> dict[str, Any]:
     """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
     ``sequences``, accumulated over every valid frame (not averaged per batch). A model with a
     joint readout (``likelihood_logits``, the NADE models) is scored on its exact likelihood,
@@ -41,9 +49,10 @@ def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size
     ``evaluation_logits``, when it has one, gives both from one pass of the core. Batches hold
     up to ``batch_size`` sequences of lengths within ``max_ratio`` of each other (None: any).
     ``acc_at`` holds the global accuracy at each of ``thresholds`` (none: an empty dict; the
-    training's epochs skip them, only the final scores choose a threshold)."""
+    training's epochs skip them, only the final scores choose a threshold); ``acc`` and
+    ``acc_frame`` are at ``threshold``."""
     model.eval()
-    scores = FrameScores(grid=tuple(thresholds))
+    scores = FrameScores(threshold=threshold, grid=tuple(thresholds))
     joint = hasattr(model, "likelihood_logits")
     for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype,
                                  max_ratio=max_ratio):
@@ -66,6 +75,13 @@ def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size
     result = scores.compute()
     return result if accuracy or not joint else {"nll": result["nll"],
                                                  "frames": result["frames"]}
+
+
+def run_threshold(run_dir: str | Path) -> float | None:
+    """The decision threshold a run chose on validation (``valid_threshold`` of its
+    ``metrics.json``: the grid's first best global accuracy there), or None (no record of one)."""
+    value = read_record(run_dir, METRICS, {}).get("valid_threshold")
+    return None if value is None else float(value)
 
 
 def divergence_note(model: torch.nn.Module, batch: Batch) -> str:

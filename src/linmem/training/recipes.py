@@ -102,6 +102,7 @@ def ulm_config(config: TrainConfig) -> TrainConfig:
     (:func:`linmem.pretrain.project_memory`), and its ULM is the unbounded one's (one cache
     entry for both)."""
     return replace(config, model="ulm", memory=None, memory_bound=None, loop_bound=False,
+                   input_path="none",
                    epochs=config.pretrain_epochs or config.epochs, pretrain_epochs=None,
                    nonlinearity=config.ulm_nonlinearity or config.nonlinearity,
                    ulm_nonlinearity=None, ulm_cache=None)

@@ -430,6 +430,9 @@ def _final_metrics(run_dir: Path, config: TrainConfig, state: dict[str, Any],
         # diagnostic, not the reported score: the decision threshold chosen on validation
         "valid_threshold": (tuned := max(valid["acc_at"], key=valid["acc_at"].get)),
         "test_acc_at_valid_threshold": 100 * test["acc_at"][tuned],
+        "test_acc_frame_at_valid_threshold": 100 * (test if tuned == 0.5 else evaluate(
+            best, data["test"], config.eval_batch_size, device, thresholds=(),
+            threshold=tuned))["acc_frame"],
         "selected_on": f"valid {config.select}",
         "n_params": count_parameters(best), "epochs": state["epoch"],
         "best_epoch": state["best_epoch"], "stop_reason": state["stop_reason"],
@@ -551,7 +554,8 @@ def _run_fields(config: TrainConfig) -> dict[str, Any]:
     """What a run's result files say of the configuration first."""
     return {"dataset": config.data, "model": config.model, "hidden": config.hidden,
             "memory": config.memory, "memory_bound": config.memory_bound,
-            "loop_bound": config.loop_bound, "num_layers": config.num_layers,
+            "loop_bound": config.loop_bound, "input_path": config.input_path,
+            "num_layers": config.num_layers,
             "weight_decay": config.weight_decay, "protocol": config.protocol,
             "protocol_overrides": config.protocol_overrides()}
 
