@@ -368,21 +368,22 @@ results-loop-choice: install
 # issue 89's ablation (results/beyond/README.md, its rule committed before these runs): LMN-B and
 # the LSTM (190 units: LMN-B(250, 250)'s parameter count) on JSB and Piano-midi.de, one factor of
 # each cell's base changed at a time, seeds 1-2; CELL:BASE, and NAME:FIELD=VALUE,... per
-# configuration (transposition on JSB alone); two workers, the seeds outermost; resumable, a
-# seed published in $(BEYOND)/ablation is not run again
+# configuration (transposition on JSB alone); BEYOND_JOBS workers, the seeds outermost;
+# resumable, a seed published in $(BEYOND)/ablation is not run again
 BEYOND = $(B_RESULTS)/beyond
 BEYOND_CELLS = jsb-lmn-b:paper-protocol/selected/jsb-lmn-b+memory_bound=0.99-per-frame \
 	piano-lmn-b:paper-protocol/selected/piano-lmn-b+memory_bound=0.99 \
 	jsb-lstm:paper-protocol/selected/jsb-lstm piano-lstm:paper-protocol/selected/piano-lstm
 BEYOND_LEVELS = base: clip0.5:clip=0.5 clip1:clip=1 gain:input_path=gain skip:input_path=skip \
 	dropout0.3:dropout=0.3 transpose6:transpose=6
+BEYOND_JOBS ?= 2
 results-beyond-ablation: install
-	for part in 0 1; do ( i=0; for s in 1 2; do for cell in $(BEYOND_CELLS); do \
+	for part in $$(seq 0 $$(($(BEYOND_JOBS) - 1))); do ( i=0; for s in 1 2; do for cell in $(BEYOND_CELLS); do \
 	  name=$${cell%%:*}; base=$(B_RESULTS)/$${cell#*:}; \
 	  for level in $(BEYOND_LEVELS); do tag=$${level%%:*}; sets=$${level#*:}; \
 	    case $$name:$$tag in piano-*:transpose6) continue;; esac; \
 	    case $$name in *-lstm) sets="hidden=190$${sets:+,$$sets}";; esac; \
-	    i=$$((i + 1)); [ $$((i % 2)) = $$part ] || continue; \
+	    i=$$((i + 1)); [ $$((i % $(BEYOND_JOBS))) = $$part ] || continue; \
 	    pub=$(BEYOND)/ablation/$$name-$$tag-s$$s; \
 	    if [ -f $$pub/metrics.json ] || [ -f $$pub/diverged.json ]; then continue; fi; \
 	    $(T2_RUN) reseed "$$base" --seeds $$s $$(echo $$sets | tr , '\n' | sed '/^$$/d; s/^/--set /') \
