@@ -69,11 +69,16 @@ def test_pickle_with_numpy_scalars_and_out_of_range_notes(tmp_path):
     (tmp_path / "ok.pickle").write_bytes(pickle.dumps(ok, protocol=2))
     roll = D.read_pickle(tmp_path / "ok.pickle")["train"][0]
     assert roll.shape == (2, 88) and roll[0, 0] == 1 and roll[0, 87] == 1 and roll.sum() == 2
-    for bad in (20, 109, 60.5, -1):
+    for bad in (20, 109, 60.5, -1, float("nan"), float("inf")):
         data = {"train": [[[60], [bad]]], "valid": [], "test": []}
         (tmp_path / "bad.pickle").write_bytes(pickle.dumps(data, protocol=2))
-        with pytest.raises(DataError, match="outside the piano range"):
+        with pytest.raises(DataError, match=r"bad\.pickle: train sequence 0, step 1: note "
+                                            r".* is outside the piano range"):
             D.read_pickle(tmp_path / "bad.pickle")
+    data = {"train": [], "valid": [[[60, "C4"]]], "test": []}  # not a number: named likewise
+    (tmp_path / "bad.pickle").write_bytes(pickle.dumps(data, protocol=2))
+    with pytest.raises(DataError, match=r"valid sequence 0, step 0: note 'C4' is not a MIDI"):
+        D.read_pickle(tmp_path / "bad.pickle")
 
 
 def test_pickle_cannot_run_code(tmp_path):

@@ -119,6 +119,11 @@ def test_a_damaged_best_checkpoint_is_one_line(tmp_path, finished, how, capsys):
     assert_one_line_error(code, err, "best.pt", "unreadable checkpoint", exit_code=1)
     if how == "random":  # random bytes are no checkpoint, not a file that "could run code"
         assert "not a PyTorch checkpoint at all" in err and "could run code" not in err
+    # and the run's other checkpoint: readable here (how to score it), or damaged too
+    assert "last.pt reads (linmem evaluate --which last scores it)" in err
+    damaged(run / "last.pt", how)
+    code, _, err = run_cli("evaluate", run, capsys=capsys)
+    assert_one_line_error(code, err, "best.pt", "last.pt is unreadable too", exit_code=1)
 
 
 def test_a_checkpoint_that_does_not_fit_its_config_is_one_line(tmp_path, finished, capsys):

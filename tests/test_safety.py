@@ -130,7 +130,8 @@ def test_a_fault_of_the_machine_at_the_first_checkpoint_is_one_line_and_leaves_n
     code, _, err = run_cli("train", *TINY, "--epochs", "2", "--data-dir", data_dir, "--out", run,
                            capsys=capsys)
     one_line(code, err, 1, os.strerror(error), advice)
-    assert str(run) in err
+    assert str(run) in err and "--resume" not in err  # nothing left to resume
+    assert f"{run} had finished no epoch and was removed: start the run again" in err
     assert not run.exists() and leftovers(tmp_path) == []
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import io
+import math
 import os
 import pickle
 import tempfile
@@ -281,8 +282,12 @@ def _roll_from_notes(steps: Sequence, where: str) -> np.ndarray:
     roll = np.zeros((len(steps), N_KEYS), dtype=np.uint8)
     for t, notes in enumerate(steps):
         for note in notes:
-            value = float(note)
-            if value != int(value) or not LOWEST_NOTE <= value <= HIGHEST_NOTE:
+            try:
+                value = float(note)
+            except (TypeError, ValueError):
+                raise DataError(f"{where}, step {t}: note {note!r} is not a MIDI number") from None
+            if not math.isfinite(value) or value != int(value) \
+                    or not LOWEST_NOTE <= value <= HIGHEST_NOTE:
                 raise DataError(
                     f"{where}, step {t}: note {note!r} is outside the piano range "
                     f"{LOWEST_NOTE}..{HIGHEST_NOTE} (MIDI numbers)"

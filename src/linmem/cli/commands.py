@@ -409,5 +409,9 @@ def os_error_text(err: OSError) -> str:
     what = err.strerror or str(err) or type(err).__name__
     where = f": {err.filename}" if err.filename else ""
     advice = _OS_ADVICE.get(err.errno)
+    removed = getattr(err, "run_removed", None)  # a run that had kept nothing, removed
+    if removed is not None and advice is not None:
+        advice = (advice.split(";")[0] + f"; {removed} had finished no epoch and was removed: "
+                  "start the run again")
     return f"{what}{where}" + (f" ({advice})" if advice else "")
 

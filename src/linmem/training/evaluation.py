@@ -102,7 +102,10 @@ def load_run_model(run_dir: str | Path, which: str = "best",
     path = run_dir / f"{which}.pt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
-    state = load_checkpoint(path, device)
+    try:
+        state = load_checkpoint(path, device)
+    except CheckpointError as err:  # and what of the run's other checkpoint
+        raise CheckpointError(f"{err}{_other_checkpoint(run_dir, which)}") from None
     model = model_of(config)
     try:
         model.load_state_dict(state["model"] if "model" in state else state)
@@ -112,6 +115,20 @@ def load_run_model(run_dir: str | Path, which: str = "best",
         raise CheckpointError(f"{path} does not fit {run_dir / CONFIG} (the two are of different "
                               f"runs, or one was edited: {why.rstrip('.')})") from None
     return model.to(device), config
+
+
+def _other_checkpoint(run_dir: Path, which: str) -> str:
+    """A clause on the run's other checkpoint (``best`` or ``last``) when ``which`` cannot be
+    read: whether it can (and how to score it), or is damaged too; "" where there is none."""
+    other = "last" if which == "best" else "best"
+    path = run_dir / f"{other}.pt"
+    if which not in ("best", "last") or not path.is_file():
+        return ""
+    try:
+        load_checkpoint(path)
+    except CheckpointError:
+        return f"; {path.name} is unreadable too"
+    return f"; {path.name} reads (linmem evaluate --which {other} scores it)"
 
 
 def build_run_model(config: TrainConfig, train_seqs: Sequence[np.ndarray]) -> torch.nn.Module:

@@ -204,11 +204,13 @@ def train_loop(
         try:
             return _train(config, Path(run_dir), claim, resume, progress, data, on_epoch_end,
                           command, initialize)
-        except OSError:
+        except OSError as err:
             # a fault of the machine (a full disk) before anything could be kept: the start
-            # failed, and leaves no half-made folder behind
+            # failed, and leaves no half-made folder behind (which the error says: there is
+            # nothing to resume)
             if created and Path(run_dir).is_dir() and not any(Path(run_dir).rglob(LAST)):
                 shutil.rmtree(run_dir, ignore_errors=True)
+                err.run_removed = str(run_dir)
             raise
 
 
