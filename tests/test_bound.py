@@ -233,13 +233,15 @@ def test_a_20000_step_sequence_stays_within_the_closed_form_bound(output):
     torch.testing.assert_close(ms[-1], m_n[0])
 
 
+@pytest.mark.parametrize("nonlinearity", ["tanh", "selu"])  # selu: the loop bound's layer too
 @pytest.mark.parametrize("bound", [0.5, 10.0])  # active (rescaled) and inactive (identity)
-def test_gradients_match_finite_differences(bound):
+def test_gradients_match_finite_differences(bound, nonlinearity):
     torch.manual_seed(3)
     v = torch.randn(6, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: bounded_memory(v, bound), (v,))
     assert torch.autograd.gradgradcheck(lambda v: bounded_memory(v, bound), (v,))
-    lmn = LMN(3, 4, 6, memory_bound=bound).double()
+    lmn = LMN(3, 4, 6, memory_bound=bound, nonlinearity=nonlinearity).double()
+    assert lmn.loop_bound == (nonlinearity == "selu")
     x = torch.rand(9, 2, 3, dtype=torch.float64, requires_grad=True)
     params = tuple(lmn.parameters())
 

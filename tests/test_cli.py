@@ -461,3 +461,26 @@ def test_the_threshold_chosen_on_validation_is_stored_and_used(tmp_path, data_di
         metrics["test_acc_frame_at_valid_threshold"], rel=1e-9)
     lines = predict_sequence(out, "test:0", tmp_path / "p.png", str(data_dir))
     assert any(f"at threshold {tuned:g}" in line for line in lines)
+
+
+def test_linmem_train_trains_saves_and_evaluates_the_input_path(tmp_path, data_dir, capsys):
+    out = tmp_path / "run"
+    common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "8", "--memory", "6",
+              "--batch-size", "32", "--epochs", "2", "--quiet"]
+    code, _, err = run_cli("train", *common, "--input-path", "gain", "--out", str(out),
+                           capsys=capsys)
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["input_path"] == "gain"
+    state = torch.load(out / "best.pt", weights_only=True)
+    weights = state["model"] if "model" in state else state
+    gain = next(v for k, v in weights.items() if k.endswith("input_path.weight"))
+    assert gain.shape == (88,) and float(gain.abs().max()) > 0  # trained
+    metrics = json.loads((out / "metrics.json").read_text())
+    code, stdout, err = run_cli("evaluate", str(out), "--data-dir", str(data_dir),
+                                "--split", "test", capsys=capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["test"]["acc"] == pytest.approx(metrics["test_acc"], rel=1e-9)
+    code, _, err = run_cli("train", *common, "--model", "lmn-b-nade", "--input-path",
+                           "skip", "--out", str(tmp_path / "refused"), capsys=capsys)
+    assert code == 2 and "input_path applies to the linear readouts" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()

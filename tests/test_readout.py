@@ -1,15 +1,12 @@
 """The readout's input path (linmem.nn.readout, ``--input-path``): the logits' term equals its
 equation, starts at zero (the plain model's logits), lets a model copy the previous frame exactly
-(its accuracy the previous-frame baseline's), runs in pieces as whole, and trains, saves and
-evaluates through ``linmem train``; the distributions' readouts refuse it in one line."""
-
-import json
+(its accuracy the previous-frame baseline's) and runs in pieces as whole (through ``linmem
+train``: tests/test_cli.py)."""
 
 import numpy as np
 import pytest
 import torch
 
-from linmem.cli.commands import main
 from linmem.metrics import frame_accuracy, previous_frame_scores
 from linmem.models import build_model
 from linmem.nn.readout import InputPath, check_input_path
@@ -68,35 +65,3 @@ def test_the_gain_copies_the_previous_frame_exactly(jsb):
     baseline = previous_frame_scores(seqs)
     assert frame_accuracy(probs, targets) == baseline["acc"]
     assert frame_accuracy(probs, targets, average="frame") == baseline["acc_frame"]
-
-
-def run_cli(capsys, *args):
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_linmem_train_trains_saves_and_evaluates_the_input_path(tmp_path, data_dir, capsys):
-    out = tmp_path / "run"
-    common = ["--data", "jsb", "--data-dir", str(data_dir), "--hidden", "8", "--memory", "6",
-              "--batch-size", "32", "--epochs", "2", "--quiet"]
-    code, _, err = run_cli(capsys, "train", *common, "--input-path", "gain", "--out", str(out))
-    assert code == 0, err
-    assert json.loads((out / "config.json").read_text())["input_path"] == "gain"
-    state = torch.load(out / "best.pt", weights_only=True)
-    weights = state["model"] if "model" in state else state
-    gain = next(v for k, v in weights.items() if k.endswith("input_path.weight"))
-    assert gain.shape == (88,) and float(gain.abs().max()) > 0  # trained
-    metrics = json.loads((out / "metrics.json").read_text())
-    code, stdout, err = run_cli(capsys, "evaluate", str(out), "--data-dir", str(data_dir),
-                                "--split", "test")
-    assert code == 0, err
-    assert json.loads(stdout)["test"]["acc"] == pytest.approx(metrics["test_acc"], rel=1e-9)
-    code, _, err = run_cli(capsys, "train", *common, "--model", "lmn-b-nade", "--input-path",
-                           "skip", "--out", str(tmp_path / "refused"))
-    assert code == 2 and "input_path applies to the linear readouts" in err
-    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()

@@ -25,7 +25,7 @@ from linmem.models import activation_of, display_name
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND
 
 __all__ = ["COST_LIMIT", "MIN_SEEDS", "MODELS", "bound_choice", "bound_choice_markdown",
-           "bound_sides", "group_score"]
+           "bound_sides", "group_score", "seeds_text"]
 
 MODELS = ("lmn-a", "lmn-b", "pret-lmn-b")
 MIN_SEEDS = 3
@@ -112,7 +112,8 @@ def bound_choice(groups: Sequence[dict],
             "reason": reason}
 
 
-def _side_text(side: dict | None) -> str:
+def seeds_text(side: dict | None) -> str:
+    """A cell's seeds as a table shows them: their score, and how many finished and failed."""
     if side is None:
         return "–"
     failed = f", {side['failed']} failed" if side["failed"] else ""
@@ -126,7 +127,7 @@ def bound_choice_markdown(choice: dict) -> str:
     for c in choice["cells"]:
         cost = f"{c['cost']:.2f}" if "cost" in c else "–"
         lines.append(f"| {dataset_title(c['dataset'])} | {display_name(c['model'])} | "
-                     f"{_side_text(c['unbounded'])} | {_side_text(c['bounded'])} | {cost} | "
+                     f"{seeds_text(c['unbounded'])} | {seeds_text(c['bounded'])} | {cost} | "
                      f"{'yes' if c['counted'] else 'no'} |")
     decision = choice["decision"]
     verdict = ("not decided yet" if decision == "undecided" else

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from linmem.data import dataset_title
-from linmem.experiments.bound_choice import COST_LIMIT, MIN_SEEDS, group_score
+from linmem.experiments.bound_choice import COST_LIMIT, MIN_SEEDS, group_score, seeds_text
 
 __all__ = ["CANDIDATES", "DATA_SETS", "LEAD", "loop_choice", "loop_choice_markdown"]
 
@@ -69,20 +69,13 @@ def loop_choice(groups: Sequence[dict]) -> dict:
             "bound": 1.0 if r1 > LEAD else 0.99, "reason": reason}
 
 
-def _cell_text(cell: dict | None) -> str:
-    if cell is None:
-        return "–"
-    failed = f", {cell['failed']} failed" if cell["failed"] else ""
-    return f"{cell['score']:.2f} ({cell['finished']} finished{failed})"
-
-
 def loop_choice_markdown(choice: dict) -> str:
     """The rule's cells and decision as markdown."""
     lines = ["| candidate | " + " | ".join(dataset_title(d) for d in DATA_SETS) + " | score |",
              "|---|" + "---:|" * (len(DATA_SETS) + 1)]
     for name, cells in choice["cells"].items():
         score = choice["scores"].get(name)
-        lines.append(f"| {name} | " + " | ".join(_cell_text(cells.get(d)) for d in DATA_SETS)
+        lines.append(f"| {name} | " + " | ".join(seeds_text(cells.get(d)) for d in DATA_SETS)
                      + f" | {'–' if score is None else f'{score:.2f}'} |")
     if choice["activation"] == "undecided":
         verdict = "not decided yet"
