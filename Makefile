@@ -226,11 +226,9 @@ results-table2-paper: install
 	$(P_SEARCH) --data jsb $(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--model $(m)) --grid paper
 	$(P_SEARCH) --data piano --data nottingham --data musedata $(foreach m,lmn-b lstm pret-lmn-b lmn-a rnn gru pret-rnn,--model $(m)) --grid paper-long
 	$(T2_RUN) search-export $(P_STUDIES) --storage sqlite:///runs/search-paper/search.db --runs-root .
-	$(VENV)/bin/linmem report --protocol paper --storage sqlite:///runs/search-paper/search.db --grid all \
-	  --runs-root . --baseline results/baseline.json --compare results/summary.json \
-	  $$(ls -d results/paper-protocol/seeds 2>/dev/null | sed 's/^/--seed-runs /') \
-	  --compare-seed-runs results/seeds $(P_ABLATION) \
-	  --out results/paper-protocol
+	# the reports from the searches' committed records: results/paper-protocol/table2.md with the
+	# bounded LMN rows (the LMN's default since 2026-12-05), the unbounded memory's in unbounded/
+	$(MAKE) results-table2-paper-unbounded results-table2-paper-bounded
 	$(MAKE) results-progress-paper
 # JSB: seeds 1-3 of the configurations selected on the per-frame
 # validation accuracy (the paper's metric; results/paper-protocol/selected/jsb-MODEL-per-frame,

@@ -15,6 +15,10 @@ certified norm (warm-started), the exact largest eigenpair of ``V^T V``
 and one warm-started power iteration, as ``torch.nn.utils.parametrizations.spectral_norm``,
 which holds the bound only approximately. Run it with nothing else busy, one thread.
 
+``--part loop``: the loop bound's cost (:mod:`linmem.ops.loop_bound`), a SELU LMN-B(M, M)'s
+batch-1 step and whole update with no bound, with the memory bound alone, and with the loop
+bound (selu's default: three certified norms), interleaved as above.
+
 ``--part epochs``: whole epochs of the default LMN-B(250, 250) under the paper's protocol
 through linmem's trainer (JSB Chorales and MuseData), with the certified norm and with the
 exact one, alternated.
@@ -24,7 +28,8 @@ exact one, alternated.
 the relative change ``||W - B||_F / ||B||_F`` of the nearest matrix of the ball for each r
 (:func:`linmem.pretrain.project_memory`): 0 where ``||B||_2 <= r``, the transfer exact.
 
-    OMP_NUM_THREADS=1 python benchmarks/memory_bound.py --part cost|epochs|norms|all [--json OUT]
+    OMP_NUM_THREADS=1 python benchmarks/memory_bound.py --part cost|loop|epochs|norms|all \
+        [--json OUT]
     python benchmarks/memory_bound.py --table OUT
 """
 
@@ -182,15 +187,48 @@ def _columns(m: int, steps: int, windows: list[torch.Tensor], warmup: int = 0):
     }
 
 
+def _loop_columns(m: int, steps: int, windows: list[torch.Tensor], warmup: int = 0):
+    """``--part loop``'s columns: a SELU LMN-B(M, M)'s batch-1 step and whole update with no
+    bound, and what the memory bound alone (``loop_bound=False``) and the loop bound (the
+    default for selu, :mod:`linmem.ops.loop_bound`: three certified norms) add to them."""
+    from linmem.models import build_model
+
+    def model(bound, loop):
+        torch.manual_seed(0)
+        return build_model("lmn-b", m, m, nonlinearity="selu", memory_bound=bound,
+                           loop_bound=loop)
+
+    x = (torch.rand(1, steps, 88, generator=torch.Generator().manual_seed(m + steps)) < 0.05
+         ).float()
+    kinds = {"plain": (None, None), "memory": (0.99, False), "loop": (0.99, None)}
+    stepping = {name: model(*kind) for name, kind in kinds.items()}
+    moving = {}
+    for name, kind in kinds.items():
+        mod = model(*kind)
+        moving[name] = (mod, _Stream(windows), torch.optim.Adam(mod.parameters(), lr=1e-3))
+        for _ in range(warmup):
+            _update(*moving[name])
+    return {
+        "step_s": (functools.partial(_step, stepping["plain"], x), None),
+        "selu, memory bound alone": (functools.partial(_step, stepping["memory"], x), "step_s"),
+        "selu, loop bound (default)": (functools.partial(_step, stepping["loop"], x), "step_s"),
+        "update_s": (functools.partial(_update, *moving["plain"]), None),
+        "update: selu, memory bound alone": (functools.partial(_update, *moving["memory"]),
+                                             "update_s"),
+        "update: selu, loop bound (default)": (functools.partial(_update, *moving["loop"]),
+                                               "update_s"),
+    }
+
+
 def cost(sizes: list[int], lengths: list[int], repeats: int, rounds: int, data_dir: Path,
-         warmup: int = 0) -> list[dict]:
-    """Per size, each column's time, ``rounds`` times in turn (the columns interleaved, so
-    that a drift of the machine's speed reaches all of them); a column's figure is the median
-    over the rounds of what it added to its baseline in the same round (a baseline's own
-    figure: the median of its times)."""
+         warmup: int = 0, columns_of=_columns) -> list[dict]:
+    """Per size, each column's time (``columns_of``'s), ``rounds`` times in turn (the columns
+    interleaved, so that a drift of the machine's speed reaches all of them); a column's figure
+    is the median over the rounds of what it added to its baseline in the same round (a
+    baseline's own figure: the median of its times)."""
     rows = []
     for m, steps in ((m, steps) for m in sizes for steps in lengths):
-        columns = _columns(m, steps, _windows(data_dir, steps), warmup)
+        columns = columns_of(m, steps, _windows(data_dir, steps), warmup)
         times = {name: [] for name in columns}
         for _ in range(rounds):
             for name, (fn, _) in columns.items():
@@ -289,7 +327,7 @@ def table(path: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--part", choices=("cost", "norms", "epochs", "all"), default="all")
+    p.add_argument("--part", choices=("cost", "loop", "norms", "epochs", "all"), default="all")
     p.add_argument("--epoch-data", nargs="+", default=["jsb", "musedata"],
                    help="the data sets of --part epochs")
     p.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 250, 500])
@@ -318,6 +356,9 @@ def main() -> None:
     if args.part in ("cost", "all"):
         out["cost"] = cost(args.sizes, args.steps, args.repeats, args.rounds, args.data_dir,
                            args.warmup)
+    if args.part in ("loop", "all"):
+        out["loop"] = cost(args.sizes, args.steps, args.repeats, args.rounds, args.data_dir,
+                           args.warmup, _loop_columns)
     if args.part in ("norms", "all"):
         out["norms"] = norms(args.data_dir, args.components, args.bounds)
     if args.part in ("epochs", "all"):

@@ -314,3 +314,7 @@ def test_memory_bound_benchmark_runs_and_its_power_iteration_is_a_lower_bound(da
     assert {"layer memory_bound=0.99", "layer, exact eigenpair (before)", "certified (linmem)",
             "update: layer memory_bound=0.99", "exact, one eigenpair",
             "exact, SVD (matrix_norm)"} <= set(rows[0])
+    loop = bench.cost([6], [4], repeats=1, rounds=1, data_dir=data_dir, warmup=2,
+                      columns_of=bench._loop_columns)  # --part loop: the loop bound's cost
+    assert {"update: selu, memory bound alone", "update: selu, loop bound (default)",
+            "selu, loop bound (default)"} <= set(loop[0])

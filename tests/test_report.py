@@ -764,6 +764,9 @@ def test_the_committed_summarize_tables_are_what_their_makefile_commands_print(c
         words = [w for a in shlex.split(args) for w in (sorted(glob.glob(a)) or [a])]
         main(["summarize", *words])
         assert capsys.readouterr().out == (root / table).read_text(), table
+        # the file says the command that made it, whose arguments are the Makefile's
+        last = (root / table).read_text().rstrip().splitlines()[-1]
+        assert last == f"Made by `{shlex.join(['linmem', 'summarize', *words])}`.", table
         checked += 1
     assert checked >= 7
 

@@ -6,6 +6,7 @@ library call and prints."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -334,6 +335,11 @@ def summarize_cmd(paths: tuple[str, ...], seeds: bool, valid: bool, choose_bound
             click.echo("\n" + bound_choice_markdown(bound_choice(groups)))
         if choose_loop:
             click.echo("\n" + loop_choice_markdown(loop_choice(groups)))
+        # the command that made the file the output is written to (each run's is in its row)
+        flags = [f for f, on in (("--seeds", seeds), ("--valid", valid),
+                                 ("--bound-choice", choose_bound), ("--loop-choice", choose_loop))
+                 if on]
+        click.echo(f"\nMade by `{shlex.join(['linmem', 'summarize', *flags, *paths])}`.")
     except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None
 
