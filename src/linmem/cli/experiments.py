@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from linmem._io import (
     atomic_write,
     command_line,
     git_commit,
+    provenance,
     write_json,
 )
 from linmem.cli.common import (
@@ -56,6 +58,7 @@ from linmem.experiments.analyses import (
     patience_records,
     previous_frame_report,
 )
+from linmem.experiments.beyond import beyond_markdown, beyond_rows
 from linmem.experiments.bound_choice import bound_choice, bound_choice_markdown
 from linmem.experiments.bound_comparison import bound_comparison_markdown
 from linmem.experiments.loop_choice import loop_choice, loop_choice_markdown
@@ -396,8 +399,48 @@ def ablation_cmd(base_runs: tuple[str, ...], variant_runs: tuple[str, ...], stor
     click.echo(f"-> {path}, {path.with_suffix('.json')}")
 
 
+@click.command("beyond")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--baseline", type=click.Path(dir_okay=False, exists=True),
+              default="results/baseline.json", show_default=True,
+              help="The calibration rows (linmem baseline's JSON).")
+@click.option("--paper-seeds", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The paper protocol's seed groups (results/paper-protocol/seeds.json): its "
+                   "row of each model set beside the campaign's.")
+@click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True,
+              help="Folder of beyond.md and beyond.json.")
+def beyond_cmd(paths: tuple[str, ...], baseline: str, paper_seeds: str | None, out: str) -> None:
+    """The campaign beyond the paper (results/beyond): the seeds under PATHS grouped into rows, each
+    with its test scores over seeds and CPU hours, beside the paper's best, the published NLLs,
+    the paper-protocol rows and the calibration rows: OUT/beyond.md and OUT/beyond.json."""
+    started = time.perf_counter()
+    try:
+        records = collect_metrics(paths, diverged=True)
+        if not any("diverged" not in r for r in records):
+            raise FileNotFoundError("no metrics.json under " + ", ".join(map(str, paths)))
+        rows = beyond_rows(records, seed_groups(records))
+        calibration = json.loads(Path(baseline).read_text())
+        paper = json.loads(Path(paper_seeds).read_text()) if paper_seeds else []
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageFailure(str(err)) from None
+    command, commit = command_line(), git_commit()
+    text = (beyond_markdown(rows, calibration, paper)
+            + f"\nMade by `{command}` at {commit}.\n")
+    folder = Path(out)
+    with atomic_write(folder / "beyond.md", "w") as f:
+        f.write(text)
+    checksums = sorted({r.get("data_sha256") for r in records if r.get("data_sha256")})
+    write_json(folder / "beyond.json", {
+        "rows": rows, "calibration": {k: calibration[k] for k in ("scores", "per_key_model")
+                                      if k in calibration},
+        **provenance(command, commit, None, checksums, time.perf_counter() - started)})
+    click.echo(text, nl=False)
+    click.echo(f"-> {folder / 'beyond.md'}, {folder / 'beyond.json'}")
+
+
 COMMANDS = (
     ablation_cmd,
+    beyond_cmd,
     analyze_pretraining_cmd,
     first_updates_cmd,
     replay_epoch_cmd,
