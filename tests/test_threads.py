@@ -48,3 +48,43 @@ def test_the_command_sets_them_before_torch_loads():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[0] == "2000" and out[1] == out[2] and out[3] == "LMN"
+
+
+def test_a_batch_1_training_runs_one_thread_unless_the_user_chose(tmp_path, data_dir):
+    """``linmem train`` at batch 1 (the paper's protocol) trains with one thread where the thread
+    count is the command's choice, and records it; at batch 32, or with OMP_NUM_THREADS set by
+    the user, the count is left as it was."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    cpus = _threads.usable_cpus()
+
+    def trained_with(batch, extra_env=None):
+        out = tmp_path / f"b{batch}-{bool(extra_env)}"
+        subprocess.run([sys.executable, "-m", "linmem", "train", "--data", "jsb", "--data-dir",
+                        str(data_dir), "--hidden", "6", "--memory", "5", "--epochs", "1",
+                        "--batch-size", str(batch), "--out", str(out), "--quiet"],
+                       env={**env, **(extra_env or {})}, check=True, capture_output=True)
+        return json.loads((out / "metrics.json").read_text())["machine"]["threads"]
+
+    assert trained_with(1) == 1
+    assert trained_with(32) == cpus
+    assert trained_with(1, {"OMP_NUM_THREADS": str(cpus)}) == cpus
+
+
+def test_the_training_threads_are_the_commands_while_it_trains(monkeypatch):
+    """One thread while a batch-1 training runs, the count before it after; nothing where the
+    user chose the count, or at another batch size."""
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(_threads, "CHOSEN", {"OMP_NUM_THREADS": str(before)})
+    with _threads.training_threads(1) as set_to:
+        assert set_to == 1 and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    for batch in (32, None):
+        with _threads.training_threads(batch) as set_to:
+            assert set_to is None and torch.get_num_threads() == before
+    monkeypatch.setattr(_threads, "CHOSEN", {})  # the user's OMP_NUM_THREADS
+    with _threads.training_threads(1) as set_to:
+        assert set_to is None and torch.get_num_threads() == before

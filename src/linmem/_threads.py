@@ -14,18 +14,27 @@ LSTM(500) training, batch 32; results/speed/): beside one busy process torch's d
 15-20% on a quiet machine (a wake-up per parallel region), spin counts of 1000 / 2000 / 3000 keep
 47-49% / 47% / 45% for the LMN at 2-7% / 0-3% / 0-10% quiet cost; 2000 is the choice.
 
+A training at batch 1 (the paper's protocol) runs one thread where the user set no thread count
+(:func:`training_threads`): a step's products are too small to share between threads, so a
+second one only costs CPU, and beside another busy process time too (a JSB Chorales epoch of
+LMN-B(250, 250) under the paper's protocol took 0.39-0.63 s with two threads against 0.33-0.44 s
+with one on a quiet AMD EPYC Zen 5, and 1.03-1.21 s against 0.36-0.57 s beside a competing
+process on the project's 2-core machine). The run records the count it trained with
+(``metrics.json``'s ``machine.threads``).
+
 A variable the user has set is never changed; the library itself (``import linmem``) changes
 nothing, only the ``linmem`` command and the processes it starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 
-__all__ = ["compute_threads", "configure_threads", "usable_cpus"]
+__all__ = ["compute_threads", "configure_threads", "training_threads", "usable_cpus"]
 
 # any of these means the user chose how OpenMP threads wait
 _WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
@@ -67,7 +76,31 @@ def configure_threads(environ: MutableMapping[str, str] | None = None) -> dict[s
     if not any(name in env for name in _THREAD_VARIABLES):
         chosen["OMP_NUM_THREADS"] = str(usable_cpus())
     env.update(chosen)
+    if environ is None:
+        CHOSEN.update(chosen)
     return chosen
+
+
+# what configure_threads set in this process's environment (the user set the rest)
+CHOSEN: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def training_threads(batch_size: int | None) -> Iterator[int | None]:
+    """While a ``linmem`` command trains at ``batch_size``: torch runs 1 thread at batch 1 where
+    the thread count is the command's own choice (:func:`configure_threads`, not the user's),
+    the count it had after; yields the count set, or None (nothing changed)."""
+    if batch_size != 1 or "OMP_NUM_THREADS" not in CHOSEN:
+        yield None
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def compute_threads() -> int:

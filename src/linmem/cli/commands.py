@@ -20,6 +20,7 @@ from linmem._io import (
     check_outputs,
     write_json,
 )
+from linmem._threads import training_threads
 from linmem.cli.common import (
     TRAIN_FIELDS,
     Terminated,
@@ -99,7 +100,8 @@ def train_cmd(ctx: click.Context, out: str | None, resume: bool, quiet: bool, **
     if resume and not (Path(out).is_dir() and any(Path(out).iterdir())):  # never silently
         click.echo(f"linmem: {out} holds no run to resume: starting it", err=True)
     try:
-        metrics = run_training(config, out, resume=resume, progress=not quiet)
+        with training_threads(config.batch_size):  # batch 1: one thread, unless the user chose
+            metrics = run_training(config, out, resume=resume, progress=not quiet)
     except TrainingDiverged as err:
         click.echo(f"linmem: training diverged: {err}", err=True)
         sys.exit(1)

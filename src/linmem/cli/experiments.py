@@ -5,6 +5,7 @@ library call and prints."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import sys
@@ -22,6 +23,7 @@ from linmem._io import (
     provenance,
     write_json,
 )
+from linmem._threads import training_threads
 from linmem.cli.common import (
     _DEFAULT,
     UsageFailure,
@@ -67,7 +69,7 @@ from linmem.experiments.pretraining import analyze_pretraining
 from linmem.experiments.report import markdown_table
 from linmem.experiments.seed_groups import seed_groups, seeds_markdown, valid_seeds_markdown
 from linmem.experiments.seeds import SeedsDiverged, published_seed_name, reseed
-from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOLS
+from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOLS, TrainConfig
 from linmem.training.runs import collect_metrics, ended, publish
 from linmem.training.trainer import TrainingDiverged
 
@@ -220,11 +222,16 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
     the fields --set changes; run the same command again to resume."""
     values = _integers("--seeds", seeds)
     out = out or f"{str(run_dir).rstrip('/')}-seeds"
+    set_fields = _field_values(changes)
+    batch = None
+    with contextlib.suppress(FileNotFoundError, ValueError, OSError):  # reseed says what is wrong
+        batch = set_fields.get("batch_size", TrainConfig.from_run(run_dir).batch_size)
     diverged = None
     try:
-        results = reseed(run_dir, values, out, progress=not quiet, data_dir=data_dir,
-                         changes=_field_values(changes), stop_by=stop_by,
-                         log=lambda line: click.echo(f"linmem: {line}", err=True))
+        with training_threads(batch):  # batch 1: one thread, unless the user chose
+            results = reseed(run_dir, values, out, progress=not quiet, data_dir=data_dir,
+                             changes=set_fields, stop_by=stop_by,
+                             log=lambda line: click.echo(f"linmem: {line}", err=True))
     except SeedsDiverged as err:
         results, diverged = err.finished, err
     except TrainingDiverged as err:
