@@ -34,6 +34,10 @@ def run_cli(*args, capsys):
     ["train", "--data-dir", "/no/such/dir"],
     ["train", "--resume"],
     ["evaluate", "/no/such/run"],
+    ["reseed", "/no/such/run", "--set", "loop_bound=true"],
+    ["train", "--input-path", "both"],
+    ["train", "--model", "lstm", "--loop-bound"],
+    ["train", "--nonlinearity", "selu", "--loop-bound", "--memory-bound", "none"],
     ["data", "mnist"],
     ["frobnicate"],
 ])

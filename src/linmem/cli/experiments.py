@@ -223,9 +223,10 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
     values = _integers("--seeds", seeds)
     out = out or f"{str(run_dir).rstrip('/')}-seeds"
     set_fields = _field_values(changes)
-    batch = None
-    with contextlib.suppress(FileNotFoundError, ValueError, OSError):  # reseed says what is wrong
-        batch = set_fields.get("batch_size", TrainConfig.from_run(run_dir).batch_size)
+    batch = set_fields.get("batch_size")
+    if batch is None and (Path(run_dir) / "config.json").is_file():
+        with contextlib.suppress(ValueError, OSError):  # reseed says what is wrong with it
+            batch = TrainConfig.from_run(run_dir).batch_size
     diverged = None
     try:
         with training_threads(batch):  # batch 1: one thread, unless the user chose
