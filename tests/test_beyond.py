@@ -90,3 +90,9 @@ def test_the_command_writes_the_table_and_its_record(tmp_path, capsys, monkeypat
     assert {"commit", "wall_time_s", "data_sha256", "machine"} <= set(record)
     text = (tmp_path / "out" / "beyond.md").read_text()
     assert text.startswith("## JSB Chorales") and "Made by `linmem beyond" in text
+    not_json = tmp_path / "notes.md"
+    not_json.write_text("# not JSON\n")
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--paper-seeds", str(not_json)])
+    assert exit_.value.code == 2
+    assert f"--paper-seeds {not_json}: not a JSON file" in capsys.readouterr().err

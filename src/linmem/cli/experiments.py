@@ -407,6 +407,14 @@ def ablation_cmd(base_runs: tuple[str, ...], variant_runs: tuple[str, ...], stor
     click.echo(f"-> {path}, {path.with_suffix('.json')}")
 
 
+def _json_file(path: str, option: str) -> Any:
+    """The JSON in ``path``, or a ``ValueError`` naming the option and the file."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{option} {path}: not a JSON file ({err})") from None
+
+
 @click.command("beyond")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--baseline", type=click.Path(dir_okay=False, exists=True),
@@ -427,8 +435,8 @@ def beyond_cmd(paths: tuple[str, ...], baseline: str, paper_seeds: str | None, o
         if not any("diverged" not in r for r in records):
             raise FileNotFoundError("no metrics.json under " + ", ".join(map(str, paths)))
         rows = beyond_rows(records, seed_groups(records))
-        calibration = json.loads(Path(baseline).read_text())
-        paper = json.loads(Path(paper_seeds).read_text()) if paper_seeds else []
+        calibration, paper = _json_file(baseline, "--baseline"), (
+            _json_file(paper_seeds, "--paper-seeds") if paper_seeds else [])
     except (FileNotFoundError, ValueError) as err:
         raise UsageFailure(str(err)) from None
     command, commit = command_line(), git_commit()
