@@ -363,6 +363,17 @@ def test_an_overflowing_memory_is_named_with_its_radius_step_and_remedy():
         model.core.weight_hm_l0[0, 0] = float("nan")
     assert model.divergence_note(batch.inputs, batch.mask) == "; the LMN's weights are NaN or inf"
     assert build_model("lstm", 8).divergence_note(batch.inputs, batch.mask) == ""
+    # a selu memory bounded without its loop: the loop's gain, and the remedy
+    selu = build_model("lmn-b", 8, 8, nonlinearity="selu", loop_bound=False)
+    with torch.no_grad():
+        selu.core.weight_mm_l0.copy_(torch.eye(8) * 0.5)
+        selu.core.weight_mh_l0.copy_(torch.eye(8) * 2)
+        selu.core.weight_hm_l0.copy_(torch.eye(8))
+    note = selu.divergence_note(batch.inputs, batch.mask)
+    assert "memory loop has gain 2.601 > 1 through selu" in note and "--loop-bound" in note
+    looped = build_model("lmn-b", 8, 8, nonlinearity="selu")  # the default: the loop bound
+    looped.load_state_dict(selu.state_dict(), strict=False)
+    assert looped.divergence_note(batch.inputs, batch.mask) == ""
 
 
 def test_train_command_records_the_bound(tmp_path, data_dir, capsys, monkeypatch):

@@ -45,7 +45,7 @@ from linmem.model_options import (
     RBMOptions,
     TransferOptions,
 )
-from linmem.nn.diagnostics import memory_radii_of
+from linmem.nn.diagnostics import memory_loop_gains, memory_radii_of
 from linmem.nn.lmn import LMN, NONLINEARITIES
 from linmem.nn.nade import NADE
 from linmem.nn.readout import InputPath, check_input_path
@@ -221,15 +221,25 @@ class NextStepPredictor(nn.Module):
         """What NaN or inf outputs on ``inputs`` ``(B, T, K)`` (valid steps ``mask``) say of an
         LMN's linear memory, as a clause for the error: with the spectral radius of ``W^mm``
         above 1, the first step whose outputs are not finite, that sequence's length, the
-        radius and the remedy, ``--memory-bound``; "" for another core or a radius up to 1."""
+        radius and the remedy, ``--memory-bound``; for a relu or selu layer without the loop
+        bound whose loop gain is above 1, that gain and ``--loop-bound``; "" for another core or
+        a radius (and loop gain) up to 1."""
         if not isinstance(self.core, LMN):
             return ""
         weights = [w for layer in self.core.all_weights for w in layer]
         if not all(bool(torch.isfinite(w).all()) for w in weights):
             return "; the LMN's weights are NaN or inf"
-        radius = max(memory_radii_of(self.core.state_dict(), self.memory_bound, self._loop()))
+        state = self.core.state_dict()
+        radius = max(memory_radii_of(state, self.memory_bound, self._loop()))
         if radius <= 1:
-            return ""
+            act = self.core.nonlinearity
+            if act == "tanh" or self.loop_bound or self.memory_bound is None:
+                return ""
+            gain = max(memory_loop_gains(state, act, self.memory_bound))
+            return "" if gain <= 1 else (
+                f"; the LMN's memory loop has gain {gain:.3f} > 1 through {act}, which does "
+                f"not saturate (||W^mm||_2 is bounded, the loop through the functional units "
+                f"is not): --loop-bound holds the loop's gain below the bound too")
         bad = ~torch.isfinite(self(inputs)).all(-1) & mask.bool()
         where = ""
         if bool(bad.any()):
