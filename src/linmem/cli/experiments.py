@@ -70,7 +70,7 @@ from linmem.experiments.report import markdown_table
 from linmem.experiments.seed_groups import seed_groups, seeds_markdown, valid_seeds_markdown
 from linmem.experiments.seeds import SeedsDiverged, published_seed_name, reseed
 from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOLS, TrainConfig
-from linmem.training.runs import collect_metrics, ended, publish
+from linmem.training.runs import CONFIG, collect_metrics, ended, publish
 from linmem.training.trainer import TrainingDiverged
 
 __all__ = ["COMMANDS"]
@@ -224,7 +224,7 @@ def reseed_cmd(run_dir: str, seeds: str, out: str | None, data_dir: str | None,
     out = out or f"{str(run_dir).rstrip('/')}-seeds"
     set_fields = _field_values(changes)
     batch = set_fields.get("batch_size")
-    if batch is None and (Path(run_dir) / "config.json").is_file():
+    if batch is None and (Path(run_dir) / CONFIG).is_file():
         with contextlib.suppress(ValueError, OSError):  # reseed says what is wrong with it
             batch = TrainConfig.from_run(run_dir).batch_size
     diverged = None
