@@ -902,11 +902,13 @@ def test_seed_groups_keep_the_ablations_configurations_apart():
                 "seed": seed, "valid_acc_frame": 30.0 + seed, **extra}
 
     records = [run(s, **extra) for s in (1, 2)
-               for extra in ({}, {"dropout": 0.3}, {"input_path": "gain"}, {"loop_bound": True})]
+               for extra in ({}, {"dropout": 0.3}, {"input_path": "gain"}, {"loop_bound": True},
+                             {"transpose": 6})]
     with pytest.raises(ValueError, match="given twice"):  # the defaults spelt out: the same
-        seed_groups([*records, run(1, dropout=0.0, input_path="none", loop_bound=False)])
+        seed_groups([*records, run(1, dropout=0.0, input_path="none", loop_bound=False,
+                                   transpose=0)])
     groups = seed_groups(records)
-    assert len(groups) == 4 and all(g["seeds"] == [1, 2] for g in groups)
+    assert len(groups) == 5 and all(g["seeds"] == [1, 2] for g in groups)
     assert sorted(row_label(g) for g in groups) == [
         "LMN-B (bound 0.99)", "LMN-B (bound 0.99, dropout 0.3)", "LMN-B (bound 0.99, input gain)",
-        "LMN-B (bound 0.99, loop bound)"]
+        "LMN-B (bound 0.99, loop bound)", "LMN-B (bound 0.99, transpose 6)"]

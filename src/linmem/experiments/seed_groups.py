@@ -45,6 +45,8 @@ def variant_text(group: dict) -> str:
         parts.append(f"input {group['input_path']}")
     if group.get("dropout"):
         parts.append(f"dropout {group['dropout']:g}")
+    if group.get("transpose"):
+        parts.append(f"transpose {group['transpose']}")
     parts += [f"{k} {json.dumps(v)}" for k, v in group.get("overrides") or ()]
     return ", ".join(p for p in parts if p)
 
@@ -59,7 +61,7 @@ def row_label(group: dict) -> str:
 def seed_groups(runs: Sequence[dict]) -> list[dict]:
     """Runs (``metrics.json`` records of :func:`collect_metrics`) that differ only in their seed,
     grouped by (data set, model, activation, sizes, weight decay, memory bound, loop bound, input
-    path, dropout, the protocol fields they depart from): per group the seeds that
+    path, dropout, transposition, the protocol fields they depart from): per group the seeds that
     finished (``seeds``) and those that failed (``diverged_seeds``: records with a
     ``diverged`` field and no scores, ``failed_on`` where each failed,
     :func:`linmem.training.runs.failed_on`), and the mean, standard deviation (``ddof = 1``),
@@ -68,12 +70,12 @@ def seed_groups(runs: Sequence[dict]) -> list[dict]:
     for r in runs:
         key = (r["dataset"], r["model"], activation_of(r), r.get("hidden"), r.get("memory"),
                r.get("weight_decay"), r.get("memory_bound"), bool(r.get("loop_bound")),
-               r.get("input_path", "none"), r.get("dropout") or 0.0,
+               r.get("input_path", "none"), r.get("dropout") or 0.0, r.get("transpose") or 0,
                tuple(sorted((r.get("protocol_overrides") or {}).items())))
         groups.setdefault(key, []).append(r)
     out = []
-    for (dataset, model, act, hidden, memory, wd, bound, loop, path, dropout, overrides), every \
-            in groups.items():
+    for (dataset, model, act, hidden, memory, wd, bound, loop, path, dropout, transpose,
+         overrides), every in groups.items():
         seeds = [r.get("seed") for r in every]
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"{model} on {dataset}: seed {seeds} given twice")
@@ -84,6 +86,7 @@ def seed_groups(runs: Sequence[dict]) -> list[dict]:
                  **({"loop_bound": True} if loop else {}),
                  **({"input_path": path} if path != "none" else {}),
                  **({"dropout": dropout} if dropout else {}),
+                 **({"transpose": transpose} if transpose else {}),
                  **({"overrides": list(overrides)} if overrides else {}),
                  "seeds": sorted(r.get("seed") for r in rs),
                  "diverged_seeds": sorted(r.get("seed") for r in every if "diverged" in r),

@@ -357,10 +357,10 @@ def expected_fields(run_dir: str | os.PathLike) -> dict:
 def collect_metrics(paths: Iterable[str | os.PathLike], diverged: bool = False) -> list[dict]:
     """The ``metrics.json`` records under ``paths`` (run directories or folders holding them;
     a run's own steps, such as a pretraining run inside it, are not runs of their own),
-    sorted by path, each with its ``run`` (the directory), its batch size, chunk, activation and
-    dropout (from ``config.json``) and, where the run's ``log.jsonl`` is there, the training
-    minutes to the selected epoch, its best validation NLL and the validation accuracy at that
-    epoch.
+    sorted by path, each with its ``run`` (the directory), its batch size, chunk, activation,
+    dropout and transposition (from ``config.json``) and, where the run's ``log.jsonl`` is
+    there, the training minutes to the selected epoch, its best validation NLL and the
+    validation accuracy at that epoch.
     ``diverged``: also the runs that failed by diverging (``diverged.json``, no scores; its
     ``diverged`` field says why)."""
     ends = ENDINGS
@@ -384,7 +384,7 @@ def collect_metrics(paths: Iterable[str | os.PathLike], diverged: bool = False) 
             config = (json.loads((f.parent / CONFIG).read_text())
                       if (f.parent / CONFIG).is_file() else {})
             record = {**{k: config.get(k) for k in ("batch_size", "chunk", "nonlinearity",
-                                                    "dropout")},
+                                                    "dropout", "transpose")},
                       **json.loads(f.read_text()), **log_fields(f.parent),
                       **expected_fields(f.parent)}
             record["run"] = str(f.parent)
