@@ -65,11 +65,17 @@ class PerThresholdScores(FrameScores):
             zn.to(torch.float64), y.to(torch.float64), reduction="sum"))
         self.frames += z.shape[0]
         if not self.grid_tp:
-            self.grid_tp, self.grid_denom = [0] * len(self.grid), [0] * len(self.grid)
+            zeros = [0] * len(self.grid)
+            self.grid_tp, self.grid_denom = list(zeros), list(zeros)
+            self.grid_ratio_sum, self.grid_scored = [0.0] * len(self.grid), list(zeros)
         for i, t in enumerate(self.grid):
             g_tp, g_fp, g_fn = frame_counts(probs, y, None, t)
+            g_denom = g_tp + g_fp + g_fn
             self.grid_tp[i] += int(g_tp.sum())
-            self.grid_denom[i] += int((g_tp + g_fp + g_fn).sum())
+            self.grid_denom[i] += int(g_denom.sum())
+            on = g_denom > 0  # the per-frame mean at each threshold, as the present one counts
+            self.grid_ratio_sum[i] += float((g_tp[on].double() / g_denom[on].double()).sum())
+            self.grid_scored[i] += int(on.sum())
 
 
 def forward_only(model: torch.nn.Module, sequences) -> None:

@@ -145,9 +145,13 @@ def test_threshold_grid_counts_equal_a_loop_at_every_threshold():
         rows = brute_counts(seen_p, seen_y, t)
         assert scores.grid_tp[i] == sum(r[0] for r in rows), t
         assert scores.grid_denom[i] == sum(sum(r) for r in rows), t
+        # the per-frame mean at each threshold too, over the frames with a key on in either
+        ratios = [r[0] / sum(r) for r in rows if sum(r)]
+        assert scores.compute()["acc_frame_at"][t] == pytest.approx(np.mean(ratios), abs=1e-12)
     rows = brute_counts(seen_p, seen_y, 0.5)
     assert (scores.tp, scores.denom) == (sum(r[0] for r in rows), sum(sum(r) for r in rows))
     assert scores.compute()["acc_at"][0.5] == scores.compute()["acc"]
+    assert scores.compute()["acc_frame_at"][0.5] == pytest.approx(scores.compute()["acc_frame"])
 
 
 def test_scores_reject_non_binary_targets_and_thresholds_outside_0_1():

@@ -328,6 +328,8 @@ def test_evaluate_without_thresholds_scores_the_same(small):
     full, bare = evaluate(model, small["valid"], 3), evaluate(model, small["valid"], 3,
                                                               thresholds=())
     assert bare.pop("acc_at") == {} and list(full.pop("acc_at")) == list(THRESHOLD_GRID)
+    assert bare.pop("acc_frame_at") == {}
+    assert full.pop("acc_frame_at")[0.5] == pytest.approx(full["acc_frame"])
     assert bare == full
 
 

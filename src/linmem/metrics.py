@@ -253,6 +253,8 @@ class FrameScores:
     frames: int = 0
     grid_tp: list[int] = field(default_factory=list)
     grid_denom: list[int] = field(default_factory=list)
+    grid_ratio_sum: list[float] = field(default_factory=list)
+    grid_scored: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for t in (self.threshold, *self.grid):
@@ -269,9 +271,10 @@ class FrameScores:
 
         The counts at every threshold of ``grid`` come from one pass, not one per threshold:
         each key's probability is placed among the sorted thresholds (``bucketize``), and a
-        histogram of those places, apart for the keys on and off in the target, gives by its
-        cumulative sums the true and false positives at each threshold (the same integers as
-        :func:`frame_counts` at that threshold)."""
+        histogram of those places per frame, apart for the keys on and off in the target, gives
+        by its cumulative sums each frame's true and false positives at each threshold (the
+        same integers as :func:`frame_counts` at that threshold): summed, the global accuracy;
+        as ratios, the per-frame mean."""
         z, y = _flatten(logits, targets, mask, "logits")
         zn = z if nll_logits is None else _flatten(nll_logits, targets, mask, "nll_logits")[0]
         _check_binary(y)
@@ -289,7 +292,9 @@ class FrameScores:
             zn.to(torch.float64), y.to(torch.float64), reduction="sum"))
         self.frames += z.shape[0]
         if not self.grid_tp:
-            self.grid_tp, self.grid_denom = [0] * len(self.grid), [0] * len(self.grid)
+            zeros = [0] * len(self.grid)
+            self.grid_tp, self.grid_denom = list(zeros), list(zeros)
+            self.grid_ratio_sum, self.grid_scored = [0.0] * len(self.grid), list(zeros)
         if not self.grid:
             return
         order = sorted(range(len(self.grid)), key=self.grid.__getitem__)
@@ -297,17 +302,26 @@ class FrameScores:
                               device=probs.device)
         # place: how many thresholds are <= p, so that p >= the j-th smallest iff place > j
         place = torch.bucketize(probs, bounds, right=True)
-        n = len(order) + 1
-        hist = torch.bincount((place + n * truth).reshape(-1), minlength=2 * n).tolist()
-        positives = sum(hist[n:])
+        n, rows = len(order) + 1, place.shape[0]
+        frame = 2 * n * torch.arange(rows, device=place.device)[:, None]
+        hist = torch.bincount((place + n * truth + frame).reshape(-1),
+                              minlength=2 * n * rows).reshape(rows, 2, n)
+        # above[:, c, b]: the frame's keys (off, on in the target) placed at b or higher
+        above = hist.flip(-1).cumsum(-1).flip(-1)
+        positives = hist[:, 1].sum(-1)
         for j, i in enumerate(order):  # keys predicted on at the j-th smallest threshold
-            g_tp, g_fp = sum(hist[n + j + 1:]), sum(hist[j + 1: n])
-            self.grid_tp[i] += g_tp
-            self.grid_denom[i] += g_fp + positives  # TP + FP + FN, FN = positives - TP
+            g_tp, g_fp = above[:, 1, j + 1], above[:, 0, j + 1]
+            g_denom = g_fp + positives  # TP + FP + FN, FN = positives - TP
+            self.grid_tp[i] += int(g_tp.sum())
+            self.grid_denom[i] += int(g_denom.sum())
+            on = g_denom > 0
+            self.grid_ratio_sum[i] += float((g_tp[on].double() / g_denom[on].double()).sum())
+            self.grid_scored[i] += int(on.sum())
 
     def compute(self) -> dict:
-        """``acc`` (global), ``acc_frame`` (per-frame mean), ``nll`` (nats/step), ``frames``, and
-        ``acc_at``: ``{threshold: global accuracy}`` over ``grid``."""
+        """``acc`` (global), ``acc_frame`` (per-frame mean), ``nll`` (nats/step), ``frames``,
+        ``acc_at``: ``{threshold: global accuracy}`` over ``grid``, and ``acc_frame_at``: the
+        per-frame mean likewise."""
         if self.frames == 0:
             raise ValueError("no valid frame was scored")
         return {
@@ -318,4 +332,6 @@ class FrameScores:
             "frames": self.frames,
             "acc_at": {t: (tp / d if d else 1.0)
                        for t, tp, d in zip(self.grid, self.grid_tp, self.grid_denom, strict=True)},
+            "acc_frame_at": {t: (r / k if k else 1.0) for t, r, k in zip(
+                self.grid, self.grid_ratio_sum, self.grid_scored, strict=True)},
         }

@@ -47,18 +47,17 @@ def score_run(run_dir: str | os.PathLike, splits: Sequence[str] = SPLITS, which:
     checksum = data_checksum(config.data, data_dir or config.data_dir)
     result: dict[str, Any] = {"run_dir": str(run_dir), "checkpoint": which,
                               "dataset": config.data, "model": config.model}
+    tuned = run_threshold(run_dir)  # scored in the same pass as the grid's thresholds
+    grid = tuple(dict.fromkeys((*thresholds, *(() if tuned is None else (tuned,)))))
     for name in splits:
-        scores = evaluate(model, data[name], config.eval_batch_size, device,
-                          thresholds=thresholds)
+        scores = evaluate(model, data[name], config.eval_batch_size, device, thresholds=grid)
         result[name] = {"acc": 100 * scores["acc"], "acc_frame": 100 * scores["acc_frame"],
                         "nll": scores["nll"], "frames": scores["frames"]}
         if thresholds:
-            result[name]["acc_at"] = {str(t): 100 * a for t, a in scores["acc_at"].items()}
-        if (tuned := run_threshold(run_dir)) is not None and "acc" in scores:
-            at = scores if tuned == 0.5 else evaluate(model, data[name], config.eval_batch_size,
-                                                      device, thresholds=(), threshold=tuned)
-            result[name].update(acc_at_run_threshold=100 * at["acc"],
-                                acc_frame_at_run_threshold=100 * at["acc_frame"])
+            result[name]["acc_at"] = {str(t): 100 * scores["acc_at"][t] for t in thresholds}
+        if tuned is not None and "acc" in scores:
+            result[name].update(acc_at_run_threshold=100 * scores["acc_at"][tuned],
+                                acc_frame_at_run_threshold=100 * scores["acc_frame_at"][tuned])
             result["run_threshold"] = tuned
         if expected is not None:
             acc, se = expected_accuracy(model, data[name], expected, seed, device=device)

@@ -40,8 +40,7 @@ class NonFiniteOutputs(ValueError):
 def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size: int = 64,
              device: str | torch.device = "cpu", accuracy: bool = True,
              max_ratio: float | None = EVAL_MAX_RATIO,
-             thresholds: Sequence[float] = THRESHOLD_GRID,
-             threshold: float = 0.5) -> dict[str, Any]:
+             thresholds: Sequence[float] = THRESHOLD_GRID) -> dict[str, Any]:
     """Accuracy (global and per-frame), NLL per step and frame count of next-step prediction over
     ``sequences``, accumulated over every valid frame (not averaged per batch). A model with a
     joint readout (``likelihood_logits``, the NADE models) is scored on its exact likelihood,
@@ -49,10 +48,10 @@ def evaluate(model: torch.nn.Module, sequences: Sequence[np.ndarray], batch_size
     ``evaluation_logits``, when it has one, gives both from one pass of the core. Batches hold
     up to ``batch_size`` sequences of lengths within ``max_ratio`` of each other (None: any).
     ``acc_at`` holds the global accuracy at each of ``thresholds`` (none: an empty dict; the
-    training's epochs skip them, only the final scores choose a threshold); ``acc`` and
-    ``acc_frame`` are at ``threshold``."""
+    training's epochs skip them, only the final scores choose a threshold), ``acc_frame_at``
+    the per-frame mean likewise."""
     model.eval()
-    scores = FrameScores(threshold=threshold, grid=tuple(thresholds))
+    scores = FrameScores(grid=tuple(thresholds))
     joint = hasattr(model, "likelihood_logits")
     for batch in iterate_batches(sequences, batch_size, dtype=next(model.parameters()).dtype,
                                  max_ratio=max_ratio):
