@@ -29,12 +29,13 @@ import torch
 from torch import nn
 
 from linmem._io import command_line, git_commit, machine, provenance, write_json
-from linmem.data import N_KEYS, collate
+from linmem.batching import collate
+from linmem.data import N_KEYS
 from linmem.models import build_model
 from linmem.nn.rnns import as_torch
 from linmem.ops.cpu import cpu_path
-from linmem.ops.lmn import measure_cpu_paths, use_cpu_kernel
-from linmem.training.trainer import train_step
+from linmem.ops.paths import measure_cpu_paths, use_cpu_kernel
+from linmem.training.updates import train_step
 
 ACTIVATIONS = {"selu": torch.selu, "tanh": torch.tanh, "relu": torch.relu}
 

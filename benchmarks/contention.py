@@ -40,7 +40,7 @@ def child(model_key: str, seconds: float, warmup: float) -> dict:
     from throughput import random_batch
 
     from linmem.models import build_model
-    from linmem.training.trainer import train_step
+    from linmem.training.updates import train_step
 
     name, hidden, memory = MODELS[model_key]
     torch.manual_seed(0)
@@ -114,7 +114,7 @@ def main() -> None:
 
     from linmem._io import command_line, git_commit, machine, provenance, write_json
     from linmem.ops.cpu import cpu_path
-    from linmem.ops.lmn import measure_cpu_paths
+    from linmem.ops.paths import measure_cpu_paths
 
     started, commit = time.perf_counter(), git_commit()
     cpu = machine()["cpu"]

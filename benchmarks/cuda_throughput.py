@@ -3,7 +3,7 @@
 Side by side in one run, on random piano-roll-like sequences of ``--steps`` steps, frames per
 second of training (forward, masked next-step NLL, backward, Adam step) and of inference for
 
-- ``lmn``: the LMN-B predictor on ``--device`` on the path ``linmem.ops.lmn.gpu_kernel_path``
+- ``lmn``: the LMN-B predictor on ``--device`` on the path ``linmem.ops.paths.gpu_kernel_path``
   chooses (measured on first use: the fused kernels or the loop);
 - ``lmn-fused``: the same with the recurrence forced onto the fused Triton kernels
   (``linmem.ops.gpu``: one launch for the forward over all steps, one for the backward);
@@ -51,8 +51,8 @@ from linmem.data import load_polyphonic
 from linmem.models import build_model
 from linmem.nn.rnns import as_torch
 from linmem.ops import gpu as ops_gpu
-from linmem.ops import lmn as ops
-from linmem.training.trainer import train_step
+from linmem.ops import paths as ops_paths
+from linmem.training.updates import train_step
 
 
 def _sync(device: torch.device) -> None:
@@ -79,9 +79,9 @@ def frames_per_second(step, frames: int, min_time: float, device: torch.device) 
 def _path(name: str):
     """The ``with`` block of a model's recurrence path: forced fused, forced loop, or chosen."""
     if name.endswith("-fused"):
-        return ops.use_gpu_kernel(True)
+        return ops_paths.use_gpu_kernel(True)
     if name.endswith("-loop") and not name.startswith("naive"):
-        return ops.use_gpu_kernel(False)
+        return ops_paths.use_gpu_kernel(False)
     return contextlib.nullcontext()
 
 
@@ -158,7 +158,7 @@ def bench_sizes(args, device: torch.device) -> list[dict]:
                    **median_rates(runs)}
             if device.type == "cuda":
                 probe = torch.empty(args.steps, batch_size, f, device=device)
-                row["chosen_path"] = ops.gpu_kernel_path(probe, m)
+                row["chosen_path"] = ops_paths.gpu_kernel_path(probe, m)
             for mode in ("train", "infer"):
                 for lmn in LMN_PATHS:
                     for other in ("lstm", "gru", "lmn-loop", "lmn-cpu"):

@@ -1,13 +1,13 @@
 """The evaluation's batching: batches of up to 64 sequences sorted by length, padded to the
 longest (``max_ratio=None``, until 2026-11-24), against the same with no batch longer than
-``max_ratio`` times its shortest sequence (``--ratios``; default ``linmem.data.EVAL_MAX_RATIO``,
+``max_ratio`` times its shortest sequence (``--ratios``; default ``linmem.batching.EVAL_MAX_RATIO``,
 the evaluation's), side by side in one run.
 
 For each data set and model (LMN-B (250,500) and an LSTM of 750 units, the sizes the searches
 select on the long data sets; weights at their initialisation: the cost does not depend on
-them), this times ``linmem.training.trainer.evaluate`` on the validation split, which every epoch of
-training runs, in interleaved rounds (median CPU seconds reported), and checks that the
-batchings give the same frame counts and accuracy. It prints the padded steps each batching
+them), this times ``linmem.training.evaluation.evaluate`` on the validation split, which
+every epoch of training runs, in interleaved rounds (median CPU seconds reported), and checks
+that the batchings give the same frame counts and accuracy. It prints the padded steps each batching
 computes (as a multiple of the frames) and the speed-up over no bound.
 
     OMP_NUM_THREADS=1 python benchmarks/eval_batching.py --json results/speed/eval_batching.json
@@ -23,9 +23,10 @@ import time
 import torch
 
 from linmem._io import command_line, git_commit, provenance, write_json
-from linmem.data import EVAL_MAX_RATIO, bucket_batches, data_checksum, load_polyphonic
+from linmem.batching import EVAL_MAX_RATIO, bucket_batches
+from linmem.data import data_checksum, load_polyphonic
 from linmem.models import build_model
-from linmem.training.trainer import evaluate
+from linmem.training.evaluation import evaluate
 
 MODELS = {"lmn-b 250,500": ("lmn-b", 250, 500), "lstm 750": ("lstm", 750, None)}
 

@@ -4,7 +4,7 @@ projected before it starts (issue 43) from two measurements:
 - the probes: one or two epochs of LMN-B (250, 250) and LSTM (750) at batch 1 on each data set,
   JSB Chorales included, with the search workers paused (``results/paper-protocol/cost-probes``;
   ``linmem train --data D --model M ... --protocol paper --epochs 1``): each set's CPU seconds
-  per epoch over JSB's (:func:`linmem.experiments.progress.probe_ratios`, as ``linmem progress
+  per epoch over JSB's (:func:`linmem.experiments.projection.probe_ratios`, as ``linmem progress
   --probe``), LMN-B's ratio for the LMNs and the LSTM's for the RNN-like models;
 - the CPU time of the same grid points on JSB Chorales under the paper protocol (the search's
   trials, ``cpu_time_s``), the epochs to early stopping taken as equal on every set (under our
@@ -31,7 +31,7 @@ import optuna
 
 from linmem._io import machine
 from linmem.experiments.grids import grid_points, trial_point
-from linmem.experiments.progress import probe_ratios
+from linmem.experiments.projection import probe_ratios
 
 PROBES = Path(__file__).resolve().parents[1] / "results/paper-protocol/cost-probes"
 SETS = ("musedata", "nottingham", "piano")

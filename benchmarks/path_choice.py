@@ -1,4 +1,4 @@
-"""The choice of the CPU path (``linmem.ops.lmn.measure_cpu_paths``) on a busy machine: the paths
+"""The choice of the CPU path (``linmem.ops.paths.measure_cpu_paths``) on a busy machine: the paths
 timed one after the other on the wall clock (before commit af2e6b9) against timed in turns on
 the process's CPU time (now, with one thread), side by side in one run.
 
@@ -32,7 +32,7 @@ import torch
 from linmem._io import command_line, git_commit, machine, provenance, write_json
 from linmem.nn.lmn import lmn_recurrence
 from linmem.ops.cpu import LOOP, kernel_variants
-from linmem.ops.lmn import _PATH_PROBLEMS, _path_problem, measure_cpu_paths, use_cpu_kernel
+from linmem.ops.paths import _PATH_PROBLEMS, _path_problem, measure_cpu_paths, use_cpu_kernel
 
 PROBLEMS = _PATH_PROBLEMS  # the sizes measure_cpu_paths times
 
@@ -42,7 +42,7 @@ def one_after_the_other(variants: list[str], repeats: int = 5) -> dict:
     the wall clock."""
     seconds: dict[str, dict[str, float]] = {}
     for size, shape in PROBLEMS.items():
-        ops = _path_problem(*shape)
+        ops = [t.requires_grad_() for t in _path_problem(*shape)]
         for path in (*variants, LOOP):
             best = math.inf
             with use_cpu_kernel(path if path != LOOP else False):

@@ -31,7 +31,8 @@ import torch
 
 import linmem.nn.rnnrbm
 from linmem._io import command_line, git_commit, machine, provenance, write_json
-from linmem.data import data_checksum, iterate_batches, load_polyphonic
+from linmem.batching import iterate_batches
+from linmem.data import data_checksum, load_polyphonic
 from linmem.nn.rnnrbm import RNNRBM
 
 

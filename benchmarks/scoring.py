@@ -1,8 +1,8 @@
 """The validation that every training epoch runs: its scoring before and after commit ec82bde,
 side by side in one run.
 
-Until then each epoch's ``linmem.training.trainer.evaluate`` counted the accuracy at every threshold
-of
+Until then each epoch's ``linmem.training.evaluation.evaluate`` counted the accuracy at every
+threshold of
 ``linmem.metrics.THRESHOLD_GRID`` (10 of them), each with its own pass of
 ``linmem.metrics.frame_counts`` (flattening, checking and comparing the whole split again), though
 only the final evaluation chooses a threshold. Now the epochs count at 0.5 alone
@@ -37,10 +37,11 @@ import torch
 
 import linmem.training.trainer
 from linmem._io import command_line, git_commit, machine, provenance, write_json
-from linmem.data import data_checksum, iterate_batches, load_polyphonic
+from linmem.batching import iterate_batches
+from linmem.data import data_checksum, load_polyphonic
 from linmem.metrics import THRESHOLD_GRID, FrameScores, _flatten, frame_counts
 from linmem.models import build_model
-from linmem.training.trainer import evaluate
+from linmem.training.evaluation import evaluate
 
 MODELS = {"lmn-b 100,250": ("lmn-b", 100, 250), "lmn-b 250,500": ("lmn-b", 250, 500)}
 

@@ -4,7 +4,7 @@ For every LMN size (functional, memory) and batch size, on random piano-roll-lik
 ``--steps`` steps, this measures frames per second of
 
 - training: forward, masked next-step NLL, backward, Adam step
-(``linmem.training.trainer.train_step`` with the trainer's optimizer, ``make_optimizer``);
+(``linmem.training.updates.train_step`` with the trainer's optimizer, ``make_optimizer``);
 - inference: forward under ``torch.inference_mode``;
 
 for the LMN-B predictor (the library's default fast path: on CPU the compiled kernel of
@@ -49,23 +49,16 @@ import torch
 from torch import nn
 
 from linmem._io import command_line, git_commit, machine, provenance, write_json
-from linmem.data import (
-    N_KEYS,
-    Batch,
-    bucket_batches,
-    collate,
-    data_checksum,
-    load_polyphonic,
-    padding_fraction,
-)
+from linmem.batching import Batch, bucket_batches, collate, padding_fraction
+from linmem.data import N_KEYS, data_checksum, load_polyphonic
 from linmem.metrics import masked_nll
 from linmem.models import build_model
 from linmem.nn.lmn import lmn_recurrence
 from linmem.nn.rnns import as_torch
 from linmem.ops.cpu import KERNEL_ENV, cpu_path, kernel_variants, load_cpu_kernel
-from linmem.ops.lmn import measure_cpu_paths, use_cpu_kernel
+from linmem.ops.paths import measure_cpu_paths, use_cpu_kernel
 from linmem.training.config import TrainConfig
-from linmem.training.trainer import make_optimizer, train_step
+from linmem.training.updates import make_optimizer, train_step
 
 # what limits torch's own libraries to an instruction set (MKL, oneDNN): with
 # LINMEM_CPU_KERNEL=avx2 they make an AVX-512 machine stand in for an AVX2 one, LSTM included

@@ -9,13 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from linmem.cli.commands import cli
-from linmem.experiments.ablation import (
-    ablation_groups,
-    ablation_markdown,
-    ablation_record_markdown,
-    grid_trials,
-    replay_pruner,
-)
+from linmem.experiments.ablation import ablation_groups, grid_trials, replay_pruner
+from linmem.experiments.both_protocols import ablation_markdown, ablation_record_markdown
 from linmem.training.runs import collect_metrics
 
 

@@ -11,15 +11,10 @@ from linmem.cli.commands import main
 from linmem.data import data_checksum
 from linmem.experiments.analyses import first_updates, recurrent_radius, relative_change
 from linmem.models import build_model
-from linmem.training.trainer import (
-    TrainConfig,
-    build_run_model,
-    epoch_plan,
-    evaluate,
-    load_run_model,
-    train_loop,
-    training_batch,
-)
+from linmem.training.config import TrainConfig
+from linmem.training.evaluation import build_run_model, evaluate, load_run_model
+from linmem.training.trainer import train_loop
+from linmem.training.updates import epoch_plan, training_batch
 
 
 @pytest.mark.parametrize("options", [{}, {"chunk": 40, "transpose": 2}])
@@ -241,7 +236,7 @@ def test_replay_epoch_leaves_out_an_update_and_probes_the_functional_units(tmp_p
     from linmem.experiments.analyses import epoch_replay, epoch_replay_markdown
     from linmem.nn.diagnostics import memory_loop_gains, saturated_fraction
     from linmem.training.runs import LAST, load_checkpoint
-    from linmem.training.trainer import batch_updates, make_optimizer
+    from linmem.training.updates import batch_updates, make_optimizer
 
     config = TrainConfig(data="jsb", model="lmn-a", hidden=6, memory=5, batch_size=32,
                          epochs=1, protocol="paper", loss_reduction="mean", memory_bound=0.5)

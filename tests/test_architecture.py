@@ -10,12 +10,13 @@ import torch
 from torch import nn
 
 import linmem
-from linmem import models
+from linmem import models, registry
 from linmem.cli.commands import cli
-from linmem.experiments import search
+from linmem.experiments import grids
 from linmem.metrics import masked_nll
 from linmem.training import recipes
-from linmem.training.trainer import TrainConfig, load_run_model
+from linmem.training.config import TrainConfig
+from linmem.training.evaluation import load_run_model
 
 PACKAGE = Path(linmem.__file__).parent
 
@@ -130,7 +131,7 @@ def test_the_import_graph_sees_every_form_of_import(tmp_path):
     """The graph the layer tests read: absolute, relative and submodule imports, inside
     functions too, each resolved to the module it names."""
     graph = package_imports()
-    assert "ops.gpu" in graph["ops.lmn"]  # from linmem.ops import gpu as ops_gpu
+    assert "ops.gpu" in graph["ops.lmn_fills"]  # from linmem.ops import gpu as ops_gpu
     assert "ops.triton_lmn" in graph["ops.gpu"]  # inside a function
     assert "cli.launch" in graph["__main__"]
     assert {layer("cli.commands"), layer("experiments.report"), layer("nn.lmn"),
@@ -216,10 +217,10 @@ def running_mean():
     def build(input_size, options):
         return RunningMean(input_size, decay=1 - 1 / options.hidden)
 
-    spec = models.register(models.ModelSpec(
+    spec = registry.register(registry.ModelSpec(
         "running-mean", "Running mean", "running-mean", build))
     yield spec
-    models.unregister("running-mean")
+    registry.unregister("running-mean")
 
 
 def test_a_model_is_one_registry_entry(tmp_path, jsb, running_mean):
@@ -235,19 +236,19 @@ def test_a_model_is_one_registry_entry(tmp_path, jsb, running_mean):
     assert isinstance(model, RunningMean) and saved.model == "running-mean"
     train_options = {p.name: p for p in cli.commands["train"].params}
     assert "running-mean" in train_options["model"].type.choices
-    assert [p.hidden for p in search.grid_points("running-mean", "quick")] \
-        == [h for h in search.GRIDS["quick"].hidden for _ in search.GRIDS["quick"].weight_decay]
+    assert [p.hidden for p in grids.grid_points("running-mean", "quick")] \
+        == [h for h in grids.GRIDS["quick"].hidden for _ in grids.GRIDS["quick"].weight_decay]
     assert models.display_name("running-mean") == "Running mean"
     with pytest.raises(ValueError, match="registered already"):
-        models.register(running_mean)
+        registry.register(running_mean)
 
 
 def test_registry_is_the_source_of_the_model_lists():
-    assert linmem.MODELS == models.model_names() == tuple(models.REGISTRY)
+    assert linmem.MODELS == registry.model_names() == tuple(registry.REGISTRY)
     assert "rnn-rbm" in linmem.MODELS
     assert recipes.pretrained_models() == ["pret-lmn-a", "pret-lmn-b", "pret-rnn"]
     with pytest.raises(ValueError, match="unknown model 'mlp'"):
-        models.get_spec("mlp")
+        registry.get_spec("mlp")
 
 
 def test_the_package_exports_what_its_docstring_promises():
@@ -338,3 +339,36 @@ def test_comments_say_why_not_which_issue():
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if re.search(r"\bissues? \d+", line)]
     assert not found, found
+
+
+def test_one_owner_per_name():
+    """No module re-exports a name it does not own (the packages' ``__init__``, the public API,
+    aside): a name is imported from the module that defines it, by the package, its tests and
+    its benchmarks (``benchmarks/structure.py``'s measure)."""
+    root = Path(__file__).resolve().parents[1]
+    found = _structure().reexports(PACKAGE, (root / "tests", root / "benchmarks"))
+    assert not found, [f"{r['module']}.{r['name']} (owner {r['from']})" for r in found]
+
+
+def test_the_reexport_measure_finds_copies(tmp_path):
+    """The measure on a package of known re-exports: a name imported again from a module that
+    only imports it, or listed in its ``__all__``, or read as an attribute of it; a name patched
+    where it is used (a test's monkeypatch) and a package's ``__init__`` are not copies."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from pkg.a import f\n")
+    (package / "a.py").write_text("def f():\n    pass\n\n\ndef g():\n    pass\n")
+    (package / "b.py").write_text("from pkg.a import f, g\n\n__all__ = ['g']\n")
+    (package / "c.py").write_text("from pkg.b import f\n")
+    (package / "d.py").write_text("from pkg import b\n\nb.g()\n")
+    (package / "e.py").write_text("from pkg.a import g\n")
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "t.py").write_text("from pkg import e\n\n\ndef test(monkeypatch):\n"
+                                "    monkeypatch.setattr(e, 'g', None)\n    e.g\n")
+    found = {(r["module"], r["name"]): r for r in _structure().reexports(package, (tests,))}
+    assert set(found) == {("pkg.b", "f"), ("pkg.b", "g")}
+    assert found[("pkg.b", "f")]["used_through_copy_by"] == [str(package / "c.py")]
+    assert sorted(found[("pkg.b", "g")]["used_through_copy_by"]) \
+        == sorted(["__all__", str(package / "d.py")])
+    assert found[("pkg.b", "f")]["from"] == "pkg.a"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from linmem.data import collate
+from linmem.batching import collate
 from linmem.models import build_model
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

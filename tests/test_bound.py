@@ -342,7 +342,7 @@ def test_models_take_the_bound_and_the_others_refuse_it():
 
 def test_an_overflowing_memory_is_named_with_its_radius_step_and_remedy():
     """The unbounded memory's divergence says where it overflowed and what bounds it."""
-    from linmem.data import collate
+    from linmem.batching import collate
 
     torch.manual_seed(6)
     model = build_model("lmn-a", 8, 8, memory_bound=None)  # the paper's memory

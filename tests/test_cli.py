@@ -11,7 +11,7 @@ from linmem.cli.commands import main
 from linmem.data import load_polyphonic
 from linmem.metrics import frame_accuracy
 from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL
-from linmem.training.trainer import load_run_model
+from linmem.training.evaluation import load_run_model
 
 
 def run_cli(*args, capsys):
@@ -273,7 +273,8 @@ def test_reseed_runs_every_seed_when_one_diverges(tmp_path, data_dir, capsys, mo
     import dataclasses
 
     from linmem.experiments import seeds
-    from linmem.training.trainer import TrainConfig, TrainingDiverged
+    from linmem.training.config import TrainConfig
+    from linmem.training.trainer import TrainingDiverged
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -321,7 +322,7 @@ def test_reseed_stop_by_starts_only_the_seeds_that_fit(tmp_path, data_dir, capsy
     import dataclasses
 
     from linmem.experiments import seeds
-    from linmem.training.trainer import TrainConfig
+    from linmem.training.config import TrainConfig
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -366,7 +367,8 @@ def test_reseed_set_changes_fields_of_the_run(tmp_path, data_dir, capsys, monkey
     import dataclasses
 
     from linmem.experiments import seeds
-    from linmem.training.trainer import TrainConfig, with_data_dir
+    from linmem.training.config import TrainConfig
+    from linmem.training.trainer import with_data_dir
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

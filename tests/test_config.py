@@ -11,20 +11,15 @@ import torch
 
 from linmem.cli import commands as cli_module
 from linmem.cli.commands import main
-from linmem.models import (
-    REGISTRY,
+from linmem.model_options import (
     ModelOptions,
-    ModelSpec,
     NADEOptions,
     PretrainOptions,
     RBMOptions,
     TransferOptions,
-    build_model,
-    model_options,
-    option_names,
-    register,
-    unregister,
 )
+from linmem.models import build_model, model_options, option_names
+from linmem.registry import REGISTRY, ModelSpec, register, unregister
 from linmem.training.config import (
     LEGACY_PROTOCOL,
     PROTOCOL_FIELDS,

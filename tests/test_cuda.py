@@ -20,11 +20,13 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from linmem.data import collate
-from linmem.models import MODELS, build_model, expected_accuracy, get_spec
+from linmem.batching import collate
+from linmem.models import MODELS, build_model, expected_accuracy
 from linmem.nn.lmn import LMN
+from linmem.registry import get_spec
 from linmem.training import recipes
-from linmem.training.trainer import TrainConfig, evaluate, load_run_model
+from linmem.training.config import TrainConfig
+from linmem.training.evaluation import evaluate, load_run_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from linmem import batching
 from linmem import data as D
 from linmem.data import DataError, load_polyphonic
 
@@ -198,18 +199,18 @@ def test_local_pickle_is_read(tmp_path, jsb, data_dir):
 
 def test_next_step_pairs_and_collate():
     seqs = [np.eye(88, dtype=np.uint8)[:n] for n in (5, 3, 1)]
-    pairs = D.next_step_pairs(seqs)
+    pairs = batching.next_step_pairs(seqs)
     assert len(pairs) == 2  # the length-1 sequence has no pair
     np.testing.assert_array_equal(pairs[0][0], seqs[0][:-1])
     np.testing.assert_array_equal(pairs[0][1], seqs[0][1:])
-    batch = D.collate(seqs)
+    batch = batching.collate(seqs)
     assert batch.inputs.shape == (2, 4, 88)
     assert batch.lengths.tolist() == [4, 2]
     assert batch.mask.tolist() == [[True] * 4, [True, True, False, False]]
     assert batch.inputs[1, 2:].abs().sum() == 0 and batch.targets[1, 2:].abs().sum() == 0
     np.testing.assert_array_equal(batch.targets[1, :2].numpy(), seqs[1][1:])
     with pytest.raises(ValueError, match="length >= 2"):
-        D.collate([seqs[2]])
+        batching.collate([seqs[2]])
 
 
 def test_polyphonic_music_is_a_dataset_for_a_data_loader(data_dir, jsb, tmp_path):
@@ -226,9 +227,9 @@ def test_polyphonic_music_is_a_dataset_for_a_data_loader(data_dir, jsb, tmp_path
     assert torch.equal(valid[3], torch.from_numpy(jsb["valid"][3]).float())
     assert repr(valid) == (f"PolyphonicMusic('JSB Chorales', split='valid': 76 sequences, "
                            f"{sum(valid.lengths)} frames)")
-    batches = list(DataLoader(valid, batch_size=5, collate_fn=D.collate))
+    batches = list(DataLoader(valid, batch_size=5, collate_fn=batching.collate))
     assert len(batches) == 16
-    first, expected = batches[0], D.collate(jsb["valid"][:5])
+    first, expected = batches[0], batching.collate(jsb["valid"][:5])
     for field in ("inputs", "targets", "mask", "lengths"):
         assert torch.equal(getattr(first, field), getattr(expected, field))
     flipped = PolyphonicMusic("jsb", "test", root=data_dir, transform=lambda r: r.flip(-1))
@@ -242,26 +243,27 @@ def test_polyphonic_music_is_a_dataset_for_a_data_loader(data_dir, jsb, tmp_path
 def test_bucket_batches_cover_every_sequence_once(jsb):
     lengths = [len(s) for s in jsb["train"]]
     for shuffle in (False, True):
-        batches = D.bucket_batches(lengths, 16, shuffle=shuffle, seed=3)
+        batches = batching.bucket_batches(lengths, 16, shuffle=shuffle, seed=3)
         flat = sorted(i for b in batches for i in b)
         assert flat == list(range(len(lengths)))
         assert all(1 <= len(b) <= 16 for b in batches)
-    assert D.bucket_batches(lengths, 16, True, 3) == D.bucket_batches(lengths, 16, True, 3)
-    assert D.bucket_batches(lengths, 16, True, 3) != D.bucket_batches(lengths, 16, True, 4)
+    bucket = batching.bucket_batches
+    assert bucket(lengths, 16, True, 3) == bucket(lengths, 16, True, 3)
+    assert bucket(lengths, 16, True, 3) != bucket(lengths, 16, True, 4)
     # padding: brute force over the batches, and much less than random batching
-    batches = D.bucket_batches(lengths, 16, True, 0)
+    batches = batching.bucket_batches(lengths, 16, True, 0)
     padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
-    assert D.padding_fraction(lengths, batches) == pytest.approx(1 - sum(lengths) / padded)
+    assert batching.padding_fraction(lengths, batches) == pytest.approx(1 - sum(lengths) / padded)
     rng = np.random.default_rng(0)
     order = rng.permutation(len(lengths))
     random_batches = [order[i: i + 16].tolist() for i in range(0, len(order), 16)]
-    assert D.padding_fraction(lengths, batches) < 0.5 * D.padding_fraction(lengths,
+    assert batching.padding_fraction(lengths, batches) < 0.5 * batching.padding_fraction(lengths,
                                                                           random_batches)
 
 
 def test_bucket_batches_bound_the_padding_without_shuffle(jsb):
     lengths = [len(s) for s in jsb["valid"]] + [2000, 2100, 5000]  # MuseData's long tail
-    batches = D.bucket_batches(lengths, 16, shuffle=False, max_ratio=1.25)
+    batches = batching.bucket_batches(lengths, 16, shuffle=False, max_ratio=1.25)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     # consecutive in length order, at most 16, none beyond 1.25x its shortest
     flat = [i for b in batches for i in b]
@@ -272,16 +274,16 @@ def test_bucket_batches_bound_the_padding_without_shuffle(jsb):
     for b, nxt in itertools.pairwise(batches):
         assert len(b) == 16 or lengths[nxt[0]] > 1.25 * lengths[b[0]]
     assert batches[-1] == [len(lengths) - 1]  # 5000 alone at the end
-    assert D.bucket_batches(lengths, 16, False) == [flat[i: i + 16]
+    assert batching.bucket_batches(lengths, 16, False) == [flat[i: i + 16]
                                                    for i in range(0, len(flat), 16)]
-    assert D.bucket_batches([], 4, False, max_ratio=1.5) == []
+    assert batching.bucket_batches([], 4, False, max_ratio=1.5) == []
     for bad in (dict(shuffle=True, max_ratio=1.25), dict(shuffle=False, max_ratio=0.9)):
         with pytest.raises(ValueError, match="max_ratio"):
-            D.bucket_batches(lengths, 16, **bad)
+            batching.bucket_batches(lengths, 16, **bad)
 
 
 def test_iterate_batches_yields_all_frames(jsb):
-    frames = sum(int(b.mask.sum()) for b in D.iterate_batches(jsb["valid"], 8))
+    frames = sum(int(b.mask.sum()) for b in batching.iterate_batches(jsb["valid"], 8))
     assert frames == sum(len(s) - 1 for s in jsb["valid"])
     assert Path(D.default_root()).name in ("linmem", Path(os.environ.get("LINMEM_DATA",
                                                                            "linmem")).name)

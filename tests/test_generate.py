@@ -6,8 +6,9 @@ import pretty_midi
 import pytest
 import torch
 
+from linmem.data import STEP_SECONDS, step_seconds
 from linmem.generate import generate
-from linmem.midi import STEP_SECONDS, midi_to_roll, roll_to_midi, step_seconds
+from linmem.midi import midi_to_roll, roll_to_midi
 from linmem.models import build_model
 
 

@@ -5,10 +5,10 @@ import pytest
 import scipy.linalg
 import torch
 
-import linmem.la as la_module
 import linmem.la_solvers as la_solvers
 from linmem.data import load_polyphonic
-from linmem.la import LinearAutoencoder, NotFittedError, build_xi, xi_rows, xi_squared_norm
+from linmem.la import LinearAutoencoder, NotFittedError
+from linmem.la_solvers import build_xi, xi_rows, xi_squared_norm
 
 
 def random_sequences(lengths, a, seed=0):
@@ -136,7 +136,7 @@ def test_solvers_agree_with_dense_below_rank(window, variant, monkeypatch):
 
 def test_randomized_solver_warns_when_it_stops_at_max_iter():
     seqs = smooth_sequences([40, 33, 50, 21], 5, seed=2)
-    with pytest.warns(la_module.ConvergenceWarning, match="max_iter=1"):
+    with pytest.warns(la_solvers.ConvergenceWarning, match="max_iter=1"):
         la = LinearAutoencoder(8, solver="randomized", tol=1e-12, max_iter=1,
                                random_state=0).fit(seqs)
     assert la.n_iter_ == 1

@@ -9,7 +9,6 @@ import torch
 from torch.export import Dim, export
 
 from linmem import LMN, LMNCell
-from linmem.models import get_spec, model_names
 from linmem.nn.diagnostics import memory_loop_gains
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND, memory_norm_bound
 from linmem.ops.certificates import SLACK
@@ -20,6 +19,7 @@ from linmem.ops.loop_bound import (
     check_loop_bound,
     loop_norm_bound,
 )
+from linmem.registry import get_spec, model_names
 from linmem.training.config import TrainConfig
 from linmem.training.evaluation import model_of
 

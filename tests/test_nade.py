@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from linmem.data import iterate_batches
+from linmem.batching import iterate_batches
 from linmem.metrics import FrameScores, expected_frame_accuracy, masked_nll
 from linmem.models import build_model
 from linmem.nn.nade import NADE
-from linmem.training.trainer import TrainConfig, evaluate, load_run_model, train_loop
+from linmem.training.config import TrainConfig
+from linmem.training.evaluation import evaluate, load_run_model
+from linmem.training.trainer import train_loop
 
 
 def small_nade(d=5, h=4, s=3, seed=0, dtype=torch.float64):

@@ -17,9 +17,9 @@ from linmem._io import cpu_description
 from linmem.nn import diagnostics
 from linmem.nn.lmn import lmn_recurrence
 from linmem.ops import cpu as _ext
-from linmem.ops import lmn as lmn_ops
 from linmem.ops import paths as ops_paths
-from linmem.ops.lmn import use_cpu_kernel
+from linmem.ops.lmn_fills import cpu_fills, loop_forward
+from linmem.ops.paths import use_cpu_kernel
 
 
 @pytest.fixture(autouse=True)
@@ -509,10 +509,10 @@ def test_kernel_switch_and_fallback(monkeypatch, tmp_path):
     """``use_cpu_kernel(False)`` runs the PyTorch loop; an unbuildable kernel warns once and
     falls back; ``LINMEM_CPU_KERNEL=0`` disables it."""
     # a build's first use measures every path, the loop's among them: done before counting
-    _ext.cpu_path(lmn_ops.measure_cpu_paths)
+    _ext.cpu_path(ops_paths.measure_cpu_paths)
     calls = []
-    loop = lmn_ops._loop_forward
-    monkeypatch.setattr(lmn_ops, "_loop_forward", lambda *a: calls.append(1) or loop(*a))
+    loop = ops_paths.loop_forward
+    monkeypatch.setattr(ops_paths, "loop_forward", lambda *a: calls.append(1) or loop(*a))
     ops = kernel_case(3, 2, 4, 5, torch.float64, 5)
     lmn_recurrence(*ops)
     assert calls == []
@@ -649,7 +649,7 @@ def test_measured_choice_is_recorded_and_env_forces_a_path(monkeypatch, tmp_path
 def test_measurement_picks_a_path_not_slower_than_the_loop():
     """The record of :func:`measure_cpu_paths`: a time for every path and size, and a choice
     that is the loop or a variant at least as fast as the loop at both sizes."""
-    rec = lmn_ops.measure_cpu_paths(VARIANTS, repeats=1)
+    rec = ops_paths.measure_cpu_paths(VARIANTS, repeats=1)
     assert set(rec["seconds"]) == {*VARIANTS, "loop"}
     assert all(set(t) == {"small", "large"} for t in rec["seconds"].values())
     assert rec["choice"] in (*VARIANTS, "loop")
@@ -665,7 +665,7 @@ def test_measurement_picks_a_path_not_slower_than_the_loop():
 def test_measurement_with_no_variant_chooses_the_loop():
     """No kernel variant to time (no compiler, or ``LINMEM_CPU_KERNEL=loop``): the loop alone is
     timed and chosen (it raised "max() arg is an empty sequence")."""
-    rec = lmn_ops.measure_cpu_paths([], repeats=1)
+    rec = ops_paths.measure_cpu_paths([], repeats=1)
     assert rec["choice"] == "loop" and set(rec["seconds"]) == {"loop"}
     assert rec["speedup_over_loop"] == {}
 
@@ -674,14 +674,17 @@ def test_measurement_times_the_paths_in_turns(monkeypatch):
     """Each round times every path once (a burst of load from another process slows them alike,
     not the one path timed then), after a round that warms them up and is not counted."""
     order = []
-    recurrence = lmn_ops.lmn_scan
+    timed = ops_paths._forward_backward
+    module = _ext.load_cpu_kernel()
+    names = {cpu_fills(module, v)[0]: v for v in VARIANTS} if VARIANTS else {}
+    names[loop_forward] = "loop"
 
-    def recorded(*args, **kwargs):
-        order.append(ops_paths._path_override)
-        return recurrence(*args, **kwargs)
+    def recorded(ops, forward, backward):
+        order.append(names[forward])
+        return timed(ops, forward, backward)
 
-    monkeypatch.setattr(lmn_ops, "lmn_scan", recorded)
-    rec = lmn_ops.measure_cpu_paths(VARIANTS, repeats=2)
+    monkeypatch.setattr(ops_paths, "_forward_backward", recorded)
+    rec = ops_paths.measure_cpu_paths(VARIANTS, repeats=2)
     paths = [*VARIANTS, "loop"]
     assert order == paths * 3 * 2  # three rounds, two sizes
     assert rec["clock"] == ("cpu" if torch.get_num_threads() == 1 else "wall")
@@ -927,7 +930,7 @@ def test_every_model_trains_under_autocast():
     """A model's recurrence stays in float32 while its readout follows autocast: each
     registered model's training loss under bfloat16 autocast is within 1e-3 of float32's and
     backpropagates to every parameter that float32 reaches."""
-    from linmem.data import collate
+    from linmem.batching import collate
     from linmem.models import MODELS, build_model, option_names
 
     torch.set_default_dtype(torch.float32)  # autocast lowers float32 (the fixture restores)
@@ -1068,7 +1071,7 @@ def test_one_vocabulary_names_the_cpu_path_everywhere(monkeypatch):
     for name, path in expected.items():
         assert _ext.resolve_cpu_kernel(name) == path
         with use_cpu_kernel(name):
-            assert lmn_ops.cpu_kernel_path() == path
+            assert ops_paths.cpu_kernel_path() == path
         monkeypatch.setenv("LINMEM_CPU_KERNEL", name)
         _ext.cpu_path.cache_clear()
         try:
@@ -1078,9 +1081,9 @@ def test_one_vocabulary_names_the_cpu_path_everywhere(monkeypatch):
             _ext.cpu_path.cache_clear()
     assert _ext.resolve_cpu_kernel("auto") is None
     with use_cpu_kernel(True):
-        assert lmn_ops.cpu_kernel_path() == expected["best"]
+        assert ops_paths.cpu_kernel_path() == expected["best"]
     with use_cpu_kernel(False):
-        assert lmn_ops.cpu_kernel_path() == "loop"
+        assert ops_paths.cpu_kernel_path() == "loop"
     for missing in sorted(set(_ext.VARIANTS) - set(VARIANTS)):  # variants this CPU lacks
         with pytest.raises(ValueError, match="does not run here"):
             _ext.resolve_cpu_kernel(missing)

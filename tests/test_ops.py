@@ -11,14 +11,9 @@ from torch.library import opcheck
 
 from linmem import LMN
 from linmem.models import build_model
-from linmem.ops.lmn import (
-    NONLINEARITIES,
-    lmn_scan,
-    lmn_scan_backward,
-    lmn_scan_backward_ref,
-    lmn_scan_ref,
-    use_cpu_kernel,
-)
+from linmem.ops.lmn import lmn_scan, lmn_scan_backward, lmn_scan_backward_ref, lmn_scan_ref
+from linmem.ops.paths import use_cpu_kernel
+from linmem.ops.toolkit import NONLINEARITIES
 from linmem.ops.ulm import ulm_scan, ulm_scan_backward, ulm_scan_ref
 
 

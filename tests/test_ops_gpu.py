@@ -14,9 +14,9 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from linmem.nn.lmn import LMN
 from linmem.ops import gpu as ops_gpu
-from linmem.ops import lmn as ops
 from linmem.ops import paths as ops_paths
-from linmem.ops.lmn import _backward_buffers, _scan_buffers, lmn_scan_backward_ref, lmn_scan_ref
+from linmem.ops.lmn import lmn_scan_backward_ref, lmn_scan_ref
+from linmem.ops.lmn_fills import backward_buffers, scan_buffers
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -62,7 +62,7 @@ def test_fused_states_and_state_gradients_match_the_reference(case):
     float32: to a few units of rounding)."""
     steps, batch, hidden, memory, act, batch_major, has_gh, has_gm = case
     x, m0, w_mh, w_hm, w_mm, b_m = _problem(steps, batch, hidden, memory, batch_major)
-    hs, ms, layout = _scan_buffers(x, memory)
+    hs, ms, layout = scan_buffers(x, memory)
     assert layout == (batch_major and batch > 1)
     ops_gpu.forward(x, m0, w_mh, w_hm, w_mm, b_m, act, hs, ms)
     ref_h, ref_m = lmn_scan_ref(x.double(), m0.double(), w_mh.double(), w_hm.double(),
@@ -73,7 +73,7 @@ def test_fused_states_and_state_gradients_match_the_reference(case):
     g = torch.Generator().manual_seed(1)
     grad_hs = torch.randn(hs.shape, generator=g).to(DEVICE) if has_gh else None
     grad_ms = torch.randn(ms.shape, generator=g).to(DEVICE) if has_gm else None
-    grads, grad_m0, _ = _backward_buffers(hs, memory)
+    grads, grad_m0, _ = backward_buffers(hs, memory)
     ops_gpu.backward_states(grad_hs, grad_ms, hs, w_mh, w_hm, w_mm, act, grads, grad_m0)
     ref = lmn_scan_backward_ref(*(None if t is None else t.double() for t in (grad_hs, grad_ms)),
                                 m0.double(), hs.double(), ms.double(), w_mh.double(),
@@ -91,12 +91,12 @@ def test_both_forms_of_the_product_give_the_same_states(tiles, monkeypatch):
     (``LINMEM_GPU_TILES``), give the reference's states and gradients."""
     monkeypatch.setenv("LINMEM_GPU_TILES", tiles)
     x, m0, w_mh, w_hm, w_mm, b_m = _problem(3, 5, 40, 70, True)
-    hs, ms, _ = _scan_buffers(x, 70)
+    hs, ms, _ = scan_buffers(x, 70)
     ops_gpu.forward(x, m0, w_mh, w_hm, w_mm, b_m, "selu", hs, ms)
     ref_h, ref_m = lmn_scan_ref(x, m0, w_mh, w_hm, w_mm, b_m, "selu")
     torch.testing.assert_close(hs, ref_h, rtol=0, atol=2e-5)
     torch.testing.assert_close(ms, ref_m, rtol=0, atol=2e-5)
-    grads, grad_m0, _ = _backward_buffers(hs, 70)
+    grads, grad_m0, _ = backward_buffers(hs, 70)
     ops_gpu.backward_states(None, torch.ones_like(ms), hs, w_mh, w_hm, w_mm, "selu", grads,
                             grad_m0)
     ref = lmn_scan_backward_ref(None, torch.ones_like(ms), m0, hs, ms, w_mh, w_hm, w_mm, "selu")
@@ -118,7 +118,7 @@ def test_the_layer_through_the_fused_path_gives_the_loops_numbers(output):
 
     def run(fused: bool):
         layer.zero_grad()
-        with ops.use_gpu_kernel(fused):
+        with ops_paths.use_gpu_kernel(fused):
             packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
             out, (h_n, m_n) = layer(packed, m0)
             out, _ = pad_packed_sequence(out, batch_first=True)
@@ -135,22 +135,22 @@ def test_what_the_fused_kernels_do_not_take_runs_the_loop(monkeypatch):
     asking for them then says why); the loop stays available inside ``use_gpu_kernel(False)``."""
     x = torch.zeros(2, 3, 5, device=DEVICE)
     if HAS_CUDA:
-        assert ops.gpu_kernel_path(x.double(), 4) == "loop"
-    with ops.use_gpu_kernel(False):
-        assert ops.gpu_kernel_path(x, 4) == "loop"
-    with ops.use_gpu_kernel(True):
-        assert ops.gpu_kernel_path(x, 4) == ops.FUSED
+        assert ops_paths.gpu_kernel_path(x.double(), 4) == "loop"
+    with ops_paths.use_gpu_kernel(False):
+        assert ops_paths.gpu_kernel_path(x, 4) == "loop"
+    with ops_paths.use_gpu_kernel(True):
+        assert ops_paths.gpu_kernel_path(x, 4) == ops_paths.FUSED
     monkeypatch.setenv(ops_gpu.GPU_KERNEL_ENV, "0")
     assert not ops_gpu.available()
-    assert ops.gpu_kernel_path(x, 4) == "loop"
+    assert ops_paths.gpu_kernel_path(x, 4) == "loop"
     with pytest.raises(RuntimeError, match="LINMEM_GPU_KERNEL"):
-        with ops.use_gpu_kernel(True):
+        with ops_paths.use_gpu_kernel(True):
             pass
 
 
 def test_the_kernels_refuse_what_they_cannot_compute():
     x, m0, w_mh, w_hm, w_mm, b_m = _problem(2, 1, 8, 8, False)
-    hs, ms, _ = _scan_buffers(x.double(), 8)
+    hs, ms, _ = scan_buffers(x.double(), 8)
     with pytest.raises(TypeError, match="float32"):
         ops_gpu.forward(x.double(), m0.double(), w_mh, w_hm, w_mm, b_m, "tanh", hs, ms)
 
@@ -196,17 +196,17 @@ def test_the_paths_are_timed_in_float32_whatever_the_default_dtype():
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        problem = ops._path_problem(3, 2, 5, 4)
+        problem = ops_paths._path_problem(3, 2, 5, 4)
     finally:
         torch.set_default_dtype(previous)
     assert [t.dtype for t in problem] == [torch.float32] * 6
-    assert all(t.requires_grad for t in problem)
+    assert not any(t.requires_grad for t in problem)  # timed under no_grad, as fills
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_the_first_use_on_a_gpu_measures_the_paths():
-    record = ops.measure_gpu_paths(DEVICE, 4, 250, 250, steps=16, repeats=2)
-    assert record["choice"] in (ops.FUSED, "loop")
+    record = ops_paths.measure_gpu_paths(DEVICE, 4, 250, 250, steps=16, repeats=2)
+    assert record["choice"] in (ops_paths.FUSED, "loop")
     assert all(math.isfinite(s) and s > 0 for s in record["seconds"].values())
 
 
@@ -216,13 +216,13 @@ def test_a_training_run_on_the_fused_path_follows_the_loops(tmp_path, small, mod
     """Whole (short) training runs on CUDA through the fused kernels and through the loop: the
     same losses and accuracies within float32 rounding."""
     from linmem.training import recipes
-    from linmem.training.trainer import TrainConfig
+    from linmem.training.config import TrainConfig
 
     runs = {}
     for fused in (True, False):
         config = TrainConfig(model=model, hidden=24, memory=20, batch_size=6, epochs=3,
                              patience=10, seed=3, device="cuda")
-        with ops.use_gpu_kernel(fused):
+        with ops_paths.use_gpu_kernel(fused):
             runs[fused] = recipes.train(config, tmp_path / str(fused), progress=False, data=small)
     for key in ("valid_nll", "test_nll"):
         assert runs[True][key] == pytest.approx(runs[False][key], rel=1e-4), key
@@ -300,15 +300,28 @@ def test_a_compiled_model_runs_the_fused_kernels(monkeypatch):
     model = build_model("lmn-b", 20, 24).to(DEVICE)
     x = torch.rand(3, 7, 88, device=DEVICE)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    with ops.use_gpu_kernel(True):
+    with ops_paths.use_gpu_kernel(True):
         out = compiled(x)
         out.sum().backward()
     assert launched == ["forward", "backward_states"]
     fused = [out.detach(), *(p.grad.clone() for p in model.parameters())]
     model.zero_grad()
-    with ops.use_gpu_kernel(False):
+    with ops_paths.use_gpu_kernel(False):
         out = model(x)
         out.sum().backward()
     loop = [out.detach(), *(p.grad.clone() for p in model.parameters())]
     for a, b in zip(fused, loop, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5)
+
+
+def test_the_kernels_are_triton_programs():
+    """:mod:`linmem.ops.triton_lmn` holds the forward and backward programs :mod:`linmem.ops.gpu`
+    launches (its tests above run them under the interpreter)."""
+    triton = pytest.importorskip("triton")
+    from linmem.ops import triton_lmn
+
+    assert triton_lmn.__all__ == ["backward", "forward"]
+    from triton.runtime.interpreter import InterpretedFunction  # under TRITON_INTERPRET=1
+
+    for kernel in (triton_lmn.forward, triton_lmn.backward):
+        assert isinstance(kernel, triton.runtime.JITFunction | InterpretedFunction)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from linmem import LinearAutoencoder, UnrolledNet
+from linmem import LMN, LinearAutoencoder, UnrolledNet
+from linmem.experiments.run_costs import run_cpu_seconds
 from linmem.models import build_model
 from linmem.pretrain import hidden_states, lag_decoder, pretrain_rnn, project_memory, transfer
-from linmem.training.config import PROTOCOL_FIELDS, PROTOCOLS
+from linmem.training.config import PROTOCOL_FIELDS, PROTOCOLS, TrainConfig
+from linmem.training.evaluation import load_run_model
 from linmem.training.recipes import ulm_key
-from linmem.training.runs import run_cpu_seconds
-from linmem.training.trainer import TrainConfig, load_run_model
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def transferred_gap(ulm, seqs, states, memory, k, n_components=None, memory_boun
     lmn = build_model("pret-lmn-b", ulm.hidden, memory, input_size=ulm.input_size,
                       memory_bound=memory_bound, loop_bound=False)  # the memory bound alone
     torch.manual_seed(1)
-    transfer(ulm, la, lmn)
+    transfer(la, ulm.core, lmn.core, ulm.readout, lmn.readout)
     gap = 0.0
     with torch.no_grad():
         for s in seqs:
@@ -176,15 +176,16 @@ def test_transfer_into_a_bounded_memory_is_exact_within_the_bound():
     assert gap < 1e-5, gap
     lmn = build_model("pret-lmn-b", h, rank, input_size=ulm.input_size, memory_bound=1.0,
                       loop_bound=False)
-    assert transfer(ulm, la, lmn) == {"memory_norm": pytest.approx(norm), "memory_bound": 1.0,
-                                      "memory_change": 0.0}
+    facts = transfer(la, ulm.core, lmn.core, ulm.readout, lmn.readout)
+    assert facts == {"memory_norm": pytest.approx(norm), "memory_bound": 1.0,
+                     "memory_change": 0.0}
     np.testing.assert_array_equal(lmn.core.memory_weight().detach().numpy(), la.B_)
     tight = 0.5 * norm
     gap, _ = transferred_gap(ulm, seqs, states, rank, k, memory_bound=tight)
     assert gap > 1e-3
     lmn = build_model("pret-lmn-b", h, rank, input_size=ulm.input_size, memory_bound=tight,
                       loop_bound=False)
-    facts = transfer(ulm, la, lmn)
+    facts = transfer(la, ulm.core, lmn.core, ulm.readout, lmn.readout)
     assert facts["memory_change"] > 0.01
     w = lmn.core.memory_weight().detach().numpy()
     np.testing.assert_allclose(w, lmn.core.weight_mm_l0.detach().numpy(), rtol=0, atol=1e-12)
@@ -217,6 +218,28 @@ def test_the_closed_form_memory_of_jsb_has_norm_at_most_one(jsb):
     la = LinearAutoencoder(100, window=11, center=False, random_state=0).fit(jsb["train"])
     norm = float(np.linalg.norm(la.B_, 2))
     assert 0.99 < norm <= 1 + 1e-9
+
+
+@pytest.mark.usefixtures("float64")
+def test_transfer_works_on_the_layers():
+    """The transfer takes the layers: without readouts it sets the LMN layer alone (a readout of
+    the user's own stays as it was) and gives the layer the predictor-level call gives; one
+    readout without the other is refused."""
+    k, h = 2, 3
+    ulm, _, states = ulm_and_states(k, h)
+    la = LinearAutoencoder((k + 1) * h, window=k + 1).fit(states)
+    whole = build_model("pret-lmn-b", h, (k + 1) * h, input_size=ulm.input_size)
+    transfer(la, ulm.core, whole.core, ulm.readout, whole.readout)
+    layer = LMN(ulm.input_size, h, (k + 1) * h, nonlinearity=ulm.nonlinearity).double()
+    own = torch.nn.Linear((k + 1) * h, 5).double()
+    before = own.weight.detach().clone()
+    transfer(la, ulm.core, layer)
+    for name, value in whole.core.state_dict().items():
+        if name.startswith(("weight", "bias")):
+            torch.testing.assert_close(layer.state_dict()[name], value.to(torch.float64))
+    assert torch.equal(own.weight, before)
+    with pytest.raises(ValueError, match="both readouts"):
+        transfer(la, ulm.core, layer, ulm.readout)
 
 
 @pytest.mark.usefixtures("float64")
@@ -529,7 +552,7 @@ def test_unrolled_recurrence_kernel_equals_the_loop(shape, nonlinearity, threads
     PyTorch loop: states and the gradients of x_proj, the past states and W^hh, float64 to
     1e-12; sizes off every variant's lanes and 6-row tiles, batches split over threads."""
     from linmem.ops import cpu as _ext
-    from linmem.ops.lmn import use_cpu_kernel
+    from linmem.ops.paths import use_cpu_kernel
     from linmem.ops.ulm import ulm_scan
 
     steps, batch, h, k = shape
@@ -586,7 +609,8 @@ def test_a_cache_entry_with_only_published_records_is_trained_again(tmp_path, da
     among them: an entry with metrics.json but no checkpoint (it stopped the campaign with
     "best.pt does not exist") is trained again in place, with a warning, and the pret-LMN
     trains; the entry then holds its checkpoint."""
-    from linmem.training.runs import publish, trained
+    from linmem.experiments.publish import publish
+    from linmem.training.runs import trained
 
     cache = tmp_path / "cache"
     common = ["--data", "jsb", "--data-dir", str(data_dir), "--model", "pret-lmn-b", "--hidden",
@@ -614,6 +638,7 @@ def test_an_unrolled_network_that_fails_only_on_test_is_transferred_as_chosen(tm
     import linmem.training.trainer as trainer
     from linmem import UnrolledNet
     from linmem.training.config import TrainConfig
+    from linmem.training.evaluation import NonFiniteOutputs
     from linmem.training.recipes import train
     from linmem.training.runs import failed_on
 
@@ -622,7 +647,7 @@ def test_an_unrolled_network_that_fails_only_on_test_is_transferred_as_chosen(tm
 
     def evaluate(model, sequences, *args, **kwargs):
         if isinstance(model.core, UnrolledNet) and sequences is small[failing["split"]]:
-            raise trainer.NonFiniteOutputs("the model's outputs are NaN or inf on a batch")
+            raise NonFiniteOutputs("the model's outputs are NaN or inf on a batch")
         return score(model, sequences, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "evaluate", evaluate)

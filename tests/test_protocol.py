@@ -10,17 +10,13 @@ import pytest
 import torch
 
 from linmem._io import PROVENANCE_FIELDS
-from linmem.data import collate
+from linmem.batching import collate
 from linmem.models import build_model
-from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOL_FIELDS, PROTOCOLS
+from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOL_FIELDS, PROTOCOLS, TrainConfig
+from linmem.training.evaluation import build_run_model
 from linmem.training.selection import selection_score, selection_scores
-from linmem.training.trainer import (
-    TrainConfig,
-    build_run_model,
-    make_optimizer,
-    train_loop,
-    train_step,
-)
+from linmem.training.trainer import train_loop
+from linmem.training.updates import make_optimizer, train_step
 
 
 def test_a_protocol_sets_its_fields_and_an_explicit_value_overrides_it():
@@ -112,7 +108,7 @@ def test_the_paper_protocol_keeps_the_default_readout_and_selects_per_frame(tmp_
 
 
 def test_batch_one_visits_every_sequence_once_in_an_order_that_changes(small):
-    from linmem.training.trainer import epoch_plan
+    from linmem.training.updates import epoch_plan
 
     config = TrainConfig(protocol="paper")
     lengths = [len(s) for s in small["train"]]

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from linmem.cli.commands import cli, train_cmd
-from linmem.models import build_model, unregister
+from linmem.models import build_model
+from linmem.registry import unregister
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

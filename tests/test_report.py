@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from linmem.experiments.report import markdown_table
-from linmem.training.runs import collect_metrics, rerun_cpu_seconds
+from linmem.experiments.run_costs import rerun_cpu_seconds
+from linmem.training.runs import collect_metrics
 
 
 def test_table_from_run_directories(tmp_path):

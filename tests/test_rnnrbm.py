@@ -230,7 +230,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="predict"):
         RNNRBM(predict="exact")
     from linmem.models import build_model
-    from linmem.training.trainer import TrainConfig
+    from linmem.training.config import TrainConfig
 
     for make in (lambda: build_model("rnn-rbm", 8, dropout=0.1),
                  lambda: TrainConfig(model="rnn-rbm", dropout=0.1)):
@@ -243,7 +243,8 @@ def test_trainer_runs_rnn_rbm_and_resumes_exactly(tmp_path, jsb):
     a run resumed after epoch 1 ends like an uninterrupted one (the Gibbs RNG is restored)."""
     import json
 
-    from linmem.training.trainer import TrainConfig, train_loop
+    from linmem.training.config import TrainConfig
+    from linmem.training.trainer import train_loop
 
     data = {split: seqs[:6] for split, seqs in jsb.items()}
     config = TrainConfig(model="rnn-rbm", hidden=8, rbm_hidden=10, cd_k=2, epochs=2,
@@ -320,8 +321,8 @@ def test_rbm_pretraining_learns_the_frame_distribution():
 def test_trainer_pretrains_rnn_rbm_resumably(tmp_path, jsb):
     import json
 
+    from linmem.training.config import TrainConfig
     from linmem.training.recipes import train
-    from linmem.training.trainer import TrainConfig
 
     data = {split: seqs[:5] for split, seqs in jsb.items()}
     config = TrainConfig(model="rnn-rbm", hidden=6, rbm_hidden=8, cd_k=2, epochs=1,
@@ -362,7 +363,7 @@ def test_sampled_next_frames_follow_each_steps_rbm():
 def test_rnn_rbm_trains_on_windows_with_the_state_carried():
     """--chunk: the biases of the windows, the RNN continued from the previous window's state,
     are those of the whole sequence; the trainer runs it."""
-    from linmem.data import collate
+    from linmem.batching import collate
 
     torch.manual_seed(0)
     model = RNNRBM(n_visible=88, n_recurrent=5, n_hidden=4, cd_k=1).double()
@@ -383,7 +384,7 @@ def test_gibbs_predictions_do_not_depend_on_the_batch():
     """Each sequence's chains are seeded by the model's seed and its frames: its marginals are
     the same alone, padded in a batch beside others, or at another place in it (float64,
     exactly); another seed draws other chains; a sequence ending in silence keeps its draws."""
-    from linmem.data import collate
+    from linmem.batching import collate
     from linmem.nn.rnnrbm import sequence_keys
 
     torch.manual_seed(0)
@@ -408,7 +409,7 @@ def test_gibbs_predictions_do_not_depend_on_the_batch():
 def test_rnn_rbm_scores_do_not_depend_on_the_evaluation_batches(jsb):
     """``evaluate`` of an RNN-RBM: the same accuracies and frame counts in batches of one
     sequence as of up to 64 (the marginals' NLL up to the order of its sum)."""
-    from linmem.training.trainer import evaluate
+    from linmem.training.evaluation import evaluate
 
     torch.manual_seed(0)
     model = RNNRBM(predict_steps=12, burn_in=2)

@@ -7,7 +7,7 @@ from torch import nn
 
 from linmem.nn.rnns import GRU, LSTM, RNN, as_torch
 from linmem.ops import cpu as _ext
-from linmem.ops.lmn import use_cpu_kernel
+from linmem.ops.paths import use_cpu_kernel
 from linmem.ops.rnns import gru_recurrence, lstm_recurrence, rnn_recurrence
 
 KINDS = [(GRU, nn.GRU, {}), (RNN, nn.RNN, {"nonlinearity": "tanh"}),

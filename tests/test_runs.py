@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from linmem.experiments.publish import publish
 from linmem.training import runs
 
 
@@ -35,13 +36,13 @@ def test_how_a_run_ended(tmp_path):
 def test_publish_copies_the_records_and_only_them(tmp_path):
     run = _run(tmp_path / "runs" / "a", ulm=True)
     dest = tmp_path / "results" / "a"
-    written = runs.publish(run, dest)
+    written = publish(run, dest)
     assert sorted(p.relative_to(dest).as_posix() for p in written) == [
         "config.json", "log.jsonl", "metrics.json", "ulm/metrics.json"]
     for p in written:
         assert p.read_bytes() == (run / p.relative_to(dest)).read_bytes()
     assert not (dest / runs.BEST).exists() and not (dest / runs.ULM / runs.LAST).exists()
-    assert (dest / runs.BEST) in runs.publish(run, dest, checkpoint=True)
+    assert (dest / runs.BEST) in publish(run, dest, checkpoint=True)
 
 
 def test_publish_replaces_what_the_run_no_longer_has(tmp_path):
@@ -49,16 +50,16 @@ def test_publish_replaces_what_the_run_no_longer_has(tmp_path):
     holds the divergence, not the stale scores."""
     run = _run(tmp_path / "s1")
     dest = tmp_path / "out"
-    runs.publish(run, dest)
+    publish(run, dest)
     (run / runs.METRICS).unlink()
     (run / runs.DIVERGED).write_text(json.dumps({"diverged": "inf"}))
-    runs.publish(run, dest)
+    publish(run, dest)
     assert (dest / runs.DIVERGED).is_file() and not (dest / runs.METRICS).exists()
 
 
 def test_publish_refuses_a_run_that_has_not_ended(tmp_path):
     with pytest.raises(ValueError, match="not ended"):
-        runs.publish(_run(tmp_path / "a", None), tmp_path / "out")
+        publish(_run(tmp_path / "a", None), tmp_path / "out")
 
 
 def test_publish_command_names_seeds_and_leaves_out_unfinished_runs(tmp_path):

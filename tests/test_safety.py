@@ -354,7 +354,7 @@ def test_the_documented_postgresql_url_opens_with_the_extra_we_ship():
     psycopg2, so the URL is given its driver (the server itself: tests/test_search.py)."""
     import importlib.util
 
-    from linmem.experiments.grids import storage_url
+    from linmem.experiments.storage import storage_url
 
     url = storage_url("postgresql://me@127.0.0.1:5432/db")
     if importlib.util.find_spec("psycopg") is None:
@@ -411,7 +411,7 @@ def test_a_ctrl_c_in_a_storage_query_logs_nothing(tmp_path, caplog):
     Ctrl-C behind it is still logged. make_storage (the search's storage) adds the filter."""
     import logging
 
-    from linmem.experiments.grids import default_storage, make_storage
+    from linmem.experiments.storage import default_storage, make_storage
 
     pool_logger = make_storage(default_storage(tmp_path)).engine.pool.logger
 
@@ -445,7 +445,7 @@ def _second_storage(folder: Path):
     SQLite's lock: a write through it fails when a cut call left the lock held."""
     import optuna
 
-    from linmem.experiments.grids import default_storage
+    from linmem.experiments.storage import default_storage
 
     return optuna.storages.RDBStorage(default_storage(folder),
                                       engine_kwargs={"connect_args": {"timeout": 1}})
@@ -459,7 +459,7 @@ def test_a_ctrl_c_during_a_storage_call_lets_it_end(tmp_path, sigint_as_in_a_ter
     import optuna
     import sqlalchemy
 
-    from linmem.experiments.grids import (
+    from linmem.experiments.storage import (
         default_storage,
         interrupts_between_storage_calls,
         make_storage,
@@ -494,7 +494,7 @@ def test_a_ctrl_c_during_a_study_call_lets_it_end(tmp_path, call, sigint_as_in_a
     import optuna
     import sqlalchemy
 
-    from linmem.experiments.grids import (
+    from linmem.experiments.storage import (
         default_storage,
         interrupts_between_storage_calls,
         make_storage,
@@ -541,7 +541,7 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost(sigint_as_in_a_terminal)
     the search went on for good. It is delivered again once the finalizer has returned."""
     import time
 
-    from linmem.experiments.grids import interrupts_between_storage_calls
+    from linmem.experiments.storage import interrupts_between_storage_calls
 
     ran = []
 

@@ -18,21 +18,13 @@ import pytest
 from optuna.trial import TrialState
 
 from linmem._io import machine
-from linmem.experiments.grids import (
-    GRIDS,
-    MAX_RETRY,
-    Point,
-    default_storage,
-    grid_points,
-    make_storage,
-    point_states,
-    trial_point,
-)
-from linmem.experiments.progress import planned_record, progress_records, project_points
+from linmem.experiments.grids import GRIDS, MAX_RETRY, Point, grid_points, point_states, trial_point
+from linmem.experiments.progress import planned_record, progress_records
+from linmem.experiments.projection import project_points
 from linmem.experiments.search import SearchConfig, open_study, point_seconds, run_worker
+from linmem.experiments.storage import default_storage, make_storage
 from linmem.experiments.studies import search_records, select
-from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL
-from linmem.training.trainer import TrainConfig
+from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, TrainConfig
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -388,7 +380,7 @@ def test_progress_plans_the_seeds_of_the_selected_run(tmp_path, data_dir):
 
 
 def test_run_cpu_seconds_adds_the_pretraining(tmp_path):
-    from linmem.training.runs import run_cpu_seconds
+    from linmem.experiments.run_costs import run_cpu_seconds
 
     run = tmp_path / "run"
     run.mkdir()
@@ -461,7 +453,7 @@ def test_a_planned_single_run_is_projected_from_another_data_sets_run(tmp_path):
 
 
 def test_run_cpu_seconds_counts_a_killed_ulm_stage_for_the_run_that_trained_it(tmp_path):
-    from linmem.training.runs import run_cpu_seconds
+    from linmem.experiments.run_costs import run_cpu_seconds
 
     run, ulm = tmp_path / "run", tmp_path / "run" / "ulm"
     ulm.mkdir(parents=True)
@@ -549,7 +541,7 @@ def test_a_running_point_is_projected_at_least_to_its_early_stopping(tmp_path):
     ``patience``), at most to its epoch limit, each at its logged epochs' mean CPU time.
     Nottingham's GRU of 750 units was projected at 0.33 CPU h a point from its 250-unit point
     while it ran at 155 s an epoch with its best epoch the last."""
-    from linmem.training.runs import epochs_due_cpu_seconds
+    from linmem.experiments.run_costs import epochs_due_cpu_seconds
 
     config = TrainConfig(epochs=100, patience=5)
     run = tmp_path / "run"
@@ -577,9 +569,9 @@ def test_a_study_of_one_size_is_scaled_at_its_models_epoch_slope(tmp_path):
     11.7 s against 1.26). The slope of log epoch time on log parameters comes from the model's
     studies of several sizes (each against its own mean; its grid first) and scales a study of
     one size; a study of several sizes keeps its own fit of whole runs."""
-    from linmem.experiments.progress import epoch_slope
+    from linmem.experiments.projection import epoch_slope
+    from linmem.experiments.run_costs import mean_epoch_cpu_seconds
     from linmem.experiments.search import size_cost
-    from linmem.training.runs import mean_epoch_cpu_seconds
 
     run = tmp_path / "run"
     _run_in_flight(run, TrainConfig(), [True, False, True], 10.0)
@@ -703,7 +695,7 @@ def test_stop_by_starts_only_the_points_projected_to_end_in_time(tmp_path, data_
     to its own parameters (one size finished: in proportion); a worker starts no point that
     would end too late, says which it left, and leaves; a study with nothing finished has
     nothing to project from: its points are run, unless the deadline has passed."""
-    from linmem.training.trainer import check_size
+    from linmem.training.evaluation import check_size
 
     config = _config(tmp_path, data_dir, models=["rnn", "gru"])
     study = open_study(config, "jsb", "rnn")
@@ -763,7 +755,7 @@ def test_stop_by_scales_one_finished_size_at_its_runs_epoch_slope(tmp_path, data
     takes the slope of log epoch CPU time on log parameters that the study's runs here show
     (a finished and a killed run of two sizes), not the parameters' proportion."""
     from linmem.experiments.search import point_run_dir, size_slope
-    from linmem.training.trainer import check_size
+    from linmem.training.evaluation import check_size
 
     assert size_slope([[(100, 1.0), (400, 8.0), (400, None)]]) == pytest.approx(1.5)
     assert size_slope([[(100, 1.0), (400, 8.0)], [(100, 50.0), (100, 70.0)]]) == pytest.approx(
@@ -1185,7 +1177,7 @@ def test_projection_scales_a_models_cost_from_other_data_sets():
     scaled by the data sets' cost ratio over the models both have finished, those of its own
     grid first, then those of another grid; without any, from its data set's mean; a study's
     own finished points come first."""
-    from linmem.experiments.progress import project_points
+    from linmem.experiments.projection import project_points
 
     def study(dataset, model, finished, todo=0, running=(), grid="reduced"):
         return {"dataset": dataset, "model": model, "grid": grid, "finished_cpu_s": finished,
@@ -1230,7 +1222,7 @@ def test_projection_scales_a_studys_points_left_by_their_parameters():
     is not projected at their mean."""
     import torch
 
-    from linmem.experiments.progress import project_points
+    from linmem.experiments.projection import project_points
     from linmem.experiments.search import point_params, size_cost
 
     record = {"dataset": "muse", "model": "lstm", "grid": "reduced",
@@ -1312,7 +1304,7 @@ def test_a_worker_without_wait_leaves_live_workers_their_points_and_takes_over_t
 def test_the_documented_postgresql_url_works_with_the_extra(postgres_url):
     """Issue 46, row 10: `--storage postgresql://...` as the README writes it (SQLAlchemy 2 maps
     it to psycopg 3; the postgres extra installs psycopg2) opens the server and holds a study."""
-    from linmem.experiments.grids import check_storage
+    from linmem.experiments.storage import check_storage
 
     plain = "postgresql://" + postgres_url.split("://", 1)[1]
     url = check_storage(plain)
@@ -1330,7 +1322,7 @@ def test_progress_projects_a_planned_study_from_the_probes(tmp_path):
     stand for the LMNs only, and a study the probes cannot reach stays unprojected."""
     import json
 
-    from linmem.experiments.progress import probe_ratios, project_points
+    from linmem.experiments.projection import probe_ratios, project_points
 
     def probe(name, data, model, hidden, memory, epochs):
         d = tmp_path / "probes" / name
@@ -1374,7 +1366,8 @@ def test_seeds_of_a_study_that_selected_nothing_yet_cost_its_dearest_point():
     running (what it has logged, when above its projection) or to do (projected by size); a
     study with nothing to project from leaves them unprojected, and a selection's own
     projection is kept."""
-    from linmem.experiments.progress import _project_unselected_seeds, project_points
+    from linmem.experiments.progress import _project_unselected_seeds
+    from linmem.experiments.projection import project_points
 
     study = {"study": "muse-lstm-g@paper", "dataset": "muse", "model": "lstm", "grid": "g",
              "finished_cpu_s": [10.0, 20.0], "finished_params": [100, 200],  # 0.1 s/param
@@ -1413,7 +1406,7 @@ def test_the_probes_come_before_whole_runs_ratios_that_divergences_distort(tmp_p
     piano's); a running point is projected at its own size."""
     import json
 
-    from linmem.experiments.progress import probe_ratios, project_points
+    from linmem.experiments.projection import probe_ratios, project_points
 
     for name, data, model, hidden, epochs in (("piano-lmn", "piano", "lmn-b", 250, [2.0]),
                                               ("muse-lmn", "muse", "lmn-b", 250, [8.0]),

@@ -12,13 +12,9 @@ import linmem.training.trainer
 import linmem.training.updates
 from linmem.metrics import frame_accuracy, frame_nll
 from linmem.models import build_model
-from linmem.training.trainer import (
-    TrainConfig,
-    TrainingDiverged,
-    evaluate,
-    load_run_model,
-    train_loop,
-)
+from linmem.training.config import TrainConfig
+from linmem.training.evaluation import evaluate, load_run_model
+from linmem.training.trainer import TrainingDiverged, train_loop
 
 
 def config(**kw):
@@ -306,7 +302,7 @@ def test_evaluate_rejects_non_finite_outputs(small):
     model = build_model("lstm", 5)
     with torch.no_grad():
         model.readout.bias.fill_(float("nan"))
-    with pytest.raises(linmem.training.trainer.NonFiniteOutputs, match="NaN or inf"):
+    with pytest.raises(linmem.training.evaluation.NonFiniteOutputs, match="NaN or inf"):
         evaluate(model, small["valid"], batch_size=4)
 
 
@@ -337,7 +333,7 @@ def test_evaluate_batches_by_length_change_no_score(jsb):
     """The evaluation's batches pad no sequence beyond EVAL_MAX_RATIO of its length; the scores
     are those of scoring every sequence alone (no padding at all): the same frame counts, so the
     same accuracies, and the NLL up to the order of its sum."""
-    from linmem.data import EVAL_MAX_RATIO, bucket_batches, iterate_batches
+    from linmem.batching import EVAL_MAX_RATIO, bucket_batches, iterate_batches
 
     torch.manual_seed(0)
     model = build_model("lmn-b", 8, memory=6).double()
@@ -367,7 +363,7 @@ def test_bad_configs():
 
 def test_sgd_option_takes_plain_sgd_steps(tmp_path, small):
     """--optimizer sgd: one epoch of one batch is p - lr * (grad + wd * p), computed by hand."""
-    from linmem.data import collate
+    from linmem.batching import collate
     from linmem.metrics import masked_nll
 
     one = {"train": small["train"][:2], "valid": small["valid"][:2], "test": small["test"][:2]}
@@ -394,7 +390,7 @@ def test_sgd_option_takes_plain_sgd_steps(tmp_path, small):
 def test_chunked_training_is_truncated_bptt(tmp_path, small, model):
     """--chunk N: one plain SGD step per window of N steps, the state carried into the next
     window but not differentiated through, recomputed by hand with the bare recurrent core."""
-    from linmem.data import collate
+    from linmem.batching import collate
     from linmem.metrics import masked_nll
 
     one = {"train": small["train"][:2], "valid": small["valid"][:2], "test": small["test"][:2]}
@@ -429,7 +425,7 @@ def test_chunked_training_is_truncated_bptt(tmp_path, small, model):
 
 
 def test_batch_windows_cover_the_batch():
-    from linmem.data import collate
+    from linmem.batching import collate
 
     rng = np.random.default_rng(0)
     seqs = [rng.random((n, 88)) < 0.1 for n in (12, 5, 9)]
@@ -447,7 +443,8 @@ def test_batch_windows_cover_the_batch():
 def test_chunk_needs_a_model_that_can_train_on_windows(tmp_path, small):
     with pytest.raises(ValueError, match="chunk must be a positive integer"):
         TrainConfig(chunk=0)
-    from linmem.models import ModelSpec, NextStepPredictor, register, unregister
+    from linmem.models import NextStepPredictor
+    from linmem.registry import ModelSpec, register, unregister
 
     class WholeOnly(NextStepPredictor):  # a model of the protocol without chunk_loss
         def __getattribute__(self, name):
@@ -484,9 +481,9 @@ def test_a_chosen_checkpoint_that_diverges_on_test_fails_the_run(tmp_path, small
     """Finite on validation when it was chosen, NaN on a test sequence (a state that grows
     along a longer sequence): the run ends diverged with its reason in diverged.json and no
     metrics.json, an error the search records for its trial, instead of an unhandled one."""
-    from linmem.training.trainer import NonFiniteOutputs
+    from linmem.training.evaluation import NonFiniteOutputs
 
-    score = linmem.training.trainer.evaluate
+    score = linmem.training.evaluation.evaluate
 
     def evaluate(model, sequences, *args, **kwargs):
         if sequences is small["test"]:
@@ -530,7 +527,7 @@ def test_adam_is_fused_and_an_unfused_checkpoint_resumes_unfused():
     """make_optimizer gives torch's fused Adam for CPU parameters (one kernel an update); the
     state of an unfused Adam (a checkpoint of an earlier version) loads into it and brings its
     choice along, so that a resumed run keeps its own arithmetic; SGD is unchanged."""
-    from linmem.training.trainer import make_optimizer
+    from linmem.training.updates import make_optimizer
 
     model = build_model("lmn-b", 5, 4)
     adam = make_optimizer(model.parameters(), config(protocol="paper"))

@@ -37,48 +37,30 @@ import torch
 from tqdm.auto import tqdm
 
 from linmem._io import atomic_write
-from linmem.batching import (
-    EVAL_MAX_RATIO,
-    Batch,
-    bucket_batches,
-    collate,
-    iterate_batches,
-    next_step_pairs,
-    padding_fraction,
-    transpose,
-)
 
 __all__ = [
     "DATASETS",
     "DEFAULT_STEP_SECONDS",
-    "EVAL_MAX_RATIO",
     "HIGHEST_NOTE",
     "LOWEST_NOTE",
     "N_KEYS",
     "SPLITS",
     "STEP_SECONDS",
-    "Batch",
     "DataError",
     "DatasetInfo",
     "PolyphonicMusic",
-    "bucket_batches",
-    "collate",
     "content_digest",
     "data_checksum",
     "data_root",
     "dataset_title",
     "default_root",
     "is_data_file",
-    "iterate_batches",
     "load_polyphonic",
-    "next_step_pairs",
-    "padding_fraction",
     "pickle_step_seconds",
     "read_pickle",
     "resolve_name",
     "sha256_file",
     "step_seconds",
-    "transpose",
     "write_pickle",
 ]
 

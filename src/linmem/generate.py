@@ -21,9 +21,7 @@ from scipy.io import wavfile
 
 from linmem._io import atomic_write, check_outputs, command_line, git_commit, provenance, write_json
 from linmem.data import data_checksum, load_polyphonic, resolve_name, step_seconds
-from linmem.midi import midi_to_roll, read_midi, roll_to_midi
-from linmem.training.evaluation import run_threshold
-from linmem.training.trainer import load_run_model
+from linmem.training.evaluation import load_run_model, run_threshold
 
 __all__ = ["continue_run", "generate", "load_prime", "plot_prediction", "plot_roll",
            "predict_sequence"]
@@ -37,7 +35,7 @@ def generate(model: torch.nn.Module, prime: np.ndarray | torch.Tensor, n_steps: 
 
     Args:
         model: a trained next-step model of the registry
-            (:func:`linmem.training.trainer.load_run_model`).
+            (:func:`linmem.training.evaluation.load_run_model`).
         prime: ``(T0, K)`` piano roll, ``T0 >= 1``, the music to continue.
         n_steps: frames to generate.
         temperature: divides the logits (Bernoulli readouts) or the energies (RNN-RBM); below
@@ -75,6 +73,8 @@ def load_prime(spec: str, dataset: str, data_dir: str | None = None,
     file). ``seconds``: the MIDI file's seconds per frame (default: the run data set's);
     ``option``: the command-line option its errors name."""
     if Path(spec).suffix.lower() in (".mid", ".midi"):
+        from linmem.midi import midi_to_roll, read_midi  # the [midi] extra
+
         return midi_to_roll(read_midi(spec), seconds or step_seconds(dataset)), None
     parts = spec.split(":")
     if len(parts) == 2:
@@ -106,6 +106,8 @@ def continue_run(run_dir: str | os.PathLike, prime: str, out: str | os.PathLike,
     frame's duration in the MIDI written and in a ``.mid`` prime [default: the run's data set's,
     :func:`linmem.data.step_seconds`: the step a data set of your own was imported at].
     Existing outputs are overwritten only with ``force`` (checked before anything runs)."""
+    from linmem.midi import roll_to_midi  # the [midi] extra: said before anything runs
+
     check_outputs({"--out": out, "the record": Path(out).with_suffix(".json"), "--png": png,
                    "--wav": wav}, force)
     started, commit = time.perf_counter(), git_commit()

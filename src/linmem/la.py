@@ -40,8 +40,6 @@ import numpy as np
 from linmem._check import check_int
 from linmem._io import atomic_write
 from linmem.la_solvers import (
-    ConvergenceWarning,
-    build_xi,
     numerical_rank,
     shift_gram,
     sign_fix,
@@ -58,7 +56,7 @@ SOLVERS = ("auto", "dense", "qr", "randomized")
 class NotFittedError(RuntimeError, ValueError, AttributeError):
     """A :class:`LinearAutoencoder` used before :meth:`~LinearAutoencoder.fit`: a
     ``ValueError`` and an ``AttributeError`` as scikit-learn's ``NotFittedError`` is, so code
-    written for its estimators catches it, and a ``RuntimeError`` as it was before."""
+    written for its estimators catches it, and a ``RuntimeError`` (a call in the wrong order)."""
 
 
 _DENSE_MAX_ENTRIES = 2e7  # Xi entries up to which "auto" takes the dense SVD (160 MB in float64)
@@ -506,5 +504,4 @@ class LinearAutoencoder:
                 f"center={self.center}, solver={self.solver!r})")
 
 
-__all__ = ["SKLEARN_EXPECTED_FAILED_CHECKS", "SOLVERS", "ConvergenceWarning",
-           "LinearAutoencoder", "build_xi", "xi_rows", "xi_squared_norm"]
+__all__ = ["SKLEARN_EXPECTED_FAILED_CHECKS", "SOLVERS", "LinearAutoencoder"]

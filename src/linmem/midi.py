@@ -1,12 +1,13 @@
-"""Piano rolls to and from MIDI, through ``pretty_midi`` (which reads and writes with ``mido``).
+"""Piano rolls to and from MIDI, through ``pretty_midi`` (which reads and writes with ``mido``;
+the ``[midi]`` extra installs it).
 
 A roll is ``(T, 88)``, key ``k`` is MIDI note ``k + 21`` (A0 .. C8), one frame per time step. The
 four data sets were made, in their authors' words, "by transposing each sequence in C major or
 C minor and sampling frames every eighth note (quarter note for JSB chorales) following the beat
 information present in the MIDI file" (Boulanger-Lewandowski et al. 2012, the data sets' page).
-A frame is therefore a musical duration, not a time; :data:`STEP_SECONDS` plays those durations
-at 120 beats per minute (a quarter note 0.5 s): 0.5 s per frame for JSB Chorales, 0.25 s for
-the others. A data set of your own keeps the step it was imported at
+A frame is therefore a musical duration, not a time; :data:`linmem.data.STEP_SECONDS` plays
+those durations at 120 beats per minute (a quarter note 0.5 s): 0.5 s per frame for JSB
+Chorales, 0.25 s for the others. A data set of your own keeps the step it was imported at
 (:func:`linmem.data.step_seconds`).
 """
 
@@ -16,22 +17,23 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pretty_midi
 
+from linmem._extras import require
 from linmem._io import check_outputs
 from linmem.data import (
     DEFAULT_STEP_SECONDS,
     LOWEST_NOTE,
     N_KEYS,
     SPLITS,
-    STEP_SECONDS,
     DataError,
-    step_seconds,
     write_pickle,
 )
 
-__all__ = ["DEFAULT_STEP_SECONDS", "STEP_SECONDS", "import_midi_folder", "midi_to_roll",
-           "notes_outside", "read_midi", "roll_to_midi", "step_seconds"]
+pretty_midi = require("pretty_midi", "MIDI (linmem.midi)")
+
+__all__ = ["import_midi_folder", "midi_to_roll", "notes_outside", "read_midi", "roll_to_midi"]
+
+
 def roll_to_midi(roll: np.ndarray, step_seconds: float, program: int = 0, velocity: int = 80
                  ) -> pretty_midi.PrettyMIDI:
     """A one-instrument MIDI of ``roll`` ``(T, 88)``: a note spans each run of consecutive active

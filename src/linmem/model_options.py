@@ -1,6 +1,6 @@
 """The options a model is built from, each declared once with its default, ``--help`` text and
 valid values (:func:`linmem._check.option`): the sizes every model has (:class:`ModelOptions`)
-and the fields some models add (:attr:`linmem.models.ModelSpec.options`). A training's
+and the fields some models add (:attr:`linmem.registry.ModelSpec.options`). A training's
 configuration (:class:`linmem.training.config.TrainConfig`) is made of them; ``linmem train``'s
 options are built from them."""
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from linmem._check import option
-from linmem.nn.lmn import NONLINEARITIES
 from linmem.nn.readout import INPUT_PATHS
 from linmem.nn.rnnrbm import PREDICTIONS
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND
+from linmem.ops.toolkit import NONLINEARITIES
 
 __all__ = ["ModelOptions", "NADEOptions", "PretrainOptions", "RBMOptions", "TransferOptions"]
 

@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from linmem._check import check_fields, check_int
-from linmem.data import N_KEYS, Batch, iterate_batches
+from linmem.batching import Batch, iterate_batches
+from linmem.data import N_KEYS
 from linmem.metrics import expected_accuracy_from_sums, masked_nll, sample_ratio_sums
 from linmem.model_options import (
     ModelOptions,
@@ -46,28 +47,22 @@ from linmem.model_options import (
     TransferOptions,
 )
 from linmem.nn.diagnostics import memory_loop_gains, memory_radii_of
-from linmem.nn.lmn import LMN, NONLINEARITIES
+from linmem.nn.lmn import LMN
 from linmem.nn.nade import NADE
 from linmem.nn.readout import InputPath, check_input_path
-from linmem.nn.rnnrbm import PREDICTIONS, RNNRBM, sequence_keys
+from linmem.nn.rnnrbm import RNNRBM, sequence_keys
 from linmem.nn.rnns import GRU, LSTM, RNN
 from linmem.nn.ulm import UnrolledNet
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND
-from linmem.registry import REGISTRY, ModelSpec, get_spec, model_names, register, unregister
+from linmem.ops.toolkit import NONLINEARITIES
+from linmem.registry import REGISTRY, ModelSpec, get_spec, model_names, register
 
 __all__ = [
+    "CORES",
     "DEFAULT_MODEL",
     "MODELS",
-    "PREDICTIONS",
-    "REGISTRY",
-    "ModelOptions",
-    "ModelSpec",
-    "NADEOptions",
     "NADEPredictor",
     "NextStepPredictor",
-    "PretrainOptions",
-    "RBMOptions",
-    "TransferOptions",
     "activation_of",
     "architecture",
     "build_model",
@@ -76,17 +71,45 @@ __all__ = [
     "default_nonlinearity",
     "display_name",
     "expected_accuracy",
-    "get_spec",
     "memory_bound_of",
-    "model_names",
     "model_options",
     "option_names",
     "recurrent_weight_count",
-    "register",
-    "unregister",
 ]
 
 _TORCH_RNNS: dict[str, Callable[..., nn.Module]] = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
+
+
+def _lmn_core(input_size, hidden, memory, num_layers, dropout, nonlinearity, k, memory_bound,
+              loop_bound, arch):
+    memory = check_int("memory", hidden if memory is None else memory)
+    output = "hidden" if arch == "lmn-a" else "memory"  # LMN-A reads h_t, LMN-B m_t
+    core = LMN(input_size, hidden, memory, num_layers, output=output, batch_first=True,
+               nonlinearity=nonlinearity, dropout=dropout, memory_bound=memory_bound,
+               loop_bound=loop_bound)
+    return core, hidden if arch == "lmn-a" else memory, memory, None
+
+
+def _ulm_core(input_size, hidden, memory, num_layers, dropout, nonlinearity, k, memory_bound,
+              loop_bound, arch):
+    core = UnrolledNet(input_size, hidden, k, nonlinearity, batch_first=True)
+    return core, (k + 1) * hidden, None, k
+
+
+def _torch_core(input_size, hidden, memory, num_layers, dropout, nonlinearity, k, memory_bound,
+                loop_bound, arch):
+    extra = {"nonlinearity": nonlinearity} if arch == "rnn" else {}
+    core = _TORCH_RNNS[arch](input_size, hidden, num_layers, batch_first=True, dropout=dropout,
+                             **extra)
+    return core, hidden, None, None
+
+
+# each architecture's recurrent core: ``(core, readout width, memory size, k)`` from the
+# predictor's arguments; a registry entry names its architecture (:attr:`ModelSpec.architecture`)
+CORES: dict[str, Callable[..., tuple[nn.Module, int, int | None, int | None]]] = {
+    "lmn-a": _lmn_core, "lmn-b": _lmn_core, "ulm": _ulm_core,
+    "rnn": _torch_core, "lstm": _torch_core, "gru": _torch_core,
+}
 
 
 class NextStepPredictor(nn.Module):
@@ -116,25 +139,10 @@ class NextStepPredictor(nn.Module):
             check_int(label, value)
         self.name, self.input_size, self.hidden, self.num_layers = name, input_size, hidden, \
             num_layers
-        self.nonlinearity, self.k = nonlinearity, None
-        if arch in ("lmn-a", "lmn-b"):
-            memory = check_int("memory", hidden if memory is None else memory)
-            output = "hidden" if arch == "lmn-a" else "memory"
-            self.core = LMN(input_size, hidden, memory, num_layers, output=output,
-                            batch_first=True, nonlinearity=nonlinearity,
-                            dropout=dropout if num_layers > 1 else 0.0,
-                            memory_bound=memory_bound, loop_bound=loop_bound)
-            out_size = hidden if arch == "lmn-a" else memory
-        elif arch == "ulm":
-            memory, self.k = None, k
-            self.core = UnrolledNet(input_size, hidden, k, nonlinearity, batch_first=True)
-            out_size = (k + 1) * hidden
-        else:
-            memory = None
-            extra = {"nonlinearity": nonlinearity} if arch == "rnn" else {}
-            self.core = _TORCH_RNNS[arch](input_size, hidden, num_layers, batch_first=True,
-                                          dropout=dropout if num_layers > 1 else 0.0, **extra)
-            out_size = hidden
+        self.nonlinearity = nonlinearity
+        self.core, out_size, memory, self.k = CORES[arch](
+            input_size, hidden, memory, num_layers, dropout if num_layers > 1 else 0.0,
+            nonlinearity, k, memory_bound, loop_bound, arch)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.memory, self.dropout = memory, dropout
@@ -190,7 +198,7 @@ class NextStepPredictor(nn.Module):
 
     def chunk_loss(self, batch: Batch, state: Any = None) -> tuple[Tensor, Any]:
         """Truncated backpropagation through time: the NLL of one window of a batch
-        (:meth:`linmem.data.Batch.windows`), the recurrence continued from ``state`` (``None``
+        (:meth:`linmem.batching.Batch.windows`), the recurrence continued from ``state`` (``None``
         for the first window); ``(loss, state)``, the state detached: the next window's
         gradient stops at its start."""
         logits, state = self.step(batch.inputs, state)

@@ -43,10 +43,13 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
-from linmem.data import EVAL_MAX_RATIO, bucket_batches, collate
+from linmem.batching import EVAL_MAX_RATIO, bucket_batches, collate
 from linmem.la import LinearAutoencoder
-from linmem.models import NextStepPredictor, architecture
+from linmem.models import NextStepPredictor
+from linmem.nn.lmn import LMN
+from linmem.nn.ulm import UnrolledNet
 
 __all__ = ["fit_memory", "hidden_states", "lag_decoder", "pretrain_rnn", "project_memory",
            "transfer"]
@@ -113,37 +116,43 @@ def project_memory(weight_mm: np.ndarray, bound: float | None) -> tuple[np.ndarr
     return projected, facts
 
 
-def transfer(ulm: NextStepPredictor, la: LinearAutoencoder, lmn: NextStepPredictor) -> dict:
-    """Step 3, eqs. (12)-(15): initialise ``lmn`` (``lmn-b`` or ``lmn-a`` architecture, the
-    ULM's functional size) in place from the ULM and the autoencoder of its states. Under a
-    memory bound ``W^mm = B`` where ``||B||_2`` is within it, else the nearest matrix that is
-    (:func:`project_memory`, whose facts it returns; ``||B||_2 <= 1`` in exact arithmetic)."""
-    core, ulm_core = lmn.core, ulm.core
-    k, h = ulm_core.k, ulm_core.hidden_size
-    if core.hidden_size != h or core.num_layers != 1:
+def transfer(la: LinearAutoencoder, ulm: UnrolledNet, lmn: LMN,
+             ulm_readout: nn.Linear | None = None, lmn_readout: nn.Linear | None = None) -> dict:
+    """Step 3, eqs. (12)-(15): initialise the layer ``lmn`` (one layer of the ULM's functional
+    size; LMN-B's ``output="memory"`` or LMN-A's ``"hidden"``) in place from the unrolled
+    network ``ulm`` and the autoencoder ``la`` of its states; with the readouts (``nn.Linear``,
+    both or neither) the LMN's readout from the ULM's too: LMN-B's reads ``m_t`` and takes every
+    lag's block, LMN-A's reads ``h_t`` and takes lag 0's. Under a memory bound ``W^mm = B``
+    where ``||B||_2`` is within it, else the nearest matrix that is (:func:`project_memory`,
+    whose facts it returns; ``||B||_2 <= 1`` in exact arithmetic)."""
+    k, h = ulm.k, ulm.hidden_size
+    if lmn.hidden_size != h or lmn.num_layers != 1:
         raise ValueError(f"the LMN must have one layer of {h} functional units like the ULM")
     if la.n_features_in_ != h or la.window_ < k + 1:
         raise ValueError(f"the memory must encode {h}-dim states with window >= {k + 1}")
-    p, m = la.n_components_, core.memory_size
+    if (ulm_readout is None) != (lmn_readout is None):
+        raise ValueError("give both readouts (the ULM's and the LMN's) or neither")
+    p, m = la.n_components_, lmn.memory_size
     if p > m:
         raise ValueError(f"the autoencoder has {p} components, the LMN only {m} memory units")
-    weight_mm, facts = project_memory(_pad_units(la.B_, m, 0, 1), core.memory_bound)
+    weight_mm, facts = project_memory(_pad_units(la.B_, m, 0, 1), lmn.memory_bound)
     u = lag_decoder(la, k + 1)  # ((k + 1) h, p)
-    w_hh = ulm_core.weight_hh.detach().double().cpu().numpy()
-    w_o = ulm.readout.weight.detach().double().cpu().numpy()  # (K, (k + 1) h)
+    w_hh = ulm.weight_hh.detach().double().cpu().numpy()
     with torch.no_grad():  # copy_ and slice assignment convert to the LMN's dtype
-        core.weight_xh_l0.copy_(ulm_core.weight_xh)
-        core.bias_h_l0.copy_(ulm_core.bias_h)
-        core.bias_m_l0.zero_()
-        core.weight_hm_l0.copy_(torch.from_numpy(_pad_units(la.A_, m, 0)))
-        core.weight_mm_l0.copy_(torch.from_numpy(weight_mm))
+        lmn.weight_xh_l0.copy_(ulm.weight_xh)
+        lmn.bias_h_l0.copy_(ulm.bias_h)
+        lmn.bias_m_l0.zero_()
+        lmn.weight_hm_l0.copy_(torch.from_numpy(_pad_units(la.A_, m, 0)))
+        lmn.weight_mm_l0.copy_(torch.from_numpy(weight_mm))
         # extra units (columns p..m) keep their random outgoing weights
-        core.weight_mh_l0[:, :p] = torch.from_numpy(w_hh @ u[: k * h])
-        if architecture(lmn.name) == "lmn-b":
-            lmn.readout.weight[:, :p] = torch.from_numpy(w_o @ u)
-        else:  # LMN-A reads h_t: only the lag-0 block transfers
-            lmn.readout.weight.copy_(torch.from_numpy(w_o[:, :h]))
-        lmn.readout.bias.copy_(ulm.readout.bias)
+        lmn.weight_mh_l0[:, :p] = torch.from_numpy(w_hh @ u[: k * h])
+        if ulm_readout is not None:
+            w_o = ulm_readout.weight.detach().double().cpu().numpy()  # (K, (k + 1) h)
+            if lmn.output == "memory":
+                lmn_readout.weight[:, :p] = torch.from_numpy(w_o @ u)
+            else:  # LMN-A reads h_t: only the lag-0 block transfers
+                lmn_readout.weight.copy_(torch.from_numpy(w_o[:, :h]))
+            lmn_readout.bias.copy_(ulm_readout.bias)
     return facts
 
 

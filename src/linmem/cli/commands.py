@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from linmem._extras import EXTRAS, MissingExtra, extra_message
 from linmem._io import (
     check_outputs,
     write_json,
@@ -25,7 +26,7 @@ from linmem.cli.common import (
     TRAIN_FIELDS,
     Terminated,
     UsageFailure,
-    _needs_matplotlib,
+    _needs_extra,
     _positive,
     _thresholds,
     _train_options,
@@ -35,6 +36,7 @@ from linmem.cli.common import (
 )
 from linmem.cli.experiments import COMMANDS
 from linmem.data import (
+    DEFAULT_STEP_SECONDS,
     DataError,
     content_digest,
     data_checksum,
@@ -44,8 +46,7 @@ from linmem.data import (
 from linmem.experiments.plots import plot_run
 from linmem.experiments.rescore import SPLITS, score_run
 from linmem.generate import continue_run, predict_sequence
-from linmem.midi import DEFAULT_STEP_SECONDS, import_midi_folder
-from linmem.models import get_spec
+from linmem.registry import get_spec
 from linmem.training.config import TrainConfig
 from linmem.training.recipes import pretrained_models
 from linmem.training.recipes import train as run_training
@@ -257,6 +258,9 @@ def import_midi_cmd(folder: str, out: str, step_seconds: float, split: str, seed
     except ValueError:
         raise UsageFailure(f"--split {split!r}: expected three fractions such as 0.8,0.1,0.1"
                            ) from None
+    _needs_extra("pretty_midi", "linmem data import-midi")
+    from linmem.midi import import_midi_folder
+
     try:
         result = import_midi_folder(folder, out, step_seconds, fractions, seed, force)
     except (DataError, ValueError, FileExistsError) as err:
@@ -303,8 +307,9 @@ def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
                  force: bool) -> None:
     """Continue a prime with the best checkpoint of RUN_DIR: OUT (MIDI) and its record beside
     it (OUT with the suffix .json: --out a.mid writes a.json)."""
+    _needs_extra("pretty_midi", "linmem generate")
     if png is not None:
-        _needs_matplotlib("--png")
+        _needs_extra("matplotlib", "--png")
     try:
         record = continue_run(run_dir, prime, out, steps, prime_steps, temperature, seed, png,
                               wav, data_dir, with_prime=not without_prime, seconds=step_seconds,
@@ -330,7 +335,7 @@ def generate_cmd(run_dir: str, prime: str, prime_steps: int | None, steps: int,
 def plot_cmd(run_dir: str, prediction: str | None, out: str | None, force: bool,
              data_dir: str | None) -> None:
     """Draw a run: its training curves, or its predictions for one sequence."""
-    _needs_matplotlib("plot")
+    _needs_extra("matplotlib", "linmem plot")
     try:
         if out is not None:  # a file of the user's own is never overwritten silently
             check_outputs({"--out": out}, force)
@@ -388,6 +393,14 @@ def _main(argv: list[str] | None) -> None:
         sys.exit(2 if isinstance(err, click.UsageError | UsageFailure) else err.exit_code)
     except RunDirBusy as err:  # another process: the environment, not the command line
         click.echo(f"linmem: error: {err}", err=True)
+        sys.exit(1)
+    except ModuleNotFoundError as err:  # a feature whose extra is not installed: which to install
+        top = (err.name or "").split(".")[0]
+        if not isinstance(err, MissingExtra) and top not in EXTRAS:
+            raise
+        command = " ".join(["linmem", *(argv if argv is not None else sys.argv[1:])[:1]])
+        message = str(err) if isinstance(err, MissingExtra) else extra_message(top, command)
+        click.echo(f"linmem: error: {message}", err=True)
         sys.exit(1)
     except OSError as err:  # a fault of the machine (no space, read-only, permissions)
         click.echo(f"linmem: error: {os_error_text(err)}", err=True)

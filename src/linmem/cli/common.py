@@ -14,7 +14,9 @@ from typing import Any, NoReturn
 
 import click
 
-from linmem.models import ModelOptions, model_names
+from linmem._extras import missing_extra
+from linmem.model_options import ModelOptions
+from linmem.registry import model_names
 from linmem.training.config import (
     FROM_PROTOCOL,
     MODEL_OPTION_FIELDS,
@@ -35,7 +37,7 @@ __all__ = [  # shared by the modules of the commands (linmem.cli.commands, exper
     "_clip",
     "_clips",
     "_integers",
-    "_needs_matplotlib",
+    "_needs_extra",
     "_opened_storage",
     "_positive",
     "_protocol_option",
@@ -73,7 +75,7 @@ def _opened_storage(storage: str) -> str:
     use: a URL no database answers to is a usage error (exit 2); one that cannot be opened (a
     damaged file, a server out of reach, no driver) a fault of the machine (exit 1). One line
     each."""
-    from linmem.experiments.grids import StorageError, check_storage  # optuna: slow to import
+    from linmem.experiments.storage import StorageError, check_storage  # optuna: slow to import
 
     try:
         return check_storage(storage)
@@ -83,19 +85,16 @@ def _opened_storage(storage: str) -> str:
         raise click.ClickException(str(err)) from None
 
 
-def _needs_matplotlib(what: str) -> None:
-    """Exit 1 in one line, before anything is written, when matplotlib (the ``plot`` extra) is
-    not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise click.ClickException(
-            f"{what} needs matplotlib, which is not installed: pip install "
-            "'linear-memory-networks[plot]'")
+def _needs_extra(module: str, what: str) -> None:
+    """Exit 1 in one line, before anything is written, when ``module`` (a package of an extra,
+    :data:`linmem._extras.EXTRAS`) is not installed: the line names the extra to install."""
+    missing = missing_extra(module, what)
+    if missing is not None:
+        raise click.ClickException(str(missing))
 
 
 class _ModelChoice(click.Choice):
-    """The registry's models (:func:`linmem.models.model_names`), read when a command line is
+    """The registry's models (:func:`linmem.registry.model_names`), read when a command line is
     parsed, so that a model registered after this module was imported is a choice too."""
 
     def __init__(self) -> None:

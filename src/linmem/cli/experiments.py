@@ -29,7 +29,7 @@ from linmem.cli.common import (
     UsageFailure,
     _clips,
     _integers,
-    _needs_matplotlib,
+    _needs_extra,
     _opened_storage,
     _positive,
     _runs_root_option,
@@ -66,11 +66,12 @@ from linmem.experiments.bound_comparison import bound_comparison_markdown
 from linmem.experiments.loop_choice import loop_choice, loop_choice_markdown
 from linmem.experiments.plots import plot_pretraining
 from linmem.experiments.pretraining import analyze_pretraining
+from linmem.experiments.publish import publish
 from linmem.experiments.report import markdown_table
 from linmem.experiments.seed_groups import seed_groups, seeds_markdown, valid_seeds_markdown
 from linmem.experiments.seeds import SeedsDiverged, published_seed_name, reseed
 from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOLS, TrainConfig
-from linmem.training.runs import CONFIG, collect_metrics, ended, publish
+from linmem.training.runs import CONFIG, collect_metrics, ended
 from linmem.training.trainer import TrainingDiverged
 
 __all__ = ["COMMANDS"]
@@ -103,7 +104,7 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
                             ulm_run: str | None, epochs: int, patience: int, seed: int,
                             protocol: str, data_dir: str | None, out: str, quiet: bool) -> None:
     """The paper's pretraining analysis (Figure 5): OUT/analysis.json and OUT/figure5.png."""
-    _needs_matplotlib("analyze-pretraining (figure5.png)")
+    _needs_extra("matplotlib", "analyze-pretraining (figure5.png)")
     try:
         result = analyze_pretraining(
             data=data, hidden=hidden, k=k, memories=[int(v) for v in memories.split(",")],

@@ -14,7 +14,7 @@ from linmem.cli.common import (
     SEARCH_FIELDS,
     UsageFailure,
     _ModelChoice,
-    _needs_matplotlib,
+    _needs_extra,
     _opened_storage,
     _positive,
     _protocol_option,
@@ -99,12 +99,12 @@ def search_cmd(datasets: tuple[str, ...], models: tuple[str, ...], grid: str,
     the studies stand; a trial whose worker died is retried from its run's last epoch.
     `linmem report` then selects on validation and writes the tables.
     """
-    from linmem.experiments.grids import default_storage
     from linmem.experiments.search import (  # optuna: slow to import
         SearchConfig,
         check_search,
         run_search,
     )
+    from linmem.experiments.storage import default_storage
 
     try:
         base = TrainConfig.from_dict(_train_options(train_options))
@@ -188,8 +188,8 @@ def report_cmd(storage: str | None, grid: str, runs_roots: tuple[str, ...],
                compare_seed_runs: tuple[str, ...], ablation: str | None) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
-    _needs_matplotlib("report (figure4.png)")
-    from linmem.experiments.grids import default_storage, sqlite_path  # optuna: slow to import
+    _needs_extra("matplotlib", "report (figure4.png)")
+    from linmem.experiments.storage import default_storage, sqlite_path  # optuna: slow to import
 
     storage = storage or default_storage("runs/search")
     if sqlite_path(storage) is None or sqlite_path(storage).is_file():
@@ -249,8 +249,8 @@ def progress_cmd(storage: str | None, grid: str, runs_root: str, runs: tuple[str
                  probes: tuple[str, ...], max_retry: int | None, protocol: str) -> None:
     """Where the searches stand: points done per study, the CPU hours their runs logged, the
     hours projected for the rest; nothing is run (safe beside running workers)."""
-    from linmem.experiments.grids import default_storage, sqlite_path
     from linmem.experiments.progress import progress_table  # optuna: slow import
+    from linmem.experiments.storage import default_storage, sqlite_path
 
     storage = storage or default_storage("runs/search")
     database = sqlite_path(storage)
@@ -282,7 +282,7 @@ def search_export_cmd(file: str, storage: str | None, grid: str, runs_root: str)
     search-import` on another machine; trials still running are left out (they run again).
     A trial that stored no CPU time (pruned, or failed with its worker) takes its run's under
     --runs-root. Safe beside running workers."""
-    from linmem.experiments.grids import default_storage, sqlite_path  # optuna: slow import
+    from linmem.experiments.storage import default_storage, sqlite_path  # optuna: slow import
     from linmem.experiments.studies import export_studies
 
     storage = storage or default_storage("runs/search")
@@ -300,7 +300,7 @@ def search_export_cmd(file: str, storage: str | None, grid: str, runs_root: str)
 def search_import_cmd(file: str, storage: str | None) -> None:
     """Add the studies of FILE (written by `linmem search-export`) to the storage; `linmem
     search` then goes on from them. Points the storage has finished are kept as they are."""
-    from linmem.experiments.grids import default_storage, make_storage  # optuna: slow import
+    from linmem.experiments.storage import default_storage, make_storage  # optuna: slow import
     from linmem.experiments.studies import import_studies
 
     storage = _opened_storage(storage or default_storage("runs/search"))

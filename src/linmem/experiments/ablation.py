@@ -27,24 +27,14 @@ import numpy as np
 
 from linmem._io import atomic_write, command_line, git_commit, made_by, write_json
 from linmem.experiments.both_protocols import (
-    ablation_markdown,
     ablation_record_markdown,
-    pruner_markdown,
 )
 from linmem.experiments.seed_groups import seed_groups
 from linmem.training.config import PROTOCOLS, record_protocol
 from linmem.training.runs import METRICS, collect_metrics, log_rows, read_record
 from linmem.training.selection import selection_score
 
-__all__ = [
-    "ablation_groups",
-    "ablation_markdown",
-    "ablation_record_markdown",
-    "grid_trials",
-    "pruner_markdown",
-    "replay_pruner",
-    "write_ablation",
-]
+__all__ = ["ablation_groups", "grid_trials", "replay_pruner", "write_ablation"]
 
 
 def _point(r: dict) -> tuple:

@@ -45,12 +45,14 @@ import torch
 
 from linmem._check import check_device
 from linmem._io import command_line, git_commit, made_by, provenance
-from linmem.data import Batch, data_checksum, load_polyphonic
+from linmem.batching import Batch
+from linmem.data import data_checksum, load_polyphonic
 from linmem.metrics import previous_frame_model, previous_frame_model_scores, previous_frame_scores
 from linmem.models import activation_of
 from linmem.nn.diagnostics import memory_loop_gains, memory_radii_of, saturated_fraction
 from linmem.nn.lmn import LMN
 from linmem.training.config import TrainConfig
+from linmem.training.evaluation import NonFiniteOutputs, build_run_model, evaluate, load_run_model
 from linmem.training.runs import (
     BEST,
     CONFIG,
@@ -61,16 +63,7 @@ from linmem.training.runs import (
     log_rows,
     read_record,
 )
-from linmem.training.trainer import (
-    NonFiniteOutputs,
-    batch_updates,
-    build_run_model,
-    epoch_plan,
-    evaluate,
-    load_run_model,
-    make_optimizer,
-    training_batch,
-)
+from linmem.training.updates import batch_updates, epoch_plan, make_optimizer, training_batch
 
 __all__ = [
     "STARTS",
@@ -110,7 +103,7 @@ def recurrent_radius(model: torch.nn.Module) -> float | None:
 
 def _training_batches(config: TrainConfig, train_seqs: Sequence[np.ndarray],
                       device: str | torch.device) -> Iterator[Batch]:
-    """The trainer's batches, epoch after epoch (:func:`linmem.training.trainer.epoch_plan`)."""
+    """The trainer's batches, epoch after epoch (:func:`linmem.training.updates.epoch_plan`)."""
     lengths, epoch = [len(s) for s in train_seqs], 0
     while True:
         epoch += 1

@@ -22,7 +22,8 @@ from linmem.la import LinearAutoencoder
 from linmem.models import build_model
 from linmem.pretrain import fit_memory, hidden_states, transfer
 from linmem.training.config import DEFAULT_PROTOCOL, TrainConfig
-from linmem.training.trainer import evaluate, load_run_model, train_loop
+from linmem.training.evaluation import evaluate, load_run_model
+from linmem.training.trainer import train_loop
 
 __all__ = ["analyze", "analyze_pretraining"]
 
@@ -52,7 +53,7 @@ def analyze(data: Data, ulm: torch.nn.Module, memories: Sequence[int], window: i
         errors = la.reconstruction_error(states)
         lmn = build_model("pret-lmn-b", ulm.hidden, int(la.n_components_),
                           input_size=ulm.input_size, nonlinearity=ulm.nonlinearity)
-        transfer(ulm, la, lmn)
+        transfer(la, ulm.core, lmn.core, ulm.readout, lmn.readout)
         rows.append({"memory": int(p), "components": int(la.n_components_),
                      "svd_error": errors["svd"], "la_error": errors["la"],
                      **{f"lmn_{split}_acc": 100 * evaluate(lmn, data[split], thresholds=())["acc"]

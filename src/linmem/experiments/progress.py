@@ -28,11 +28,20 @@ from linmem.experiments.grids import (
     study_name,
     trial_point,
 )
-from linmem.experiments.projection import epoch_slope, probe_ratios, project_points
+from linmem.experiments.projection import probe_ratios, project_points
+from linmem.experiments.run_costs import (
+    epochs_cpu_seconds,
+    epochs_due_cpu_seconds,
+    mean_epoch_cpu_seconds,
+    run_cpu_seconds,
+    run_machine,
+    scoring_cpu_seconds,
+    training_cpu_seconds,
+)
 from linmem.experiments.search import point_params
 from linmem.experiments.seeds import seed_folder_of
 from linmem.experiments.studies import grid_studies, select, storage_protocol, trial_seconds
-from linmem.models import get_spec
+from linmem.registry import get_spec
 from linmem.training.config import DEFAULT_PROTOCOL, PROTOCOLS, TrainConfig
 from linmem.training.runs import (
     CONFIG,
@@ -42,20 +51,19 @@ from linmem.training.runs import (
     PRETRAINING,
     ULM,
     ended,
-    epochs_cpu_seconds,
-    epochs_due_cpu_seconds,
     has,
     log_rows,
-    mean_epoch_cpu_seconds,
     read_record,
-    run_cpu_seconds,
-    run_machine,
-    scoring_cpu_seconds,
-    training_cpu_seconds,
 )
 
-__all__ = ["epoch_slope", "planned_record", "planned_run_record", "progress_markdown",
-           "progress_records", "progress_table", "project_points", "seeds_record"]
+__all__ = [
+    "planned_record",
+    "planned_run_record",
+    "progress_markdown",
+    "progress_records",
+    "progress_table",
+    "seeds_record",
+]
 
 
 def _hours_by_machine(studies: Sequence[dict], runs: Sequence[tuple[str, float]],

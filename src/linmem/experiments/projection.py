@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from linmem.experiments.search import size_cost, size_slope
-from linmem.models import get_spec
+from linmem.registry import get_spec
 from linmem.training.runs import collect_metrics, log_rows
 
 __all__ = ["epoch_slope", "probe_ratios", "project_points"]
@@ -166,8 +166,8 @@ def project_points(records: list[dict],
     has left (``left_cpu_s``: the points to do at that cost, the running ones at that cost less
     what they have logged, or at the least what their early stopping still holds them to,
     ``running_due_cpu_s``, where a record gives it:
-    :func:`linmem.training.runs.epochs_due_cpu_seconds`), in place; ``left_from`` says where the
-    per-point cost came from:
+    :func:`linmem.experiments.run_costs.epochs_due_cpu_seconds`), in place; ``left_from`` says
+    where the per-point cost came from:
 
     - ``study``: the mean of its finished points; where the record gives every point's number
       of parameters (``finished_params``, ``running_params``, ``todo_params``, as

@@ -30,9 +30,10 @@ from linmem.experiments.protocol_choice import (
     protocol_choice,
     protocol_choice_markdown,
 )
+from linmem.experiments.publish import publish
 from linmem.experiments.seed_groups import seed_groups
 from linmem.experiments.table2 import table2_markdown
-from linmem.models import get_spec
+from linmem.registry import get_spec
 from linmem.training.config import departures_text, record_protocol
 from linmem.training.runs import (
     METRICS,
@@ -40,7 +41,6 @@ from linmem.training.runs import (
     collect_metrics,
     ended,
     has,
-    publish,
     read_record,
     run_under,
 )
@@ -356,7 +356,7 @@ def _report_records(storage: str, grid: str | None, runs_root: RunsRoot,
     """The selections a report tables: the studies' in ``storage``, the single ``runs``' and
     those of earlier ``summaries`` that neither has, those with a memory of another
     ``memory_bound`` left out (:func:`of_bound`); and what was left out (:func:`build_report`)."""
-    from linmem.experiments.grids import sqlite_path  # optuna: slow to import
+    from linmem.experiments.storage import sqlite_path  # optuna: slow to import
     from linmem.experiments.studies import search_records, storage_grids
 
     database = sqlite_path(storage)

@@ -12,8 +12,7 @@ from typing import Any
 from linmem._io import command_line, git_commit, provenance
 from linmem.data import data_checksum, load_polyphonic
 from linmem.models import expected_accuracy
-from linmem.training.evaluation import run_threshold
-from linmem.training.trainer import evaluate, load_run_model
+from linmem.training.evaluation import evaluate, load_run_model, run_threshold
 
 __all__ = ["SPLITS", "score_run"]
 

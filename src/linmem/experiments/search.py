@@ -75,29 +75,33 @@ from linmem.experiments.grids import (
     GRIDS,
     MAX_RETRY,
     Point,
-    caused_by_interrupt,
     check_grid,
-    check_storage,
     claimed_before,
-    default_storage,
     grid_points,
-    interrupts_between_storage_calls,
-    make_storage,
     point_states,
     study_name,
     trial_point,
 )
-from linmem.experiments.studies import trial_seconds
-from linmem.models import get_spec, option_names
-from linmem.training.config import PLACE_FIELDS, PROTOCOLS, TrainConfig
-from linmem.training.recipes import train as run_training
-from linmem.training.runs import (
+from linmem.experiments.run_costs import (
     epochs_due_cpu_seconds,
     mean_epoch_cpu_seconds,
     training_cpu_seconds,
 )
+from linmem.experiments.storage import (
+    caused_by_interrupt,
+    check_storage,
+    default_storage,
+    interrupts_between_storage_calls,
+    make_storage,
+)
+from linmem.experiments.studies import trial_seconds
+from linmem.models import option_names
+from linmem.registry import get_spec
+from linmem.training.config import PLACE_FIELDS, PROTOCOLS, TrainConfig
+from linmem.training.evaluation import check_size
+from linmem.training.recipes import train as run_training
 from linmem.training.selection import selection_score, selection_scores
-from linmem.training.trainer import TrainingDiverged, check_size
+from linmem.training.trainer import TrainingDiverged
 
 __all__ = [
     "SearchConfig",
@@ -275,7 +279,7 @@ class _QuietAfterInterrupt(logging.Filter):
     """Drops Optuna's log records once the user interrupted a trial (Ctrl-C), and any record
     whose exception a Ctrl-C caused: Optuna's traceback of the ``KeyboardInterrupt`` and "failed
     with value None" say nothing that the command's own line does not (the storage's own records
-    of a Ctrl-C: :func:`linmem.experiments.grids.make_storage`)."""
+    of a Ctrl-C: :func:`linmem.experiments.storage.make_storage`)."""
 
     interrupted = False
 
@@ -329,7 +333,8 @@ def size_slope(groups: Iterable[Sequence[tuple[int, float | None]]]) -> float | 
     pairs, each group's pairs against their own means (least squares pooled over the groups:
     a group of longer sequences costs more at every size, which is no slope), the pairs
     without seconds left out. For :func:`size_cost`'s points of one size: the slope that
-    epochs' CPU times (``linmem.training.runs.mean_epoch_cpu_seconds``) show over several sizes.
+    epochs' CPU times (``linmem.experiments.run_costs.mean_epoch_cpu_seconds``) show over
+    several sizes.
     None where no group has two sizes."""
     sxy = sxx = 0.0
     for group in groups:
@@ -363,7 +368,7 @@ def size_cost(sizes: Sequence[int], seconds: Sequence[float], slope: float | Non
 
 def point_params(base: TrainConfig, data: str, model: str, point: Point) -> int:
     """The number of parameters of ``model`` at ``point`` on ``data``, the rest of its settings
-    ``base``'s (:func:`linmem.training.trainer.check_size`: counted on the meta device, nothing
+    ``base``'s (:func:`linmem.training.evaluation.check_size`: counted on the meta device, nothing
     allocated). The projections scale a point's cost with it (:func:`size_cost`)."""
     return check_size(replace(base, data=data, model=model, hidden=point.hidden,
                               memory=point.memory))
@@ -374,7 +379,7 @@ def _late(config: SearchConfig, study, model: str, points: Sequence[Point]) -> s
     and every one once it has passed (those without a projection included). A killed run that
     would resume counts its projection less what it has logged, and without a pruner not less
     than what its early stopping still holds it to
-    (:func:`linmem.training.runs.epochs_due_cpu_seconds`)."""
+    (:func:`linmem.experiments.run_costs.epochs_due_cpu_seconds`)."""
     if config.stop_by is None or not points:
         return set()
     left = config.stop_by - time.time()
@@ -416,7 +421,7 @@ def run_worker(config: SearchConfig, command: str | None = None,
                log: Callable[[str], None] | None = None) -> dict[str, dict[str, int]]:
     """Work on the studies of ``config`` until every point is done or failed (see the module
     docstring). Returns the count of points per state per study. A Ctrl-C lets a storage call
-    end first (:func:`linmem.experiments.grids.interrupts_between_storage_calls`)."""
+    end first (:func:`linmem.experiments.storage.interrupts_between_storage_calls`)."""
 
     with interrupts_between_storage_calls():
         return _run_worker(config, command, log)

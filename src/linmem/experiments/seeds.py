@@ -18,18 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from linmem.data import load_polyphonic
+from linmem.experiments.run_costs import rerun_cpu_seconds, training_cpu_seconds
 from linmem.training.config import TrainConfig
 from linmem.training.recipes import train
-from linmem.training.runs import (
-    CONFIG,
-    DIVERGED,
-    METRICS,
-    end_record,
-    has,
-    read_record,
-    rerun_cpu_seconds,
-    training_cpu_seconds,
-)
+from linmem.training.runs import CONFIG, DIVERGED, METRICS, end_record, has, read_record
 from linmem.training.trainer import TrainingDiverged, with_data_dir
 
 __all__ = ["SeedsDiverged", "published_seed_name", "reseed", "seed_dir", "seed_folder_of"]
@@ -76,10 +68,10 @@ def reseed(run_dir: str | Path, seeds: Sequence[int], out_dir: str | Path,
 
     With a deadline ``stop_by`` (a Unix time; ``linmem reseed --stop-by``) a seed not finished
     yet starts, or resumes, only if it is projected to end by then: ``run_dir``'s CPU time
-    (:func:`linmem.training.runs.rerun_cpu_seconds`, on the machine that ran it) less what the
-    seed's folder has logged already. A seed left so is said to ``log`` and missing from the result:
-    the same call later goes on with it, so that a machine's time limit cuts no run half-way
-    whose folder would be lost with the machine."""
+    (:func:`linmem.experiments.run_costs.rerun_cpu_seconds`, on the machine that ran it) less
+    what the seed's folder has logged already. A seed left so is said to ``log`` and missing
+    from the result: the same call later goes on with it, so that a machine's time limit cuts
+    no run half-way whose folder would be lost with the machine."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not has(run_dir, CONFIG):
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")

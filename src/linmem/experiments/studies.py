@@ -19,17 +19,9 @@ from optuna.trial import TrialState
 
 from linmem._io import PROVENANCE_FIELDS, atomic_write, machine
 from linmem.experiments.grids import FINISHED, grid_points, point_states, trial_point
+from linmem.experiments.run_costs import run_cpu_seconds, run_machine
 from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, TrainConfig, record_protocol
-from linmem.training.runs import (
-    METRICS,
-    RunsRoot,
-    expected_fields,
-    has,
-    read_record,
-    run_cpu_seconds,
-    run_machine,
-    run_under,
-)
+from linmem.training.runs import METRICS, RunsRoot, expected_fields, has, read_record, run_under
 
 __all__ = [
     "export_studies",
@@ -113,7 +105,7 @@ def storage_protocol(storage: str, grid: str | None = None) -> str:
     given (:data:`~linmem.training.config.DEFAULT_PROTOCOL` for a storage with none, or no
     database yet); a ``ValueError`` when they were trained under several, which one of them
     then names."""
-    from linmem.experiments.grids import sqlite_path
+    from linmem.experiments.storage import sqlite_path
 
     database = sqlite_path(storage)
     if database is not None and not database.is_file():
@@ -335,8 +327,9 @@ def export_studies(storage: str, path: str | os.PathLike, grid: str | None = Non
     number of trials written per study. Running and waiting trials are left out.
 
     With ``runs_root``, a trial that stored no CPU time (pruned, or failed: a killed worker's)
-    takes its run's there (:func:`linmem.training.runs.run_cpu_seconds`) and CPU
-    (:func:`linmem.training.runs.run_machine`, this machine's for a run that ended without a record)
+    takes its run's there (:func:`linmem.experiments.run_costs.run_cpu_seconds`) and CPU
+    (:func:`linmem.experiments.run_costs.run_machine`, this machine's for a run that ended
+    without a record)
     into the file, so that another machine counts what it logged, not the trial's duration
     (which, for a trial failed once its worker's heartbeat stopped, lasts until a worker found
     it dead)."""

@@ -16,8 +16,8 @@ from torch import Tensor
 
 from linmem.nn.lmn import LMN, _time_major_linear, lmn_recurrence
 from linmem.ops.bound import bounded_memory
-from linmem.ops.lmn import SELU_SCALE, check_nonlinearity
 from linmem.ops.loop_bound import bounded_loop
+from linmem.ops.toolkit import SELU_SCALE, check_nonlinearity
 
 __all__ = ["memory_loop_gains", "memory_radii_of", "saturated_fraction"]
 

@@ -34,13 +34,13 @@ from linmem.nn.recurrent import (
     init_uniform,
     no_torchscript,
 )
-from linmem.nn.ulm import UnrolledNet  # the unrolled network (nn.ulm), named here as before
 from linmem.ops.bound import DEFAULT_MEMORY_BOUND, bounded_memory, check_memory_bound
 from linmem.ops.certified_norm import STATE
-from linmem.ops.lmn import NONLINEARITIES, _batch_major, activation_grad, check_nonlinearity, scan
+from linmem.ops.lmn import scan
 from linmem.ops.loop_bound import bounded_loop, check_loop_bound
+from linmem.ops.toolkit import check_nonlinearity, is_batch_major
 
-__all__ = ["LMN", "NONLINEARITIES", "LMNCell", "UnrolledNet", "activation_slope", "lmn_recurrence"]
+__all__ = ["LMN", "LMNCell", "lmn_recurrence"]
 
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "selu": torch.selu}
 _PARAM_NAMES = ("weight_xh", "weight_mh", "weight_hm", "weight_mm", "bias_h", "bias_m")
@@ -134,7 +134,7 @@ def _reset_layer(weights: dict[str, Tensor | None], input_size: int, hidden_size
 def _time_major_linear(seq: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``seq W^T + b`` for a ``(T, B, F)`` sequence, computed in ``seq``'s memory order so that
     a batch-first input is neither copied nor transposed in memory."""
-    if _batch_major(seq):
+    if is_batch_major(seq):
         return nn.functional.linear(seq.transpose(0, 1), weight, bias).transpose(0, 1)
     return nn.functional.linear(seq, weight, bias)
 
@@ -575,6 +575,3 @@ def _reverse_steps(seq: Tensor, lengths: Tensor | None) -> Tensor:
     valid = lengths.to(steps.dtype)[None, :]
     index = torch.where(steps < valid, valid - 1 - steps, steps).to(seq.device)
     return seq.gather(0, index[:, :, None].expand_as(seq))
-
-
-activation_slope = activation_grad  # sigma'(a) from h = sigma(a) (linmem.ops.lmn)

@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linmem.data import N_KEYS, Batch, iterate_batches
+from linmem.batching import Batch, iterate_batches
+from linmem.data import N_KEYS
 from linmem.nn.rnns import RNN
 
 __all__ = [

@@ -44,22 +44,10 @@ from torch import Tensor, nn
 
 from linmem.nn.recurrent import autocast_enabled, no_torchscript, to_dtype
 from linmem.ops.cpu import LOOP
-from linmem.ops.lmn import cpu_kernel_path
-from linmem.ops.rnns import (  # the recurrences are operators (ops.rnns); named here as before
-    gru_recurrence,
-    gru_scan,
-    gru_scan_ref,
-    lstm_recurrence,
-    lstm_scan,
-    lstm_scan_ref,
-    rnn_recurrence,
-    rnn_scan,
-    rnn_scan_ref,
-)
+from linmem.ops.paths import cpu_kernel_path
+from linmem.ops.rnns import gru_recurrence, lstm_recurrence, rnn_recurrence
 
-__all__ = ["GRU", "LSTM", "RNN", "as_torch", "gru_recurrence", "gru_scan", "gru_scan_ref",
-           "lstm_recurrence", "lstm_scan", "lstm_scan_ref", "rnn_recurrence", "rnn_scan",
-           "rnn_scan_ref"]
+__all__ = ["GRU", "LSTM", "RNN", "as_torch"]
 
 
 class _FastForward:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from linmem._check import check_int
 from linmem.nn.recurrent import in_parameter_precision, init_uniform, no_torchscript
-from linmem.ops.lmn import check_nonlinearity
+from linmem.ops.toolkit import check_nonlinearity
 from linmem.ops.ulm import ulm_states
 
 __all__ = ["UnrolledNet"]

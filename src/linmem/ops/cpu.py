@@ -254,7 +254,7 @@ def cpu_path(measure: Measure | None = None) -> str:
 
     ``LINMEM_CPU_KERNEL`` decides when set (see the module's docstring); otherwise the choice
     recorded beside the build, or, on the first use, ``measure(variants)`` (a record whose
-    ``"choice"`` is the path; :func:`linmem.ops.lmn.measure_cpu_paths`), which is then recorded.
+    ``"choice"`` is the path; :func:`linmem.ops.paths.measure_cpu_paths`), which is then recorded.
     """
     forced = _forced()
     if forced not in CPU_KERNELS:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linmem.ops.lmn import (
+from linmem.ops.paths import kernel_for
+from linmem.ops.toolkit import (
     KERNEL_CODES,
     activate,
     activation_grad,
@@ -20,7 +21,6 @@ from linmem.ops.lmn import (
     rows,
     through_reference,
 )
-from linmem.ops.paths import kernel_for
 
 __all__ = ["gru_recurrence", "gru_scan", "gru_scan_ref", "lstm_recurrence", "lstm_scan",
            "lstm_scan_ref", "rnn_recurrence", "rnn_scan", "rnn_scan_ref"]

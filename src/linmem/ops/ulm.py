@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linmem.ops.lmn import (
+from linmem.ops.paths import kernel_for
+from linmem.ops.toolkit import (
     KERNEL_CODES,
     activate,
     activation_grad,
@@ -20,7 +21,6 @@ from linmem.ops.lmn import (
     rows,
     through_reference,
 )
-from linmem.ops.paths import kernel_for
 
 __all__ = [
     "ulm_scan",

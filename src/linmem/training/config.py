@@ -4,7 +4,7 @@ named training protocols (:data:`PROTOCOLS`) and the choices its fields take.
 ``TrainConfig`` holds the fields every model trains with (data, the optimizer, early stopping,
 the protocol's fields) and the models' options, declared in :mod:`linmem.models` (the sizes every
 model has, and each model's own: the RNN-RBM's, the NADE's, the pretraining's, in the class its
-registry entry names, :attr:`linmem.models.ModelSpec.options`): a model refuses a value for an
+registry entry names, :attr:`linmem.registry.ModelSpec.options`): a model refuses a value for an
 option that is not its own.
 """
 
@@ -17,22 +17,18 @@ from typing import Any
 
 from linmem._check import check_fields, device_form, option
 from linmem.data import DATASETS, resolve_name
+from linmem.model_options import ModelOptions, NADEOptions, RBMOptions, TransferOptions
 from linmem.models import (
     DEFAULT_MODEL,
-    ModelOptions,
-    NADEOptions,
-    RBMOptions,
-    TransferOptions,
     check_options,
     default_nonlinearity,
-    get_spec,
     memory_bound_of,
-    model_names,
     model_options,
     option_names,
 )
 from linmem.ops.cpu import CPU_KERNELS
 from linmem.ops.loop_bound import check_loop_bound
+from linmem.registry import get_spec, model_names
 from linmem.training.runs import CONFIG, read_record
 from linmem.training.selection import SELECTIONS
 
@@ -231,7 +227,7 @@ class TrainConfig(NADEOptions, RBMOptions, TransferOptions, ProtocolSettings,
                            choices=tuple(PROTOCOLS))
     data: str = option("jsb", f"Data set: {', '.join(DATASETS)} (common spellings accepted), or "
                               "a .pickle file of your own (linmem data import-midi).")
-    model: str = option(DEFAULT_MODEL, "The model (linmem.models.REGISTRY).")
+    model: str = option(DEFAULT_MODEL, "The model (linmem.registry.REGISTRY).")
     weight_decay: float = option(1e-5, "L2 weight decay (Adam's weight_decay).", minimum=0.0)
     lr: float = option(1e-3, "Learning rate.", above=0.0)
     # "adam" is the paper's; "sgd" (with `momentum`) as some baselines used

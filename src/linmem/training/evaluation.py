@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from linmem._check import check_device
-from linmem.data import EVAL_MAX_RATIO, Batch, iterate_batches
+from linmem.batching import EVAL_MAX_RATIO, Batch, iterate_batches
 from linmem.metrics import THRESHOLD_GRID, FrameScores
 from linmem.models import build_model
 from linmem.training.config import TrainConfig

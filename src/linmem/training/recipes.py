@@ -3,7 +3,7 @@
 :func:`train` (:func:`linmem.train`) is the one training entry point (``linmem train``, the
 search): it trains a model of the registry (:mod:`linmem.models`) with
 :func:`linmem.training.trainer.train_loop`, after initialising it by the model's recipe
-(:attr:`~linmem.models.ModelSpec.recipe`) when it has one:
+(:attr:`~linmem.registry.ModelSpec.recipe`) when it has one:
 
 - ``ulm-transfer`` (pret-LMN-A/B, paper section "Training and pretraining algorithm"): train the
   unrolled network (``RUN_DIR/ulm``, or an entry of ``ulm_cache`` shared by the runs whose
@@ -37,11 +37,13 @@ import torch
 from linmem._io import machine, read_json, write_json
 from linmem.data import load_polyphonic
 from linmem.la import LinearAutoencoder
-from linmem.models import REGISTRY, default_nonlinearity, get_spec
+from linmem.models import default_nonlinearity
 from linmem.nn.diagnostics import memory_loop_gains
 from linmem.nn.rnnrbm import init_from_rnn, pretrain_rbm
 from linmem.pretrain import fit_memory, hidden_states, pretrain_rnn, transfer
+from linmem.registry import REGISTRY, get_spec
 from linmem.training.config import PLACE_FIELDS, TrainConfig
+from linmem.training.evaluation import load_run_model
 from linmem.training.runs import (
     BEST,
     DIVERGED,
@@ -57,12 +59,7 @@ from linmem.training.runs import (
     save_checkpoint,
     trained,
 )
-from linmem.training.trainer import (
-    TrainingDiverged,
-    load_run_model,
-    train_loop,
-    with_data_dir,
-)
+from linmem.training.trainer import TrainingDiverged, train_loop, with_data_dir
 
 try:
     import fcntl
@@ -240,7 +237,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
     run that trained it (``ulm_cpu_time_s``, every session's; 0 for a run that read it), with
     the part spent in this process (``ulm_cpu_here_s``, inside the recipe's ``cpu_time_s``): a
     ULM stage cut by a killed process counts in full
-    (:func:`linmem.training.runs.run_cpu_seconds`)."""
+    (:func:`linmem.experiments.run_costs.run_cpu_seconds`)."""
     window = lmn_window(config)
     cpu_started = time.process_time()
     ulm_dir, ulm_trained = _train_ulm(config, data, run_dir, progress)
@@ -253,7 +250,7 @@ def _ulm_transfer(model: torch.nn.Module, config: TrainConfig, data: Data, run_d
     else:
         la = fit_memory(hidden_states(ulm, data["train"]), config.memory, window, config.seed)
         la.save(memory_path)
-    memory_facts = transfer(ulm, la, model)
+    memory_facts = transfer(la, ulm.core, model.core, ulm.readout, model.readout)
     gains = memory_loop_gains(model.state_dict(), model.nonlinearity, model.memory_bound,
                               bool(model.loop_bound))
     if model.nonlinearity != "tanh" and max(gains) > 1:

@@ -1,5 +1,5 @@
 """A run directory: the one place that names its files, claims it for one process, reads and
-writes its checkpoints and records, and says how a run ended and what CPU time it took.
+writes its checkpoints and records, and says how a run ended.
 
 A run directory (``linmem train --out RUN``) holds::
 
@@ -50,7 +50,6 @@ __all__ = [
     "MEMORY",
     "METRICS",
     "PRETRAINING",
-    "RECORDS",
     "RUN_FILES",
     "ULM",
     "CheckpointError",
@@ -60,28 +59,19 @@ __all__ = [
     "collect_metrics",
     "end_record",
     "ended",
-    "epochs_cpu_seconds",
-    "epochs_due_cpu_seconds",
     "expected_fields",
     "failed_on",
     "has",
     "load_checkpoint",
     "log_fields",
     "log_rows",
-    "mean_epoch_cpu_seconds",
-    "publish",
     "read_record",
     "records_only",
-    "rerun_cpu_seconds",
     "resume_checkpoint",
-    "run_cpu_seconds",
-    "run_machine",
     "run_under",
     "save_checkpoint",
     "save_last",
-    "scoring_cpu_seconds",
     "trained",
-    "training_cpu_seconds",
     "write_log",
 ]
 
@@ -208,135 +198,26 @@ def log_fields(run_dir: Path) -> dict:
     return fields
 
 
-def _seconds(record: dict[str, Any], cpu: str, wall: str) -> float:
-    """The CPU time ``record[cpu]`` where it was recorded (runs from commit 8b4fc25 on), else
-    the wall time ``record[wall]`` (one thread per run: not below the CPU time, above it when
-    other processes shared the cores)."""
-    return record.get(cpu, record.get(wall, 0.0))
 
 
-def run_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds a run's training took as its files record them: a finished run's
-    (``metrics.json``: every session's training and the final scoring; ``diverged.json``: that
-    of a run that failed by diverging, its last attempt's), else its epochs' in
-    ``log.jsonl`` (training and validation; epochs cut short by a killed worker are not
-    there), and the pretraining's (``pretraining.json``) once; 0 for a run that has written
-    neither; and the scoring of its expected accuracy (``expected.json``, ``linmem evaluate
-    --expected``), a process of its own. The CPU time where it is recorded, else the wall time
-    (one thread per run).
-
-    The unrolled network of a pret-LMN run counts for the run that trained it, every session's
-    (:func:`_ulm_before_seconds`): in flight, ``run_dir/ulm``'s epochs; once pretrained, what
-    its earlier, killed processes spent on it beside the recipe's own clock."""
-    return training_cpu_seconds(run_dir) + scoring_cpu_seconds(run_dir)
 
 
-def scoring_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds of a run's expected accuracy (``expected.json``; its wall time where it
-    did not record them); 0 without one."""
-    expected = Path(run_dir) / EXPECTED
-    return _seconds(read_json(expected), "cpu_time_s", "wall_time_s") if expected.is_file() \
-        else 0.0
 
 
-def _epochs_seconds(rows: list[dict]) -> float:
-    """The CPU seconds of ``log.jsonl`` rows, each one's wall time where it did not record it."""
-    return sum(_seconds(row, "epoch_cpu_s", "epoch_time_s") for row in rows)
 
 
-def epochs_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds of a run's logged epochs (``log.jsonl``: training and validation; the
-    wall time where they did not record it)."""
-    return _epochs_seconds(log_rows(Path(run_dir)))
 
 
-def mean_epoch_cpu_seconds(run_dir: str | os.PathLike) -> float | None:
-    """The mean CPU seconds of a run's logged epochs (:func:`epochs_cpu_seconds` over their
-    number): what an epoch of its size costs on its data set, however long early stopping let
-    it run. None for a run that has logged no epoch."""
-    rows = log_rows(Path(run_dir))
-    return _epochs_seconds(rows) / len(rows) if rows else None
 
 
-def epochs_due_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds a run in flight still takes at the least, unless it diverges or a pruner
-    stops it: early stopping ends it ``patience`` epochs after its best epoch so far at the
-    soonest (its ``epochs`` limit at the latest; both from ``config.json``), each epoch at the
-    mean CPU time of its logged ones (their wall time where they did not record it). 0 for a
-    run that has ended or has logged no epoch."""
-    rows = log_rows(run_dir)
-    if not rows or ended(run_dir) or not (Path(run_dir) / CONFIG).is_file():
-        return 0.0
-    config = read_json(Path(run_dir) / CONFIG)  # the budget as the run resolved it
-    last = rows[-1]["epoch"]
-    best = max((r["epoch"] for r in rows if r.get("best")), default=0)
-    due = max(0, min(config["patience"] - (last - best), config["epochs"] - last))
-    return due * _epochs_seconds(rows) / len(rows)  # the rows read above, not the file again
 
 
-def training_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """:func:`run_cpu_seconds` less the expected accuracy's scoring."""
-    run_dir = Path(run_dir)
-    epochs = epochs_cpu_seconds(run_dir)
-    if (run_dir / PRETRAINING).is_file():
-        record = read_json(run_dir / PRETRAINING)
-        pretraining = _seconds(record, "cpu_time_s", "wall_time_s")
-        before = _ulm_before_seconds(run_dir, record)
-    else:  # not pretrained, or a ULM stage in flight
-        ulm = run_dir / ULM
-        pretraining, before = 0.0, run_cpu_seconds(ulm) if ulm.is_dir() else 0.0
-    end = end_record(run_dir)
-    if end is None:
-        return epochs + pretraining + before
-    total = _seconds(read_json(end), "cpu_time_s", "wall_time_s")
-    # the pretraining runs inside the training's clock when one session did both (its wall
-    # time then exceeds the pretraining's and the epochs'); otherwise it is added
-    return before + (total if total >= pretraining + epochs else total + pretraining)
 
 
-def run_machine(run_dir: str | os.PathLike, unfinished: str | None = None) -> str | None:
-    """The CPU a run ended on, as its ``metrics.json`` (or ``diverged.json``) records it
-    (:func:`linmem._io.machine`: model name, x86 family and model); None for a run recorded
-    before machines were, ``unfinished`` for a run with neither file (in flight, or killed:
-    this machine's CPU, where the caller knows that the run is this machine's)."""
-    for name in ENDINGS:
-        path = Path(run_dir) / name
-        if path.is_file():
-            cpu = (read_json(path).get("machine") or {}).get("cpu")
-            return str(cpu) if cpu else None
-    return unfinished
 
 
-def rerun_cpu_seconds(run_dir: str | os.PathLike) -> float:
-    """The CPU seconds a run of ``run_dir``'s configuration with another seed would take
-    (``linmem reseed``'s projection), as ``run_dir``'s files record them: its training's
-    (:func:`training_cpu_seconds`), and for a pretrained run that read its unrolled network
-    from a cache, that network's too (``pretraining.json``'s ``ulm_cpu_time_s``, or
-    ``ulm_wall_time_s`` in older records): another seed trains its own. The times are those of
-    the machine that ran ``run_dir``."""
-    run_dir = Path(run_dir)
-    total = training_cpu_seconds(run_dir)
-    if (run_dir / PRETRAINING).is_file():
-        record = read_json(run_dir / PRETRAINING)
-        ulm = record.get("ulm_cpu_time_s") or record.get("ulm_wall_time_s") or 0.0
-        total = max(total, epochs_cpu_seconds(run_dir) + ulm)
-    return total
 
 
-def _ulm_before_seconds(run_dir: Path, record: dict[str, Any]) -> float:
-    """The CPU seconds a pret-LMN run spent on its unrolled network in processes that ended
-    before its pretraining did (the recipe's ``cpu_time_s`` holds the last one's): recorded
-    since the fields ``ulm_cpu_time_s`` and ``ulm_cpu_here_s`` were; for earlier records whose
-    ULM is the run's own (``run_dir/ulm``), the ULM's logged CPU time beyond the recipe's (a
-    lower bound: the recipe's time also holds the autoencoder's fit); else 0."""
-    if "ulm_cpu_time_s" in record:
-        return max(record["ulm_cpu_time_s"] - record["ulm_cpu_here_s"], 0.0)
-    # a cache entry is named by its key (:func:`linmem.training.recipes.ulm_key`)
-    own = run_dir / ULM
-    if Path(record.get("ulm_run", ULM)).name != ULM or not (own / METRICS).is_file():
-        return 0.0
-    ulm = _seconds(read_json(own / METRICS), "cpu_time_s", "wall_time_s")
-    return max(ulm - _seconds(record, "cpu_time_s", "wall_time_s"), 0.0)
 
 
 def expected_fields(run_dir: str | os.PathLike) -> dict:
@@ -556,31 +437,5 @@ def write_log(run_dir: Path, history: list[dict]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-RECORDS = (CONFIG, LOG, METRICS, DIVERGED, PRETRAINING, EXPECTED)  # what results/ keeps of a run
 
 
-def publish(run_dir: str | os.PathLike, dest: str | os.PathLike,
-            checkpoint: bool = False) -> list[Path]:
-    """Copy an ended run's records into ``dest`` (a folder of ``results/``): the files of
-    :data:`RECORDS` it has, those of its unrolled network (``ulm/``: a pret-LMN run's), and with
-    ``checkpoint`` its selected checkpoint (``best.pt``). Each file is written atomically; a
-    record ``dest`` holds that the run no longer has (a ``metrics.json`` where the run now
-    diverged) is removed. ``ValueError`` for a run that has not ended (nothing to publish).
-    Returns the files written."""
-    run_dir, dest = Path(run_dir), Path(dest)
-    if not ended(run_dir):
-        raise ValueError(f"{run_dir}: the run has not ended (no {METRICS} or {DIVERGED})")
-    wanted = [*RECORDS, *(f"{ULM}/{name}" for name in (CONFIG, LOG, METRICS))]
-    if checkpoint:
-        wanted.append(BEST)
-    written = []
-    for name in wanted:
-        source, target = run_dir / name, dest / name
-        if source.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_write(target) as f:
-                f.write(source.read_bytes())
-            written.append(target)
-        elif target.is_file():
-            target.unlink()
-    return written

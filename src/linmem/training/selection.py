@@ -3,7 +3,7 @@
 ``select`` (a :class:`~linmem.training.config.TrainConfig` field, set by the protocol) names
 it: the validation accuracy, global (``"acc"``, Bay et al.'s) or the per-frame mean
 (``"acc_frame"``, the paper's), or the NLL (``"nll"``). The score is maximised, so the NLL's is
-negated. A run's epochs are scored on what :func:`~linmem.training.trainer.evaluate` returns
+negated. A run's epochs are scored on what :func:`~linmem.training.evaluation.evaluate` returns
 (``nll``, ``acc``, ``acc_frame``), a search's trials on the ``valid_*`` fields of a log row or
 of ``metrics.json``: the rule is the same, only the names' prefix differs.
 """

@@ -53,7 +53,7 @@ from linmem.data import (
 from linmem.models import (
     count_parameters,
 )
-from linmem.ops.lmn import cpu_kernel_path, gpu_paths_taken, use_cpu_kernel
+from linmem.ops.paths import cpu_kernel_path, gpu_paths_taken, use_cpu_kernel
 from linmem.training.config import TrainConfig
 from linmem.training.evaluation import (
     NonFiniteOutputs,
@@ -85,31 +85,12 @@ from linmem.training.runs import (
 from linmem.training.selection import selection_score
 from linmem.training.updates import (
     batch_updates,
-    chunked_steps,
     epoch_plan,
     make_optimizer,
-    train_step,
     training_batch,
 )
 
-__all__ = [
-    "NonFiniteOutputs",
-    "SilentDataWarning",
-    "TrainConfig",
-    "TrainingDiverged",
-    "batch_updates",
-    "build_run_model",
-    "check_size",
-    "chunked_steps",
-    "epoch_plan",
-    "evaluate",
-    "load_run_model",
-    "make_optimizer",
-    "train_loop",
-    "train_step",
-    "training_batch",
-    "with_data_dir",
-]
+__all__ = ["SilentDataWarning", "TrainingDiverged", "train_loop", "with_data_dir"]
 
 
 class SilentDataWarning(UserWarning):

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from linmem.data import Batch, bucket_batches, collate, transpose
+from linmem.batching import Batch, bucket_batches, collate, transpose
 from linmem.training.config import TrainConfig
 
 __all__ = ["batch_updates", "chunked_steps", "epoch_plan", "epoch_seed", "make_optimizer",
