@@ -318,3 +318,16 @@ def test_memory_bound_benchmark_runs_and_its_power_iteration_is_a_lower_bound(da
                       columns_of=bench._loop_columns)  # --part loop: the loop bound's cost
     assert {"update: selu, memory bound alone", "update: selu, loop bound (default)",
             "selu, loop bound (default)"} <= set(loop[0])
+
+
+def test_threads_batch1_script_runs(tmp_path, data_dir):
+    """benchmarks/threads_batch1.py trains under each setting and reads back the thread count
+    each run recorded: one thread by the command's choice at batch 1, two where asked."""
+    out = tmp_path / "t.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "threads_batch1.py"), "--hidden", "4",
+                    "--memory", "3", "--epochs", "2", "--rounds", "1", "--data-dir",
+                    str(data_dir), "--json", str(out)], check=True, capture_output=True)
+    rows = json.loads(out.read_text())["settings"]
+    assert rows["linmem"]["threads_recorded"] == [1]
+    assert rows["2 threads"]["threads_recorded"] == [2]
+    assert all(r["epochs_timed"] == 1 and r["epoch_wall_s"] > 0 for r in rows.values())
