@@ -90,3 +90,20 @@ def test_a_feature_without_its_extra_says_which_to_install(tmp_path, args, extra
     assert lines[0].startswith("linmem: error: ") and "not installed" in lines[0]
     assert lines[0].endswith(f"pip install 'linear-memory-networks[{extra}]'")
     assert list(tmp_path.iterdir()) == []  # said before anything was written
+
+
+@pytest.mark.parametrize(("code", "extra"), [
+    ("from linmem.experiments import search", "search"),
+    ("from linmem.experiments import studies", "search"),
+    ("import linmem.midi", "midi"),
+    ("from linmem.experiments.plots import plot_run\nplot_run('run', 'x.png')", "plot"),
+])
+def test_the_library_names_the_missing_extra(code, extra):
+    """From Python too, a module or function that needs an extra raises ``MissingExtra`` (a
+    ``ModuleNotFoundError``) whose message names the extra to install."""
+    done = _without_extras(f"try:\n    {code.replace(chr(10), chr(10) + '    ')}\n"
+                           "except ModuleNotFoundError as err:\n"
+                           "    print(type(err).__name__, err)\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("MissingExtra ")
+    assert done.stdout.strip().endswith(f"pip install 'linear-memory-networks[{extra}]'")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from scipy.io import wavfile
 
+from linmem._extras import require
 from linmem._io import atomic_write, check_outputs, command_line, git_commit, provenance, write_json
 from linmem.data import data_checksum, load_polyphonic, resolve_name, step_seconds
 from linmem.training.evaluation import load_run_model, run_threshold
@@ -171,8 +172,7 @@ def plot_roll(prime: np.ndarray, continuation: np.ndarray, path: str | os.PathLi
               title: str = "") -> None:
     """The prime and its continuation as one piano roll (time across, keys up), a line where
     the continuation starts; a PNG written atomically."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -196,8 +196,7 @@ def plot_prediction(truth: np.ndarray, probs: np.ndarray, path: str | os.PathLik
     """A sequence's next frames (``truth``, ``(T, 88)``) above the model's key probabilities
     (``probs``), and the frames' keys it got right, missed and added at ``threshold``, apart;
     a PNG written atomically. Returns the panels' titles."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap

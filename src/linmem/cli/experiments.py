@@ -104,7 +104,7 @@ def analyze_pretraining_cmd(data: str, hidden: int, k: int, memories: str, first
                             ulm_run: str | None, epochs: int, patience: int, seed: int,
                             protocol: str, data_dir: str | None, out: str, quiet: bool) -> None:
     """The paper's pretraining analysis (Figure 5): OUT/analysis.json and OUT/figure5.png."""
-    _needs_extra("matplotlib", "analyze-pretraining (figure5.png)")
+    _needs_extra("matplotlib", "linmem analyze-pretraining (figure5.png)")
     try:
         result = analyze_pretraining(
             data=data, hidden=hidden, k=k, memories=[int(v) for v in memories.split(",")],

@@ -188,7 +188,7 @@ def report_cmd(storage: str | None, grid: str, runs_roots: tuple[str, ...],
                compare_seed_runs: tuple[str, ...], ablation: str | None) -> None:
     """Select each (data set, model) on validation; write OUT/summary.json, OUT/table2.md,
     OUT/figure4.png (+ .json), OUT/search_trials.json and the selected runs' files."""
-    _needs_extra("matplotlib", "report (figure4.png)")
+    _needs_extra("matplotlib", "linmem report (figure4.png)")
     from linmem.experiments.storage import default_storage, sqlite_path  # optuna: slow to import
 
     storage = storage or default_storage("runs/search")

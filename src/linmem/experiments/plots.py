@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from linmem._extras import require
 from linmem._io import atomic_write
 from linmem.data import dataset_title
 from linmem.models import display_name
@@ -21,8 +22,7 @@ def plot_pretraining(analysis: dict, path: str | os.PathLike) -> None:
     """The paper's Figure 5 from :func:`linmem.experiments.pretraining.analyze`'s output, three
     panels, to a PNG written atomically (matplotlib is imported here only: ``pip install
     linear-memory-networks[plot]``)."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -62,8 +62,7 @@ def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
     the score the run selected on (its ``config.json``'s ``select``) named in the legend or the
     title, and the selected epoch (the one ``best.pt`` holds) marked; a PNG written atomically.
     Returns the panels' titles."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -109,8 +108,7 @@ def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
 
 def plot_figure4(data: dict, path: str | os.PathLike) -> None:
     """Figure 4 from :func:`figure4_data`, a PNG written atomically."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "the figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -14,8 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-import optuna
-
+from linmem._extras import require
 from linmem._io import command_line, machine, made_by
 from linmem.data import DATASETS, resolve_name
 from linmem.experiments.grids import (
@@ -55,6 +54,8 @@ from linmem.training.runs import (
     log_rows,
     read_record,
 )
+
+optuna = require("optuna", "the searches")
 
 __all__ = [
     "planned_record",

@@ -63,11 +63,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import optuna
 import torch
-from optuna.trial import TrialState
 
 from linmem._check import check_device, check_int
+from linmem._extras import require
 from linmem._io import command_line
 from linmem._threads import usable_cpus
 from linmem.data import load_polyphonic, resolve_name
@@ -102,6 +101,9 @@ from linmem.training.evaluation import check_size
 from linmem.training.recipes import train as run_training
 from linmem.training.selection import selection_score, selection_scores
 from linmem.training.trainer import TrainingDiverged
+
+optuna = require("optuna", "the searches")
+TrialState = optuna.trial.TrialState
 
 __all__ = [
     "SearchConfig",

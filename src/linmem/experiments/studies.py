@@ -14,14 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import optuna
-from optuna.trial import TrialState
-
+from linmem._extras import require
 from linmem._io import PROVENANCE_FIELDS, atomic_write, machine
 from linmem.experiments.grids import FINISHED, grid_points, point_states, trial_point
 from linmem.experiments.run_costs import run_cpu_seconds, run_machine
 from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, TrainConfig, record_protocol
 from linmem.training.runs import METRICS, RunsRoot, expected_fields, has, read_record, run_under
+
+optuna = require("optuna", "the searches")
+TrialState = optuna.trial.TrialState
 
 __all__ = [
     "export_studies",
