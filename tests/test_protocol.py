@@ -264,6 +264,10 @@ def test_the_protocols_table_sets_both_selections_side_by_side():
     assert "| 33.52† | 29.25† | – | – |" in rows["LSTM"]
     assert "| – | – | 29.40 | 26.67 |" in rows["RNN"]
     assert text.rstrip().endswith("Made by `linmem report --compare x`.")
+    # these LMN records carry no bound: the table says they are the paper's unbounded memory
+    assert "An LMN row whose name gives no bound has the paper's unbounded memory" in text
+    bounded = [{**record("lmn-b", 29.82, 33.78), "memory_bound": 0.99}]
+    assert "unbounded memory" not in protocols_markdown(bounded, [record("rnn", 26.67, 29.40)])
 
 
 @pytest.mark.parametrize("select", ["acc", "acc_frame", "nll"])

@@ -14,6 +14,7 @@ from linmem.experiments.protocol_choice import ranges_apart
 from linmem.experiments.seed_groups import failures_text, seeds_lines, spread_text, variant_text
 from linmem.experiments.table2 import FAILED_MARK, FAILED_TEXT, all_failed
 from linmem.models import display_name
+from linmem.registry import REGISTRY
 
 __all__ = ["PROTOCOL_TITLES", "ablation_markdown", "ablation_record_markdown",
            "both_protocols_lines", "protocols_markdown", "pruner_markdown"]
@@ -64,8 +65,20 @@ def _protocols_lines(paper: Sequence[dict], linmem: Sequence[dict]) -> list[str]
               "linmem's: batch 4, the NLL summed over keys, clip 5, the readout bias at the keys' "
               "rates, early stopping on the global accuracy, the median pruner. †: selected "
               "from a grid that is not complete yet. " + (FAILED_TEXT + " " if failed else "")
+              + (UNBOUNDED_TEXT + " " if any(map(_unbounded_lmn, (*paper, *linmem))) else "")
               + "–: not run."]
     return lines
+
+
+UNBOUNDED_TEXT = ("An LMN row whose name gives no bound has the paper's unbounded memory (it was "
+                  "trained before the memory bound became the layer's default).")
+
+
+def _unbounded_lmn(record: dict) -> bool:
+    """Whether ``record`` is an LMN's (a model with a memory) with the paper's unbounded memory
+    (a record from before the field existed had it)."""
+    spec = REGISTRY.get(record.get("model", ""))
+    return bool(spec and spec.has_memory) and record.get("memory_bound") is None
 
 
 def _label(model: str, paper: Sequence[dict], linmem: Sequence[dict], dataset: str) -> str:
