@@ -207,10 +207,9 @@ def _path_problem(steps: int, batch: int, hidden: int, memory: int) -> list[Tens
     def randn(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=g, dtype=torch.float32)
 
-    ops = [randn(steps, batch, hidden), torch.zeros(batch, memory, dtype=torch.float32),
-           randn(hidden, memory) * memory ** -0.5, randn(memory, hidden) * 0.5 * hidden ** -0.5,
-           randn(memory, memory) * 0.5 * memory ** -0.5, torch.zeros(memory, dtype=torch.float32)]
-    return ops
+    return [randn(steps, batch, hidden), torch.zeros(batch, memory, dtype=torch.float32),
+            randn(hidden, memory) * memory ** -0.5, randn(memory, hidden) * 0.5 * hidden ** -0.5,
+            randn(memory, memory) * 0.5 * memory ** -0.5, torch.zeros(memory, dtype=torch.float32)]
 
 
 def _cpu_path_fills(path: str):
