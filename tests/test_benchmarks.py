@@ -325,9 +325,12 @@ def test_threads_batch1_script_runs(tmp_path, data_dir):
     each run recorded: one thread by the command's choice at batch 1, two where asked."""
     out = tmp_path / "t.json"
     subprocess.run([sys.executable, str(BENCHMARKS / "threads_batch1.py"), "--hidden", "4",
-                    "--memory", "3", "--epochs", "2", "--rounds", "1", "--data-dir",
-                    str(data_dir), "--json", str(out)], check=True, capture_output=True)
-    rows = json.loads(out.read_text())["settings"]
+                    "--memory", "3", "--epochs", "2", "--rounds", "1", "--loads", "quiet",
+                    "busy", "--data-dir", str(data_dir), "--json", str(out)], check=True,
+                   capture_output=True)
+    loads = json.loads(out.read_text())["loads"]
+    assert set(loads) == {"quiet", "busy"}
+    rows = loads["busy"]
     assert rows["linmem"]["threads_recorded"] == [1]
     assert rows["2 threads"]["threads_recorded"] == [2]
     assert all(r["epochs_timed"] == 1 and r["epoch_wall_s"] > 0 for r in rows.values())
