@@ -103,7 +103,7 @@ def test_a_feature_without_its_extra_says_which_to_install(tmp_path, args, extra
     done = _cli(*args, cwd=tmp_path)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
-    assert lines[0].startswith("linmem: error: ") and "not installed" in lines[0]
+    assert lines[0].startswith(f"linmem: error: linmem {args[0]}") and "not installed" in lines[0]
     assert lines[0].endswith(f"pip install 'linear-memory-networks[{extra}]'")
     assert list(tmp_path.iterdir()) == []  # said before anything was written
 

@@ -172,7 +172,7 @@ def plot_roll(prime: np.ndarray, continuation: np.ndarray, path: str | os.PathLi
               title: str = "") -> None:
     """The prime and its continuation as one piano roll (time across, keys up), a line where
     the continuation starts; a PNG written atomically."""
-    matplotlib = require("matplotlib", "the figures")
+    matplotlib = require("matplotlib", "a figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -196,7 +196,7 @@ def plot_prediction(truth: np.ndarray, probs: np.ndarray, path: str | os.PathLik
     """A sequence's next frames (``truth``, ``(T, 88)``) above the model's key probabilities
     (``probs``), and the frames' keys it got right, missed and added at ``threshold``, apart;
     a PNG written atomically. Returns the panels' titles."""
-    matplotlib = require("matplotlib", "the figures")
+    matplotlib = require("matplotlib", "a figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap

@@ -399,8 +399,7 @@ def _main(argv: list[str] | None) -> None:
         if not isinstance(err, MissingExtra) and top not in EXTRAS:
             raise
         command = " ".join(["linmem", *(argv if argv is not None else sys.argv[1:])[:1]])
-        message = str(err) if isinstance(err, MissingExtra) else extra_message(top, command)
-        click.echo(f"linmem: error: {message}", err=True)
+        click.echo(f"linmem: error: {extra_message(top, command)}", err=True)
         sys.exit(1)
     except OSError as err:  # a fault of the machine (no space, read-only, permissions)
         click.echo(f"linmem: error: {os_error_text(err)}", err=True)

@@ -15,7 +15,7 @@ from linmem._extras import require
 from linmem.registry import get_spec
 from linmem.training.config import LEGACY_PROTOCOL, departures_text
 
-TrialState = require("optuna", "the searches").trial.TrialState
+TrialState = require("optuna", "a search").trial.TrialState
 
 __all__ = [
     "FINISHED",

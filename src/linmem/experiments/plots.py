@@ -22,7 +22,7 @@ def plot_pretraining(analysis: dict, path: str | os.PathLike) -> None:
     """The paper's Figure 5 from :func:`linmem.experiments.pretraining.analyze`'s output, three
     panels, to a PNG written atomically (matplotlib is imported here only: ``pip install
     linear-memory-networks[plot]``)."""
-    matplotlib = require("matplotlib", "the figures")
+    matplotlib = require("matplotlib", "a figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -62,7 +62,7 @@ def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
     the score the run selected on (its ``config.json``'s ``select``) named in the legend or the
     title, and the selected epoch (the one ``best.pt`` holds) marked; a PNG written atomically.
     Returns the panels' titles."""
-    matplotlib = require("matplotlib", "the figures")
+    matplotlib = require("matplotlib", "a figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -108,7 +108,7 @@ def plot_run(run_dir: str | os.PathLike, path: str | os.PathLike) -> list[str]:
 
 def plot_figure4(data: dict, path: str | os.PathLike) -> None:
     """Figure 4 from :func:`figure4_data`, a PNG written atomically."""
-    matplotlib = require("matplotlib", "the figures")
+    matplotlib = require("matplotlib", "a figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

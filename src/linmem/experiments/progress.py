@@ -55,7 +55,7 @@ from linmem.training.runs import (
     read_record,
 )
 
-optuna = require("optuna", "the searches")
+optuna = require("optuna", "a search")
 
 __all__ = [
     "planned_record",

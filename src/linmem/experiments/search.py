@@ -102,7 +102,7 @@ from linmem.training.recipes import train as run_training
 from linmem.training.selection import selection_score, selection_scores
 from linmem.training.trainer import TrainingDiverged
 
-optuna = require("optuna", "the searches")
+optuna = require("optuna", "a search")
 TrialState = optuna.trial.TrialState
 
 __all__ = [

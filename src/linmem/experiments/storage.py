@@ -22,7 +22,7 @@ from typing import Any
 from linmem._extras import require
 from linmem.experiments.grids import MAX_RETRY
 
-optuna = require("optuna", "the searches")
+optuna = require("optuna", "a search")
 
 __all__ = [
     "StorageError",

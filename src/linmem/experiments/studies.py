@@ -21,7 +21,7 @@ from linmem.experiments.run_costs import run_cpu_seconds, run_machine
 from linmem.training.config import DEFAULT_PROTOCOL, LEGACY_PROTOCOL, TrainConfig, record_protocol
 from linmem.training.runs import METRICS, RunsRoot, expected_fields, has, read_record, run_under
 
-optuna = require("optuna", "the searches")
+optuna = require("optuna", "a search")
 TrialState = optuna.trial.TrialState
 
 __all__ = [
