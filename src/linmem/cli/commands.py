@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from linmem._extras import EXTRAS, MissingExtra, extra_message
+from linmem._extras import EXTRAS, extra_message
 from linmem._io import (
     check_outputs,
     write_json,
@@ -395,8 +395,8 @@ def _main(argv: list[str] | None) -> None:
         click.echo(f"linmem: error: {err}", err=True)
         sys.exit(1)
     except ModuleNotFoundError as err:  # a feature whose extra is not installed: which to install
-        top = (err.name or "").split(".")[0]
-        if not isinstance(err, MissingExtra) and top not in EXTRAS:
+        top = (err.name or "").split(".")[0]  # a MissingExtra's too: it names an EXTRAS module
+        if top not in EXTRAS:
             raise
         command = " ".join(["linmem", *(argv if argv is not None else sys.argv[1:])[:1]])
         click.echo(f"linmem: error: {extra_message(top, command)}", err=True)
